@@ -1,0 +1,20 @@
+"""autotune: a GPU-memory-aware auto-tuner for DeepSpeed training."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from autotune.tune import TuneResult
+
+
+def tune(*args: Any, **kwargs: Any) -> TuneResult:
+    """Find the fastest DeepSpeed config that fits; see autotune.tune.tune for the arguments."""
+    from autotune.tune import tune as _tune
+
+    return _tune(*args, **kwargs)
+
+
+__all__ = ["__version__", "tune"]

@@ -1,0 +1,80 @@
+"""The `autotune` command: a thin typer layer that parses, calls the library and prints.
+
+`autotune --model M --gpus N` runs the tuner (the default command); subcommands stay available.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+try:  # typer >= 0.20 vendors click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer depends on click itself
+    from click import exceptions as click_errors
+
+from autotune.errors import NothingFitsError, UserError
+
+app = typer.Typer(
+    name="autotune",
+    help="GPU-memory-aware auto-tuner for DeepSpeed: finds the fastest config that fits and writes ds_config.json.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+_COMMAND_MODULES = ("tune", "plan", "probe", "model", "check", "hook")
+_DEFAULT_COMMAND = "tune"
+
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"autotune.cli.{name}")
+        except ModuleNotFoundError as error:
+            if error.name == f"autotune.cli.{name}":
+                continue  # command not built yet in this checkout
+            raise
+        module.register(app)
+
+
+def _route_default(argv: list[str]) -> list[str]:
+    """`autotune --model x ...` means `autotune tune --model x ...`."""
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        return [_DEFAULT_COMMAND, *argv]
+    return argv
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"autotune: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--version"]:
+        from autotune import __version__
+
+        print(f"autotune {__version__}")
+        return
+    _register_commands()
+    try:
+        code = app(args=_route_default(args), prog_name="autotune", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as error:
+        print(error.ctx.get_help() if error.ctx else "", file=sys.stderr)
+        raise SystemExit(2) from None
+    except click_errors.ClickException as error:
+        _fail(error.format_message().replace("\n", " "), 2)
+    except typer.Abort:
+        _fail("aborted", 130)
+    except UserError as error:
+        _fail(str(error), error.exit_code)
+    except NothingFitsError as error:
+        _fail(str(error), error.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    raise SystemExit(code if isinstance(code, int) else 0)

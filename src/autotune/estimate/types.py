@@ -1,0 +1,53 @@
+"""Boundary types of the memory model: what `estimate` and `plan` take and return."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from autotune.ladder import Candidate
+
+
+@dataclass(frozen=True)
+class EstimateSettings:
+    seq_len: int
+    precision: str = "bf16"  # "bf16" | "fp16" | "fp32"
+    attention: str = "sdpa"  # "sdpa" | "flash" | "eager": eager materialises the s^2 score matrix
+    device: str = "cuda"  # "cuda": GPU quantities; "cpu": the CPU backend, where everything is host memory
+    reduce_bucket_elements: int = 200_000_000  # what autotune.dsconfig emits for stages 1-2
+
+
+@dataclass
+class Calibration:
+    """Corrections learned from measured trials; identity by default.
+
+    The tuner updates it after each successful trial so later predictions need fewer trials.
+    """
+
+    activation_scale: float = 1.0  # multiplies activation + logits bytes
+    overhead_bytes: int = 0  # added to the fixed part (context, allocator, runtime)
+    samples: int = 0  # how many trials informed it
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    candidate: Candidate
+    gpu_peak_bytes: int  # per GPU, as the device shows it (CPU backend: per-rank host RSS)
+    host_ram_bytes: int  # per node
+    nvme_bytes: int  # per node
+    gpu_components: dict[str, int] = field(default_factory=dict)
+    host_components: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["candidate"] = self.candidate.to_dict()
+        return data
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool
+    reason: str  # "" when it fits; else e.g. "GPU peak 91.2 GiB > 72.0 GiB (90% of 80.0 GiB free)"
+    shortfall_bytes: int = 0  # how much over the tightest limit it is (0 when it fits)

@@ -1,0 +1,128 @@
+"""Turn the user's `--model` into a config dict and architecture, without downloading anything.
+
+Accepted, in this order: a built-in profile name, a local directory holding config.json or a path
+to a config.json, a hub id whose config.json is already in the local Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.errors import UserError
+from autotune.models.profiles import find_profile, model_profiles
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str
+    origin: str  # "profile" | "local" | "hub-cache"
+    config: dict  # raw config.json content, model_type included
+    architecture: str | None  # training-head class; None lets the summary choose one
+    location: str
+    trust_remote_code: bool = False
+
+
+def _read_config_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror or error}") from None
+    except json.JSONDecodeError as error:
+        raise UserError(f"malformed config.json at {path}: {error.msg} (line {error.lineno})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"malformed config.json at {path}: expected a JSON object")
+    if "model_type" not in data:
+        raise UserError(f"unsupported config.json at {path}: it has no 'model_type'")
+    return data
+
+
+def _read_profile_file(path: Path) -> ModelSource | None:
+    """A file in the built-in profile format ({"name", "architecture", "config"}) is accepted as a custom profile."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not (isinstance(data, dict) and isinstance(data.get("config"), dict) and "model_type" in data["config"]):
+        return None
+    return ModelSource(
+        name=str(data.get("name") or path.stem),
+        origin="local",
+        config=data["config"],
+        architecture=data.get("architecture"),
+        location=str(path.resolve()),
+    )
+
+
+def _architecture_from(config: dict) -> str | None:
+    names = config.get("architectures") or []
+    return names[0] if names else None
+
+
+def _from_local(path: Path, trust_remote_code: bool) -> ModelSource:
+    config_path = path / "config.json" if path.is_dir() else path
+    if not config_path.is_file():
+        raise UserError(f"{path} has no config.json")
+    profile = _read_profile_file(config_path)
+    if profile is not None:
+        return profile
+    config = _read_config_json(config_path)
+    return ModelSource(
+        name=path.resolve().name if path.is_dir() else path.resolve().parent.name,
+        origin="local",
+        config=config,
+        architecture=_architecture_from(config),
+        location=str(config_path.resolve()),
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def _from_hub_cache(repo_id: str, trust_remote_code: bool) -> ModelSource | None:
+    if repo_id.count("/") != 1:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    if not isinstance(cached, str):
+        return None
+    config = _read_config_json(Path(cached))
+    return ModelSource(
+        name=repo_id,
+        origin="hub-cache",
+        config=config,
+        architecture=_architecture_from(config),
+        location=cached,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def resolve_model(spec: str, trust_remote_code: bool = False) -> ModelSource:
+    text = spec.strip()
+    if not text:
+        raise UserError("--model is empty")
+    profile = find_profile(text)
+    if profile is not None:
+        return ModelSource(
+            name=profile.name,
+            origin="profile",
+            config=dict(profile.config),
+            architecture=profile.architecture,
+            location=str(profile.path),
+        )
+    path = Path(text).expanduser()
+    if path.exists():
+        return _from_local(path, trust_remote_code)
+    cached = _from_hub_cache(text, trust_remote_code)
+    if cached is not None:
+        return cached
+    names = sorted(p.name for p in model_profiles().values())
+    close = difflib.get_close_matches(text.lower(), names, n=3, cutoff=0.4)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise UserError(
+        f"unknown model {text!r}{hint} (not a built-in profile, a local path, or a hub id in the local HF cache;"
+        " see `autotune model --list`)"
+    )

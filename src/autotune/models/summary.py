@@ -1,0 +1,153 @@
+"""ModelSummary: exact sizes of a real architecture, counted on the meta device.
+
+Summaries are cached on disk by config fingerprint and transformers version, so `plan` does not pay
+for importing transformers on every call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from autotune.atomic import atomic_write_json
+from autotune.models.resolve import ModelSource
+from autotune.paths import cache_dir
+
+SUMMARY_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    name: str
+    origin: str
+    architecture: str
+    model_type: str
+    family: str  # "decoder-only" | "encoder-decoder" | "encoder"
+    total_params: int
+    trainable_params: int
+    largest_layer_params: int  # most parameters owned directly by one module (DeepSpeed's definition)
+    embedding_params: int
+    hidden_size: int
+    num_layers: int  # encoder layers for encoder-decoder models
+    num_decoder_layers: int  # 0 for decoder-only and encoder-only models
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_positions: int | None
+    tied_embeddings: bool
+    fingerprint: str
+    config: dict = field(repr=False)
+    trust_remote_code: bool = False
+
+    @property
+    def total_layers(self) -> int:
+        return self.num_layers + self.num_decoder_layers
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelSummary:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+def fingerprint(config: dict, architecture: str | None) -> str:
+    canonical = {k: v for k, v in config.items() if k not in ("transformers_version", "_name_or_path")}
+    blob = json.dumps({"architecture": architecture, "config": canonical}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _first(config: Any, names: tuple[str, ...], default: Any = None) -> Any:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def summarize_model(model: Any, source: ModelSource, architecture: str) -> ModelSummary:
+    from autotune.models.build import family_of
+
+    config = model.config
+    family = family_of(config, architecture)
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    embedding = model.get_input_embeddings().weight.numel()
+    hidden = int(_first(config, ("hidden_size", "d_model", "n_embd")))
+    heads = int(_first(config, ("num_attention_heads", "num_heads", "n_head")))
+    kv_heads = _first(config, ("num_key_value_heads", "num_kv_heads"))
+    if kv_heads is None:
+        kv_heads = 1 if getattr(config, "multi_query", False) else heads
+    head_dim = int(_first(config, ("head_dim", "d_kv"), hidden // heads))
+    encoder_layers = int(_first(config, ("num_hidden_layers", "num_layers", "n_layer")))
+    decoder_layers = int(_first(config, ("num_decoder_layers",), encoder_layers)) if family == "encoder-decoder" else 0
+    output = model.get_output_embeddings()
+    tied = output is not None and output.weight is model.get_input_embeddings().weight
+    return ModelSummary(
+        name=source.name,
+        origin=source.origin,
+        architecture=architecture,
+        model_type=config.model_type,
+        family=family,
+        total_params=total,
+        trainable_params=trainable,
+        largest_layer_params=largest,
+        embedding_params=embedding,
+        hidden_size=hidden,
+        num_layers=encoder_layers,
+        num_decoder_layers=decoder_layers,
+        num_heads=heads,
+        num_kv_heads=int(kv_heads),
+        head_dim=head_dim,
+        intermediate_size=int(
+            _first(config, ("intermediate_size", "ffn_dim", "d_ff", "n_inner", "ffn_hidden_size"), 4 * hidden)
+        ),
+        vocab_size=int(config.vocab_size),
+        max_positions=_first(config, ("max_position_embeddings", "n_positions", "seq_length")),
+        tied_embeddings=tied,
+        fingerprint=fingerprint(source.config, source.architecture),
+        config=source.config,
+        trust_remote_code=source.trust_remote_code,
+    )
+
+
+def _cache_path(source: ModelSource) -> Path:
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    key = fingerprint(source.config, source.architecture)
+    return cache_dir() / "models" / f"v{SUMMARY_SCHEMA}-{key}-tf{version}.json"
+
+
+def summarize(source: ModelSource, use_cache: bool = True) -> ModelSummary:
+    """Summary of `source`, from the disk cache when this exact config was built before."""
+    path = _cache_path(source)
+    if use_cache and path.is_file():
+        try:
+            cached = ModelSummary.from_dict(json.loads(path.read_text()))
+            return cached if cached.name == source.name else _renamed(cached, source)
+        except (ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)  # corrupt entry: rebuild
+    from autotune.models.build import build_model
+
+    model, architecture = build_model(source.config, source.architecture, "meta", source.trust_remote_code)
+    summary = summarize_model(model, source, architecture)
+    if use_cache:
+        with contextlib.suppress(OSError):  # a read-only cache dir only costs speed
+            atomic_write_json(path, summary.to_dict())
+    return summary
+
+
+def _renamed(summary: ModelSummary, source: ModelSource) -> ModelSummary:
+    data = summary.to_dict()
+    data.update(name=source.name, origin=source.origin)
+    return ModelSummary.from_dict(data)

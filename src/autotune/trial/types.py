@@ -1,0 +1,84 @@
+"""Boundary types of the trial runner: one real DeepSpeed run of one candidate config."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Protocol
+
+TrialStatus = Literal["ok", "oom_gpu", "oom_host", "over_budget", "timeout", "error"]
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    model_config: dict  # HF config.json content, model_type included
+    architecture: str  # transformers class to build, e.g. "GPT2LMHeadModel"
+    family: str  # "decoder-only" | "encoder-decoder" | "encoder": shapes the synthetic batch
+    ds_config: dict  # complete config; its batch keys hold at nprocs_per_node * nodes
+    seq_len: int
+    grad_checkpointing: bool = False
+    device: Literal["cuda", "cpu"] = "cuda"
+    nprocs_per_node: int = 1
+    nodes: int = 1
+    warmup_steps: int = 2
+    max_steps: int = 10  # measured steps stop earlier once step times are stable
+    timeout_s: float = 600.0
+    gpu_memory_fraction: float | None = None  # emulate a smaller card via set_per_process_memory_fraction
+    host_memory_budget_bytes: int | None = None  # CPU backend: peak RSS per rank above this is over budget
+    peak_tflops: float | None = None  # hardware peak for MFU
+    trust_remote_code: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.nprocs_per_node * self.nodes
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RankMetrics:
+    rank: int
+    max_allocated_bytes: int | None = None
+    max_reserved_bytes: int | None = None
+    device_used_bytes: int | None = None  # NVML device-level used: includes CUDA context and NCCL buffers
+    host_rss_peak_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    status: TrialStatus
+    error: str | None = None  # first meaningful error line
+    ranks: list[RankMetrics] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)  # measured steps, warm-up excluded
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    wall_s: float = 0.0
+    startup_s: float | None = None  # launch to first step: process start, imports, init, model build
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def peak_memory_bytes(self) -> int | None:
+        """Worst rank's peak as the device shows it (GPU: NVML used, else reserved; CPU: host RSS)."""
+        values = [r.device_used_bytes or r.max_reserved_bytes or r.host_rss_peak_bytes for r in self.ranks]
+        values = [v for v in values if v]
+        return max(values) if values else None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrialResult:
+        ranks = [RankMetrics(**r) for r in data.get("ranks", [])]
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "ranks"}
+        return cls(ranks=ranks, **fields)
+
+
+class TrialLauncher(Protocol):
+    """Runs one trial to completion and leaves no child process behind. Swappable in tests."""
+
+    def run(self, spec: TrialSpec) -> TrialResult: ...
