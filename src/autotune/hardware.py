@@ -119,14 +119,20 @@ def generic_gpu(memory_bytes: int, bf16: bool = True) -> GpuSpec:
     return GpuSpec(key="custom", name=f"GPU with {format_bytes(memory_bytes)}", memory_bytes=memory_bytes, bf16=bf16)
 
 
+def _model_numbers(name: str) -> set[str]:
+    """Tokens that identify the part (a100, h100, 4090, l40s), not vendor words or sizes."""
+    tokens = name.lower().replace("-", " ").split()
+    return {t for t in tokens if any(c.isdigit() for c in t) and not t.endswith("gb")}
+
+
 def match_probed_gpu(name: str, memory_bytes: int) -> GpuSpec | None:
     """Find the profile of a probed device by its NVML name and memory, for peak TFLOP/s and bandwidth."""
-    lowered = name.lower()
-    best: GpuSpec | None = None
-    for spec in gpu_types():
-        words = [w for w in spec.name.lower().replace("nvidia", "").split() if w not in ("sxm", "gb")]
-        if all(w in lowered for w in words[:1]) and abs(spec.memory_bytes - memory_bytes) < 0.12 * spec.memory_bytes:
-            form_ok = ("pcie" in lowered) == ("pcie" in spec.name.lower())
-            if best is None or form_ok:
-                best = spec
-    return best
+    probed_numbers = _model_numbers(name)
+    matches = [
+        spec
+        for spec in gpu_types()
+        if _model_numbers(spec.name) & probed_numbers
+        and abs(spec.memory_bytes - memory_bytes) < 0.12 * spec.memory_bytes
+    ]
+    same_form = [s for s in matches if ("pcie" in name.lower()) == ("pcie" in s.name.lower())]
+    return (same_form or matches or [None])[0]

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -192,8 +193,11 @@ def probe_nvme(path: str) -> int:
     target = Path(path)
     if not target.is_dir():
         raise UserError(f"--nvme-path {path!r} is not a directory")
-    if not os.access(target, os.W_OK | os.X_OK):
-        raise UserError(f"--nvme-path {path!r} is not writable")
+    try:  # a real write, since os.access says yes to root even on read-only mounts
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError:
+        raise UserError(f"--nvme-path {path!r} is not writable") from None
     return shutil.disk_usage(target).free
 
 

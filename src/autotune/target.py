@@ -10,7 +10,7 @@ from autotune.units import parse_bytes
 
 def check_counts(gpus: int | None, nodes: int) -> None:
     if gpus is not None and gpus <= 0:
-        raise UserError(f"--gpus must be a positive number of GPUs per node, got {gpus}")
+        raise UserError(f"--gpus must be positive (GPUs per node), got {gpus}")
     if nodes <= 0:
         raise UserError(f"--nodes must be positive, got {nodes}")
 

@@ -1,0 +1,103 @@
+"""The tuning report: every trial, every skipped rung and why, the choice, and how to launch it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.atomic import atomic_write_json, atomic_write_text
+from autotune.units import format_bytes
+
+
+def _speed(value: float | None) -> str:
+    return f"{value:.2f}" if value else "-"
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    """Markdown from the JSON report, so both always say the same thing."""
+    lines = [f"# autotune report: {data['model']['name']}", ""]
+    verified = data["verified"]
+    lines.append(f"- Hardware: {data['target_description']}")
+    lines.append(
+        f"- Sequence length {data['seq_len']}, precision {data['precision']}, world size {data['world_size']}"
+        + (f", global batch {data['global_batch']}" if data.get("global_batch") else "")
+    )
+    lines.append(
+        f"- Headroom: peak at most {data['headroom']:.0%} of free memory"
+        f" ({format_bytes(data['limit_bytes'])} per {'rank' if data['device'] == 'cpu' else 'GPU'})"
+    )
+    if not verified:
+        lines.append(
+            "- **PLAN ONLY: not verified by trials** (no GPU of this kind here); predictions from the memory model."
+        )
+    lines.append(
+        f"- Search: {data['trials_launched']} trial(s) launched, {data['elapsed_s']:.1f} s;"
+        f" stopped because {data['stop_reason']}"
+    )
+    if data.get("from_cache"):
+        lines.append("- Answered from the results cache (no trials run now).")
+    lines += ["", "## Recommendation", ""]
+    choice = data.get("choice")
+    if choice:
+        lines.append(f"**{choice['description']}**")
+        lines.append("")
+        if choice.get("samples_per_s"):
+            lines.append(
+                f"Measured {choice['samples_per_s']:.2f} samples/s, peak {format_bytes(choice.get('peak_bytes'))}."
+            )
+        else:
+            lines.append(f"Predicted peak {format_bytes(choice.get('predicted_peak_bytes'))}.")
+        lines += [
+            "",
+            f"Config: `{data['config_path']}`"
+            + (f" (HF variant: `{data['hf_config_path']}`)" if data.get("hf_config_path") else ""),
+            "",
+        ]
+        lines += ["Launch:", "```", data["launch"]["deepspeed"], data["launch"]["torchrun"], "```"]
+    else:
+        lines.append(f"Nothing fits. {data.get('nothing_fits_reason', '')}")
+    if data["trials"]:
+        lines += [
+            "",
+            "## Trials",
+            "",
+            "| candidate | status | peak | predicted | samples/s | tokens/s | TFLOP/s | cached |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for t in data["trials"]:
+            r = t["result"]
+            peak = (
+                max(
+                    [
+                        x
+                        for rank in r["ranks"]
+                        for x in (
+                            rank.get("device_used_bytes")
+                            or rank.get("max_reserved_bytes")
+                            or rank.get("host_rss_peak_bytes"),
+                        )
+                        if x
+                    ]
+                    or [0]
+                )
+                or None
+            )
+            status = r["status"] if t["within_headroom"] or r["status"] != "ok" else "over headroom"
+            cand = t["candidate"]
+            label = f"{cand['rung']} mb{cand['micro_batch']}{' ckpt' if cand['grad_checkpointing'] else ''}"
+            lines.append(
+                f"| {label} | {status} | {format_bytes(peak)} | {format_bytes(t['predicted_peak_bytes'])} |"
+                f" {_speed(r.get('samples_per_s'))} | {_speed(r.get('tokens_per_s'))} |"
+                f" {_speed(r.get('tflops_per_gpu'))} | {'yes' if t['from_cache'] else ''} |"
+            )
+    if data["skipped"]:
+        lines += ["", "## Skipped", ""]
+        for s in data["skipped"]:
+            lines.append(f"- {s['rung']}{' + grad checkpointing' if s['grad_checkpointing'] else ''}: {s['reason']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(data: dict[str, Any], out_dir: Path, stem: str = "autotune-report") -> tuple[Path, Path]:
+    json_path = atomic_write_json(out_dir / f"{stem}.json", data)
+    md_path = atomic_write_text(out_dir / f"{stem}.md", render_markdown(data))
+    return md_path, json_path

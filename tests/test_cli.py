@@ -1,0 +1,62 @@
+"""The CLI as a user meets it: real entry point, one-line errors, exit codes."""
+
+import json
+
+import pytest
+from tests.conftest import run_cli
+
+
+def _one_line_error(done) -> str:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_probe_without_gpu_says_so_and_exits_zero() -> None:
+    done = run_cli("probe")
+    assert done.returncode == 0, done.stderr
+    assert "No GPU visible" in done.stdout and "RAM available" in done.stdout
+    data = json.loads(run_cli("probe", "--json").stdout)
+    assert data["gpu_count"] == 0 and data["host"]["ram_total_bytes"] > 0
+
+
+def test_model_summary_table_and_json(tmp_path) -> None:
+    done = run_cli("model", "t5-3b")
+    assert done.returncode == 0 and "2,851,598,336" in done.stdout and "encoder-decoder" in done.stdout
+    data = json.loads(run_cli("model", "llama-2-7b", "--json").stdout)
+    assert data["total_params"] == 6_738_415_616 and data["num_kv_heads"] == 32
+    config = {"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 2, "vocab_size": 100, "n_positions": 64}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    local = json.loads(run_cli("model", str(tmp_path), "--json").stdout)
+    assert local["origin"] == "local" and local["vocab_size"] == 100
+    assert "t5-11b" in run_cli("model", "--list").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("model", "t5-3bb"), "did you mean"),
+        (("model", "--no-such-flag"), "No such option"),
+        (("probe", "--nvme-path", "/definitely/not/here"), "not a directory"),
+        (("--model", "gpt2", "--gpus", "0", "--gpu-type", "a100-80gb"), "--gpus must be positive"),
+        (("--model", "gpt2", "--gpus", "-2", "--gpu-type", "a100-80gb"), "--gpus must be positive"),
+        (("--model", "gpt2", "--gpus", "8", "--gpu-type", "b300-ultra"), "unknown GPU type"),
+        (("--model", "gpt2", "--gpus", "abc"), "abc"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, fragment) -> None:
+    assert fragment in _one_line_error(run_cli(*args))
+
+
+def test_malformed_config_json(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{oops")
+    assert "malformed config.json" in _one_line_error(run_cli("model", str(tmp_path)))
+    (tmp_path / "config.json").write_text('{"model_type": "made-up"}')
+    assert "unsupported model_type" in _one_line_error(run_cli("model", str(tmp_path)))
+
+
+def test_nvme_path_not_writable() -> None:
+    """/proc refuses new files even to root, like a read-only mount."""
+    assert "not writable" in _one_line_error(run_cli("probe", "--nvme-path", "/proc"))
