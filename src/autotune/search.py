@@ -7,7 +7,6 @@ trials, cached results and tests.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -17,7 +16,7 @@ from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimat
 from autotune.hardware import Target
 from autotune.ladder import Candidate, Rung
 from autotune.models import ModelSummary
-from autotune.speed import StepLine, could_beat, fit_step_line
+from autotune.speed import StepLine, could_beat, fit_step_line, work_units
 from autotune.trial.types import TrialResult
 
 MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
@@ -213,19 +212,20 @@ class Search:
             self.outcome.best = record
 
     def _best_line(self) -> StepLine | None:
-        """Step-time line of the best config's group, from every trial of that group that fitted."""
+        """Step-time line of the best config's rung, from every trial on that rung that fitted."""
         best = self.outcome.best
         if best is None:
             return None
-        group = (best.candidate.rung, best.candidate.grad_checkpointing)
         points = [
-            (t.candidate.micro_batch, statistics.median(t.result.step_times_s))
+            (work_units(t.candidate), self._micro_step_seconds(t))
             for t in self.outcome.trials
-            if t.within_headroom
-            and t.result.step_times_s
-            and (t.candidate.rung, t.candidate.grad_checkpointing) == group
+            if t.within_headroom and t.result.samples_per_s and t.candidate.rung is best.candidate.rung
         ]
         return fit_step_line(points)
+
+    def _micro_step_seconds(self, record: TrialRecord) -> float:
+        """Seconds per micro-batch on one rank; independent of gradient accumulation and world size."""
+        return record.candidate.micro_batch * self.target.world_size / (record.result.samples_per_s or 1.0)
 
     # -- the walk ----------------------------------------------------------------------------------
     def run_search(self) -> SearchOutcome:
@@ -244,9 +244,9 @@ class Search:
             reachable = self._predicted_max(rung, ckpt, TRY_MARGIN) or self.micro_batches[0]
             best = self.outcome.best
             if best is not None:
-                speed = best.result.samples_per_s or 0.0
+                speed = (best.result.samples_per_s or 0.0) / self.target.world_size  # per rank, like the line
                 other = Candidate(rung, reachable, ckpt)
-                beatable, why = could_beat(best.candidate, speed, self._best_line(), other, reachable)
+                beatable, why = could_beat(best.candidate, speed, self._best_line(), other)
                 if not beatable:
                     self._skip(rung, ckpt, why)
                     continue

@@ -3,8 +3,8 @@
 Three ordering assumptions, from DeepSpeed's documented escalation ladder, let the search stop early:
   A1. at the same micro-batch and checkpointing, a later rung is never faster than an earlier one
       (each rung adds communication or host traffic);
-  A2. at the same rung and micro-batch, gradient checkpointing is slower (it recomputes the forward:
-      ~8N instead of ~6N FLOPs per token, so at best 3/4 of the speed);
+  A2. at the same rung and micro-batch, gradient checkpointing costs one extra forward pass:
+      ~8N instead of ~6N FLOPs per token, so 3/4 of the speed (used both ways, with BOUND_SLACK);
   A3. per-sample speed grows with micro-batch, as step time = fixed + per_sample * micro_batch.
 A later candidate can therefore only win through a larger micro-batch, and by no more than the
 step-time line fitted on the measured group allows.
@@ -17,16 +17,17 @@ from dataclasses import dataclass
 from autotune.ladder import Candidate
 
 CHECKPOINTING_SPEED = 0.75  # 6N / 8N FLOPs per token: recompute adds one forward pass
+BOUND_SLACK = 0.05  # a bound must clear the best measured speed by this much before a candidate is dropped
 
 # Relative per-sample speed priors, used only to order untried candidates and to pick a plan-only
 # recommendation; they encode the ladder's documented order, not a measurement, and measured trials
-# replace them.
+# replace them. They decrease along the ladder, as A1 assumes.
 PRIOR_RUNG_SPEED = {
     "z0": 1.0,
     "z1": 0.99,
     "z2": 0.97,
-    "z2+offload_opt": 0.5,
-    "z3": 0.85,
+    "z2+offload_opt": 0.6,
+    "z3": 0.55,
     "z3+offload_opt": 0.45,
     "z3+offload_opt+param": 0.3,
     "z3+nvme_opt": 0.15,
@@ -43,62 +44,64 @@ def prior_speed(candidate: Candidate) -> float:
     return rung * ckpt * mb / (mb + PRIOR_FIXED_SAMPLES)
 
 
+def work_units(candidate: Candidate) -> float:
+    """Samples' worth of compute in one step: checkpointing makes each sample cost 1/CHECKPOINTING_SPEED."""
+    return candidate.micro_batch / (CHECKPOINTING_SPEED if candidate.grad_checkpointing else 1.0)
+
+
 @dataclass(frozen=True)
 class StepLine:
-    """step_seconds = fixed_s + per_sample_s * micro_batch, fitted on one (rung, checkpointing) group."""
+    """Per-rank micro-step seconds = fixed_s + per_unit_s * work_units, fitted on one rung's trials (A3)."""
 
     fixed_s: float
-    per_sample_s: float
+    per_unit_s: float
 
-    def samples_per_s(self, micro_batch: int, speed_factor: float = 1.0) -> float:
-        return micro_batch / (self.fixed_s + self.per_sample_s * micro_batch / speed_factor)
+    def samples_per_s(self, candidate: Candidate) -> float:
+        return candidate.micro_batch / (self.fixed_s + self.per_unit_s * work_units(candidate))
 
 
-def fit_step_line(points: list[tuple[int, float]]) -> StepLine | None:
-    """Least-squares line through (micro_batch, step seconds); None with fewer than two micro-batches.
+def fit_step_line(points: list[tuple[float, float]]) -> StepLine | None:
+    """Least-squares line through (work units, step seconds); None with fewer than two distinct x.
 
-    The fixed part is clamped at zero (a negative intercept is noise) and the slope kept positive.
+    The fixed part is clamped at zero (a negative intercept is noise) and the slope must be positive.
     """
-    distinct = {mb for mb, _ in points}
+    distinct = {x for x, _ in points}
     if len(distinct) < 2:
         return None
     n = len(points)
-    mean_x = sum(mb for mb, _ in points) / n
+    mean_x = sum(x for x, _ in points) / n
     mean_y = sum(t for _, t in points) / n
-    sxx = sum((mb - mean_x) ** 2 for mb, _ in points)
-    sxy = sum((mb - mean_x) * (t - mean_y) for mb, t in points)
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    sxy = sum((x - mean_x) * (t - mean_y) for x, t in points)
     slope = sxy / sxx
     if slope <= 0:
         return None
-    intercept = max(0.0, mean_y - slope * mean_x)
-    return StepLine(fixed_s=intercept, per_sample_s=slope)
-
-
-def no_faster_per_sample(best: Candidate, other: Candidate) -> bool:
-    """A1 + A2: `other` is at best as fast as `best` at any equal micro-batch."""
-    later_or_same_rung = other.rung.order >= best.rung.order
-    ckpt_no_better = other.grad_checkpointing or not best.grad_checkpointing
-    return later_or_same_rung and ckpt_no_better
+    return StepLine(fixed_s=max(0.0, mean_y - slope * mean_x), per_unit_s=slope)
 
 
 def could_beat(
-    best: Candidate, best_samples_per_s: float, best_line: StepLine | None, other: Candidate, other_max_micro_batch: int
+    best: Candidate, best_samples_per_s: float, best_line: StepLine | None, other: Candidate
 ) -> tuple[bool, str]:
-    """Whether `other`, at up to `other_max_micro_batch`, might be faster than the best measured config."""
-    if not no_faster_per_sample(best, other):
+    """Whether `other` (at its largest reachable micro-batch) might be faster than the best measured config.
+
+    Speeds are per rank (samples/s divided by world size), the unit of `best_line`.
+    `best_line` is fitted on the best config's rung; by A1 it bounds every later rung. An earlier rung
+    is always worth a look.
+    """
+    if other.rung.order < best.rung.order:
         return True, ""
-    if other_max_micro_batch <= best.micro_batch:
+    no_faster_per_sample = other.grad_checkpointing or not best.grad_checkpointing  # A2
+    if no_faster_per_sample and other.micro_batch <= best.micro_batch:
         return False, (
-            f"cannot beat {best.key}: no faster per sample and its largest micro-batch ({other_max_micro_batch})"
+            f"cannot beat {best.key}: no faster per sample and its largest micro-batch ({other.micro_batch})"
             f" is not above {best.micro_batch}"
         )
     if best_line is None:
         return True, ""
-    factor = CHECKPOINTING_SPEED if other.grad_checkpointing and not best.grad_checkpointing else 1.0
-    bound = best_line.samples_per_s(other_max_micro_batch, factor)
-    if bound <= best_samples_per_s:
+    bound = best_line.samples_per_s(other)
+    if bound * (1 + BOUND_SLACK) <= best_samples_per_s:
         return False, (
-            f"cannot beat {best.key}: even at micro-batch {other_max_micro_batch} the step-time line fitted on"
-            f" {best.rung.value} bounds it at {bound:.2f} samples/s <= {best_samples_per_s:.2f} measured"
+            f"cannot beat {best.key}: even at micro-batch {other.micro_batch} the step-time line fitted on"
+            f" {best.rung.value} bounds it at {bound:.2f} samples/s per rank < {best_samples_per_s:.2f} measured"
         )
     return True, ""
