@@ -98,7 +98,7 @@ class ResultsCache:
             return None
 
     def put_recommendation(self, key: str, data: dict) -> None:
-        payload = json.dumps(data, sort_keys=True)
+        payload = json.dumps(data)
         with closing(self._connect()) as db, db:
             db.execute(
                 "INSERT OR REPLACE INTO recommendations VALUES (?, ?, ?, ?)",

@@ -35,16 +35,19 @@ def launch_commands(
 
 
 def write_configs(
-    config: dict[str, Any], world_size: int, out_path: Path, hf: bool = False
+    config: dict[str, Any], world_size: int, out_path: Path, hf: bool = False, validate: bool = True
 ) -> tuple[Path, Path | None]:
     """Validate with DeepSpeed's parser at `world_size`, then write; nothing is written on refusal.
 
     With hf=True a second file `<stem>.hf.json` holds the "auto" variant for HF Trainer / Accelerate.
+    validate=False is for configs already validated at this world size by this DeepSpeed version (a
+    cache hit), which spares importing DeepSpeed.
     """
-    try:
-        validate_with_deepspeed(config, world_size)
-    except ConfigRejected as error:
-        raise UserError(f"DeepSpeed rejected the generated config at world size {world_size}: {error}") from None
+    if validate:
+        try:
+            validate_with_deepspeed(config, world_size)
+        except ConfigRejected as error:
+            raise UserError(f"DeepSpeed rejected the generated config at world size {world_size}: {error}") from None
     try:
         written = atomic_write_json(out_path, config)
         hf_path = atomic_write_json(out_path.with_suffix(".hf.json"), hf_variant(config)) if hf else None

@@ -51,6 +51,8 @@ class Target:
         return self.gpus_per_node * self.nodes
 
     def describe(self) -> str:
+        if self.gpu.key == "cpu":
+            return f"{self.world_size} CPU rank(s), {format_bytes(self.free_memory_bytes)} budget per rank"
         origin = "probed" if self.measured else "profile"
         return (
             f"{self.nodes}x{self.gpus_per_node} {self.gpu.name} "

@@ -402,10 +402,20 @@ def tune(
     )
 
 
+def ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
+    """The ds_config `tune(request)` emits for `candidate`, the same one its trial ran with.
+
+    For callers whose tuning was cut short (the pre-launch hook): the search reports each verified
+    trial as it finishes, and this turns the best of them into the config to write.
+    """
+    return build_ds_config(candidate, _Context(request).train)
+
+
 def _from_cache(ctx: _Context, hit: dict, out_path: Path, report_dir: Path, started: float) -> TuneResult:
     candidate = Candidate.from_dict(hit["candidate"])
     config = hit["ds_config"]
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, ctx.request.hf)
+    # Validated before it was cached, at this world size and DeepSpeed version (both are in the key).
+    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, ctx.request.hf, validate=False)
     launch = launch_commands(config_path, candidate, ctx.target.gpus_per_node, ctx.target.nodes, ctx.request.script)
     data = {
         **hit["report"],
