@@ -1,0 +1,62 @@
+"""What a config is checked against: the world size, and the GPU when one is known."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.errors import UserError
+from autotune.hardware import Target
+from autotune.target import check_counts, resolve_target
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    world_size: int
+    world_size_source: str  # shown to the user: where the world size came from
+    bf16_capable: bool | None = None  # None when the GPU is unknown
+    target: Target | None = None  # for the fit prediction; None when no GPU is known
+    for_hf_trainer: bool = False  # "auto" is expected: the HF Trainer fills it
+    hardware_note: str = ""  # why no GPU is known, when none is
+
+
+def resolve_context(
+    gpus: int | None,
+    nodes: int,
+    gpu_type: str | None,
+    gpu_memory: str | None,
+    for_hf_trainer: bool = False,
+) -> CheckContext:
+    """--gpu-type / --gpu-memory plan for elsewhere; otherwise probe this machine.
+
+    A machine without GPUs still gets a world size (--gpus, else 1 per node): the config checks need
+    it, only the bf16 and fit checks need a GPU.
+    """
+    check_counts(gpus, nodes)
+    probed = None
+    if not (gpu_type or gpu_memory):
+        from autotune.probe import probe
+
+        probed = probe()
+    target: Target | None = None
+    hardware_note = ""
+    try:
+        target = resolve_target(probed, gpus, nodes, gpu_type, gpu_memory)
+    except UserError as error:
+        if gpu_type or gpu_memory:
+            raise  # a bad --gpu-type is the user's to fix
+        hardware_note = str(error)
+    if gpus is not None:
+        world_size, source = gpus * nodes, f"--gpus {gpus} x --nodes {nodes}"
+    elif target is not None and target.measured:
+        world_size, source = target.world_size, f"{target.gpus_per_node} probed GPU(s) x --nodes {nodes}"
+    else:
+        world_size, source = nodes, f"1 GPU per node (no --gpus) x --nodes {nodes}"
+    known_gpu = target is not None and target.gpu.key != "custom"  # --gpu-memory says nothing of bf16
+    return CheckContext(
+        world_size=world_size,
+        world_size_source=source,
+        bf16_capable=target.gpu.bf16 if known_gpu else None,
+        target=target,
+        for_hf_trainer=for_hf_trainer,
+        hardware_note=hardware_note,
+    )

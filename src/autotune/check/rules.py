@@ -1,0 +1,203 @@
+"""Settings that DeepSpeed accepts but that do not do what they say at this stage, batch size or GPU.
+
+The stage facts below were read in DeepSpeed 0.19.8 (runtime/engine.py `_configure_zero_optimizer`,
+runtime/zero/stage_1_and_2.py) and confirmed by running the engine on CPU (tests/test_check_engine.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.check import schema
+from autotune.check.findings import Edit, Finding, Fix, Severity
+from autotune.check.values import batch_keys
+from autotune.units import format_bytes
+
+ZERO = "zero_optimization"
+
+
+def zero_stage(config: dict[str, Any]) -> int | None:
+    """The ZeRO stage DeepSpeed will run, or None when the config does not say it as a number."""
+    zero = config.get(ZERO, {})
+    if not isinstance(zero, dict):
+        return None
+    stage = zero.get("stage", schema.field_default(schema.section_models()[ZERO].model_fields["stage"]))
+    if isinstance(stage, bool) or not isinstance(stage, int):
+        return None
+    return stage
+
+
+def _stage3_only_keys() -> set[str]:
+    """Spellings of the zero fields used only by the stage-3 optimizer: the `stage3_*` aliases,
+    their plain names, and sub_group_size (passed only to DeepSpeedZeroOptimizer_Stage3)."""
+    keys = {"sub_group_size"}
+    for name, field in schema.section_models()[ZERO].model_fields.items():
+        if (field.alias or "").startswith("stage3_") or name.startswith("stage3_"):
+            keys.update({name, field.alias} - {None})
+    return keys
+
+
+def _no_effect(path: str, message: str, severity: Severity = Severity.WARNING) -> Finding:
+    keys = tuple(path.split("."))
+    return Finding(severity, path, message, "no-effect", Fix("remove it", (Edit("remove", keys),)))
+
+
+def stage_findings(config: dict[str, Any]) -> list[Finding]:
+    zero = config.get(ZERO)
+    stage = zero_stage(config)
+    if not isinstance(zero, dict) or stage is None:
+        return []
+    findings: list[Finding] = []
+    offload_param = zero.get("offload_param")
+    if stage < 3 and isinstance(offload_param, dict) and offload_param.get("device", "none") != "none":
+        findings.append(
+            _no_effect(
+                f"{ZERO}.offload_param",
+                f"Ignored at stage {stage}: only the stage-3 optimizer offloads parameters, so they stay on the GPU.",
+            )
+        )
+    if stage < 3:
+        for key in sorted(set(zero) & _stage3_only_keys()):
+            findings.append(_no_effect(f"{ZERO}.{key}", f"Has no effect at stage {stage}: only stage 3 reads it."))
+    if stage not in (1, 2) and "round_robin_gradients" in zero:
+        findings.append(
+            _no_effect(f"{ZERO}.round_robin_gradients", f"Has no effect at stage {stage}: only stages 1 and 2 read it.")
+        )
+    if "allgather_partitions" in zero:
+        message = "Parsed but read by nothing in DeepSpeed, at any stage."
+        findings.append(_no_effect(f"{ZERO}.allgather_partitions", message, Severity.INFO))
+    offload_optimizer = zero.get("offload_optimizer")
+    if stage < 3 and isinstance(offload_optimizer, dict) and offload_optimizer.get("device") == "nvme":
+        findings.append(_nvme_below_stage3(stage, offload_optimizer))
+    return findings
+
+
+def _nvme_below_stage3(stage: int, offload_optimizer: dict[str, Any]) -> Finding:
+    """Policy: say "cpu", since that is what runs; moving to stage 3 would change far more than the user asked."""
+    edits = [Edit("set", (ZERO, "offload_optimizer", "device"), "cpu")]
+    if "nvme_path" in offload_optimizer:
+        edits.append(Edit("remove", (ZERO, "offload_optimizer", "nvme_path")))
+    return Finding(
+        Severity.WARNING,
+        f"{ZERO}.offload_optimizer.device",
+        f"NVMe optimizer offload needs stage 3; at stage {stage} DeepSpeed keeps the optimizer states in CPU RAM "
+        "and never touches the NVMe path. Plan host RAM for them, or use stage 3 for NVMe.",
+        "no-effect",
+        Fix('write device "cpu" (what runs); use stage 3 yourself if you need NVMe', tuple(edits)),
+    )
+
+
+def activation_checkpointing_findings(config: dict[str, Any]) -> list[Finding]:
+    if not isinstance(config.get("activation_checkpointing"), dict):
+        return []
+    message = (
+        "The engine never applies this section: it acts only when the model code calls "
+        "deepspeed.checkpointing.checkpoint. HF models use model.gradient_checkpointing_enable() instead."
+    )
+    return [Finding(Severity.INFO, "activation_checkpointing", message, "no-effect")]
+
+
+def resolve_batch(
+    train_batch: int | None, micro_batch: int | None, accumulation: int | None, world_size: int
+) -> tuple[int | None, int | None, int | None, str]:
+    """DeepSpeed's own derivation (DeepSpeedConfig._configure_train_batch_size); "" when it holds."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    resolver = DeepSpeedConfig.__new__(DeepSpeedConfig)  # only the batch attributes, no parse
+    resolver.world_size = world_size
+    resolver.train_batch_size = train_batch
+    resolver.train_micro_batch_size_per_gpu = micro_batch
+    resolver.gradient_accumulation_steps = accumulation
+    try:
+        resolver._configure_train_batch_size()
+        problem = ""
+    except AssertionError as error:
+        problem = str(error)
+    return (
+        resolver.train_batch_size,
+        resolver.train_micro_batch_size_per_gpu,
+        resolver.gradient_accumulation_steps,
+        problem,
+    )
+
+
+def batch_findings(config: dict[str, Any], world_size: int) -> list[Finding]:
+    """train_batch_size = micro-batch x gradient accumulation x world size, or DeepSpeed refuses to start."""
+    names = batch_keys()
+    given = [config.get(name) for name in names]
+    if any(value is not None and (isinstance(value, bool) or not isinstance(value, int)) for value in given):
+        return []  # "auto" or strings: reported by the value checks
+    _, micro_batch, accumulation, problem = resolve_batch(*given, world_size)
+    if not problem:
+        return []
+    tbs_key, micro_key, gas_key = names
+    if given[0] is None and given[1] is None:
+        message = f"DeepSpeed needs {tbs_key} or {micro_key}: {problem}"
+        return [Finding(Severity.ERROR, micro_key, message, "batch")]
+    micro = max(1, micro_batch or 1)  # as given, or as DeepSpeed derived it (0 when the batch is too small)
+    steps = max(1, accumulation or 1)
+    fixed_total = micro * steps * world_size
+    shown = ", ".join(f"{name}={'unset' if value is None else value}" for name, value in zip(names, given, strict=True))
+    message = f"Batch sizes do not add up at world size {world_size} ({shown}); DeepSpeed refuses to start: {problem}"
+    edits = (
+        Edit("set", (micro_key,), micro),
+        Edit("set", (gas_key,), steps),
+        Edit("set", (tbs_key,), fixed_total),
+    )
+    fix = Fix(f"keep {micro_key}={micro} and {gas_key}={steps}, set {tbs_key}={fixed_total}", edits)
+    return [Finding(Severity.ERROR, tbs_key, message, "batch", fix)]
+
+
+def precision_findings(config: dict[str, Any], bf16_capable: bool | None) -> list[Finding]:
+    """fp16 where the GPU has bf16 (loss scaling and overflow risk for nothing), or bf16 where it has none."""
+    if bf16_capable is None:
+        return []
+    fp16 = config.get("fp16") if isinstance(config.get("fp16"), dict) else {}
+    bf16 = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
+    if bf16_capable and fp16.get("enabled") is True:
+        edits = (Edit("remove", ("fp16",)), Edit("set", ("bf16",), {**bf16, "enabled": True}))
+        message = (
+            "fp16 on a GPU with bf16: bf16 has fp32's range, so it needs no loss scaling and does not overflow; "
+            "same memory and speed."
+        )
+        return [Finding(Severity.WARNING, "fp16.enabled", message, "precision", Fix("switch to bf16", edits))]
+    if not bf16_capable and bf16.get("enabled") is True:
+        edits = (Edit("remove", ("bf16",)), Edit("set", ("fp16",), {**fp16, "enabled": True}))
+        message = "bf16 on a GPU without bf16 support: it is emulated (slow) or fails; use fp16 with loss scaling."
+        return [Finding(Severity.WARNING, "bf16.enabled", message, "precision", Fix("switch to fp16", edits))]
+    return []
+
+
+def _element_bytes(config: dict[str, Any]) -> tuple[int, str]:
+    for name in ("bf16", "fp16"):
+        section = config.get(name)
+        if isinstance(section, dict) and section.get("enabled") is True:
+            return 2, name
+    return 4, "fp32"
+
+
+def bucket_findings(config: dict[str, Any]) -> list[Finding]:
+    """Bucket sizes are element counts; say what they cost in bytes."""
+    zero = config.get(ZERO)
+    stage = zero_stage(config)
+    if not isinstance(zero, dict) or stage is None:
+        return []
+    size, dtype = _element_bytes(config)
+    accepted = schema.model_keys(schema.section_models()[ZERO])
+    findings: list[Finding] = []
+    for key, value in zero.items():
+        field = accepted.get(key)
+        if field is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        name = next(n for n, f in schema.section_models()[ZERO].model_fields.items() if f is field)
+        if not name.endswith("bucket_size") or (stage < 3 and key in _stage3_only_keys()):
+            continue
+        elements = int(value)
+        message = f"{elements:,} elements, not bytes: {format_bytes(elements * size)} per buffer in {dtype}"
+        overlap = zero.get("overlap_comm", stage == 3)
+        if name == "reduce_bucket_size" and stage in (1, 2) and overlap:
+            message += f"; overlap_comm keeps two, {format_bytes(2 * elements * size)}"
+        if name == "allgather_bucket_size" and stage == 3:
+            message += "; stage 3 does not use it"
+        findings.append(Finding(Severity.INFO, f"{ZERO}.{key}", message + ".", "bucket-size"))
+    return findings
