@@ -1,0 +1,170 @@
+"""`autotune hook`: the pre-launch hook for SLURM and torchrun jobs.
+
+stdout carries only what a script consumes (the config path, `export AUTOTUNE_DS_CONFIG=...` for
+`eval`, or JSON); progress and warnings go to stderr, so `eval "$(autotune hook ... --print-env)"`
+stays safe.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from autotune.cli.options import GlobalBatchOpt, JsonOpt, ModelOpt, NvmePathOpt, PrecisionOpt, TrustRemoteCodeOpt
+from autotune.cli.output import print_json
+from autotune.cli.tune import _int_list, _rung_list
+from autotune.errors import UserError
+
+if TYPE_CHECKING:
+    from autotune.hook import HookResult
+    from autotune.search import SearchEvent
+
+_BANNER = "!" * 100
+
+
+def _warn_loudly(result: HookResult) -> None:
+    record = result.record
+    kind = "NOT VERIFIED: plan-only" if not record.verified else "best verified so far, tuning incomplete"
+    lines = [
+        _BANNER,
+        f"autotune hook WARNING: fallback config ({kind})",
+        f"  {record.warning}",
+        f"  written to {result.config_path}",
+        "  pass --strict to fail the job instead of training with it",
+        _BANNER,
+    ]
+    print("\n".join(lines), file=sys.stderr)
+
+
+def _summary(result: HookResult) -> str:
+    record = result.record
+    details = record.details
+    how = {"leader": "tuned here", "follower": f"tuned by {record.leader}", "hit": "published result"}[result.role]
+    trials = f", {details['trials_launched']} trial(s)" if details.get("trials_launched") else ""
+    choice = f": {details['choice']}" if details.get("choice") else ""
+    return (
+        f"autotune hook: {result.job.describe()}; {how} ({record.source}{trials}{choice});"
+        f" config {result.config_path} in {result.elapsed_s:.1f} s"
+    )
+
+
+def _trial_printer(event: SearchEvent) -> None:
+    if event.kind == "trial_end" and event.record is not None:
+        result = event.record.result
+        speed = f", {result.samples_per_s:.2f} samples/s" if result.samples_per_s else ""
+        print(f"autotune hook: trial {event.record.candidate.key}: {result.status}{speed}", file=sys.stderr)
+
+
+def _exit_on_sigterm() -> None:
+    """SLURM (scancel, time limit) and torchrun stop jobs with SIGTERM, which by default ends Python
+    without unwinding; exiting through SystemExit instead lets the trial launcher kill its trial
+    processes, which would otherwise keep running on the GPUs."""
+
+    def exit_now(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_now)
+
+
+def hook_command(
+    model: ModelOpt,
+    out: Annotated[str, typer.Option("--out", "-o", help="Where this process writes ds_config.json.")] = (
+        "ds_config.json"
+    ),
+    cache_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="Directory every node sees: lock, published result, results cache (default: ~/.cache/autotune)."
+        ),
+    ] = None,
+    time_budget: Annotated[
+        float | None,
+        typer.Option(help="Seconds of tuning (no trial runs longer); then the best verified config so far is used."),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Fail instead of writing a fallback (unverified or incomplete) config.")
+    ] = False,
+    wait_timeout: Annotated[
+        float | None, typer.Option(help="Seconds a waiting process waits for the tuner (default 1 h, or 2x budget).")
+    ] = None,
+    print_env: Annotated[
+        bool, typer.Option("--print-env", help="Print `export AUTOTUNE_DS_CONFIG=...` for eval.")
+    ] = False,
+    device: Annotated[str, typer.Option(help="cuda, or cpu for the CPU backend (tests, demos).")] = "cuda",
+    gpus: Annotated[int | None, typer.Option("--gpus", "-g", help="GPUs per node, when the job does not say.")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="Nodes, when the job does not say.")] = None,
+    nodelist: Annotated[
+        str | None, typer.Option(help="Hosts of the job outside SLURM, SLURM syntax allowed: node[01-04].")
+    ] = None,
+    memory_budget: Annotated[str | None, typer.Option(help="Per-rank memory cap for --device cpu.")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="Sequence length.")] = None,
+    global_batch: GlobalBatchOpt = None,
+    precision: PrecisionOpt = None,
+    headroom: Annotated[float, typer.Option(help="Peak must stay under this fraction of free memory.")] = 0.9,
+    max_trials: Annotated[int, typer.Option(help="Most trials to launch.")] = 12,
+    micro_batches: Annotated[str | None, typer.Option(help="Explicit micro-batch grid, e.g. 1,2,4,8.")] = None,
+    rungs: Annotated[str | None, typer.Option(help="Restrict the ladder, e.g. z0,z2,z3+offload_opt.")] = None,
+    nvme_path: NvmePathOpt = None,
+    trial_timeout: Annotated[float, typer.Option(help="Seconds before a trial is killed as hung.")] = 900.0,
+    report_dir: Annotated[
+        str | None, typer.Option(help="Where the tuner's report goes (default: beside --out).")
+    ] = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pre-launch hook: tune once per job (one process tunes, the others wait) and write ds_config.json."""
+    from autotune.hook import HookError, HookRequest, JobOverrides, run_hook
+    from autotune.tune import TuneRequest
+
+    if print_env and as_json:
+        raise UserError("give --print-env or --json, not both")
+    tuning = TuneRequest(
+        model=model,
+        device=device,
+        memory_budget=memory_budget,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        precision=precision,
+        headroom=headroom,
+        max_trials=max_trials,
+        time_budget_s=time_budget,
+        micro_batches=_int_list(micro_batches, "--micro-batches"),
+        rungs=_rung_list(rungs),
+        nvme_path=nvme_path,
+        trial_timeout_s=trial_timeout,
+        out=out,
+        report_dir=report_dir,
+        trust_remote_code=trust_remote_code,
+    )
+    request = HookRequest(
+        tuning=tuning,
+        shared_dir=cache_dir,
+        overrides=JobOverrides(gpus=gpus, nodes=nodes, nodelist=nodelist),
+        wait_timeout_s=wait_timeout,
+        strict=strict,
+    )
+    _exit_on_sigterm()
+    try:
+        result = run_hook(request, observe=_trial_printer)
+    except HookError as error:
+        print(f"autotune: error: {error}", file=sys.stderr)
+        raise SystemExit(error.exit_code) from None
+    if result.ignored:
+        print(f"autotune hook: did not trust a published result ({result.ignored})", file=sys.stderr)
+    if result.fallback:
+        _warn_loudly(result)
+    print(_summary(result), file=sys.stderr)
+    if as_json:
+        print_json(result.to_dict())
+    elif print_env:
+        print(f"export AUTOTUNE_DS_CONFIG={shlex.quote(str(result.config_path))}")
+    else:
+        print(result.config_path)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("hook")(hook_command)

@@ -1,0 +1,210 @@
+"""One tuner per run key, everyone else waits: the lock / wait / publish protocol in a shared directory.
+
+Files for a run key K, all in the shared (cache) directory `<dir>/hook/`:
+- `K.lock`: an flock (filelock.FileLock). The kernel drops it when its holder dies, even by SIGKILL, so a
+  killed tuner never blocks a later job; a filesystem without flock is an error, not a silent
+  fallback to a lock file that a dead process would leave behind.
+- `K.json`: the published result, written atomically (temp file + rename), with a sha256 over its
+  content. A reader sees the old file, the new file or none, never half of one; a file that fails
+  its checksum (disk fault, manual edit) is treated as absent, and the next tuner replaces it.
+- `K.leader.json`: who holds the lock and since when; informational, for the timeout message.
+
+A process first looks for an acceptable result (a cache hit costs one file read). Otherwise it
+tries the lock without blocking: the winner checks again, tunes, publishes; the others poll for the
+result until their deadline. If the tuner dies, its lock is released and a waiting process takes
+over; so there is one tuner at a time per key, however many processes run the hook.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from errno import ENOSYS
+from pathlib import Path
+from typing import Literal
+
+import filelock
+
+from autotune.atomic import atomic_write_json, atomic_write_text
+from autotune.errors import UserError
+
+RECORD_FORMAT = 1
+Role = Literal["hit", "leader", "follower"]
+RecordStatus = Literal["complete", "fallback", "failed"]
+
+
+class HookError(Exception):
+    """The hook could not give this job a config (timeout, failed tuning, --strict); exit code 4."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True)
+class HookRecord:
+    """What the tuner publishes for its run key; every process writes `config_text` byte for byte."""
+
+    key: str
+    status: RecordStatus  # complete: tuning finished; fallback: cut short, best effort; failed: no config
+    config_text: str | None
+    source: str  # "tuned" | "results cache" | "best verified so far" | "plan only" | "none"
+    verified: bool  # the config ran for real in a trial
+    job_id: str | None
+    hardware: str  # fingerprint of the tuner's node, so another job on other hardware re-tunes
+    leader: str  # "host pid N"
+    created: float  # wall clock (time.time()) when published
+    warning: str | None = None
+    error_kind: str | None = None  # for "failed": "user" | "nothing_fits" | "failed"
+    error: str | None = None
+    details: dict = field(default_factory=dict)  # trials, speed, stop reason, report path
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HookRecord:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    @property
+    def config_sha256(self) -> str | None:
+        return hashlib.sha256(self.config_text.encode()).hexdigest() if self.config_text is not None else None
+
+
+def _digest(record: dict) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class SharedSlot:
+    """The files one run key owns in the shared directory."""
+
+    directory: Path
+    key: str
+
+    @property
+    def lock_path(self) -> Path:
+        return self.directory / f"{self.key}.lock"
+
+    @property
+    def record_path(self) -> Path:
+        return self.directory / f"{self.key}.json"
+
+    @property
+    def leader_path(self) -> Path:
+        return self.directory / f"{self.key}.leader.json"
+
+
+def publish(slot: SharedSlot, record: HookRecord) -> None:
+    body = record.to_dict()
+    atomic_write_json(slot.record_path, {"format": RECORD_FORMAT, "record": body, "sha256": _digest(body)})
+
+
+def read_record(slot: SharedSlot) -> tuple[HookRecord | None, str | None]:
+    """(record, None), (None, None) when absent, or (None, why) when present but not to be trusted."""
+    try:
+        text = slot.record_path.read_text()
+    except FileNotFoundError:
+        return None, None
+    except OSError as error:
+        return None, f"unreadable: {error.strerror or error}"
+    try:
+        data = json.loads(text)
+        body = data["record"]
+        if data.get("format") != RECORD_FORMAT:
+            return None, f"format {data.get('format')!r}, expected {RECORD_FORMAT}"
+        if _digest(body) != data["sha256"]:
+            return None, "checksum mismatch"
+        record = HookRecord.from_dict(body)
+        if record.key != slot.key:
+            return None, f"belongs to run key {record.key}"
+        if record.status != "failed" and not isinstance(json.loads(record.config_text or "null"), dict):
+            return None, "config is not a JSON object"
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        return None, f"corrupt ({type(error).__name__})"
+    return record, None
+
+
+@dataclass(frozen=True)
+class Coordinated:
+    record: HookRecord
+    role: Role
+    waited_s: float  # before this process had a record or the lock (a tuner's own tuning time is not waiting)
+    ignored: str | None = None  # why a record found in the slot was not trusted, if one was
+
+
+def _leader_note(slot: SharedSlot) -> str:
+    try:
+        info = json.loads(slot.leader_path.read_text())
+        since = time.strftime("%H:%M:%S", time.localtime(info["started"]))
+        return f"the tuning process ({info['host']} pid {info['pid']}, tuning since {since})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "the tuning process"
+
+
+def _lock(slot: SharedSlot) -> filelock.FileLock:
+    # fallback_to_soft=False: a marker-file lock outlives a killed holder; refuse it rather than risk that
+    return filelock.FileLock(slot.lock_path, fallback_to_soft=False, thread_local=False)
+
+
+def _try_lock(lock: filelock.FileLock, slot: SharedSlot) -> bool:
+    try:
+        lock.acquire(blocking=False)
+    except filelock.Timeout:
+        return False
+    except OSError as error:
+        if error.errno == ENOSYS:
+            raise UserError(
+                f"{slot.directory} does not support file locks (flock); use a shared directory that does"
+                " (NFS with lockd, or Lustre mounted with -o flock) for --cache-dir"
+            ) from None
+        raise UserError(f"cannot lock {slot.lock_path}: {error.strerror or error}") from None
+    return True
+
+
+def coordinate(
+    slot: SharedSlot,
+    accept: Callable[[HookRecord], bool],
+    produce: Callable[[], HookRecord],
+    wait_timeout_s: float,
+    poll_interval_s: float = 0.2,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Coordinated:
+    """Return an acceptable published record, producing and publishing it if this process wins the lock."""
+    slot.directory.mkdir(parents=True, exist_ok=True)
+    started = clock()
+    deadline = started + wait_timeout_s
+    lock = _lock(slot)
+    ignored = None
+    first_look = True
+    while True:
+        record, problem = read_record(slot)
+        ignored = problem or ignored
+        if record is not None and accept(record):
+            return Coordinated(record, "hit" if first_look else "follower", clock() - started, ignored)
+        first_look = False
+        if _try_lock(lock, slot):
+            break
+        if clock() >= deadline:
+            raise HookError(
+                f"timed out after {wait_timeout_s:.0f} s waiting for {_leader_note(slot)} to publish a config"
+                f" (lock {slot.lock_path}); raise --wait-timeout or look at that process"
+            )
+        sleep(poll_interval_s)
+    waited = clock() - started
+    try:
+        record, problem = read_record(slot)  # someone may have published between our read and the lock
+        ignored = problem or ignored
+        if record is not None and accept(record):
+            return Coordinated(record, "follower", waited, ignored)
+        note = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "key": slot.key}
+        atomic_write_text(slot.leader_path, json.dumps(note) + "\n")
+        record = produce()
+        publish(slot, record)
+        return Coordinated(record, "leader", waited, ignored)
+    finally:
+        lock.release()

@@ -1,0 +1,207 @@
+"""What the one tuning process does: tune, and whatever happens, publish a record every rank can act on.
+
+The job must never start with a broken config. So a crash or an exhausted time budget still ends in
+a config when one can be justified: the best one verified by a trial so far, else the plan-only
+recommendation for the probed hardware, each marked as a fallback (the CLI warns loudly and
+`--strict` refuses it). Bad input and "nothing fits" end in a failed record instead, so every rank
+fails with the same message rather than each re-running the same doomed tuning.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from autotune.errors import NothingFitsError, UserError
+from autotune.hook.coordinate import HookRecord, RecordStatus
+from autotune.hook.env import JobEnv
+from autotune.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from autotune.ladder import Candidate
+    from autotune.search import SearchEvent, TrialRecord
+    from autotune.trial.types import TrialLauncher
+    from autotune.tune import TuneRequest, TuneResult
+
+TuneFn = Callable[..., "TuneResult"]  # tune(request, launcher=..., observe=...)
+
+
+class BestVerified:
+    """Observer of the search: keeps the fastest trial that ran within headroom, and counts launches."""
+
+    def __init__(self, forward: Callable[[SearchEvent], None] = lambda event: None) -> None:
+        self.forward = forward
+        self.record: TrialRecord | None = None
+        self.launched = 0
+
+    def __call__(self, event: SearchEvent) -> None:
+        self.forward(event)
+        record = event.record
+        if event.kind != "trial_end" or record is None:
+            return
+        self.launched += 0 if record.from_cache else 1
+        if not record.within_headroom:
+            return
+        speed = record.result.samples_per_s or 0.0
+        if self.record is None or speed > (self.record.result.samples_per_s or 0.0):
+            self.record = record
+
+
+def probed_plan_memory(tuning: TuneRequest) -> tuple[int, bool] | None:
+    """Memory per rank to plan for when no trial verified anything: the smallest free GPU here, or the
+    CPU backend's budget per rank."""
+    if tuning.device == "cpu":
+        ranks = tuning.gpus or 1
+        budget = tuning.memory_budget
+        per_rank = parse_bytes(budget, what="--memory-budget") if budget else psutil.virtual_memory().available // ranks
+        return per_rank, True
+    from autotune.probe import probe_gpus
+
+    gpus, _, _ = probe_gpus()
+    if not gpus:
+        return None
+    return min(g.free_bytes for g in gpus), all(g.bf16 for g in gpus)
+
+
+def real_tune(request: TuneRequest, **kwargs: Any) -> TuneResult:
+    from autotune.tune import tune
+
+    return tune(request, **kwargs)
+
+
+def _ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
+    from autotune.tune import ds_config_for
+
+    return ds_config_for(request, candidate)
+
+
+@dataclass(frozen=True)
+class LeaderJob:
+    """Everything the tuning process needs; `tuning` already carries the job's ranks, nodes and cache."""
+
+    key: str
+    job: JobEnv
+    hardware: str
+    tuning: TuneRequest
+    launcher_factory: Callable[[], TrialLauncher | None] = lambda: None  # called by the tuner only
+    observe: Callable[[SearchEvent], None] = lambda event: None
+    tune_fn: TuneFn = real_tune
+
+    def record(self, status: RecordStatus, config_text: str | None, source: str, verified: bool, **extra) -> HookRecord:
+        return HookRecord(
+            key=self.key,
+            status=status,
+            config_text=config_text,
+            source=source,
+            verified=verified,
+            job_id=self.job.job_id,
+            hardware=self.hardware,
+            leader=f"{socket.gethostname()} pid {os.getpid()}",
+            created=time.time(),
+            **extra,
+        )
+
+
+def _details(result: TuneResult) -> dict:
+    report = result.report or {}
+    return {
+        "trials_launched": result.trials_launched,
+        "samples_per_s": result.samples_per_s,
+        "stop_reason": report.get("stop_reason"),
+        "choice": (report.get("choice") or {}).get("description"),
+        "report_path": str(result.report_path) if result.report_path else None,
+        "from_cache": result.from_cache,
+    }
+
+
+def _from_result(leader: LeaderJob, result: TuneResult, staged: Path) -> HookRecord:
+    text = staged.read_text()
+    details = _details(result)
+    stop = details["stop_reason"] or ""
+    if not result.verified:
+        warning = "plan-only recommendation: no trial verified it"
+        return leader.record("fallback", text, "plan only", False, warning=warning, details=details)
+    if stop.startswith("time budget"):
+        warning = f"tuning stopped early ({stop}): this is the best config verified so far"
+        return leader.record("fallback", text, "best verified so far", True, warning=warning, details=details)
+    source = "results cache" if result.from_cache else "tuned"
+    return leader.record("complete", text, source, True, details=details)
+
+
+def _budget_ran_out(tuning: TuneRequest, started: float, best: BestVerified) -> bool:
+    budget = tuning.time_budget_s
+    return best.launched >= tuning.max_trials or (budget is not None and time.monotonic() - started >= budget)
+
+
+def _fallback(leader: LeaderJob, reason: str, best: BestVerified, staged: Path) -> HookRecord:
+    """Best verified so far, else plan-only; a failed record when neither can be had."""
+    tuning = leader.tuning
+    if best.record is not None:
+        from autotune.emit import write_configs  # DeepSpeed's validation: only on this path
+
+        candidate = best.record.candidate
+        config = _ds_config_for(tuning, candidate)
+        write_configs(config, leader.job.world_size, staged)
+        details = {"trials_launched": best.launched, "samples_per_s": best.record.result.samples_per_s}
+        warning = f"{reason}; wrote the best config verified so far ({candidate.describe()})"
+        return leader.record(
+            "fallback", staged.read_text(), "best verified so far", True, warning=warning, details=details
+        )
+    memory = probed_plan_memory(tuning)
+    if memory is None:
+        return leader.record("failed", None, "none", False, error_kind="failed", error=f"{reason}; no GPU to plan for")
+    per_rank, bf16 = memory
+    plan_request = replace(
+        tuning,
+        device="cuda",
+        gpu_type=None,
+        gpu_memory=str(per_rank),
+        precision=tuning.precision or ("bf16" if bf16 else "fp16"),
+        use_cache=False,
+    )
+    try:
+        result = leader.tune_fn(plan_request)
+    except (UserError, NothingFitsError) as error:
+        kind = "user" if isinstance(error, UserError) else "nothing_fits"
+        return leader.record("failed", None, "none", False, error_kind=kind, error=f"{reason}; plan-only: {error}")
+    details = {**_details(result), "trials_launched": best.launched}
+    warning = f"{reason}; wrote the plan-only recommendation for {format_bytes(per_rank)} per rank, NOT verified"
+    return leader.record("fallback", staged.read_text(), "plan only", False, warning=warning, details=details)
+
+
+def tune_and_record(leader: LeaderJob, staging_parent: Path) -> HookRecord:
+    """Tune for the job (config staged in a private directory) and turn any outcome into a record."""
+    staging_parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{leader.key}.", dir=staging_parent))
+    staged = staging / "ds_config.json"
+    leader = replace(leader, tuning=replace(leader.tuning, out=str(staged)))
+    best = BestVerified(leader.observe)
+    started = time.monotonic()
+    try:
+        try:
+            launcher = leader.launcher_factory()
+            result = leader.tune_fn(leader.tuning, launcher=launcher, observe=best)
+            return _from_result(leader, result, staged)
+        except UserError as error:
+            return leader.record("failed", None, "none", False, error_kind="user", error=str(error))
+        except NothingFitsError as error:
+            if not _budget_ran_out(leader.tuning, started, best):
+                return leader.record("failed", None, "none", False, error_kind="nothing_fits", error=str(error))
+            reason = f"the budget ran out before any config was verified ({error})"
+        except Exception as error:  # a crashed tuner must still leave the job a config, or a clear failure
+            reason = f"tuning failed: {type(error).__name__}: {error}"
+        try:
+            return _fallback(leader, reason, best, staged)
+        except Exception as error:
+            return leader.record("failed", None, "none", False, error_kind="failed", error=f"{reason}; {error}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,201 @@
+"""`run_hook()`: the pre-launch hook. Read the job, agree on one tuner, and give every rank the same config.
+
+Every process of a job may call this at once (once per node, or once per rank). All derive the same
+run key from the model, the job's shape and the tuning options; one of them tunes (see
+coordinate.py) and the rest copy its published config, checked against its sha256, to their own
+--out. A later job with the same key on the same hardware reads the published result and is done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from autotune.atomic import atomic_write_text
+from autotune.cache import library_versions, run_key
+from autotune.errors import NothingFitsError, UserError
+from autotune.hook.coordinate import HookError, HookRecord, Role, SharedSlot, coordinate
+from autotune.hook.env import JobEnv, JobOverrides, detect_job_env
+from autotune.hook.launch import choose_launcher
+from autotune.hook.leader import LeaderJob, TuneFn, real_tune, tune_and_record
+from autotune.paths import cache_dir
+
+if TYPE_CHECKING:
+    from autotune.probe import GpuInfo
+    from autotune.search import SearchEvent
+    from autotune.trial.types import TrialLauncher
+    from autotune.tune import TuneRequest
+
+LauncherChooser = Callable[[JobEnv, Path, Mapping[str, str]], "TrialLauncher | None"]
+GpuProber = Callable[[], "list[GpuInfo]"]
+# TuneRequest fields that describe the job or where output goes, not what is tuned: left out of the key
+_NOT_IN_KEY = ("model", "gpus", "nodes", "out", "report_dir", "hf", "use_cache", "cache_dir", "script")
+
+
+@dataclass(frozen=True)
+class HookRequest:
+    tuning: TuneRequest  # model and tuning options; ranks, nodes and cache are filled in from the job
+    shared_dir: str | None = None  # shared by every node; default: the autotune cache dir
+    overrides: JobOverrides = field(default_factory=JobOverrides)
+    wait_timeout_s: float | None = None  # default: an hour, or twice the time budget plus 10 minutes
+    strict: bool = False  # a fallback config (tuning failed or cut short) fails the hook instead
+    poll_interval_s: float = 0.2
+
+    @property
+    def wait_timeout(self) -> float:
+        if self.wait_timeout_s is not None:
+            return self.wait_timeout_s
+        budget = self.tuning.time_budget_s
+        return max(3600.0, 2 * budget + 600) if budget else 3600.0
+
+
+@dataclass(frozen=True)
+class HookResult:
+    role: Role  # "leader" tuned; "follower" waited for it; "hit" found a published result at once
+    config_path: Path
+    record: HookRecord
+    job: JobEnv
+    key: str
+    waited_s: float
+    elapsed_s: float
+    ignored: str | None = None  # why a record found in the shared dir was not trusted
+
+    @property
+    def fallback(self) -> bool:
+        return self.record.status == "fallback"
+
+    def to_dict(self) -> dict:
+        record = self.record
+        return {
+            "role": self.role,
+            "config_path": str(self.config_path),
+            "sha256": record.config_sha256,
+            "status": record.status,
+            "source": record.source,
+            "verified": record.verified,
+            "warning": record.warning,
+            "tuned_by": record.leader,
+            "key": self.key,
+            "job": self.job.to_dict(),
+            "waited_s": round(self.waited_s, 3),
+            "elapsed_s": round(self.elapsed_s, 3),
+            "ignored_record": self.ignored,
+            "details": record.details,
+        }
+
+
+def _default_gpus() -> list[GpuInfo]:
+    from autotune.probe import probe_gpus
+
+    return probe_gpus()[0]
+
+
+def hardware_fingerprint(tuning: TuneRequest, gpus: list[GpuInfo]) -> str:
+    """What a published config was tuned on; a later job on other hardware re-tunes instead of reusing it."""
+    if tuning.device == "cpu":
+        return f"cpu {platform.machine()} budget {tuning.memory_budget or 'all'}"
+    return "; ".join(sorted(f"{g.name} {g.total_bytes}" for g in gpus)) or "no gpu"
+
+
+def job_key(tuning: TuneRequest, job: JobEnv) -> str:
+    """Same on every rank of a job: the model's content, the job's shape, the tuning options, the versions."""
+    from autotune.models import resolve_model
+
+    source = resolve_model(tuning.model, tuning.trust_remote_code)
+    model = json.dumps({"config": source.config, "architecture": source.architecture}, sort_keys=True)
+    options = {k: v for k, v in asdict(tuning).items() if k not in _NOT_IN_KEY}
+    return run_key(
+        {
+            "hook": 1,
+            "model": hashlib.sha256(model.encode()).hexdigest(),
+            "nodes": job.nodes,
+            "ranks_per_node": job.gpus_per_node,
+            "options": options,
+            "versions": library_versions(),
+        }
+    )
+
+
+def _acceptable(record: HookRecord, job: JobEnv, hardware: str, started_wall: float) -> bool:
+    """A finished tuning serves any job on the same hardware; a fallback or failure only the job it ran
+    for (same job id, or published after this process started), so the next job tries again."""
+    same_job = job.job_id is not None and record.job_id == job.job_id
+    if record.status == "complete":
+        return same_job or record.hardware == hardware
+    return same_job or record.created >= started_wall
+
+
+def _raise_failure(record: HookRecord, role: Role) -> NoReturn:
+    prefix = "" if role == "leader" else f"the tuning process ({record.leader}) failed: "
+    message = f"{prefix}{record.error}"
+    if record.error_kind == "user":
+        raise UserError(message)
+    if record.error_kind == "nothing_fits":
+        raise NothingFitsError(message)
+    raise HookError(message)
+
+
+def run_hook(
+    request: HookRequest,
+    *,
+    environ: Mapping[str, str] | None = None,
+    tune_fn: TuneFn = real_tune,
+    launcher_chooser: LauncherChooser = choose_launcher,
+    gpu_prober: GpuProber = _default_gpus,
+    observe: Callable[[SearchEvent], None] = lambda event: None,
+) -> HookResult:
+    """Give this process the job's config at `request.tuning.out`; raises UserError, NothingFitsError, HookError."""
+    started, started_wall = time.monotonic(), time.time()
+    tuning = request.tuning
+    gpus = gpu_prober() if tuning.device == "cuda" else []
+    environ = os.environ if environ is None else environ
+    job = detect_job_env(
+        environ,
+        request.overrides,
+        device=tuning.device,
+        visible_gpus=lambda: len(gpus),
+    )
+    shared = Path(request.shared_dir) if request.shared_dir else cache_dir()
+    tuning = replace(
+        tuning,
+        gpus=job.gpus_per_node,
+        nodes=job.nodes,
+        cache_dir=str(shared / "results.sqlite"),
+        report_dir=tuning.report_dir or str(Path(tuning.out).resolve().parent),
+        trial_timeout_s=min(tuning.trial_timeout_s, tuning.time_budget_s or tuning.trial_timeout_s),
+    )
+    key = job_key(tuning, job)
+    hardware = hardware_fingerprint(tuning, gpus)
+    slot = SharedSlot(shared / "hook", key)
+
+    def produce() -> HookRecord:
+        choose = lambda: launcher_chooser(job, shared, environ)  # noqa: E731 - only the tuner chooses
+        leader = LeaderJob(key, job, hardware, tuning, choose, observe, tune_fn)
+        return tune_and_record(leader, slot.directory / "staging")
+
+    outcome = coordinate(
+        slot,
+        accept=lambda record: _acceptable(record, job, hardware, started_wall),
+        produce=produce,
+        wait_timeout_s=request.wait_timeout,
+        poll_interval_s=request.poll_interval_s,
+    )
+    record = outcome.record
+    if record.status == "failed" or record.config_text is None:
+        _raise_failure(record, outcome.role)
+    if record.status == "fallback" and request.strict:
+        raise HookError(f"--strict: no config written, because {record.warning}")
+    try:
+        path = atomic_write_text(request.tuning.out, record.config_text or "")
+    except OSError as error:
+        raise UserError(f"cannot write {request.tuning.out}: {error.strerror or error}") from None
+    return HookResult(
+        outcome.role, path.resolve(), record, job, key, outcome.waited_s, time.monotonic() - started, outcome.ignored
+    )

@@ -1,0 +1,72 @@
+"""`autotune hook` on the command line: stdout a script can consume, one-line errors, exit codes.
+
+A result is published first with a stand-in tune() (same options as the command line's), so the CLI
+runs the real hit path in a fraction of a second; misses with real trials are in test_hook_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from tests.conftest import run_cli
+from tests.test_hook_run import FakeTune, hook_request, slurm_env
+
+from autotune.hook import run_hook
+
+OPTIONS = ["--device", "cpu", "--model", "tiny-gpt2", "--memory-budget", "1GiB", "--seq-len", "32"]
+
+
+def publish_with_fake(shared: Path, env: dict[str, str], fake: FakeTune) -> None:
+    run_hook(hook_request(shared / "seed.json", shared), environ=env, tune_fn=fake)
+
+
+def test_print_env_is_safe_to_eval_and_points_at_the_config(tmp_path: Path) -> None:
+    shared = tmp_path / "shared dir"
+    publish_with_fake(shared, {}, FakeTune())
+    out = tmp_path / "out dir" / "ds config.json"
+    done = run_cli("hook", *OPTIONS, "--cache-dir", str(shared), "--out", str(out), "--print-env")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("export AUTOTUNE_DS_CONFIG=") and done.stdout.count("\n") == 1
+    shown = subprocess.run(
+        ["bash", "-c", 'eval "$1"; cat "$AUTOTUNE_DS_CONFIG"', "_", done.stdout],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout == out.read_text() == (shared / "seed.json").read_text()
+    assert "published result" in done.stderr
+
+
+def test_plain_output_is_the_config_path_and_json_names_the_role(tmp_path: Path) -> None:
+    publish_with_fake(tmp_path, {}, FakeTune())
+    done = run_cli("hook", *OPTIONS, "--cache-dir", str(tmp_path), "--out", str(tmp_path / "a.json"))
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "a.json")
+    data = json.loads(run_cli("hook", *OPTIONS, "--cache-dir", str(tmp_path), "--json", "-o", "b.json").stdout)
+    assert (data["role"], data["status"], data["verified"]) == ("hit", "complete", True)
+
+
+def test_a_fallback_is_written_with_a_loud_warning_and_strict_refuses_it(tmp_path: Path) -> None:
+    env = slurm_env("55")
+    publish_with_fake(tmp_path, env, FakeTune(error=RuntimeError("worker crashed")))
+    args = ["hook", *OPTIONS, "--cache-dir", str(tmp_path)]
+    done = run_cli(*args, "--out", str(tmp_path / "ds.json"), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "WARNING: fallback config (NOT VERIFIED: plan-only)" in done.stderr and "!!!!!!!!" in done.stderr
+    strict = run_cli(*args, "--out", str(tmp_path / "strict.json"), "--strict", env=env)
+    assert strict.returncode == 4 and not (tmp_path / "strict.json").exists()
+    assert strict.stderr.strip().splitlines() == [strict.stderr.strip()]
+    assert strict.stderr.startswith("autotune: error: --strict: no config written, because tuning failed")
+
+
+def test_contradictory_environment_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = {**slurm_env(), "SLURM_GPUS_ON_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1"}
+    done = run_cli("hook", "--model", "tiny-gpt2", "--cache-dir", str(tmp_path), env=env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert re.fullmatch(
+        r"autotune: error: SLURM_GPUS_ON_NODE=8 says 8 GPU\(s\) per node but [012] are visible .*", done.stderr.strip()
+    )
+    missing = run_cli("hook", "--model", "tiny-gpt2", "--device", "cpu", env={"SLURM_JOB_ID": "3"})
+    assert missing.returncode == 2 and "neither SLURM_JOB_NUM_NODES nor SLURM_NNODES" in missing.stderr

@@ -1,0 +1,288 @@
+"""`run_hook` with a stand-in tune(): roles, byte-identical configs, fallbacks, failures, concurrency.
+
+The stand-in (FakeTune) keeps these tests fast; tests/test_hook_e2e.py runs the same paths with real
+DeepSpeed trials through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.atomic import atomic_write_json
+from autotune.errors import NothingFitsError, UserError
+from autotune.hook import HookError, HookRequest, JobOverrides, run_hook
+from autotune.hook.coordinate import SharedSlot
+from autotune.ladder import Candidate, Rung
+from autotune.search import SearchEvent, TrialRecord
+from autotune.trial.types import RankMetrics, TrialResult
+from autotune.tune import TuneRequest, TuneResult, ds_config_for
+
+REPO = Path(__file__).resolve().parents[1]
+TUNED = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}
+PLANNED = {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+
+
+class FakeTune:
+    """Stands in for tune(): reports `trials` as verified, waits, then raises `error` or writes `config`."""
+
+    def __init__(
+        self,
+        config: dict | None = None,
+        *,
+        trials: tuple[Candidate, ...] = (),
+        delay_s: float = 0.0,
+        error: Exception | None = None,
+        stop_reason: str = "no remaining candidate can beat the best measured",
+    ) -> None:
+        self.config = config or TUNED
+        self.trials = trials
+        self.delay_s = delay_s
+        self.error = error
+        self.stop_reason = stop_reason
+        self.requests: list[TuneRequest] = []
+
+    def __call__(self, request: TuneRequest, launcher=None, observe=lambda event: None) -> TuneResult:
+        self.requests.append(request)
+        if request.gpu_memory is not None:  # the hook's plan-only fallback
+            return self._finish(request, PLANNED, verified=False)
+        for candidate in self.trials:
+            result = TrialResult("ok", ranks=[RankMetrics(0, host_rss_peak_bytes=2**20)], samples_per_s=10.0)
+            observe(SearchEvent("trial_end", candidate, "ok", TrialRecord(candidate, result, 2**20, 2**30)))
+        time.sleep(self.delay_s)
+        if self.error is not None:
+            raise self.error
+        return self._finish(request, self.config, verified=True)
+
+    def _finish(self, request: TuneRequest, config: dict, verified: bool) -> TuneResult:
+        path = atomic_write_json(request.out, config)
+        report = {"stop_reason": self.stop_reason, "choice": {"description": "fake choice"}}
+        return TuneResult(
+            verified, None, config, path, None, None, None, None, 10.0, len(self.trials), False, 0.0, report
+        )
+
+
+def hook_request(out: Path | str, shared: Path | str, strict: bool = False, **tuning) -> HookRequest:
+    options = {"model": "tiny-gpt2", "device": "cpu", "memory_budget": "1GiB", "seq_len": 32, **tuning}
+    return HookRequest(TuneRequest(out=str(out), **options), str(shared), strict=strict, poll_interval_s=0.05)
+
+
+def slurm_env(job_id: str = "777", rank: int = 0) -> dict[str, str]:
+    """`srun -N2 --ntasks-per-node=4`: 8 hook processes of one job, 2 nodes x 4 ranks."""
+    return {
+        "SLURM_JOB_ID": job_id,
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_GPUS_ON_NODE": "4",
+        "SLURM_PROCID": str(rank),
+        "SLURM_NODEID": str(rank // 4),
+        "SLURM_LOCALID": str(rank % 4),
+    }
+
+
+def test_one_tunes_then_every_later_call_is_a_hit_with_identical_bytes(tmp_path: Path) -> None:
+    fake = FakeTune()
+    first = run_hook(hook_request(tmp_path / "a/ds_config.json", tmp_path / "shared"), environ={}, tune_fn=fake)
+    second = run_hook(hook_request(tmp_path / "b/ds_config.json", tmp_path / "shared"), environ={}, tune_fn=fake)
+    assert (first.role, second.role, len(fake.requests)) == ("leader", "hit", 1)
+    assert (tmp_path / "a/ds_config.json").read_bytes() == (tmp_path / "b/ds_config.json").read_bytes()
+    assert json.loads((tmp_path / "a/ds_config.json").read_text()) == TUNED
+    assert first.record.status == "complete" and first.to_dict()["sha256"] == second.to_dict()["sha256"]
+    tuned_with = fake.requests[0]
+    assert (tuned_with.gpus, tuned_with.nodes) == (1, 1)
+    assert tuned_with.cache_dir == str(tmp_path / "shared" / "results.sqlite")
+    assert tuned_with.out != str(tmp_path / "a/ds_config.json")  # staged privately, then copied
+
+
+def test_the_job_shape_comes_from_slurm_and_changes_the_key(tmp_path: Path) -> None:
+    fake = FakeTune()
+    result = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ=slurm_env(), tune_fn=fake)
+    assert (fake.requests[0].gpus, fake.requests[0].nodes, result.job.world_size) == (4, 2, 8)
+    alone = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=fake)
+    assert alone.key != result.key and alone.role == "leader"
+
+
+def test_best_verified_trial_is_written_when_tuning_crashes_and_strict_refuses_it(tmp_path: Path) -> None:
+    candidate = Candidate(Rung.Z1, 2)
+    fake = FakeTune(trials=(candidate,), error=RuntimeError("launcher lost"))
+    request = hook_request(tmp_path / "ds.json", tmp_path / "shared")
+    result = run_hook(request, environ={}, tune_fn=fake)
+    assert (result.role, result.record.status, result.record.source) == ("leader", "fallback", "best verified so far")
+    assert result.record.verified and "tuning failed: RuntimeError: launcher lost" in (result.record.warning or "")
+    expected = ds_config_for(fake.requests[0], candidate)
+    assert json.loads((tmp_path / "ds.json").read_text()) == expected
+    strict_out = tmp_path / "strict.json"
+    with pytest.raises(HookError, match="--strict: no config written"):
+        run_hook(hook_request(strict_out, tmp_path / "shared", strict=True), environ=slurm_env(), tune_fn=fake)
+    assert not strict_out.exists()
+
+
+def test_plan_only_recommendation_when_nothing_was_verified(tmp_path: Path) -> None:
+    fake = FakeTune(error=RuntimeError("worker crashed"))
+    result = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=fake)
+    assert (result.record.status, result.record.source, result.record.verified) == ("fallback", "plan only", False)
+    assert json.loads((tmp_path / "ds.json").read_text()) == PLANNED
+    plan = fake.requests[-1]
+    assert (plan.device, plan.gpu_memory, plan.precision, plan.use_cache) == ("cuda", str(2**30), "bf16", False)
+    assert "NOT verified" in (result.record.warning or "")
+
+
+def test_time_budget_stop_is_a_fallback_with_a_warning(tmp_path: Path) -> None:
+    fake = FakeTune(stop_reason="time budget spent (5 s)")
+    result = run_hook(hook_request(tmp_path / "ds.json", tmp_path, time_budget_s=5), environ={}, tune_fn=fake)
+    assert (result.record.status, result.record.source) == ("fallback", "best verified so far")
+    assert "time budget spent" in (result.record.warning or "")
+    assert fake.requests[0].trial_timeout_s == 5  # no single trial may outlast the budget
+
+
+def test_bad_input_fails_every_rank_of_the_job_with_one_tuning(tmp_path: Path) -> None:
+    fake = FakeTune(error=UserError("--seq-len 4096 exceeds the model's 256 positions"))
+    for rank in (0, 5):
+        with pytest.raises(UserError, match="exceeds the model's 256 positions"):
+            run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ=slurm_env(rank=rank), tune_fn=fake)
+    assert len(fake.requests) == 1 and not (tmp_path / "ds.json").exists()
+
+
+def test_nothing_fits_is_a_failure_not_a_fallback(tmp_path: Path) -> None:
+    fake = FakeTune(error=NothingFitsError("nothing fits 1x1 CPU rank"))
+    with pytest.raises(NothingFitsError, match="nothing fits"):
+        run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=fake)
+    assert not (tmp_path / "ds.json").exists()
+
+
+def test_later_jobs_reuse_a_finished_tuning_but_retry_a_fallback(tmp_path: Path) -> None:
+    fake = FakeTune()
+    run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ=slurm_env("1"), tune_fn=fake)
+    later = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ=slurm_env("2"), tune_fn=fake)
+    assert (later.role, len(fake.requests)) == ("hit", 1)
+    failing = FakeTune(error=RuntimeError("boom"))
+    shared = tmp_path / "other"
+    run_hook(hook_request(tmp_path / "ds.json", shared), environ=slurm_env("1"), tune_fn=failing)
+    same_job = run_hook(hook_request(tmp_path / "ds.json", shared), environ=slurm_env("1", rank=3), tune_fn=failing)
+    assert same_job.role == "hit" and same_job.fallback
+    next_job = run_hook(hook_request(tmp_path / "ds.json", shared), environ=slurm_env("2"), tune_fn=FakeTune())
+    assert next_job.role == "leader" and next_job.record.status == "complete"
+
+
+def test_corrupt_published_result_is_retuned_not_trusted(tmp_path: Path) -> None:
+    fake = FakeTune()
+    first = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=fake)
+    record_path = SharedSlot(tmp_path / "hook", first.key).record_path
+    record_path.write_text(record_path.read_text().replace('\\"stage\\": 2', '\\"stage\\": 0'))
+    again = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=fake)
+    assert (again.role, again.ignored, len(fake.requests)) == ("leader", "checksum mismatch", 2)
+    assert json.loads((tmp_path / "ds.json").read_text()) == TUNED
+
+
+def test_contradictory_environment_is_a_user_error_before_any_tuning(tmp_path: Path) -> None:
+    fake = FakeTune()
+    env = {**slurm_env(), "SLURM_GPUS_ON_NODE": "8"}
+    with pytest.raises(UserError, match="SLURM_GPUS_ON_NODE=8 says 8 GPU"):
+        run_hook(
+            hook_request(tmp_path / "ds.json", tmp_path, device="cuda"),
+            environ=env,
+            tune_fn=fake,
+            gpu_prober=lambda: [object(), object()],  # type: ignore[list-item]
+        )
+    with pytest.raises(UserError, match="--gpus 2 contradicts"):
+        request = hook_request(tmp_path / "ds.json", tmp_path)
+        run_hook(HookRequest(request.tuning, request.shared_dir, JobOverrides(gpus=2)), environ=env, tune_fn=fake)
+    assert fake.requests == []
+
+
+HOOK_PROCESS = """
+import json, sys
+from tests.test_hook_run import FakeTune, hook_request
+from autotune.hook import run_hook
+
+out, shared, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+result = run_hook(hook_request(out, shared), tune_fn=FakeTune(delay_s=delay))
+print(json.dumps(result.to_dict()))
+"""
+
+
+def start_hook(out: Path, shared: Path, delay_s: float, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", HOOK_PROCESS, str(out), str(shared), str(delay_s)],
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+class PartialReadWatcher:
+    """Polls config paths while hooks run and parses every read: a torn write would show up as bad JSON."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self.reads = 0
+        self.bad: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self.stop.is_set():
+            for path in self.paths:
+                try:
+                    text = path.read_text()
+                except FileNotFoundError:
+                    continue
+                self.reads += 1
+                try:
+                    assert isinstance(json.loads(text), dict)
+                except (ValueError, AssertionError):
+                    self.bad.append(text)
+            time.sleep(0.001)  # a busy loop would starve the hooks on a small machine
+
+    def __enter__(self) -> PartialReadWatcher:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_eight_concurrent_hook_processes_one_tunes_all_identical(tmp_path: Path) -> None:
+    shared_out = tmp_path / "shared-fs" / "ds_config.json"  # ranks 0-3 share one path, 4-7 write their own
+    outs = [shared_out] * 4 + [tmp_path / f"node-local-{rank}" / "ds_config.json" for rank in range(4, 8)]
+    with PartialReadWatcher(sorted(set(outs))) as watcher:
+        processes = [start_hook(out, tmp_path / "cache", 3.0, slurm_env(rank=rank)) for rank, out in enumerate(outs)]
+        results = []
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=120)
+            assert process.returncode == 0, stderr
+            results.append(json.loads(stdout))
+    roles = sorted(r["role"] for r in results)
+    assert roles.count("leader") == 1, roles
+    assert {r["sha256"] for r in results} == {results[0]["sha256"]}
+    assert len({out.read_bytes() for out in outs}) == 1
+    assert watcher.reads > 0 and watcher.bad == []
+
+
+def test_a_hook_killed_mid_tuning_leaves_no_stale_lock(tmp_path: Path) -> None:
+    killed = start_hook(tmp_path / "killed.json", tmp_path, 3600.0, {})
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "hook").glob("*.leader.json")):
+            assert killed.poll() is None and time.monotonic() < deadline, killed.stderr.read() if killed.stderr else ""
+            time.sleep(0.1)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+    finally:
+        killed.kill()
+        killed.communicate()
+    started = time.monotonic()
+    result = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=FakeTune())
+    assert (result.role, result.record.status) == ("leader", "complete")
+    assert time.monotonic() - started < 30 and not (tmp_path / "killed.json").exists()
