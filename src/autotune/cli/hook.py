@@ -16,7 +16,7 @@ import typer
 
 from autotune.cli.options import GlobalBatchOpt, JsonOpt, ModelOpt, NvmePathOpt, PrecisionOpt, TrustRemoteCodeOpt
 from autotune.cli.output import print_json
-from autotune.cli.tune import _int_list, _rung_list
+from autotune.cli.parsing import parse_int_list, parse_rung_list
 from autotune.errors import UserError
 
 if TYPE_CHECKING:
@@ -132,8 +132,8 @@ def hook_command(
         headroom=headroom,
         max_trials=max_trials,
         time_budget_s=time_budget,
-        micro_batches=_int_list(micro_batches, "--micro-batches"),
-        rungs=_rung_list(rungs),
+        micro_batches=parse_int_list(micro_batches, "--micro-batches"),
+        rungs=parse_rung_list(rungs),
         nvme_path=nvme_path,
         trial_timeout_s=trial_timeout,
         out=out,

@@ -22,34 +22,12 @@ from autotune.cli.options import (
     TrustRemoteCodeOpt,
 )
 from autotune.cli.output import console, err_console, print_json
-from autotune.errors import UserError
-from autotune.ladder import Rung, parse_rung
+from autotune.cli.parsing import parse_int_list, parse_rung_list
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.search import SearchEvent
     from autotune.tune import TuneResult
-
-
-def _int_list(text: str | None, what: str) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    try:
-        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
-    except ValueError:
-        raise UserError(f"{what} must be a comma-separated list of integers, got {text!r}") from None
-    if not values or values[0] <= 0:
-        raise UserError(f"{what} must list positive integers, got {text!r}")
-    return values
-
-
-def _rung_list(text: str | None) -> tuple[Rung, ...] | None:
-    if not text:
-        return None
-    try:
-        return tuple(parse_rung(v.strip()) for v in text.split(",") if v.strip())
-    except ValueError as error:
-        raise UserError(str(error)) from None
 
 
 class _Progress:
@@ -163,8 +141,8 @@ def tune_command(
         max_trials=max_trials,
         time_budget_s=time_budget,
         max_micro_batch=max_micro_batch,
-        micro_batches=_int_list(micro_batches, "--micro-batches"),
-        rungs=_rung_list(rungs),
+        micro_batches=parse_int_list(micro_batches, "--micro-batches"),
+        rungs=parse_rung_list(rungs),
         nvme_path=nvme_path,
         gpu_memory_fraction=gpu_memory_fraction,
         trial_timeout_s=trial_timeout,
