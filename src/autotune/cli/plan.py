@@ -180,8 +180,9 @@ def plan_command(
 ) -> None:
     """Predict memory for every ZeRO stage / offload rung: no GPU needed, nothing is run."""
     _check_inputs(seq_len, headroom, attention, precision, global_batch)
-    summary = summarize(resolve_model(model, trust_remote_code))
-    target = _target(gpus, nodes, gpu_type, gpu_memory, nvme_path)
+    source = resolve_model(model, trust_remote_code)
+    target = _target(gpus, nodes, gpu_type, gpu_memory, nvme_path)  # before the summary: fail fast without a GPU
+    summary = summarize(source)
     length = seq_len or default_seq_len(summary)
     if summary.max_positions and length > summary.max_positions:
         raise UserError(f"--seq-len {length} exceeds the model's {summary.max_positions} positions")

@@ -26,6 +26,9 @@ class Calibration:
     activation_scale: float = 1.0  # multiplies activation + logits bytes
     overhead_bytes: int = 0  # added to the fixed part (context, allocator, runtime)
     samples: int = 0  # how many trials informed it
+    # One entry per measured candidate (latest wins): {"key", "fixed", "variable", "measured"} in bytes,
+    # the uncalibrated prediction split into its micro-batch-independent and -dependent parts.
+    observations: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -39,6 +42,9 @@ class MemoryEstimate:
     nvme_bytes: int  # per node
     gpu_components: dict[str, int] = field(default_factory=dict)
     host_components: dict[str, int] = field(default_factory=dict)
+    device: str = "cuda"  # EstimateSettings.device it was made for: "cpu" means gpu_* fields are per-rank RSS
+    deepspeed_estimate_bytes: int = 0  # what DeepSpeed's model-states estimator alone says per GPU
+    nvme_components: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -51,3 +57,4 @@ class Verdict:
     fits: bool
     reason: str  # "" when it fits; else e.g. "GPU peak 91.2 GiB > 72.0 GiB (90% of 80.0 GiB free)"
     shortfall_bytes: int = 0  # how much over the tightest limit it is (0 when it fits)
+    limit: str = ""  # the limit it is furthest over: "gpu", "host", "nvme", "nvme_unknown" or "global_batch"

@@ -42,6 +42,7 @@ class RankMetrics:
     max_reserved_bytes: int | None = None
     device_used_bytes: int | None = None  # NVML device-level used: includes CUDA context and NCCL buffers
     host_rss_peak_bytes: int | None = None
+    device_used_baseline_bytes: int | None = None  # NVML used before this rank touched the GPU (other tenants)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class TrialResult:
     mfu: float | None = None
     wall_s: float = 0.0
     startup_s: float | None = None  # launch to first step: process start, imports, init, model build
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, slowest rank: where wall time goes
 
     @property
     def ok(self) -> bool:

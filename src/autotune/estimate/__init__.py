@@ -1,0 +1,21 @@
+"""The memory model: per-GPU peak, host RAM and NVMe for a candidate, before any trial runs."""
+
+from autotune.estimate.calibration import calibrate
+from autotune.estimate.core import check_fit, estimate
+from autotune.estimate.planning import Plan, PlanRow, eligible_micro_batches, largest_micro_batch, plan
+from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
+
+__all__ = [
+    "Calibration",
+    "EstimateSettings",
+    "MemoryEstimate",
+    "Plan",
+    "PlanRow",
+    "Verdict",
+    "calibrate",
+    "check_fit",
+    "eligible_micro_batches",
+    "estimate",
+    "largest_micro_batch",
+    "plan",
+]

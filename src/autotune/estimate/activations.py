@@ -1,0 +1,201 @@
+"""Activation memory: what autograd keeps between forward and backward, per micro-batch sample.
+
+The per-layer accounting follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models"): about s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit with eager attention. We count
+the same tensors but from what transformers 5.23 really runs, so the terms are explicit per tensor:
+GQA shrinks K and V, the MLP width and gating enter, RMSNorm keeps an fp32 copy, fused attention
+kernels (sdpa on CUDA, flash) keep no s^2 matrix while eager attention does, and torch's CPU sdpa
+falls back to an fp32 math kernel (with s^2 terms) under dropout or an additive bias.
+tests/test_estimate_activations.py checks the result against MemTracker on real forward/backward passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.estimate.constants import CPU_MATH_SDPA_BYTES_NO_DROPOUT, CPU_MATH_SDPA_BYTES_WITH_DROPOUT
+from autotune.estimate.traits import ArchTraits, traits_of
+from autotune.estimate.types import EstimateSettings
+from autotune.models import ModelSummary
+
+MASK_BYTES = 1  # dropout keeps a bool mask
+
+
+@dataclass(frozen=True)
+class ActivationBreakdown:
+    """Bytes for one micro-batch; `per_sample` parts scale with the micro-batch, `shared` ones do not.
+
+    The peak is the larger of two moments of the backward pass: the loss's own backward, with the logits
+    gradients at full size, and the backward of one layer (with checkpointing: its recomputation).
+    """
+
+    saved_per_sample: int  # kept for backward: all layers, or only layer inputs under checkpointing
+    saved_shared: int  # e.g. T5's relative-position bias, computed once per batch
+    logits_per_sample: int  # logits, fp32 upcast, log-softmax and their gradients at the loss's peak
+    layer_window_per_sample: int  # one layer's backward gradients (+ its recomputation under checkpointing)
+
+    def saved(self, micro_batch: int) -> int:
+        return self.saved_per_sample * micro_batch + self.saved_shared
+
+    def logits(self, micro_batch: int) -> int:
+        return self.logits_per_sample * micro_batch
+
+    def layer_window_excess(self, micro_batch: int) -> int:
+        """How far one layer's backward window rises above the loss peak: the two never coexist."""
+        return max(0, (self.layer_window_per_sample - self.logits_per_sample) * micro_batch)
+
+    def total(self, micro_batch: int) -> int:
+        return self.saved(micro_batch) + self.logits(micro_batch) + self.layer_window_excess(micro_batch)
+
+
+def activation_bytes_per_element(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def _norm_bytes(traits: ArchTraits, width: int, d: int) -> int:
+    """What one norm keeps per token (its output is counted where the next layer saves it)."""
+    if traits.rmsnorm:
+        return (4 + d) * width  # fp32 copy of the input + the normalised value before the weight
+    return d * width  # LayerNorm keeps its input (mean and rstd are per token, negligible)
+
+
+def _dropout_mask(probability: float, width: int) -> int:
+    return MASK_BYTES * width if probability > 0 else 0
+
+
+def _scores_bytes_per_element(traits: ArchTraits, settings: EstimateSettings, d: int) -> tuple[int, int]:
+    """(kept for backward, backward transient) bytes per s^2 element of one attention call."""
+    if settings.attention == "eager":
+        dropout = traits.attention_dropout > 0
+        if traits.fp32_softmax and d != 4:
+            return 4 + d + (MASK_BYTES if dropout else 0), 2 * 4
+        return d + ((MASK_BYTES + d) if dropout else 0), 2 * d
+    if settings.attention == "sdpa" and settings.device == "cpu":
+        if traits.attention_dropout > 0:
+            return CPU_MATH_SDPA_BYTES_WITH_DROPOUT, 2 * 4
+        if traits.relative_bias:
+            return CPU_MATH_SDPA_BYTES_NO_DROPOUT, 2 * 4
+    if settings.attention == "sdpa" and traits.relative_bias:
+        return d, d  # the memory-efficient kernel keeps the additive bias it was given, and returns its grad
+    return 0, 0
+
+
+def _fused_kernel(traits: ArchTraits, settings: EstimateSettings) -> bool:
+    """Flash / memory-efficient attention: no s^2 matrix, but the kernel keeps its output for backward."""
+    if settings.attention == "eager":
+        return False
+    if settings.attention == "sdpa" and settings.device == "cpu":
+        return traits.attention_dropout == 0 and not traits.relative_bias  # else torch's math fallback
+    return True
+
+
+def _scores_elements(model: ModelSummary, settings: EstimateSettings) -> int:
+    return model.num_heads * settings.seq_len * settings.seq_len
+
+
+def _attention_block(model: ModelSummary, traits: ArchTraits, settings: EstimateSettings, cross: bool) -> int:
+    """Self- or cross-attention sub-block per sample: norm, Q/K/V, kernel output, output projection."""
+    d = activation_bytes_per_element(settings.precision)
+    tokens = settings.seq_len
+    h = model.hidden_size
+    q_width = model.num_heads * model.head_dim
+    kv_width = model.num_kv_heads * model.head_dim
+    per_token = _norm_bytes(traits, h, d) + d * h  # norm internals + its output, the projections' input
+    per_token += d * q_width  # Q (rotary replaces it by the rotated copy: same size)
+    per_token += 0 if cross else 2 * d * kv_width  # cross-attention K/V come from the shared encoder output
+    per_token += d * q_width  # the heads merged into a contiguous copy, o_proj's input
+    per_token += d * q_width if _fused_kernel(traits, settings) else 0  # a fused kernel keeps its output
+    per_token += _dropout_mask(traits.hidden_dropout, h)
+    kept_per_score, _ = _scores_bytes_per_element(traits, settings, d)
+    per_sample = per_token * tokens + kept_per_score * _scores_elements(model, settings)
+    if cross:
+        per_sample += 2 * d * kv_width * tokens  # K/V of the encoder output (its length = seq_len here)
+    return per_sample
+
+
+def _mlp_block(model: ModelSummary, traits: ArchTraits, settings: EstimateSettings) -> int:
+    d = activation_bytes_per_element(settings.precision)
+    h = model.hidden_size
+    width = model.intermediate_size
+    intermediate_tensors = traits.activation_saved + (2 if traits.gated_mlp else 0)  # + up output, product
+    per_token = _norm_bytes(traits, h, d) + d * h + intermediate_tensors * d * width
+    per_token += MASK_BYTES * width if traits.mlp_dropout else 0
+    per_token += _dropout_mask(traits.hidden_dropout, h)
+    return per_token * settings.seq_len
+
+
+def layer_bytes(model: ModelSummary, settings: EstimateSettings, decoder_with_cross: bool = False) -> int:
+    """One transformer layer's saved activations per sample."""
+    traits = traits_of(model)
+    total = _attention_block(model, traits, settings, cross=False) + _mlp_block(model, traits, settings)
+    if decoder_with_cross:
+        total += _attention_block(model, traits, settings, cross=True)
+    return total
+
+
+def layer_backward_transient(model: ModelSummary, settings: EstimateSettings, decoder_with_cross: bool) -> int:
+    """Gradients alive while one layer runs backward: score gradients and a few hidden-sized ones."""
+    traits = traits_of(model)
+    d = activation_bytes_per_element(settings.precision)
+    _, transient_per_score = _scores_bytes_per_element(traits, settings, d)
+    attention_calls = 2 if decoder_with_cross else 1
+    hidden = (2 * model.hidden_size + model.intermediate_size) * d * settings.seq_len
+    return attention_calls * transient_per_score * _scores_elements(model, settings) + hidden
+
+
+def _outside_layers_bytes(model: ModelSummary, traits: ArchTraits, settings: EstimateSettings) -> int:
+    """Embedding dropout and the final norm of each stack, per sample."""
+    d = activation_bytes_per_element(settings.precision)
+    h = model.hidden_size
+    stacks = 2 if model.family == "encoder-decoder" else 1
+    per_stack = _dropout_mask(traits.embedding_dropout, h) + _norm_bytes(traits, h, d) + d * h
+    per_stack += _dropout_mask(traits.hidden_dropout, h) if model.family == "encoder-decoder" else 0
+    return stacks * per_stack * settings.seq_len
+
+
+def logits_bytes_per_sample(model: ModelSummary, settings: EstimateSettings) -> int:
+    """Logits and loss at their peak, at the start of backward, per sample.
+
+    The trial runner (like HF Trainer) keeps only `.loss` of the model output, so the logits tensor is
+    gone before backward; what remains is the loss's own graph. Causal LMs use transformers'
+    ForCausalLMLoss, which upcasts to fp32: the saved fp32 log-softmax and two fp32 gradients coexist,
+    12 bytes per token per vocabulary entry in bf16 and fp32 alike. T5 and BERT-style heads call
+    CrossEntropyLoss on the 16-bit logits: log-softmax and two gradients, 3*d. Both measured with
+    MemTracker (tests/test_estimate_activations.py).
+    """
+    d = activation_bytes_per_element(settings.precision)
+    per_token = 12 if model.family == "decoder-only" else 3 * d
+    return per_token * model.vocab_size * settings.seq_len
+
+
+def _shared_bytes(model: ModelSummary, traits: ArchTraits, settings: EstimateSettings) -> int:
+    """Per-batch tensors: T5 computes its relative-position bias once per stack, shape (1, heads, s, s)."""
+    if not traits.relative_bias or settings.attention == "flash":
+        return 0
+    stacks = 2 if model.family == "encoder-decoder" else 1
+    bias_bytes = (
+        4
+        if settings.device == "cpu" and settings.attention == "sdpa"
+        else activation_bytes_per_element(settings.precision)
+    )
+    return stacks * bias_bytes * model.num_heads * settings.seq_len * settings.seq_len
+
+
+def activation_breakdown(
+    model: ModelSummary, settings: EstimateSettings, grad_checkpointing: bool
+) -> ActivationBreakdown:
+    traits = traits_of(model)
+    d = activation_bytes_per_element(settings.precision)
+    encoder_decoder = model.family == "encoder-decoder"
+    encoder_layer = layer_bytes(model, settings)
+    largest_layer = layer_bytes(model, settings, decoder_with_cross=encoder_decoder)
+    all_layers = model.num_layers * encoder_layer + model.num_decoder_layers * largest_layer
+    outside = _outside_layers_bytes(model, traits, settings)
+    logits_peak = logits_bytes_per_sample(model, settings)
+    window = layer_backward_transient(model, settings, decoder_with_cross=encoder_decoder)
+    shared = _shared_bytes(model, traits, settings)
+    if not grad_checkpointing:
+        return ActivationBreakdown(all_layers + outside, shared, logits_peak, window)
+    # HF checkpointing keeps each layer's input hidden state and rebuilds one layer at a time in backward.
+    kept_inputs = model.total_layers * d * model.hidden_size * settings.seq_len
+    return ActivationBreakdown(kept_inputs + outside, shared, logits_peak, window + largest_layer)

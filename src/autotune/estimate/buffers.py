@@ -1,0 +1,127 @@
+"""DeepSpeed's working buffers, sized from the config autotune.dsconfig emits.
+
+All DeepSpeed bucket sizes are element counts; bytes = elements x the element size of what they hold.
+Read in deepspeed 0.19.8:
+- stages 1-2 (stage_1_and_2.py, setup_buckets): with contiguous_gradients one reduce buffer of
+  reduce_bucket_size elements in the gradient dtype, and a second one when overlap_comm is on. The
+  allgather bucket is unused when the backend has all_gather_into_tensor (NCCL and gloo in torch 2.13).
+- stage 3 (stage3.py): one reduce buffer of reduce_bucket_size elements; parameters gathered ahead of
+  use up to stage3_prefetch_bucket_size elements; parameters under stage3_param_persistence_threshold
+  stay whole on every rank.
+- NVMe (swap_tensor/): the optimizer swapper pins buffer_count (4) buffers of the largest sub-group
+  (min(sub_group_size = 1e9, the rank's partition) fp32 elements); the parameter swapper pins
+  buffer_count (5) x buffer_size (1e8) 16-bit elements.
+- stage 0 (engine.py, buffered_allreduce_fallback): gradients are flattened in chunks of
+  allreduce_bucket_size (5e8) elements for the all-reduce, when there is more than one rank.
+- the weight gradient autograd produces before DeepSpeed copies it into its buffers exists at full size
+  for a moment; for tied embeddings the lm_head and embedding gradients and their sum coexist; with an
+  offloaded optimizer the gradient is also converted to fp32 on its way to the host partition.
+On the CPU backend an untouched torch.empty costs no RSS, so a reduce buffer counts only the part that
+gradients are written into.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autotune.dsconfig import stage3_buckets
+from autotune.estimate.types import EstimateSettings
+from autotune.hardware import Target
+from autotune.ladder import Rung
+from autotune.models import ModelSummary
+
+ALLREDUCE_BUCKET_ELEMENTS = 500_000_000  # engine default, stage 0
+OPTIMIZER_SWAP_BUFFERS = 4
+SUB_GROUP_SIZE = 1_000_000_000
+PARAM_SWAP_BUFFERS = 5
+PARAM_SWAP_BUFFER_ELEMENTS = 100_000_000
+# Parameters under the persistence threshold (10 * hidden) are norm weights and bias vectors; a GPT-2
+# layer has the most of them: 2 LayerNorms (4h) + qkv, proj, fc, fc-proj biases (3h + h + 4h + h) = 13h.
+PERSISTENT_ELEMENTS_PER_LAYER_PER_HIDDEN = 13
+
+
+@dataclass(frozen=True)
+class Buffers:
+    device_components: dict[str, int] = field(default_factory=dict)  # per rank
+    host_components: dict[str, int] = field(default_factory=dict)  # pinned, per rank
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(self.device_components.values())
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(self.host_components.values())
+
+
+def _element_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def _reduce_buffer_bytes(elements: int, count: int, model: ModelSummary, settings: EstimateSettings) -> int:
+    """`count` buffers of `elements`; on the CPU backend only the pages gradients are written into count."""
+    total = count * elements
+    if settings.device == "cpu":
+        total = min(total, model.trainable_params)  # buffers are refilled in turn; untouched pages cost nothing
+    return total * _element_bytes(settings.precision)
+
+
+def _stage12(model: ModelSummary, settings: EstimateSettings) -> dict[str, int]:
+    overlap_comm = True  # what dsconfig emits for stages 1-2
+    count = 2 if overlap_comm else 1
+    return {"reduce_buckets": _reduce_buffer_bytes(settings.reduce_bucket_elements, count, model, settings)}
+
+
+def _stage3(model: ModelSummary, rung: Rung, settings: EstimateSettings) -> dict[str, int]:
+    sizes = stage3_buckets(model.hidden_size)
+    element = _element_bytes(settings.precision)
+    prefetch = min(sizes["stage3_prefetch_bucket_size"], model.total_params)
+    persistent = PERSISTENT_ELEMENTS_PER_LAYER_PER_HIDDEN * model.hidden_size * model.total_layers
+    return {
+        "reduce_buckets": _reduce_buffer_bytes(sizes["reduce_bucket_size"], 1, model, settings),
+        "prefetched_params": prefetch * element,
+        "persistent_params": persistent * element,
+    }
+
+
+def _weight_grad_transient(model: ModelSummary, rung: Rung, settings: EstimateSettings) -> int:
+    """Gradients of the largest weight that exist before DeepSpeed has taken them into its buffers."""
+    element = _element_bytes(settings.precision)
+    copies = 1 if rung.stage < 3 else 0  # stage 3: DeepSpeed's figure already holds one (param + grad)
+    if model.tied_embeddings:
+        copies += 2  # lm_head's and the embedding's gradients meet: both, and their sum
+    transient = copies * model.largest_layer_params * element
+    if rung.offload_optimizer:
+        transient += model.largest_layer_params * 4  # the fp32 copy on its way to the offloaded partition
+    return transient
+
+
+def _host_pinned(model: ModelSummary, target: Target, rung: Rung) -> dict[str, int]:
+    pinned: dict[str, int] = {}
+    if rung.offload_optimizer == "nvme":
+        partition = model.trainable_params // target.world_size
+        pinned["optimizer_swap_buffers"] = OPTIMIZER_SWAP_BUFFERS * min(SUB_GROUP_SIZE, partition) * 4
+    if rung.offload_param == "nvme":
+        pinned["param_swap_buffers"] = PARAM_SWAP_BUFFERS * PARAM_SWAP_BUFFER_ELEMENTS * 2
+    return pinned
+
+
+def _stage0(model: ModelSummary, target: Target, settings: EstimateSettings) -> dict[str, int]:
+    """Without ZeRO the engine all-reduces gradients flattened in allreduce_bucket_size (5e8) chunks."""
+    if target.world_size == 1:
+        return {}
+    return {
+        "allreduce_flat_grads": min(ALLREDUCE_BUCKET_ELEMENTS, model.trainable_params)
+        * _element_bytes(settings.precision)
+    }
+
+
+def deepspeed_buffers(model: ModelSummary, target: Target, rung: Rung, settings: EstimateSettings) -> Buffers:
+    if rung.stage == 0:
+        components = _stage0(model, target, settings)
+    elif rung.stage in (1, 2):
+        components = _stage12(model, settings)
+    else:
+        components = _stage3(model, rung, settings)
+    components["weight_grad_transient"] = _weight_grad_transient(model, rung, settings)
+    return Buffers(device_components=components, host_components=_host_pinned(model, target, rung))

@@ -1,0 +1,152 @@
+"""estimate() and check_fit(): one candidate's memory, component by component, and whether it fits."""
+
+from __future__ import annotations
+
+from autotune.estimate.activations import activation_breakdown
+from autotune.estimate.buffers import deepspeed_buffers
+from autotune.estimate.constants import (
+    ALLOCATOR_SLACK_FRACTION,
+    CPU_PROCESS_BASELINE_BYTES,
+    CUDA_CONTEXT_BYTES,
+    NCCL_MULTI_RANK_BYTES,
+    NCCL_TWO_RANK_BYTES,
+)
+from autotune.estimate.model_states import model_states
+from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
+from autotune.hardware import Target
+from autotune.ladder import Candidate
+from autotune.models import ModelSummary
+from autotune.units import format_bytes
+
+# Components that grow with the micro-batch; Calibration.activation_scale multiplies them.
+VARIABLE_COMPONENTS = ("activations", "logits", "backward_window")
+
+
+def nccl_buffer_bytes(world_size: int) -> int:
+    if world_size <= 1:
+        return 0
+    return NCCL_TWO_RANK_BYTES if world_size == 2 else NCCL_MULTI_RANK_BYTES
+
+
+def _activation_components(model: ModelSummary, candidate: Candidate, settings: EstimateSettings) -> dict[str, int]:
+    breakdown = activation_breakdown(model, settings, candidate.grad_checkpointing)
+    mb = candidate.micro_batch
+    return {
+        "activations": breakdown.saved(mb),
+        "logits": breakdown.logits(mb),
+        "backward_window": breakdown.layer_window_excess(mb),
+    }
+
+
+def _calibrated(components: dict[str, int], calibration: Calibration | None) -> dict[str, int]:
+    if calibration is None:
+        return components
+    scaled = {
+        name: round(value * calibration.activation_scale) if name in VARIABLE_COMPONENTS else value
+        for name, value in components.items()
+    }
+    if calibration.overhead_bytes:
+        scaled["calibration_offset"] = calibration.overhead_bytes
+    return scaled
+
+
+def estimate(
+    model: ModelSummary,
+    target: Target,
+    candidate: Candidate,
+    settings: EstimateSettings,
+    calibration: Calibration | None = None,
+) -> MemoryEstimate:
+    """Per-GPU peak, host RAM per node and NVMe per node for one candidate.
+
+    settings.device == "cpu" predicts the CPU backend instead: one rank's peak RSS, where the offloaded
+    states and pinned buffers live in the same process as everything else.
+    """
+    states = model_states(model, target, candidate.rung, settings.precision)
+    buffers = deepspeed_buffers(model, target, candidate.rung, settings)
+    device = {**states.device_components, **buffers.device_components}
+    device.update(_activation_components(model, candidate, settings))
+    per_rank_host = {"offloaded_states": states.host_bytes, **buffers.host_components}
+    if settings.device == "cpu":
+        device.update(per_rank_host)
+        device["process_baseline"] = CPU_PROCESS_BASELINE_BYTES
+    else:
+        device["allocator_slack"] = round(ALLOCATOR_SLACK_FRACTION * sum(device.values()))
+        device["cuda_context"] = CUDA_CONTEXT_BYTES
+        device["nccl_buffers"] = nccl_buffer_bytes(target.world_size)
+    device = {name: value for name, value in _calibrated(device, calibration).items() if value}
+    peak = max(0, sum(device.values()))
+    ranks = target.gpus_per_node
+    if settings.device == "cpu":
+        host = {"ranks": ranks * peak}
+    else:
+        host = {"processes": ranks * CPU_PROCESS_BASELINE_BYTES}
+        host.update({name: ranks * value for name, value in per_rank_host.items() if value})
+    nvme = {"offloaded_states": ranks * states.nvme_bytes} if states.nvme_bytes else {}
+    return MemoryEstimate(
+        candidate=candidate,
+        gpu_peak_bytes=peak,
+        host_ram_bytes=sum(host.values()),
+        nvme_bytes=sum(nvme.values()),
+        gpu_components=device,
+        host_components=host,
+        device=settings.device,
+        deepspeed_estimate_bytes=states.deepspeed_device_bytes,
+        nvme_components=nvme,
+    )
+
+
+def _percent(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+def check_fit(estimate: MemoryEstimate, target: Target, headroom: float = 0.9) -> Verdict:
+    """Fits when every known limit holds; the reason names each limit broken, the shortfall the worst."""
+    problems: list[tuple[str, int, str]] = []
+    limit = int(headroom * target.free_memory_bytes)
+    if estimate.gpu_peak_bytes > limit:
+        what = "per-rank RSS" if estimate.device == "cpu" else "GPU peak"
+        budget = "budget" if estimate.device == "cpu" else "free"
+        problems.append(
+            (
+                f"{what} {format_bytes(estimate.gpu_peak_bytes)} > {format_bytes(limit)}"
+                f" ({_percent(headroom)} of {format_bytes(target.free_memory_bytes)} {budget})",
+                estimate.gpu_peak_bytes - limit,
+                "gpu",
+            )
+        )
+    if target.host_ram_bytes is not None and estimate.host_ram_bytes > target.host_ram_bytes:
+        problems.append(
+            (
+                f"host RAM {format_bytes(estimate.host_ram_bytes)} > {format_bytes(target.host_ram_bytes)} available",
+                estimate.host_ram_bytes - target.host_ram_bytes,
+                "host",
+            )
+        )
+    if estimate.candidate.rung.needs_nvme:
+        if target.nvme_free_bytes is None:
+            problems.append(
+                (
+                    f"needs {format_bytes(estimate.nvme_bytes)} on NVMe but no NVMe path is known (pass --nvme-path)",
+                    estimate.nvme_bytes,
+                    "nvme_unknown",
+                )
+            )
+        elif estimate.nvme_bytes > target.nvme_free_bytes:
+            problems.append(
+                (
+                    f"NVMe {format_bytes(estimate.nvme_bytes)} > {format_bytes(target.nvme_free_bytes)} free",
+                    estimate.nvme_bytes - target.nvme_free_bytes,
+                    "nvme",
+                )
+            )
+    if not problems:
+        return Verdict(fits=True, reason="", shortfall_bytes=0)
+    measured = [problem for problem in problems if problem[2] != "nvme_unknown"]  # a real overrun names the limit
+    worst = max(measured or problems, key=lambda problem: problem[1])
+    return Verdict(
+        fits=False,
+        reason="; ".join(text for text, _, _ in problems),
+        shortfall_bytes=worst[1],
+        limit=worst[2],
+    )

@@ -1,0 +1,133 @@
+"""Model states (parameters, gradients, optimizer states) per rank, from DeepSpeed's own estimators.
+
+DeepSpeed's `estimate_zero2/3_model_states_mem_needs` give the device figure for stages 2 and 3 and the
+host figure for CPU offload; we call them and add what they lack, each addition named:
+- stage 0 and ZeRO-1 have no estimator. Stage 0 replicates everything, which is the ZeRO-2 figure at one
+  rank; ZeRO-1 partitions optimizer states but not gradients, so it is the ZeRO-2 figure plus the 16-bit
+  gradient (2 bytes per parameter, DeepSpeed's own "2_grads_16bit" term) on the (N-1)/N part that ZeRO-2
+  partitions away.
+- they count every parameter as trainable: we pass the trainable count and add frozen parameters as
+  16-bit weights only (no gradient, no optimizer state), partitioned at stage 3.
+- they assume mixed precision. In fp32, stage 0 runs the plain torch optimizer (4 B weight + 4 B grad +
+  8 B AdamW states, no master copy); stages 1-3 still clone an fp32 partition (`.clone().float()` in
+  stage_1_and_2.py / stage3.py), so only the "16-bit" copies widen to 4 bytes.
+- they assume Adam; AdamW, which autotune.dsconfig emits, keeps the same two fp32 states.
+DeepSpeed's stage-2 host figure is for the whole job and its stage-3 one per node; we convert both to
+per rank. We pass additional_buffer_factor=1.0: pinned buffers are counted in buffers.py instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autotune.estimate.ds_estimators import DeepSpeedEstimators, deepspeed_estimators
+from autotune.hardware import Target
+from autotune.ladder import Rung
+from autotune.models import ModelSummary
+
+BYTES_16BIT = 2
+BYTES_FP32 = 4
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Per rank: on the device (GPU, or the process itself on the CPU backend), in host RAM, on NVMe."""
+
+    device_bytes: int
+    host_bytes: int
+    nvme_bytes: int
+    device_components: dict[str, int] = field(default_factory=dict)
+    deepspeed_device_bytes: int = 0  # what DeepSpeed's estimator alone says for the device, for comparison
+
+
+def _zero2(ds: DeepSpeedEstimators, params: int, gpus: int, nodes: int, offload: bool) -> tuple[int, int]:
+    """(host bytes for the whole job, device bytes per GPU) from DeepSpeed's stage-2 estimator."""
+    return ds.zero2(params, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=offload, additional_buffer_factor=1.0)
+
+
+def _zero3(
+    ds: DeepSpeedEstimators, model: ModelSummary, params: int, target: Target, offload_opt: bool, offload_param: bool
+) -> tuple[int, int]:
+    """(host bytes per node, device bytes per GPU) from DeepSpeed's stage-3 estimator (zero_init, as HF does)."""
+    host, device, _ = ds.zero3(
+        params,
+        model.largest_layer_params,
+        num_gpus_per_node=target.gpus_per_node,
+        num_nodes=target.nodes,
+        cpu_offload=offload_opt,
+        cpu_offload_params=offload_param,
+        zero_init=True,
+        additional_buffer_factor=1.0,
+    )
+    return host, device
+
+
+def _fp32_widening(rung: Rung, trainable: int, world: int) -> int:
+    """Extra bytes per rank when the 'fp16' copies DeepSpeed counts are really fp32 (precision fp32)."""
+    extra = BYTES_FP32 - BYTES_16BIT
+    if rung.stage == 0:
+        # plain torch AdamW: weights and grads widen, and the fp32 master + fp32 grad copies do not exist
+        return extra * 2 * trainable - (BYTES_FP32 + BYTES_FP32) * trainable
+    if rung.stage == 1:
+        return extra * trainable + extra * trainable  # full weights and full grads
+    if rung.stage == 2:
+        return extra * trainable + extra * trainable // world  # full weights, partitioned grads
+    return 2 * extra * trainable // world  # stage 3: both partitioned
+
+
+def model_states(
+    model: ModelSummary,
+    target: Target,
+    rung: Rung,
+    precision: str,
+    estimators: DeepSpeedEstimators | None = None,
+) -> ModelStates:
+    ds = estimators or deepspeed_estimators()
+    trainable = model.trainable_params
+    frozen = model.total_params - trainable
+    world = target.world_size
+    gpus, nodes = target.gpus_per_node, target.nodes
+    weight_bytes = BYTES_FP32 if precision == "fp32" else BYTES_16BIT
+    components: dict[str, int] = {}
+    host = nvme = 0
+    if rung.stage in (0, 1, 2):
+        offload = rung.offload_optimizer is not None
+        replicated = rung.stage == 0  # stage 0 holds everything on every rank: ZeRO-2 at a single rank
+        job_host, device = _zero2(ds, trainable, 1 if replicated else gpus, 1 if replicated else nodes, offload)
+        components["model_states"] = device
+        if rung.stage == 1:
+            components["zero1_unpartitioned_grads"] = BYTES_16BIT * trainable - BYTES_16BIT * trainable // world
+        components["frozen_params"] = weight_bytes * frozen
+        host = job_host // world if offload else 0
+    else:
+        node_host, device = _zero3(
+            ds, model, trainable, target, rung.offload_optimizer is not None, rung.offload_param is not None
+        )
+        components["model_states"] = device
+        frozen_share = weight_bytes * frozen // world
+        if rung.offload_param is None:
+            components["frozen_params"] = frozen_share
+        per_rank_host = node_host // gpus if rung.offload_optimizer else 0
+        if rung.offload_optimizer == "nvme":
+            # The optimizer part of what DeepSpeed would hold in host RAM goes to NVMe: the difference
+            # between its "optimizer offloaded" and "nothing offloaded" host figures.
+            with_params_host, _ = _zero3(ds, model, trainable, target, True, True)
+            optimizer_host, _ = _zero3(ds, model, trainable, target, True, False)
+            params_host = (with_params_host - optimizer_host) // gpus
+            nvme = optimizer_host // gpus
+            per_rank_host = params_host if rung.offload_param == "cpu" else 0
+            nvme += params_host if rung.offload_param == "nvme" else 0
+        host = per_rank_host
+        if rung.offload_param == "cpu":
+            host += frozen_share
+        elif rung.offload_param == "nvme":
+            nvme += frozen_share
+    if precision == "fp32":
+        components["fp32_widening"] = _fp32_widening(rung, trainable, world)
+    return ModelStates(
+        device_bytes=sum(components.values()),
+        host_bytes=host,
+        nvme_bytes=nvme,
+        device_components=components,
+        deepspeed_device_bytes=components["model_states"],
+    )

@@ -1,0 +1,83 @@
+"""The sequence every cold launcher shares: write the spec, start, watch, stop everything, read the ranks."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.atomic import atomic_write_json
+from autotune.trial.gpus import nvml_used_bytes, wait_for_release
+from autotune.trial.outcome import LaunchOutcome, build_result
+from autotune.trial.processes import BudgetWatch, new_tag, spawn, stop_processes, trial_env, wait_for
+from autotune.trial.report import log_path, read_reports
+from autotune.trial.types import TrialResult, TrialSpec
+
+WORKER_MODULE = "autotune.trial.worker"
+
+
+@contextmanager
+def trial_directory(workdir: Path | None) -> Iterator[Path]:
+    """A fresh directory per trial: kept under `workdir` when given, else a temp dir removed afterwards."""
+    if workdir is not None:
+        path = Path(workdir) / f"trial-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        path.mkdir(parents=True)
+        yield path
+        return
+    path = Path(tempfile.mkdtemp(prefix="autotune-trial-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def worker_args(spec_path: Path, out_dir: Path, launched_at: float) -> list[str]:
+    return ["--spec", str(spec_path), "--out", str(out_dir), "--launched-at", f"{launched_at:.6f}"]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one launcher starts its share of a trial's ranks."""
+
+    command: Callable[[Path, Path, float], list[str]]  # (spec path, out dir, launch time) -> argv
+    ranks: range  # the ranks this launcher starts and answers for
+    env: Mapping[str, str]
+    rank_exit_codes: Callable[[int | None, str], dict[int, int]]  # (launcher exit code, its log) -> per rank
+
+
+def launch_trial(
+    spec: TrialSpec, plan: LaunchPlan, trial_dir: Path, poll_s: float = 0.1, kill_grace_s: float = 5.0
+) -> TrialResult:
+    spec_path = atomic_write_json(trial_dir / "spec.json", spec.to_dict())
+    tag = new_tag()
+    launcher_log = trial_dir / "launcher.log"
+    gpus_before = nvml_used_bytes() if spec.device == "cuda" else None
+    launched_at = time.time()
+    started = time.monotonic()
+    process = spawn(
+        plan.command(spec_path, trial_dir, launched_at), trial_env(plan.env, tag, spec.device), launcher_log, trial_dir
+    )
+    budget = None
+    if spec.device == "cpu" and spec.host_memory_budget_bytes:
+        budget = BudgetWatch(trial_dir, plan.ranks, spec.host_memory_budget_bytes)
+    try:
+        waited = wait_for(process, started + spec.timeout_s, poll_s, budget=budget)
+    finally:
+        stop_processes(process, tag, kill_grace_s)
+        wait_for_release(gpus_before)
+    log_text = launcher_log.read_text(errors="replace")
+    outcome = LaunchOutcome(
+        ranks=plan.ranks,
+        wall_s=time.monotonic() - started,
+        timed_out=waited.timed_out,
+        budget_breach=waited.breach,
+        exit_codes=plan.rank_exit_codes(process.returncode, log_text),
+        logs={rank: log_path(trial_dir, rank) for rank in plan.ranks},
+        launcher_log=launcher_log,
+    )
+    return build_result(spec, read_reports(trial_dir, plan.ranks), outcome)

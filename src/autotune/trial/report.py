@@ -1,0 +1,71 @@
+"""What one worker rank writes when its trial ends, and how the parent finds it.
+
+The file is the only channel from a rank to the parent: it must carry the failure as well as the
+figures, because a rank that raised is still alive enough to say why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from autotune.atomic import atomic_write_json
+from autotune.trial.types import RankMetrics, TrialStatus
+
+
+@dataclass(frozen=True)
+class RankReport:
+    rank: int
+    status: TrialStatus
+    error: str | None = None
+    memory: RankMetrics | None = None
+    step_times_s: list[float] = field(default_factory=list)  # all-reduced max over ranks, warm-up excluded
+    phases: dict[str, float] = field(default_factory=dict)  # seconds, in the order they happened
+    train_batch_size: int | None = None
+    hardware_flops_per_token: float | None = None  # includes activation recompute
+    model_flops_per_token: float | None = None  # excludes it: the MFU numerator
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RankReport:
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if values.get("memory") is not None:
+            values["memory"] = RankMetrics(**values["memory"])
+        return cls(**values)
+
+
+def report_path(out_dir: Path, rank: int) -> Path:
+    return out_dir / f"rank{rank}.json"
+
+
+def log_path(out_dir: Path, rank: int) -> Path:
+    return out_dir / f"rank{rank}.log"
+
+
+def pid_path(out_dir: Path, rank: int) -> Path:
+    """Written by the rank at start, so the parent can watch its memory even under torchrun or srun."""
+    return out_dir / f"rank{rank}.pid"
+
+
+def request_path(pool_dir: Path, index: int) -> Path:
+    """The warm pool's n-th instruction to its workers: a trial to run, or stop."""
+    return pool_dir / "requests" / f"{index:06d}.json"
+
+
+def write_report(out_dir: Path, report: RankReport) -> None:
+    atomic_write_json(report_path(out_dir, report.rank), report.to_dict())
+
+
+def read_reports(out_dir: Path, ranks: range) -> dict[int, RankReport]:
+    """Reports of the ranks that wrote one; a missing or unreadable file means the rank died first."""
+    reports = {}
+    for rank in ranks:
+        path = report_path(out_dir, rank)
+        try:
+            reports[rank] = RankReport.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+    return reports

@@ -1,0 +1,281 @@
+"""One rank's trial inside a worker process: build the model, wrap it with DeepSpeed, time optimizer steps.
+
+Imports torch, DeepSpeed and transformers lazily: only worker processes ever load them.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.trial.faults import maybe_inject_fault
+from autotune.trial.memory import MemoryTracker, release_host_memory
+from autotune.trial.outcome import classify_exception
+from autotune.trial.report import RankReport
+from autotune.trial.throughput import flops_per_token, is_stable
+from autotune.trial.types import TrialSpec
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    local_rank: int
+    world_size: int
+
+
+class PhaseClock:
+    """Wall-clock seconds per phase, chained from the launcher's spawn time (so it spans processes)."""
+
+    def __init__(self, started_at: float) -> None:
+        self._last = started_at
+        self.phases: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.time()
+        self.phases[name] = round(now - self._last, 4)
+        self._last = now
+
+
+def import_runtime(device: str, architecture: str | None = None) -> None:
+    """The imports that dominate a cold start, the model's own modeling module included.
+
+    DeepSpeed picks its accelerator once, at import, from DS_ACCELERATOR.
+    """
+    os.environ["DS_ACCELERATOR"] = device
+    import deepspeed  # noqa: F401
+    import torch  # noqa: F401
+    import transformers
+
+    if architecture:
+        getattr(transformers, architecture, None)  # transformers imports modeling modules lazily
+
+
+def init_distributed(device: str, local_rank: int) -> None:
+    import deepspeed
+    import torch
+
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+
+
+def zero_stage(ds_config: dict) -> int:
+    return int(ds_config.get("zero_optimization", {}).get("stage", 0))
+
+
+def build_trial_model(spec: TrialSpec, device: Any) -> Any:
+    """A randomly initialised model: built on meta, then materialised once on the device.
+
+    Building on meta skips torch's default init, and HF's init_weights then writes every tensor once
+    (to_empty leaves garbage, and tied weights must be re-tied).
+    """
+    from autotune.models.build import build_model
+
+    if zero_stage(spec.ds_config) == 3:
+        return _build_partitioned(spec, device)
+    model, _ = build_model(
+        spec.model_config, spec.architecture, device="meta", trust_remote_code=spec.trust_remote_code
+    )
+    model.to_empty(device=device)
+    model.init_weights()
+    return model
+
+
+def _build_partitioned(spec: TrialSpec, device: Any) -> Any:
+    """ZeRO-3: each rank only ever holds its shard, so a model larger than one GPU can be built.
+
+    The same contexts transformers' from_config enters under ZeRO-3 (without needing its global
+    HfDeepSpeedConfig): weight init is suppressed while partitioning, then done gathered, module by module.
+    """
+    import deepspeed
+    from transformers.initialization import no_init_weights
+    from transformers.integrations.deepspeed import initialize_weights_zero3, prevent_arange_dtype_change
+
+    from autotune.models.build import build_model
+
+    with (
+        no_init_weights(),
+        prevent_arange_dtype_change(),
+        deepspeed.zero.Init(config_dict_or_path=copy.deepcopy(spec.ds_config)),
+    ):
+        model, _ = build_model(
+            spec.model_config, spec.architecture, device=str(device), trust_remote_code=spec.trust_remote_code
+        )
+    initialize_weights_zero3(model)
+    model.tie_weights()
+    return model
+
+
+def enable_grad_checkpointing(model: Any) -> None:
+    if getattr(model.config, "use_cache", None) is not None:
+        model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def check_precision_supported(ds_config: dict) -> None:
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if ds_config.get("fp16", {}).get("enabled") is True and not accelerator.is_fp16_supported():
+        raise ValueError(f"fp16 is not supported by DeepSpeed's {accelerator.device_name()} accelerator here")
+    if ds_config.get("bf16", {}).get("enabled") is True and not accelerator.is_bf16_supported():
+        raise ValueError(f"bf16 is not supported by DeepSpeed's {accelerator.device_name()} accelerator here")
+
+
+def initialize_engine(model: Any, ds_config: dict) -> Any:
+    import deepspeed
+    import torch
+
+    config = copy.deepcopy(ds_config)  # DeepSpeed edits the dict it is given
+    check_precision_supported(config)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = None if "optimizer" in config else torch.optim.AdamW(parameters)  # as HF Trainer does
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters, config=config)
+    return engine
+
+
+def count_parameters(model: Any) -> int:
+    """Full count even when ZeRO-3 has already partitioned the parameters (ds_numel)."""
+    return sum(getattr(p, "ds_numel", None) or p.numel() for p in model.parameters())
+
+
+def layers_and_width(config: Any) -> tuple[int, int]:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", 0) or 0
+    if getattr(text, "is_encoder_decoder", False):
+        layers += getattr(text, "num_decoder_layers", None) or getattr(text, "decoder_layers", None) or layers
+    return layers, getattr(text, "hidden_size", 0) or 0
+
+
+def synthetic_batch(model: Any, family: str, micro_batch: int, seq_len: int, device: Any, seed: int) -> dict[str, Any]:
+    """Random tokens as input and labels: causal LMs shift them, MLM heads score them.
+
+    Encoder-decoders get their decoder inputs explicitly, as a seq2seq collator would, so a config
+    without decoder_start_token_id still trains.
+    """
+    import torch
+
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, config.vocab_size, (micro_batch, seq_len), generator=generator)
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    if family == "encoder-decoder":
+        batch["decoder_input_ids"] = torch.roll(ids, shifts=1, dims=1)
+    return {name: tensor.to(device) for name, tensor in batch.items()}
+
+
+def _optimizer_step(engine: Any, batch: dict[str, Any], accumulation: int) -> None:
+    for _ in range(accumulation):
+        loss = engine(**batch).loss
+        engine.backward(loss)
+        engine.step()
+
+
+def _slowest_rank(seconds: float, world_size: int, device: Any) -> float:
+    """Every rank must see the same times, or they would disagree on when to stop and deadlock."""
+    if world_size == 1:
+        return seconds
+    import deepspeed.comm as dist
+    import torch
+
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
+def timed_steps(
+    engine: Any, batch: dict[str, Any], spec: TrialSpec, placement: Placement, memory: MemoryTracker, clock: PhaseClock
+) -> list[float]:
+    """Warm-up steps, then measured optimizer steps until the last few agree or max_steps is reached."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    accumulation = engine.gradient_accumulation_steps()
+    for step in range(spec.warmup_steps):
+        _optimizer_step(engine, batch, accumulation)
+        memory.sample()
+        if step == 0:
+            maybe_inject_fault("step", placement.rank)
+    accelerator.synchronize()
+    clock.mark("warmup")
+    times: list[float] = []
+    while len(times) < spec.max_steps and not is_stable(times):
+        started = time.perf_counter()
+        _optimizer_step(engine, batch, accumulation)
+        accelerator.synchronize()
+        times.append(_slowest_rank(time.perf_counter() - started, placement.world_size, engine.device))
+        memory.sample()
+        if spec.warmup_steps == 0 and len(times) == 1:
+            maybe_inject_fault("step", placement.rank)
+    clock.mark("measured")
+    return times
+
+
+def limit_gpu_memory(spec: TrialSpec, local_rank: int) -> None:
+    """Emulate a smaller card; reset to the whole card when a warm worker moves to a trial without a cap."""
+    if spec.device != "cuda":
+        return
+    import torch
+
+    torch.cuda.set_per_process_memory_fraction(spec.gpu_memory_fraction or 1.0, local_rank)
+
+
+def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: MemoryTracker) -> RankReport:
+    """The trial on this rank, in an already initialised process group; failures become the report."""
+    import torch
+
+    engine = model = None
+    try:
+        limit_gpu_memory(spec, placement.local_rank)
+        device = torch.device("cuda", placement.local_rank) if spec.device == "cuda" else torch.device("cpu")
+        model = build_trial_model(spec, device)
+        parameters = count_parameters(model)
+        layers, width = layers_and_width(model.config)
+        if spec.grad_checkpointing:
+            enable_grad_checkpointing(model)
+        clock.mark("model_build")
+        engine = initialize_engine(model, spec.ds_config)
+        engine.train()
+        clock.mark("engine_init")
+        micro_batch = engine.train_micro_batch_size_per_gpu()
+        batch = synthetic_batch(model, spec.family, micro_batch, spec.seq_len, device, placement.rank)
+        times = timed_steps(engine, batch, spec, placement, memory, clock)
+        flops = flops_per_token(parameters, layers, width, spec.seq_len, spec.grad_checkpointing)
+        return RankReport(
+            rank=placement.rank,
+            status="ok",
+            memory=memory.metrics(placement.rank),
+            step_times_s=times,
+            phases=dict(clock.phases),
+            train_batch_size=engine.train_batch_size(),
+            hardware_flops_per_token=flops.hardware,
+            model_flops_per_token=flops.model,
+        )
+    except Exception as error:
+        status, line = classify_exception(error)
+        return RankReport(
+            rank=placement.rank,
+            status=status,
+            error=line,
+            memory=memory.metrics(placement.rank),
+            phases=dict(clock.phases),
+        )
+    finally:
+        if engine is not None:
+            engine.destroy()  # removes ZeRO's hooks, which would keep the model alive
+        engine = model = None
+        free_memory(spec.device)
+
+
+def free_memory(device: str) -> None:
+    """Return what the last trial held, so a warm worker's next trial starts from the same memory."""
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    release_host_memory()

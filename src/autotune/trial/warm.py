@@ -1,0 +1,176 @@
+"""Warm workers: successive trials of one world size reuse processes that have imported and joined already.
+
+Start-up (interpreter, torch/DeepSpeed/transformers imports, process group, DeepSpeed op loading)
+dominates small trials; a warm worker pays it once. Each trial still gets a fresh model and engine,
+freed afterwards. After any failure the workers are killed and the next trial starts new ones: a rank
+that ran out of memory or raised may hold state no later trial should inherit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.atomic import atomic_write_json
+from autotune.errors import UserError
+from autotune.trial.gpus import nvml_used_bytes, wait_for_release
+from autotune.trial.launch import WORKER_MODULE
+from autotune.trial.local import torchrun_command, torchrun_exit_codes
+from autotune.trial.outcome import LaunchOutcome, build_result
+from autotune.trial.processes import BudgetWatch, free_port, new_tag, spawn, stop_processes, trial_env, wait_for
+from autotune.trial.report import log_path, read_reports, report_path, request_path
+from autotune.trial.types import TrialResult, TrialSpec
+
+
+@dataclass
+class _Workers:
+    shape: tuple[int, str]  # (world size, device): what these processes can run
+    process: subprocess.Popen
+    tag: str
+    pool_dir: Path
+    gpus_before: dict[int, int] | None  # NVML used before the workers started: what stopping them must restore
+    next_index: int = 0
+
+
+class WarmWorkerPool:
+    """A TrialLauncher for one node that keeps its workers between trials; close() (or `with`) ends them.
+
+    Workers also exit on their own when this process dies, so none is left behind either way.
+    """
+
+    def __init__(
+        self,
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+        workdir: Path | None = None,
+        *,
+        master_addr: str = "127.0.0.1",
+        poll_interval_s: float = 0.02,
+        kill_grace_s: float = 5.0,
+    ) -> None:
+        self.python = python
+        self.env = dict(env or {})
+        self.workdir = workdir
+        self.master_addr = master_addr
+        self.poll_interval_s = poll_interval_s
+        self.kill_grace_s = kill_grace_s
+        self._workers: _Workers | None = None
+        self.restarts = 0  # how many times workers were (re)started: the cost the pool did not save
+
+    def __enter__(self) -> WarmWorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, spec: TrialSpec) -> TrialResult:
+        if spec.nodes != 1:
+            raise UserError("the warm pool runs one node; use one LocalLauncher per node for multi-node trials")
+        workers = self._workers_for(spec)
+        index = workers.next_index
+        workers.next_index += 1
+        trial_dir = workers.pool_dir / f"trial-{index:06d}"
+        trial_dir.mkdir()
+        try:
+            return self._run_in(spec, workers, index, trial_dir)
+        finally:
+            if self.workdir is None:
+                shutil.rmtree(trial_dir, ignore_errors=True)
+
+    def _run_in(self, spec: TrialSpec, workers: _Workers, index: int, trial_dir: Path) -> TrialResult:
+        ranks = range(spec.world_size)
+        spec_path = atomic_write_json(trial_dir / "spec.json", spec.to_dict())
+        started = time.monotonic()
+        request = {"spec": str(spec_path), "out": str(trial_dir), "dispatched_at": time.time()}
+        atomic_write_json(request_path(workers.pool_dir, index), request)
+        budget = None
+        if spec.device == "cpu" and spec.host_memory_budget_bytes:
+            budget = BudgetWatch(trial_dir, ranks, spec.host_memory_budget_bytes)
+        waited = wait_for(
+            workers.process,
+            started + spec.timeout_s,
+            self.poll_interval_s,
+            done=lambda: all(report_path(trial_dir, rank).exists() for rank in ranks),
+            budget=budget,
+        )
+        reports = read_reports(trial_dir, ranks)
+        failed = waited.timed_out or waited.breach is not None or any(r.status != "ok" for r in reports.values())
+        stopped = None
+        if failed or len(reports) < len(ranks) or workers.process.poll() is not None:
+            stopped = self._stop()
+        launcher_log = workers.pool_dir / "launcher.log"
+        code = workers.process.returncode
+        log_text = launcher_log.read_text(errors="replace") if launcher_log.exists() else ""
+        outcome = LaunchOutcome(
+            ranks=ranks,
+            wall_s=time.monotonic() - started,
+            timed_out=waited.timed_out,
+            budget_breach=waited.breach,
+            exit_codes=torchrun_exit_codes(log_text) if spec.world_size > 1 else ({} if code is None else {0: code}),
+            logs={rank: log_path(trial_dir, rank) for rank in ranks},
+            launcher_log=launcher_log,
+        )
+        result = build_result(spec, reports, outcome)
+        if not result.ok and stopped is None:
+            stopped = self._stop()
+        if stopped is not None:
+            self._remove(stopped)
+        return result
+
+    def _workers_for(self, spec: TrialSpec) -> _Workers:
+        shape = (spec.world_size, spec.device)
+        if self._workers is not None and (self._workers.shape != shape or self._workers.process.poll() is not None):
+            self.close()
+        if self._workers is None:
+            self._workers = self._start(spec)
+        return self._workers
+
+    def _start(self, spec: TrialSpec) -> _Workers:
+        parent = Path(self.workdir) if self.workdir is not None else Path(tempfile.gettempdir())
+        parent.mkdir(parents=True, exist_ok=True)
+        pool_dir = Path(tempfile.mkdtemp(prefix="autotune-warm-", dir=parent))
+        (pool_dir / "requests").mkdir()
+        serve = ["--serve", str(pool_dir), "--device", spec.device, "--owner-pid", str(os.getpid())]
+        port = free_port()
+        env = {**os.environ, **self.env}
+        if spec.world_size > 1:
+            command = torchrun_command(self.python, spec, 0, self.master_addr, port, serve)
+        else:
+            command = [self.python, "-m", WORKER_MODULE, *serve]
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                       MASTER_ADDR=self.master_addr, MASTER_PORT=str(port))  # fmt: skip
+        tag = new_tag()
+        gpus_before = nvml_used_bytes() if spec.device == "cuda" else None
+        process = spawn(command, trial_env(env, tag, spec.device), pool_dir / "launcher.log", pool_dir)
+        self.restarts += 1
+        return _Workers((spec.world_size, spec.device), process, tag, pool_dir, gpus_before)
+
+    def _stop(self, graceful: bool = False) -> _Workers | None:
+        """Graceful: ask idle workers to exit (they close their process group); else just kill them."""
+        workers, self._workers = self._workers, None
+        if workers is None:
+            return None
+        if graceful and workers.process.poll() is None:
+            atomic_write_json(request_path(workers.pool_dir, workers.next_index), {"stop": True})
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                workers.process.wait(timeout=2.0)
+        stop_processes(workers.process, workers.tag, self.kill_grace_s)
+        wait_for_release(workers.gpus_before)
+        return workers
+
+    def _remove(self, workers: _Workers) -> None:
+        if self.workdir is None:
+            shutil.rmtree(workers.pool_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        stopped = self._stop(graceful=True)
+        if stopped is not None:
+            self._remove(stopped)

@@ -1,0 +1,177 @@
+"""The trial worker: one process per rank, started by a launcher (directly, torchrun or srun).
+
+    python -m autotune.trial.worker --spec SPEC.json --out DIR [--launched-at EPOCH]
+    python -m autotune.trial.worker --serve POOL_DIR --device cpu|cuda --owner-pid PID
+
+The first form runs one trial and exits. The second is the warm worker: it imports and joins the
+process group once, then runs the trials the pool drops into POOL_DIR/requests/, one fresh DeepSpeed
+engine each, until told to stop, a trial fails, or its owner dies. Either way every rank writes
+DIR/rank<R>.json (a RankReport) and logs to DIR/rank<R>.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from autotune.trial.faults import maybe_inject_fault
+from autotune.trial.outcome import classify_exception
+from autotune.trial.report import RankReport, log_path, pid_path, request_path, write_report
+from autotune.trial.training import PhaseClock, Placement, import_runtime, init_distributed, run_rank
+from autotune.trial.types import TrialSpec
+
+REQUEST_POLL_S = 0.02
+
+
+def placement_from_env(env: Mapping[str, str]) -> Placement:
+    """torchrun and our direct launch set RANK/LOCAL_RANK/WORLD_SIZE; srun sets only SLURM_*."""
+    if "RANK" in env:
+        return Placement(int(env["RANK"]), int(env.get("LOCAL_RANK", "0")), int(env.get("WORLD_SIZE", "1")))
+    if "SLURM_PROCID" in env:
+        return Placement(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")), int(env["SLURM_NTASKS"]))
+    return Placement(0, 0, 1)
+
+
+def export_placement(placement: Placement) -> None:
+    """torch.distributed's env:// rendezvous and DeepSpeed read these names, whoever launched us."""
+    os.environ["RANK"] = str(placement.rank)
+    os.environ["LOCAL_RANK"] = str(placement.local_rank)
+    os.environ["WORLD_SIZE"] = str(placement.world_size)
+
+
+def redirect_output(path: Path) -> None:
+    """Send this process's stdout and stderr (C++ included) to the rank's own log file."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def load_spec(path: Path) -> TrialSpec:
+    return TrialSpec(**json.loads(path.read_text()))
+
+
+def start_rank_files(out_dir: Path, rank: int) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    redirect_output(log_path(out_dir, rank))
+    pid_path(out_dir, rank).write_text(str(os.getpid()))
+
+
+def failure_report(rank: int, error: BaseException, clock: PhaseClock) -> RankReport:
+    status, line = classify_exception(error)
+    return RankReport(rank=rank, status=status, error=line, phases=dict(clock.phases))
+
+
+def run_once(spec_path: Path, out_dir: Path, launched_at: float, placement: Placement) -> bool:
+    from autotune.trial.memory import MemoryTracker
+
+    start_rank_files(out_dir, placement.rank)
+    clock = PhaseClock(launched_at)
+    clock.mark("launch")
+    try:
+        spec = load_spec(spec_path)
+        import_runtime(spec.device, spec.architecture)
+        clock.mark("imports")
+        maybe_inject_fault("start", placement.rank)
+        memory = MemoryTracker(spec.device, placement.local_rank)  # NVML baseline before our CUDA context
+        init_distributed(spec.device, placement.local_rank)
+        clock.mark("dist_init")
+        memory.reset()
+        report = run_rank(spec, placement, clock, memory)
+    except Exception as error:
+        report = failure_report(placement.rank, error, clock)
+    write_report(out_dir, report)
+    return report.status == "ok"
+
+
+def _owner_alive(owner_pid: int) -> bool:
+    try:
+        os.kill(owner_pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _next_request(pool_dir: Path, index: int, owner_pid: int) -> dict | None:
+    """Wait for request `index`; None when the owner is gone (so a warm worker never outlives its pool)."""
+    path = request_path(pool_dir, index)
+    while not path.exists():
+        if not _owner_alive(owner_pid):
+            return None
+        time.sleep(REQUEST_POLL_S)
+    return json.loads(path.read_text())
+
+
+def serve(pool_dir: Path, device: str, owner_pid: int, placement: Placement) -> bool:
+    """Run successive trials in this process; stop after the first failure (its state is suspect)."""
+    from autotune.trial.memory import MemoryTracker
+
+    start_rank_files(pool_dir, placement.rank)
+    import_runtime(device)
+    memory = MemoryTracker(device, placement.local_rank)
+    init_distributed(device, placement.local_rank)
+    index = 0
+    while (request := _next_request(pool_dir, index, owner_pid)) is not None and not request.get("stop"):
+        out_dir = Path(request["out"])
+        start_rank_files(out_dir, placement.rank)
+        clock = PhaseClock(request["dispatched_at"])
+        clock.mark("launch")
+        try:
+            spec = load_spec(Path(request["spec"]))
+            if spec.world_size != placement.world_size or spec.device != device:
+                raise ValueError(
+                    f"warm worker is {placement.world_size}x{device}, trial wants {spec.world_size}x{spec.device}"
+                )
+            memory.reset()
+            report = run_rank(spec, placement, clock, memory)
+        except Exception as error:
+            report = failure_report(placement.rank, error, clock)
+        write_report(out_dir, report)
+        if report.status != "ok":
+            return False
+        index += 1
+    return True
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m autotune.trial.worker", description=__doc__)
+    parser.add_argument("--spec", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--launched-at", type=float, default=None, help="epoch seconds when the launcher spawned us")
+    parser.add_argument("--serve", type=Path, default=None, help="warm-worker pool directory")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--owner-pid", type=int, default=None)
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # old launchers pass it
+    args = parser.parse_args(argv)
+    if args.serve is None and (args.spec is None or args.out is None):
+        parser.error("--spec and --out are required unless --serve is given")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    entered = time.time()
+    args = parse_args(argv)
+    placement = placement_from_env(os.environ)
+    export_placement(placement)
+    if args.serve is not None:
+        ok = serve(args.serve, args.device, args.owner_pid or os.getppid(), placement)
+    else:
+        ok = run_once(args.spec, args.out, args.launched_at or entered, placement)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown (module destructors, process-group shutdown): the result is written and
+    # every collective has finished, so exiting now only saves time.
+    os._exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

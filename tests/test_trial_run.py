@@ -1,0 +1,172 @@
+"""Real DeepSpeed trials on the CPU backend (gloo): every launcher path, every way a trial can end.
+
+Each test marks its processes through the launcher's env and then checks that none survives.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+
+from autotune.dsconfig import TrainSettings, build_ds_config
+from autotune.ladder import Candidate, Rung
+from autotune.trial import LocalLauncher, TrialResult, TrialSpec, WarmWorkerPool, run_trial
+from autotune.trial.faults import FAULT_ENV, fault_value
+from autotune.trial.ops import prebuild_ops
+from autotune.trial.processes import free_port
+
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1024, "n_positions": 256}
+GENEROUS_TIMEOUT_S = 600.0  # other engineers share the 2 cores: only the hang test relies on a short timeout
+MARK_ENV = "AUTOTUNE_TEST_MARK"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_ops_built() -> None:
+    """The first CPU trial on a machine JIT-builds DeepSpeed ops for minutes: do it outside any timeout."""
+    prebuild_ops("cpu")
+
+
+def tiny_spec(rung: Rung = Rung.Z0, nprocs: int = 1, nodes: int = 1, **overrides: object) -> TrialSpec:
+    settings = TrainSettings(world_size=nprocs * nodes, precision="bf16", hidden_size=64)
+    values: dict = dict(
+        model_config=TINY_GPT2,
+        architecture="GPT2LMHeadModel",
+        family="decoder-only",
+        ds_config=build_ds_config(Candidate(rung, micro_batch=2), settings),
+        seq_len=64,
+        device="cpu",
+        nprocs_per_node=nprocs,
+        nodes=nodes,
+        warmup_steps=1,
+        max_steps=4,
+        timeout_s=GENEROUS_TIMEOUT_S,
+    )
+    values.update(overrides)
+    return TrialSpec(**values)
+
+
+def marked_env(**extra: str) -> tuple[str, dict[str, str]]:
+    mark = uuid.uuid4().hex
+    return mark, {MARK_ENV: mark, **extra}
+
+
+def survivors(mark: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get(MARK_ENV) == mark:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def assert_measured(result: TrialResult, world_size: int = 1) -> None:
+    assert result.status == "ok", result.error
+    assert 1 <= len(result.step_times_s) <= 4 and all(t > 0 for t in result.step_times_s)
+    assert result.samples_per_s and result.tokens_per_s == pytest.approx(result.samples_per_s * 64)
+    assert result.tflops_per_gpu and result.tflops_per_gpu > 0
+    assert len(result.ranks) == world_size
+    assert all(r.host_rss_peak_bytes and r.host_rss_peak_bytes > 100 << 20 for r in result.ranks)
+
+
+# --- cold trials ---------------------------------------------------------------------------------
+
+
+def test_cold_trial_reports_rates_memory_and_where_the_time_went() -> None:
+    mark, env = marked_env()
+    result = run_trial(tiny_spec(peak_tflops=1.0), LocalLauncher(env=env))
+    assert_measured(result)
+    assert list(result.phases) == ["launch", "imports", "dist_init", "model_build", "engine_init", "warmup", "measured"]
+    assert result.startup_s and 0 < result.startup_s < result.wall_s
+    assert result.mfu and 0 < result.mfu < 1
+    assert not survivors(mark)
+
+
+def test_two_rank_trial_under_torchrun() -> None:
+    mark, env = marked_env()
+    result = run_trial(tiny_spec(Rung.Z2, nprocs=2), LocalLauncher(env=env))
+    assert_measured(result, world_size=2)
+    assert not survivors(mark)
+
+
+def test_hanging_trial_is_killed_at_the_timeout_without_orphans() -> None:
+    mark, env = marked_env(**{FAULT_ENV: fault_value("hang", "start")})
+    result = run_trial(tiny_spec(timeout_s=8.0), LocalLauncher(env=env, kill_grace_s=2.0))
+    assert result.status == "timeout"
+    assert 8.0 <= result.wall_s < 8.0 + 15.0
+    assert not survivors(mark)
+
+
+def test_rank_killed_by_sigkill_reads_as_host_oom() -> None:
+    mark, env = marked_env(**{FAULT_ENV: fault_value("sigkill", "start")})
+    result = run_trial(tiny_spec(), LocalLauncher(env=env))
+    assert result.status == "oom_host"
+    assert "SIGKILL" in (result.error or "")
+    assert not survivors(mark)
+
+
+@pytest.mark.slow
+def test_sigkilled_rank_under_torchrun_fails_the_whole_trial() -> None:
+    mark, env = marked_env(**{FAULT_ENV: fault_value("sigkill", "start", rank=1)})
+    result = run_trial(tiny_spec(Rung.Z1, nprocs=2), LocalLauncher(env=env))
+    assert (result.status, "rank 1" in (result.error or "")) == ("oom_host", True)
+    assert not survivors(mark)
+
+
+def test_over_budget_trial_is_stopped_early_by_a_parent_that_never_imports_torch() -> None:
+    code = (
+        "import json, sys; from autotune.trial import run_trial, TrialSpec\n"
+        f"spec = TrialSpec(**{tiny_spec(host_memory_budget_bytes=64 << 20).to_dict()!r})\n"
+        "result = run_trial(spec)\n"
+        "print(json.dumps({'torch_imported': 'torch' in sys.modules, **result.to_dict()}))\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert (result["status"], result["torch_imported"]) == ("over_budget", False)
+    assert "enforced cap" in result["error"]
+    assert result["phases"] == {}  # stopped by the parent's RSS watch before the rank could finish
+
+
+@pytest.mark.slow
+def test_two_node_trial_from_two_launchers_on_localhost() -> None:
+    """How the pre-launch hook runs multi-node without SLURM: one LocalLauncher per node, same master."""
+    mark, env = marked_env()
+    spec = tiny_spec(Rung.Z3, nprocs=1, nodes=2)
+    port = free_port()
+    launchers = [LocalLauncher(env=env, node_rank=node, master_port=port) for node in (0, 1)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        node0, node1 = pool.map(lambda launcher: launcher.run(spec), launchers)
+    assert_measured(node0)
+    assert_measured(node1)
+    assert [r.rank for r in node0.ranks + node1.ranks] == [0, 1]
+    assert node0.step_times_s == node1.step_times_s  # all-reduced: every rank times the same steps
+    assert not survivors(mark)
+
+
+# --- warm workers --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_warm_pool_runs_every_rung_and_restarts_after_model_code_raises() -> None:
+    mark, env = marked_env()
+    with WarmWorkerPool(env=env) as pool:
+        first = [run_trial(tiny_spec(rung), pool) for rung in (Rung.Z0, Rung.Z1)]
+        too_long = run_trial(tiny_spec(seq_len=TINY_GPT2["n_positions"] + 64), pool)  # past the position table
+        second = [run_trial(tiny_spec(rung), pool) for rung in (Rung.Z2, Rung.Z3)]
+        second.append(run_trial(tiny_spec(Rung.Z3_OFFLOAD_ALL, grad_checkpointing=True), pool))
+        assert pool.restarts == 2  # once at the start, once after the failed trial
+    assert (too_long.status, too_long.error) == ("error", "IndexError: index out of range in self")
+    assert "engine_init" in too_long.phases  # it failed in the first step, after start-up
+    for result in first + second:
+        assert_measured(result)
+    cold, warm = first[0], [first[1], *second[1:]]
+    assert "imports" not in cold.phases and cold.startup_s is not None
+    assert all(r.startup_s is not None and r.startup_s < cold.startup_s for r in warm)
+    assert not survivors(mark)
