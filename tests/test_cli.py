@@ -43,7 +43,7 @@ def test_model_summary_table_and_json(tmp_path) -> None:
         (("--model", "gpt2", "--gpus", "0", "--gpu-type", "a100-80gb"), "--gpus must be positive"),
         (("--model", "gpt2", "--gpus", "-2", "--gpu-type", "a100-80gb"), "--gpus must be positive"),
         (("--model", "gpt2", "--gpus", "8", "--gpu-type", "b300-ultra"), "unknown GPU type"),
-        (("--model", "gpt2", "--gpus", "abc"), "abc"),
+        (("--model", "gpt2", "--gpus", "abc"), "Invalid value for '--gpus'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, fragment) -> None:
