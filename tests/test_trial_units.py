@@ -104,6 +104,13 @@ def test_first_error_line_is_the_root_cause_not_a_traceback_line() -> None:
     assert first_error_line("all fine\n") is None
 
 
+def test_a_rank_that_died_unreported_is_still_classified_from_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "rank0.log"
+    log.write_text("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried 2 GiB\n")
+    outcome = LaunchOutcome(ranks=range(1), wall_s=1.0, exit_codes={0: 1}, logs={0: log})
+    assert build_result(make_spec(), {}, outcome).status == "oom_gpu"
+
+
 def test_torchrun_and_srun_exit_codes_from_their_logs() -> None:
     torchrun_log = """
 [1]:

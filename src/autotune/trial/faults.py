@@ -13,7 +13,7 @@ import time
 
 FAULT_ENV = "AUTOTUNE_TRIAL_FAULT"  # "<action>@<point>" or "<action>@<point>:<rank>"
 ACTIONS = ("hang", "sigkill", "raise", "memory_error", "oom_gpu")
-POINTS = ("start", "step")  # after imports; after the first training step
+POINTS = ("entry", "start", "step")  # before imports; after imports; after the first training step
 
 
 def fault_value(action: str, point: str, rank: int | None = None) -> str:

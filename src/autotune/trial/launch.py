@@ -36,8 +36,10 @@ def trial_directory(workdir: Path | None) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def worker_args(spec_path: Path, out_dir: Path, launched_at: float) -> list[str]:
-    return ["--spec", str(spec_path), "--out", str(out_dir), "--launched-at", f"{launched_at:.6f}"]
+def worker_args(spec_path: Path, out_dir: Path, launched_at: float, owner_pid: int | None = None) -> list[str]:
+    """owner_pid: workers on this host exit when that process (the tuner) dies; not for remote ranks."""
+    args = ["--spec", str(spec_path), "--out", str(out_dir), "--launched-at", f"{launched_at:.6f}"]
+    return args if owner_pid is None else [*args, "--owner-pid", str(owner_pid)]
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class LocalLauncher:
         if not 0 <= self.node_rank < spec.nodes:
             raise UserError(f"node_rank {self.node_rank} is outside the trial's {spec.nodes} node(s)")
         port = self.master_port or free_port()
+        owner = os.getpid()
         first = self.node_rank * spec.nprocs_per_node
         ranks = range(first, first + spec.nprocs_per_node)
         env = {**os.environ, **self.env}
@@ -88,7 +89,7 @@ class LocalLauncher:
         if torchrun:
             return LaunchPlan(
                 command=lambda spec_path, out, at: torchrun_command(
-                    self.python, spec, self.node_rank, self.master_addr, port, worker_args(spec_path, out, at)
+                    self.python, spec, self.node_rank, self.master_addr, port, worker_args(spec_path, out, at, owner)
                 ),
                 ranks=ranks,
                 env=env,
@@ -99,7 +100,12 @@ class LocalLauncher:
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                    MASTER_ADDR=self.master_addr, MASTER_PORT=str(port))  # fmt: skip
         return LaunchPlan(
-            command=lambda spec_path, out, at: [self.python, "-m", WORKER_MODULE, *worker_args(spec_path, out, at)],
+            command=lambda spec_path, out, at: [
+                self.python,
+                "-m",
+                WORKER_MODULE,
+                *worker_args(spec_path, out, at, owner),
+            ],
             ranks=ranks,
             env=env,
             rank_exit_codes=lambda code, _log: {} if code is None else {0: code},

@@ -47,6 +47,18 @@ def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
     return "error", exception_line(error)
 
 
+def classify_line(line: str) -> TrialStatus:
+    """Status of an error line read back from a log, for ranks that died before writing a report."""
+    lowered = line.lower()
+    if lowered.startswith(("outofmemoryerror", "torch.outofmemoryerror")) or any(
+        m in lowered for m in _GPU_OOM_MESSAGES
+    ):
+        return "oom_gpu"
+    if lowered.startswith("memoryerror") or any(m in lowered for m in _HOST_OOM_MESSAGES):
+        return "oom_host"
+    return "error"
+
+
 def exception_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
@@ -117,7 +129,7 @@ def _missing_rank_failure(rank: int, outcome: LaunchOutcome) -> tuple[TrialStatu
         return "oom_host", f"rank {rank} was killed by SIGKILL (exit 137): most likely the host OOM killer"
     line = first_error_line(_read(outcome.logs.get(rank))) or first_error_line(_read(outcome.launcher_log))
     if line:
-        return "error", line
+        return classify_line(line), line
     how = describe_exit(code) if code is not None else "exited"
     return "error", f"rank {rank} {how} without writing a result"
 

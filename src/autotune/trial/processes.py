@@ -49,14 +49,14 @@ def spawn(command: list[str], env: Mapping[str, str], log: Path, cwd: Path) -> s
         )
 
 
-def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Live processes (not zombies) whose environment carries `tag`."""
+def tagged_processes(tag: str, variable: str = TRIAL_TAG_ENV) -> list[psutil.Process]:
+    """Live processes (not zombies) whose environment has `variable` set to `tag`."""
     found = []
     for process in psutil.process_iter():
         try:
             if process.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if process.environ().get(TRIAL_TAG_ENV) == tag:
+            if process.environ().get(variable) == tag:
                 found.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -5,6 +5,7 @@ Imports torch, DeepSpeed and transformers lazily: only worker processes ever loa
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import os
@@ -266,7 +267,10 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
         )
     finally:
         if engine is not None:
-            engine.destroy()  # removes ZeRO's hooks, which would keep the model alive
+            # Removes ZeRO's hooks, which would keep the model alive. A cleanup failure (say, after a CUDA
+            # error) must not replace the trial's own outcome; a warm worker restarts after failures anyway.
+            with contextlib.suppress(Exception):
+                engine.destroy()
         engine = model = None
         free_memory(spec.device)
 

@@ -1,11 +1,12 @@
 """The trial worker: one process per rank, started by a launcher (directly, torchrun or srun).
 
-    python -m autotune.trial.worker --spec SPEC.json --out DIR [--launched-at EPOCH]
+    python -m autotune.trial.worker --spec SPEC.json --out DIR [--launched-at EPOCH] [--owner-pid PID]
     python -m autotune.trial.worker --serve POOL_DIR --device cpu|cuda --owner-pid PID
 
 The first form runs one trial and exits. The second is the warm worker: it imports and joins the
 process group once, then runs the trials the pool drops into POOL_DIR/requests/, one fresh DeepSpeed
-engine each, until told to stop, a trial fails, or its owner dies. Either way every rank writes
+engine each, until told to stop or a trial fails. With --owner-pid, a worker exits when that process
+is gone. Either way every rank writes
 DIR/rank<R>.json (a RankReport) and logs to DIR/rank<R>.log.
 """
 
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +28,7 @@ from autotune.trial.training import PhaseClock, Placement, import_runtime, init_
 from autotune.trial.types import TrialSpec
 
 REQUEST_POLL_S = 0.02
+OWNER_POLL_S = 0.5
 
 
 def placement_from_env(env: Mapping[str, str]) -> Placement:
@@ -75,6 +78,7 @@ def run_once(spec_path: Path, out_dir: Path, launched_at: float, placement: Plac
     start_rank_files(out_dir, placement.rank)
     clock = PhaseClock(launched_at)
     clock.mark("launch")
+    maybe_inject_fault("entry", placement.rank)
     try:
         spec = load_spec(spec_path)
         import_runtime(spec.device, spec.architecture)
@@ -92,26 +96,45 @@ def run_once(spec_path: Path, out_dir: Path, launched_at: float, placement: Plac
 
 
 def _owner_alive(owner_pid: int) -> bool:
+    """Running, or at least not a zombie that nobody has reaped yet."""
     try:
-        os.kill(owner_pid, 0)
-        return True
-    except ProcessLookupError:
+        state = Path(f"/proc/{owner_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except FileNotFoundError:
         return False
-    except PermissionError:
-        return True
+    except (OSError, IndexError):  # no /proc: ask the kernel directly
+        try:
+            os.kill(owner_pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
 
 
-def _next_request(pool_dir: Path, index: int, owner_pid: int) -> dict | None:
-    """Wait for request `index`; None when the owner is gone (so a warm worker never outlives its pool)."""
+def watch_owner(owner_pid: int, interval_s: float = OWNER_POLL_S) -> None:
+    """Exit as soon as the launching process is gone, even mid-step or hung: nothing outlives the tuner.
+
+    Its kill path cannot run if the tuner itself is SIGKILLed, and torchrun puts workers in their own
+    sessions, so the worker watches for itself.
+    """
+
+    def watch() -> None:
+        while _owner_alive(owner_pid):
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
+
+
+def _next_request(pool_dir: Path, index: int) -> dict:
     path = request_path(pool_dir, index)
     while not path.exists():
-        if not _owner_alive(owner_pid):
-            return None
         time.sleep(REQUEST_POLL_S)
     return json.loads(path.read_text())
 
 
-def serve(pool_dir: Path, device: str, owner_pid: int, placement: Placement) -> bool:
+def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
     """Run successive trials in this process; stop after the first failure (its state is suspect)."""
     from autotune.trial.memory import MemoryTracker
 
@@ -120,7 +143,7 @@ def serve(pool_dir: Path, device: str, owner_pid: int, placement: Placement) -> 
     memory = MemoryTracker(device, placement.local_rank)
     init_distributed(device, placement.local_rank)
     index = 0
-    while (request := _next_request(pool_dir, index, owner_pid)) is not None and not request.get("stop"):
+    while not (request := _next_request(pool_dir, index)).get("stop"):
         out_dir = Path(request["out"])
         start_rank_files(out_dir, placement.rank)
         clock = PhaseClock(request["dispatched_at"])
@@ -149,7 +172,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--launched-at", type=float, default=None, help="epoch seconds when the launcher spawned us")
     parser.add_argument("--serve", type=Path, default=None, help="warm-worker pool directory")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
-    parser.add_argument("--owner-pid", type=int, default=None)
+    parser.add_argument("--owner-pid", type=int, default=None, help="exit when this process is gone")
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # old launchers pass it
     args = parser.parse_args(argv)
     if args.serve is None and (args.spec is None or args.out is None):
@@ -162,8 +185,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     placement = placement_from_env(os.environ)
     export_placement(placement)
+    if args.owner_pid is not None:
+        watch_owner(args.owner_pid)
     if args.serve is not None:
-        ok = serve(args.serve, args.device, args.owner_pid or os.getppid(), placement)
+        ok = serve(args.serve, args.device, placement)
     else:
         ok = run_once(args.spec, args.out, args.launched_at or entered, placement)
     sys.stdout.flush()
