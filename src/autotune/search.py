@@ -212,14 +212,17 @@ class Search:
             self.outcome.best = record
 
     def _best_line(self) -> StepLine | None:
-        """Step-time line of the best config's rung, from every trial on that rung that fitted."""
+        """Step-time line of the best config's (rung, checkpointing) group, from its trials that fitted."""
         best = self.outcome.best
         if best is None:
             return None
         points = [
             (work_units(t.candidate), self._micro_step_seconds(t))
             for t in self.outcome.trials
-            if t.within_headroom and t.result.samples_per_s and t.candidate.rung is best.candidate.rung
+            if t.within_headroom
+            and t.result.samples_per_s
+            and t.candidate.rung is best.candidate.rung
+            and t.candidate.grad_checkpointing == best.candidate.grad_checkpointing
         ]
         return fit_step_line(points)
 

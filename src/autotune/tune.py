@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -226,10 +227,35 @@ class _Context:
         )
 
 
-def _default_launcher() -> TrialLauncher:
-    from autotune.trial import LocalLauncher
+def _prepare_ops(device: str, observe: Callable[[SearchEvent], None]) -> None:
+    """Compile DeepSpeed's JIT ops once before the first trial, so no trial timeout absorbs minutes of ninja."""
+    from autotune.trial.ops import ops_built, prebuild_ops
 
-    return LocalLauncher()
+    if ops_built(device):
+        return
+    observe(
+        SearchEvent("prepare", message="building DeepSpeed ops once (minutes; cached in ~/.cache/torch_extensions)")
+    )
+    try:
+        prebuild_ops(device)
+    except (RuntimeError, OSError) as error:
+        raise UserError(str(error)) from None
+
+
+@contextlib.contextmanager
+def _launcher_for(device: str, given: TrialLauncher | None) -> Iterator[TrialLauncher]:
+    """The caller's launcher, else warm workers on the CPU backend (start-up paid once) or a fresh
+    process per GPU trial (a GPU trial must give all its memory back before the next one)."""
+    if given is not None:
+        yield given
+        return
+    from autotune.trial import LocalLauncher, WarmWorkerPool
+
+    if device != "cpu":
+        yield LocalLauncher()
+        return
+    with WarmWorkerPool() as pool:
+        yield pool
 
 
 def _search(ctx: _Context, launcher: TrialLauncher, observe: Callable[[SearchEvent], None]) -> SearchOutcome:
@@ -369,7 +395,10 @@ def tune(
     outcome = None
     plan_data = None
     if ctx.verified:
-        outcome = _search(ctx, launcher or _default_launcher(), observe)
+        if launcher is None:
+            _prepare_ops(request.device, observe)
+        with _launcher_for(request.device, launcher) as chosen:
+            outcome = _search(ctx, chosen, observe)
         candidate = outcome.best.candidate if outcome.best else None
     else:
         candidate, plan_data = _plan_choice(ctx)

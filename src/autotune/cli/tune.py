@@ -65,6 +65,8 @@ class _Progress:
                 f"  {record.candidate.key}: {status}{detail}, peak {format_bytes(result.peak_memory_bytes)}"
                 f" (predicted {format_bytes(record.predicted_peak_bytes)}){speed}{cached}"
             )
+        elif event.kind == "prepare":
+            self.err.print(f"  {event.message}")
         elif event.kind == "skip":
             self.err.print(f"  skip {event.candidate.rung.value if event.candidate else ''}: {event.message}")
 

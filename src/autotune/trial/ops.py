@@ -16,12 +16,27 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 # The DeepSpeed op builders a trial loads, per accelerator.
 TRIAL_OPS = {
     "cpu": ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder"),
     "cuda": ("FusedAdamBuilder", "CPUAdamBuilder"),
 }
+
+
+# The directory names the built extensions get under torch's extensions cache.
+BUILT_NAMES = {"cpu": ("deepspeed_shm_comm", "fused_adam", "cpu_adam"), "cuda": ("fused_adam", "cpu_adam")}
+
+
+def ops_built(device: str) -> bool:
+    """Whether every op a trial loads is already compiled, judged from torch's extensions cache; cheap."""
+    base = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    kind = "cpu" if device == "cpu" else "cu"
+    return all(
+        any(base.glob(f"py*_{kind}*/{name}/{name}.so")) or any(base.glob(f"{name}/{name}.so"))
+        for name in BUILT_NAMES[device]
+    )
 
 
 def build_ops(device: str) -> dict[str, float]:
