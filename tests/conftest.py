@@ -20,7 +20,7 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the installed `autotune` entry point as a user would."""
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}  # no wrapping of the lines we assert on
     return subprocess.run(
         [sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=full_env, timeout=timeout
     )

@@ -211,6 +211,22 @@ def test_activations_scale_with_micro_batch():
 # --- estimate, check_fit, search --------------------------------------------------------------------------
 
 
+def test_optimizer_step_and_activations_do_not_coexist():
+    """DeepSpeed counts the fp32 gradients as resident; they exist only in the step, after backward.
+
+    Short sequences: the step dominates, and stage 0 peaks at 24 B/param (FP16_Optimizer's per-parameter
+    fp32 copies plus their flattened copy). Long sequences: activations dominate, fp32 grads drop out.
+    """
+    model = summary()
+    params = model.total_params
+    short = estimate(model, target(), Candidate(Rung.Z0, 1), EstimateSettings(seq_len=8))
+    parts = short.gpu_components
+    states_at_step = parts["model_states"] + parts["phase_overlap"] + parts["activations"] + parts["logits"]
+    assert states_at_step == 24 * params
+    long = estimate(model, target(), Candidate(Rung.Z0, 8), EstimateSettings(seq_len=2048))
+    assert long.gpu_components["phase_overlap"] == -4 * params  # the fp32 gradient copy
+
+
 def test_components_add_up_and_deepspeed_alone_is_reported():
     model = summary()
     predicted = estimate(model, target(8), Candidate(Rung.Z2, 2), EstimateSettings(seq_len=1024))

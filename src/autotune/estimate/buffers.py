@@ -14,8 +14,9 @@ Read in deepspeed 0.19.8:
 - stage 0 (engine.py, buffered_allreduce_fallback): gradients are flattened in chunks of
   allreduce_bucket_size (5e8) elements for the all-reduce, when there is more than one rank.
 - the weight gradient autograd produces before DeepSpeed copies it into its buffers exists at full size
-  for a moment; for tied embeddings the lm_head and embedding gradients and their sum coexist; with an
-  offloaded optimizer the gradient is also converted to fp32 on its way to the host partition.
+  for a moment (stage 3's figure already holds it); with an offloaded optimizer it is also converted to
+  fp32 on its way to the host partition. For tied embeddings the lm_head and embedding gradients and their
+  sum coexist at the end of backward, when the activations are gone (tied_gradient_bytes).
 On the CPU backend an untouched torch.empty costs no RSS, so a reduce buffer counts only the part that
 gradients are written into.
 """
@@ -85,15 +86,16 @@ def _stage3(model: ModelSummary, rung: Rung, settings: EstimateSettings) -> dict
 
 
 def _weight_grad_transient(model: ModelSummary, rung: Rung, settings: EstimateSettings) -> int:
-    """Gradients of the largest weight that exist before DeepSpeed has taken them into its buffers."""
-    element = _element_bytes(settings.precision)
-    copies = 1 if rung.stage < 3 else 0  # stage 3: DeepSpeed's figure already holds one (param + grad)
-    if model.tied_embeddings:
-        copies += 2  # lm_head's and the embedding's gradients meet: both, and their sum
-    transient = copies * model.largest_layer_params * element
+    """The largest weight's gradient before DeepSpeed has taken it into its buffers (start of backward)."""
+    transient = model.largest_layer_params * _element_bytes(settings.precision) if rung.stage < 3 else 0
     if rung.offload_optimizer:
         transient += model.largest_layer_params * 4  # the fp32 copy on its way to the offloaded partition
     return transient
+
+
+def tied_gradient_bytes(model: ModelSummary, settings: EstimateSettings) -> int:
+    """End of backward, activations gone: a tied embedding's two gradients and their sum, beyond one copy."""
+    return 2 * model.largest_layer_params * _element_bytes(settings.precision) if model.tied_embeddings else 0
 
 
 def _host_pinned(model: ModelSummary, target: Target, rung: Rung) -> dict[str, int]:

@@ -13,9 +13,10 @@ from autotune.units import MiB
 # Peak RSS of one DeepSpeed rank beyond its model: python + torch + deepspeed + transformers imported, gloo
 # initialised, engine built, optimizer steps taken. Measured by `python benchmarks/estimate_accuracy.py
 # --baseline`: peak VmHWM of the trial worker training tiny-gpt2 (0.2M parameters; its predicted states,
-# buffers and activations, 8.4 MB, subtracted), ZeRO-0, micro-batch 1, seq 128, bf16; median of 3 runs
-# (469.9 / 470.7 / 471.1 MB) on a 2-core Xeon VM, 2026-11-22, Python 3.11.7, torch 2.13.0+cpu,
-# deepspeed 0.19.8, transformers 5.23.0. Recorded in benchmarks/results/estimate_accuracy_cpu.json.
+# buffers and activations, 8.4 MB, subtracted), ZeRO-0, micro-batch 1, seq 128, bf16, default glibc;
+# median of 3 runs (469.9 / 470.7 / 471.1 MB) on a 2-core Xeon VM, 2026-11-22, Python 3.11.7,
+# torch 2.13.0+cpu, deepspeed 0.19.8, transformers 5.23.0. Re-measured in the accuracy run recorded in
+# benchmarks/results/estimate_accuracy_cpu.json (471.9 / 472.2 / 472.5 MB): within 0.4%.
 CPU_PROCESS_BASELINE_BYTES = 470_664_192
 
 # Bytes per element of the s^2 attention terms when torch's CPU sdpa falls back to its math kernel

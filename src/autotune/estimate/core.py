@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.estimate.activations import activation_breakdown
-from autotune.estimate.buffers import deepspeed_buffers
+from autotune.estimate.buffers import deepspeed_buffers, tied_gradient_bytes
 from autotune.estimate.constants import (
     ALLOCATOR_SLACK_FRACTION,
     CPU_PROCESS_BASELINE_BYTES,
@@ -38,16 +38,21 @@ def _activation_components(model: ModelSummary, candidate: Candidate, settings: 
     }
 
 
-def _calibrated(components: dict[str, int], calibration: Calibration | None) -> dict[str, int]:
+def _scaled(components: dict[str, int], calibration: Calibration | None) -> dict[str, int]:
     if calibration is None:
         return components
-    scaled = {
-        name: round(value * calibration.activation_scale) if name in VARIABLE_COMPONENTS else value
-        for name, value in components.items()
-    }
-    if calibration.overhead_bytes:
-        scaled["calibration_offset"] = calibration.overhead_bytes
-    return scaled
+    return {name: round(value * calibration.activation_scale) for name, value in components.items()}
+
+
+def phase_overlap(backward: int, step_only: int, step_temporary: int, tied_gradients: int) -> int:
+    """Correction for peaks that never coexist, added to the sum of all components.
+
+    Activations live during backward; DeepSpeed's fp32 gradient copy (counted in its model-state figure)
+    and the optimizer step's temporaries exist only in the step, and a tied embedding's extra gradients
+    only at the very end of backward, both after the activations are freed. The true peak is the largest
+    of those moments: negative when the activations dominate, positive when the step does.
+    """
+    return max(backward, step_only + step_temporary, tied_gradients) - backward - step_only
 
 
 def estimate(
@@ -65,16 +70,28 @@ def estimate(
     states = model_states(model, target, candidate.rung, settings.precision)
     buffers = deepspeed_buffers(model, target, candidate.rung, settings)
     device = {**states.device_components, **buffers.device_components}
-    device.update(_activation_components(model, candidate, settings))
+    raw_activations = _activation_components(model, candidate, settings)
+    activations = _scaled(raw_activations, calibration)
+    device.update(activations)
+    device["phase_overlap"] = phase_overlap(
+        sum(activations.values()),
+        states.step_only_bytes,
+        states.step_temporary_bytes,
+        tied_gradient_bytes(model, settings),
+    )
     per_rank_host = {"offloaded_states": states.host_bytes, **buffers.host_components}
     if settings.device == "cpu":
         device.update(per_rank_host)
         device["process_baseline"] = CPU_PROCESS_BASELINE_BYTES
     else:
-        device["allocator_slack"] = round(ALLOCATOR_SLACK_FRACTION * sum(device.values()))
+        # from the uncalibrated allocations, so that calibration stays a linear fit (see calibration.py)
+        uncalibrated = sum(device.values()) - sum(activations.values()) + sum(raw_activations.values())
+        device["allocator_slack"] = round(ALLOCATOR_SLACK_FRACTION * uncalibrated)
         device["cuda_context"] = CUDA_CONTEXT_BYTES
         device["nccl_buffers"] = nccl_buffer_bytes(target.world_size)
-    device = {name: value for name, value in _calibrated(device, calibration).items() if value}
+    if calibration is not None and calibration.overhead_bytes:
+        device["calibration_offset"] = calibration.overhead_bytes
+    device = {name: value for name, value in device.items() if value}
     peak = max(0, sum(device.values()))
     ranks = target.gpus_per_node
     if settings.device == "cpu":

@@ -38,6 +38,8 @@ class ModelStates:
     nvme_bytes: int
     device_components: dict[str, int] = field(default_factory=dict)
     deepspeed_device_bytes: int = 0  # what DeepSpeed's estimator alone says for the device, for comparison
+    step_only_bytes: int = 0  # part of device_bytes alive only in the optimizer step (fp32 gradients)
+    step_temporary_bytes: int = 0  # what the optimizer step allocates on top, freed when it ends
 
 
 def _zero2(ds: DeepSpeedEstimators, params: int, gpus: int, nodes: int, offload: bool) -> tuple[int, int]:
@@ -73,6 +75,25 @@ def _fp32_widening(rung: Rung, trainable: int, world: int) -> int:
     if rung.stage == 2:
         return extra * trainable + extra * trainable // world  # full weights, partitioned grads
     return 2 * extra * trainable // world  # stage 3: both partitioned
+
+
+def _step_phase(rung: Rung, trainable: int, world: int, precision: str) -> tuple[int, int]:
+    """(fp32 gradient bytes that exist only during the step, step temporaries) on the device, per rank.
+
+    DeepSpeed's figure counts the fp32 gradient copy ("4_grads_32bit") as resident, but it is built in
+    the optimizer step, after backward has freed the activations. Stage 0 (FP16_Optimizer) converts each
+    gradient to fp32 and then flattens them, so both copies coexist: 24 B/param at the step, measured on
+    gpt2 (124M) with the CPU backend (benchmarks/estimate_accuracy.py). Stages 1-2 flatten the 16-bit
+    partition before converting it (stage_1_and_2.py, step). Offloaded optimizers do this on the host.
+    """
+    if precision == "fp32" or rung.offload_optimizer:
+        return 0, 0
+    if rung.stage == 0:
+        return BYTES_FP32 * trainable, BYTES_FP32 * trainable
+    partition = trainable // world
+    if rung.stage in (1, 2):
+        return BYTES_FP32 * partition, BYTES_16BIT * partition
+    return BYTES_FP32 * partition, 0
 
 
 def model_states(
@@ -124,10 +145,13 @@ def model_states(
             nvme += frozen_share
     if precision == "fp32":
         components["fp32_widening"] = _fp32_widening(rung, trainable, world)
+    step_only, step_temporary = _step_phase(rung, trainable, world, precision)
     return ModelStates(
         device_bytes=sum(components.values()),
         host_bytes=host,
         nvme_bytes=nvme,
         device_components=components,
         deepspeed_device_bytes=components["model_states"],
+        step_only_bytes=step_only,
+        step_temporary_bytes=step_temporary,
     )

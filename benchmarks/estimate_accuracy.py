@@ -1,0 +1,358 @@
+"""How right is the memory model? Real DeepSpeed steps vs autotune's prediction, DeepSpeed's estimator alone,
+and `accelerate estimate-memory`.
+
+    python benchmarks/estimate_accuracy.py                  # CPU backend (DS_ACCELERATOR=cpu, gloo)
+    python benchmarks/estimate_accuracy.py --device cuda    # on a GPU machine
+    python benchmarks/estimate_accuracy.py --baseline       # measure the CPU process baseline constant
+
+Each point is one trial through autotune.trial.run_trial (fresh processes, a few optimizer steps). On the
+CPU backend the measured figure is each rank's peak host RSS (VmHWM), which is what the CPU-mode
+prediction targets; it is not a GPU quantity. On CUDA it is NVML's device-used peak (context and NCCL
+included), falling back to torch's max reserved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from autotune.dsconfig import TrainSettings, build_ds_config
+from autotune.estimate import EstimateSettings, estimate
+from autotune.estimate.ds_estimators import deepspeed_estimators
+from autotune.hardware import Target, generic_gpu
+from autotune.ladder import Candidate, Rung
+from autotune.models import ModelSummary, resolve_model, summarize
+from autotune.models.build import build_model
+from autotune.models.profiles import find_profile
+from autotune.trial import LocalLauncher, TrialSpec, run_trial
+from autotune.units import GiB
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+# glibc keeps freed heap memory (its mmap threshold rises to 32 MiB as large blocks are freed), so a CPU
+# rank's peak RSS grows with allocation churn and keeps growing over steps. "mmap64k" pins the threshold
+# (MALLOC_MMAP_THRESHOLD_=65536): freed tensors go back to the OS and RSS tracks live memory, which is
+# what the model predicts. "default" is what the tuner's CPU trials see today.
+MALLOC_ENV = {"default": {}, "mmap64k": {"MALLOC_MMAP_THRESHOLD_": "65536"}}
+
+
+@dataclass(frozen=True)
+class Point:
+    model: str
+    rung: Rung
+    micro_batch: int
+    seq_len: int
+    grad_checkpointing: bool = False
+    ranks: int = 1
+    malloc: str = "mmap64k"
+
+
+def _points(malloc: str, *rows: tuple) -> list[Point]:
+    return [Point(m, Rung(r), mb, s, ck, n, malloc) for m, r, mb, s, ck, n in rows]
+
+
+# About 20 trials: 10-15 minutes on two (shared) cores.
+CPU_POINTS = _points(
+    "mmap64k",
+    ("tiny-gpt2", "z0", 1, 128, False, 1),
+    ("gpt2-small-demo", "z0", 8, 256, False, 1),
+    ("gpt2-small-demo", "z0", 8, 256, True, 1),
+    ("gpt2-small-demo", "z1", 4, 256, False, 2),
+    ("gpt2-small-demo", "z2", 4, 256, False, 2),
+    ("gpt2-small-demo", "z2+offload_opt", 4, 256, False, 1),
+    ("gpt2-small-demo", "z3", 4, 256, False, 2),
+    ("gpt2-small-demo", "z3+offload_opt+param", 4, 256, True, 1),
+    ("tiny-llama", "z0", 8, 256, False, 1),
+    ("tiny-t5", "z2", 8, 256, True, 1),
+    ("gpt2", "z0", 4, 128, False, 1),
+    ("gpt2", "z2", 2, 128, False, 2),
+    ("gpt2", "z3+offload_opt", 2, 128, True, 2),
+) + _points(
+    "default",
+    ("tiny-t5", "z0", 4, 128, False, 1),
+    ("gpt2-small-demo", "z0", 8, 256, True, 1),
+    ("gpt2-small-demo", "z3+offload_opt+param", 4, 256, True, 1),
+    ("gpt2", "z0", 4, 128, False, 1),
+    ("gpt2", "z3+offload_opt", 2, 128, True, 2),
+)
+CUDA_POINTS = _points(
+    "default",
+    ("gpt2", "z0", 8, 1024, False, 1),
+    ("gpt2", "z0", 16, 1024, True, 1),
+    ("gpt2-medium", "z2", 8, 1024, False, 1),
+    ("gpt2-large", "z3", 4, 1024, True, 1),
+    ("opt-1.3b", "z2+offload_opt", 4, 2048, True, 1),
+    ("t5-base", "z2", 8, 512, False, 1),
+    ("tiny-llama", "z0", 64, 256, False, 1),
+)
+BASELINE_POINT = Point("tiny-gpt2", Rung.Z0, 1, 128, malloc="default")
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment(device: str) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import psutil
+
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "machine": {"cpu": cpu, "cores": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total},
+        "versions": {p: _version(p) for p in ("torch", "deepspeed", "transformers", "accelerate", "autotune")}
+        | {"python": platform.python_version()},
+    }
+
+
+def _target(ranks: int, device: str) -> Target:
+    """Per-rank budget large enough that nothing is refused: we compare predictions, not verdicts."""
+    return Target(generic_gpu(1024 * GiB), gpus_per_node=ranks, nodes=1, free_memory_bytes=1024 * GiB)
+
+
+def deepspeed_alone(summary: ModelSummary, target: Target, rung: Rung) -> int:
+    """What DeepSpeed's estimator (its defaults, additional_buffer_factor 1.5) says one rank needs.
+
+    Stages 0 and 1 have no estimator; the stage-2 one is the closest it offers. On the CPU backend the
+    offloaded share lives in the same process, so its CPU figure per rank is added.
+    """
+    ds = deepspeed_estimators()
+    params = summary.total_params
+    if rung.stage < 3:
+        cpu, gpu = ds.zero2(params, target.gpus_per_node, target.nodes, rung.offload_optimizer is not None)
+        return gpu + (cpu // target.world_size if rung.offload_optimizer else 0)
+    cpu, gpu, _ = ds.zero3(
+        params,
+        summary.largest_layer_params,
+        target.gpus_per_node,
+        target.nodes,
+        rung.offload_optimizer is not None,
+        rung.offload_param is not None,
+    )
+    return gpu + (cpu // target.gpus_per_node if rung.offload_optimizer else 0)
+
+
+def accelerate_estimate(summary: ModelSummary, hf_id: str | None) -> dict:
+    """accelerate's 'Training using Adam' figure, from its own functions on our meta-device model.
+
+    The CLI itself needs the Hub (it loads the config by repo id), which this machine cannot reach; the
+    numbers below are what the CLI computes once it has the model.
+    """
+    from accelerate.commands.estimate import estimate_training_usage
+    from accelerate.utils import calculate_maximum_sizes
+
+    model, _ = build_model(summary.config, summary.architecture, "meta")
+    total_size, _ = calculate_maximum_sizes(model)
+    usage = estimate_training_usage(total_size, "bfloat16")
+    result = {"training_bytes": max(usage.values()), "cli": "not run: synthetic model, no hub id"}
+    if hf_id:
+        result["cli"] = _accelerate_cli(hf_id)
+    return result
+
+
+def _accelerate_cli(hf_id: str) -> str:
+    try:
+        run = subprocess.run(
+            ["accelerate", "estimate-memory", hf_id, "--dtypes", "float16"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"failed: {error}"
+    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    return f"exit {run.returncode}: {lines[-1][:200] if lines else ''}"
+
+
+def run_point(point: Point, device: str, precision: str) -> dict:
+    source = resolve_model(point.model)
+    summary = summarize(source)
+    target = _target(point.ranks, device)
+    candidate = Candidate(point.rung, point.micro_batch, point.grad_checkpointing)
+    settings = EstimateSettings(seq_len=point.seq_len, precision=precision, device=device)
+    predicted = estimate(summary, target, candidate, settings)
+    config = build_ds_config(
+        candidate, TrainSettings(world_size=point.ranks, precision=precision, hidden_size=summary.hidden_size)
+    )
+    spec = TrialSpec(
+        model_config=source.config,
+        architecture=summary.architecture,
+        family=summary.family,
+        ds_config=config,
+        seq_len=point.seq_len,
+        grad_checkpointing=point.grad_checkpointing,
+        device=device,
+        nprocs_per_node=point.ranks,
+        warmup_steps=1,
+        max_steps=3,
+        timeout_s=600,
+    )
+    started = time.monotonic()
+    result = run_trial(spec, LocalLauncher(env=MALLOC_ENV[point.malloc]) if device == "cpu" else None)
+    measured = result.peak_memory_bytes
+    profile = find_profile(point.model)
+    row = {
+        "model": point.model,
+        "params": summary.total_params,
+        "rung": point.rung.value,
+        "micro_batch": point.micro_batch,
+        "seq_len": point.seq_len,
+        "grad_checkpointing": point.grad_checkpointing,
+        "ranks": point.ranks,
+        "malloc": point.malloc,
+        "status": result.status,
+        "error": result.error,
+        "measured_bytes": measured,
+        "predicted_bytes": predicted.gpu_peak_bytes,
+        "predicted_components": predicted.gpu_components,
+        "deepspeed_alone_bytes": deepspeed_alone(summary, target, point.rung),
+        "accelerate": accelerate_estimate(summary, profile.hf_id if profile else None),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    if measured:
+        for key in ("predicted", "deepspeed_alone"):
+            row[f"{key}_error_pct"] = round(100 * (row[f"{key}_bytes"] - measured) / measured, 1)
+        row["accelerate_error_pct"] = round(100 * (row["accelerate"]["training_bytes"] - measured) / measured, 1)
+    return row
+
+
+def _dynamic_error_pct(row: dict) -> float | None:
+    """Error on what the model adds above the process baseline (which dominates tiny models on CPU)."""
+    baseline = row["predicted_components"].get("process_baseline", 0)
+    above = row["measured_bytes"] - baseline
+    if not baseline or above <= 0:
+        return None
+    return round(100 * (row["predicted_bytes"] - baseline - above) / above, 1)
+
+
+def _stats(errors: list[float]) -> dict:
+    return {
+        "median_abs_error_pct": round(statistics.median(abs(e) for e in errors), 1),
+        "worst_abs_error_pct": round(max(abs(e) for e in errors), 1),
+        "median_signed_error_pct": round(statistics.median(errors), 1),
+    }
+
+
+def _errors(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r.get("measured_bytes")]
+    out: dict = {"points": len(rows), "measured": len(ok)}
+    for key in ("predicted", "deepspeed_alone", "accelerate"):
+        errors = [r[f"{key}_error_pct"] for r in ok]
+        if errors:
+            out[key] = _stats(errors)
+    dynamic = [e for e in (_dynamic_error_pct(r) for r in ok if r.get("predicted_components")) if e is not None]
+    if dynamic:
+        out["predicted_above_baseline"] = _stats(dynamic)
+    return out
+
+
+def _summary(rows: list[dict]) -> dict:
+    """Per allocator setting: the prediction targets live memory, so 'mmap64k' is the like-for-like figure."""
+    return {
+        malloc: _errors([r for r in rows if r.get("malloc") == malloc])
+        for malloc in sorted({r.get("malloc") for r in rows})
+    }
+
+
+def measure_baseline(repeats: int, precision: str) -> dict:
+    """Peak RSS of a rank training a 0.2M-parameter model, minus everything the model predicts besides the baseline."""
+    runs = []
+    for _ in range(repeats):
+        row = run_point(BASELINE_POINT, "cpu", precision)
+        if not row["measured_bytes"]:
+            raise SystemExit(f"baseline trial failed: {row['status']}: {row['error']}")
+        model_part = row["predicted_bytes"] - row["predicted_components"].get("process_baseline", 0)
+        runs.append(
+            {
+                "measured_bytes": row["measured_bytes"],
+                "model_part_bytes": model_part,
+                "baseline_bytes": row["measured_bytes"] - model_part,
+            }
+        )
+    return {"runs": runs, "median_baseline_bytes": int(statistics.median(r["baseline_bytes"] for r in runs))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSON results (default: results/estimate_accuracy_<device>.json)"
+    )
+    parser.add_argument("--only", default=None, help="comma-separated model names to keep")
+    parser.add_argument("--baseline", action="store_true", help="measure the CPU process baseline and exit")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.device == "cpu":
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    if args.baseline:
+        data = environment("cpu") | {
+            "baseline": measure_baseline(args.repeats, args.precision),
+            "point": asdict(BASELINE_POINT) | {"rung": BASELINE_POINT.rung.value},
+        }
+        print(json.dumps(data, indent=2))
+        return
+    points = CPU_POINTS if args.device == "cpu" else CUDA_POINTS
+    if args.only:
+        keep = set(args.only.split(","))
+        points = [p for p in points if p.model in keep]
+    baseline = measure_baseline(args.repeats, args.precision) if args.device == "cpu" else None
+    rows = []
+    for point in points:
+        row = run_point(point, args.device, args.precision)
+        rows.append(row)
+        print(_line(row), flush=True)
+    data = environment(args.device) | {
+        "precision": args.precision,
+        "measured_quantity": "peak host RSS per rank (VmHWM)" if args.device == "cpu" else "NVML device-used peak",
+        "summary": _summary(rows),
+        "rows": rows,
+    }
+    if baseline:
+        data["cpu_process_baseline_measurement"] = baseline
+    out = args.out or RESULTS / f"estimate_accuracy_{args.device}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    print(json.dumps(data["summary"], indent=2))
+    print(f"wrote {out}")
+
+
+def _line(row: dict) -> str:
+    def mib(value: int | None) -> str:
+        return f"{value / 2**20:8.1f}" if value else "       -"
+
+    head = (
+        f"{row['model']:16s} {row['rung']:22s} mb{row['micro_batch']:<3d} s{row['seq_len']:<5d} "
+        f"{'ckpt' if row['grad_checkpointing'] else '    '} x{row['ranks']}"
+    )
+    return (
+        f"{head} {row['status']:6s} measured {mib(row['measured_bytes'])} MiB  predicted "
+        f"{mib(row['predicted_bytes'])} ({row.get('predicted_error_pct', '-')}%)"
+        f"  DS {mib(row['deepspeed_alone_bytes'])}"
+        f"  accel {mib(row['accelerate']['training_bytes'])}  [{row['wall_s']} s]"
+    )
+
+
+if __name__ == "__main__":
+    main()

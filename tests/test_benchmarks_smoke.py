@@ -1,0 +1,133 @@
+"""Fast checks of benchmarks/compare_tuners.py: it parses, builds DeepSpeed's autotuning config, picks the
+memory-bound budget, and renders its chart and markdown from a JSON, all without launching a trial."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(autouse=True)
+def _benchmarks_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+
+def test_runner_help() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "compare_tuners.py"), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--render-only" in done.stdout and "DeepSpeed Autotuning" in done.stdout
+
+
+def test_uneven_micro_batches_are_refused() -> None:
+    from compare.settings import BenchSettings
+
+    with pytest.raises(ValueError, match="do not divide"):
+        BenchSettings(model="tiny-gpt2", device="cpu", seq_len=64, micro_batches=(3, 4)).check()
+
+
+def test_ds_autotuning_config_constrains_its_space(tmp_path: Path) -> None:
+    from compare.ds_autotuner import autotuning_config
+    from compare.settings import BenchSettings
+
+    settings = BenchSettings(model="tiny-gpt2", device="cpu", seq_len=64, micro_batches=(4, 16))
+    base = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True}}
+    config = autotuning_config({**base, "zero_optimization": {"stage": 0}}, settings, tmp_path)
+    assert config["train_micro_batch_size_per_gpu"] == [4, 16]
+    assert config["gradient_accumulation_steps"] == 1 and "train_batch_size" not in config
+    assert config["zero_optimization"] == {"stage": [0, 1, 2, 3]}
+    assert config["autotuning"]["enabled"] and config["autotuning"]["fast"]
+    assert config["bf16"] == {"enabled": True}
+
+
+def test_tight_limit_excludes_the_winner_in_the_widest_gap() -> None:
+    from compare.analysis import budget_for_limit, tight_limit
+
+    rows = [
+        {"status": "ok", "samples_per_s": 10.0, "peak_bytes": 400},
+        {"status": "ok", "samples_per_s": 12.0, "peak_bytes": 410},
+        {"status": "ok", "samples_per_s": 30.0, "peak_bytes": 600},
+        {"status": "error", "samples_per_s": None, "peak_bytes": None},
+    ]
+    assert tight_limit(rows, None) == 505
+    assert tight_limit(rows[2:], None) is None
+    assert budget_for_limit(900 * 2**20, 0.9) == "1000MiB"
+
+
+def test_chosen_config_reads_offload_back() -> None:
+    from compare.records import ChosenConfig
+
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 8,
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+    }
+    chosen = ChosenConfig.from_ds_config(config, grad_checkpointing=True)
+    assert (chosen.stage, chosen.micro_batch, chosen.offload_optimizer, chosen.offload_param) == (3, 2, "cpu", None)
+    assert chosen.label == "ZeRO-3, mb 2, GAS 8, opt->cpu, ckpt"
+
+
+def _run(method: str, wall: float, speed: float) -> dict:
+    return {
+        "status": "ok",
+        "wall_s": wall,
+        "launches": 3,
+        "chosen": {"label": "ZeRO-0, mb 4, GAS 1"},
+        "reported_samples_per_s": speed * 1.2,
+        "remeasured": {
+            "samples_per_s_median": speed,
+            "samples_per_s_min": speed * 0.9,
+            "samples_per_s_max": speed * 1.1,
+            "repeats_ok": 2,
+            "peak_bytes_median": 500 * 2**20,
+        },
+    }
+
+
+def test_render_from_json(tmp_path: Path) -> None:
+    from compare.output import render_markdown, write_chart
+
+    data = {
+        "date": "2026-01-01T00:00:00+00:00",
+        "total_wall_s": 100.0,
+        "git": {"commit": "abc", "dirty": False},
+        "machine": {"cpu_model": "test cpu", "logical_cores": 2, "ram_bytes": 2**34, "gpus": []},
+        "versions": {"python": "3.11", "autotune": "0.1.0"},
+        "settings": {
+            "model": "tiny-gpt2",
+            "seq_len": 64,
+            "precision": "bf16",
+            "device": "cpu",
+            "ranks": 1,
+            "global_batch": 16,
+            "shared_rungs": ["z0", "z1", "z2", "z3"],
+            "micro_batches": [4, 16],
+            "launcher": "local",
+            "measurement": {"warmup_steps": 3, "max_steps": 10, "repeats": 2},
+        },
+        "scenarios": {
+            "main": {
+                "label": "memory does not bind",
+                "methods": {
+                    "autotune": _run("autotune", 20.0, 50.0),
+                    "deepspeed_autotuning": _run("deepspeed_autotuning", 200.0, 45.0),
+                    "exhaustive": _run("exhaustive", 100.0, 50.0),
+                },
+                "ratios": {"autotune_wall_over_ds_wall": 0.1, "autotune_tput_over_exhaustive_best": 1.0},
+                "notes": [],
+            }
+        },
+        "latency": {},
+        "caveats": ["a caveat"],
+    }
+    text = render_markdown(data, "results/x.png")
+    assert "| memory does not bind | autotune | 20.0 s | 3 | ZeRO-0, mb 4, GAS 1 | 50.00 (45.0-55.0, 2) |" in text
+    assert "**met**" in text and "a caveat" in text
+    write_chart(data, tmp_path / "chart.png")
+    assert (tmp_path / "chart.png").stat().st_size > 0

@@ -1,0 +1,144 @@
+"""The tuner end to end: real CPU trials where it matters, an injected launcher where only logic is tested."""
+
+import json
+import time
+from dataclasses import replace
+
+import pytest
+from tests.conftest import run_cli
+
+from autotune import tune
+from autotune.dsconfig import validate_with_deepspeed
+from autotune.errors import NothingFitsError, UserError
+from autotune.ladder import Candidate, Rung
+from autotune.trial import run_trial
+from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
+from autotune.tune import TuneRequest
+
+MIB = 2**20
+
+
+class CountingLauncher:
+    """Deterministic stand-in: memory and speed grow with the micro-batch; can be told to stop mid-run."""
+
+    def __init__(self, interrupt_after: int | None = None, mib_per_sample: int = 1) -> None:
+        self.specs: list[TrialSpec] = []
+        self.interrupt_after = interrupt_after
+        self.mib_per_sample = mib_per_sample
+
+    def run(self, spec: TrialSpec) -> TrialResult:
+        if self.interrupt_after is not None and len(self.specs) >= self.interrupt_after:
+            raise KeyboardInterrupt
+        self.specs.append(spec)
+        mb = spec.ds_config["train_micro_batch_size_per_gpu"]
+        step = 0.1 + 0.01 * mb * spec.ds_config["gradient_accumulation_steps"]
+        return TrialResult(
+            status="ok",
+            ranks=[RankMetrics(0, host_rss_peak_bytes=(400 + mb * self.mib_per_sample) * MIB)],
+            step_times_s=[step] * 3,
+            samples_per_s=spec.ds_config["train_batch_size"] / step,
+        )
+
+
+def _request(tmp_path, **overrides) -> TuneRequest:
+    base = dict(
+        model="tiny-gpt2",
+        device="cpu",
+        memory_budget="2GiB",
+        seq_len=64,
+        rungs=(Rung.Z0, Rung.Z3),
+        out=str(tmp_path / "ds_config.json"),
+        cache_dir=str(tmp_path / "cache.sqlite"),
+    )
+    return TuneRequest(**{**base, **overrides})
+
+
+def test_global_batch_is_kept_and_the_config_is_valid(tmp_path) -> None:
+    launcher = CountingLauncher()
+    result = tune(
+        _request(tmp_path, global_batch=12, gpus=2, micro_batches=None, max_micro_batch=16), launcher=launcher
+    )
+    config = json.loads(result.config_path.read_text())
+    assert config["train_batch_size"] == 12
+    assert config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * 2 == 12
+    assert {s.ds_config["train_micro_batch_size_per_gpu"] for s in launcher.specs} <= {1, 2, 3, 6}
+    validate_with_deepspeed(config, world_size=2)
+
+
+def test_global_batch_that_no_micro_batch_divides_is_bad_input(tmp_path) -> None:
+    with pytest.raises(UserError, match="not a multiple of the world size"):
+        tune(_request(tmp_path, global_batch=7, gpus=2), launcher=CountingLauncher())
+    with pytest.raises(UserError, match="no micro-batch"):
+        tune(_request(tmp_path, global_batch=12, micro_batches=(5, 7)), launcher=CountingLauncher())
+
+
+def test_interrupted_run_resumes_from_finished_trials(tmp_path) -> None:
+    request = _request(tmp_path, micro_batches=(1, 2, 4, 8, 16, 32), memory_budget="1GiB")
+    first = CountingLauncher(interrupt_after=1, mib_per_sample=40)  # heavier than predicted: several trials
+    with pytest.raises(KeyboardInterrupt):
+        tune(request, launcher=first)
+    assert len(first.specs) == 1 and not (tmp_path / "ds_config.json").exists()  # nothing half-written
+    second = CountingLauncher(mib_per_sample=40)
+    result = tune(request, launcher=second)
+    assert first.specs[0] not in second.specs  # the finished trial came from the cache
+    assert any(t["from_cache"] for t in result.report["trials"])
+    third = CountingLauncher(mib_per_sample=40)
+    started = time.monotonic()
+    hit = tune(request, launcher=third)
+    assert hit.from_cache and not third.specs and time.monotonic() - started < 1.0
+    assert hit.config_path.read_bytes() == result.config_path.read_bytes()
+    assert tune(replace(request, use_cache=False), launcher=CountingLauncher()).from_cache is False
+
+
+def test_nothing_fits_exits_3_with_the_shortfall(tmp_path) -> None:
+    with pytest.raises(NothingFitsError, match="shortfall"):
+        tune(
+            TuneRequest(
+                model="llama-2-70b", gpus=1, gpu_type="t4", rungs=(Rung.Z0, Rung.Z2), out=str(tmp_path / "x.json")
+            )
+        )
+    args = ("--model", "llama-2-70b", "--gpus", "1", "--gpu-type", "t4", "--rungs", "z0,z1,z2", "--out")
+    done = run_cli(*args, str(tmp_path / "x.json"))
+    assert done.returncode == 3 and "smallest shortfall" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_plan_only_recommendation_is_labelled_and_valid(tmp_path) -> None:
+    out = tmp_path / "t5" / "ds_config.json"
+    done = run_cli("--model", "t5-3b", "--gpus", "8", "--gpu-type", "a100-80gb", "--out", str(out), "--hf")
+    assert done.returncode == 0, done.stderr
+    assert "PLAN ONLY: not verified by trials" in done.stdout
+    report = json.loads((out.parent / "autotune-report.json").read_text())
+    assert report["verified"] is False and report["trials"] == []
+    config = json.loads(out.read_text())
+    validate_with_deepspeed(config, world_size=8)
+    assert (out.parent / "ds_config.hf.json").exists()
+    assert "PLAN ONLY" in (out.parent / "autotune-report.md").read_text()
+
+
+@pytest.mark.slow
+def test_real_search_matches_exhaustive_with_fewer_trials(tmp_path) -> None:
+    """Real DeepSpeed trials on the CPU backend; the grid's micro-batches differ enough to rank reliably."""
+    request = _request(tmp_path, micro_batches=(1, 8, 32), use_cache=False)
+    result = tune(request)
+    assert result.verified and result.candidate is not None
+    searched = result.report["trials"]
+    grid = [Candidate(rung, mb, ckpt) for rung in (Rung.Z0, Rung.Z3) for ckpt in (False, True) for mb in (1, 8, 32)]
+    from autotune.tune import _Context
+
+    ctx = _Context(request)
+    measured = {c: run_trial(ctx.spec(c)) for c in grid}
+    fitting = {c: r for c, r in measured.items() if r.ok}
+    best = max(fitting, key=lambda c: fitting[c].samples_per_s or 0.0)
+    assert len(searched) < len(grid)
+    assert result.candidate.micro_batch == best.micro_batch
+    assert (result.samples_per_s or 0) >= 0.8 * (fitting[best].samples_per_s or 0)  # same config, timing noise
+
+
+@pytest.mark.slow
+def test_real_cache_hit_answers_without_trials(tmp_path) -> None:
+    request = _request(tmp_path, micro_batches=(2,), rungs=(Rung.Z0,))
+    first = tune(request)
+    assert first.trials_launched == 1 and first.verified
+    second = tune(request)
+    assert second.from_cache and second.trials_launched == 0 and second.elapsed_s < 1.0
