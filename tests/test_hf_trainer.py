@@ -27,7 +27,8 @@ def _free_port() -> int:
 def test_hf_variant_trains_three_steps_with_trainer(tmp_path: Path, rung: Rung) -> None:
     config = build_ds_config(Candidate(rung, 2, False), TrainSettings(world_size=1, hidden_size=64))
     config_path, hf_path = write_configs(config, 1, tmp_path / "ds_config.json", hf=True)
-    assert hf_path is not None and json.loads(hf_path.read_text())["train_micro_batch_size_per_gpu"] == "auto"
+    assert config_path.exists() and hf_path is not None
+    assert json.loads(hf_path.read_text())["train_micro_batch_size_per_gpu"] == "auto"
     env = {
         **os.environ, "DS_ACCELERATOR": "cpu", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
         "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
