@@ -24,7 +24,7 @@ from autotune.hook.coordinate import SharedSlot
 from autotune.ladder import Candidate, Rung
 from autotune.search import SearchEvent, TrialRecord
 from autotune.trial.types import RankMetrics, TrialResult
-from autotune.tune import TuneRequest, TuneResult, ds_config_for
+from autotune.tuner import TuneRequest, TuneResult, ds_config_for
 
 REPO = Path(__file__).resolve().parents[1]
 TUNED = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}

@@ -82,3 +82,13 @@ def test_summary_cache_returns_the_same_summary() -> None:
     first = summarize(resolve_model("tiny-gpt2"))
     second = summarize(resolve_model("tiny-gpt2"))
     assert first == second
+
+
+def test_shipped_summaries_equal_a_fresh_meta_build() -> None:
+    """profiles/summaries.json is derived data: regenerate with `python -m autotune.models.shipped`."""
+    from autotune.models.profiles import model_profiles
+    from autotune.models.shipped import shipped_summary
+
+    for profile in model_profiles().values():
+        source = resolve_model(profile.name)
+        assert shipped_summary(source) == summarize(source, use_cache=False), profile.name

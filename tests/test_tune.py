@@ -13,7 +13,7 @@ from autotune.errors import NothingFitsError, UserError
 from autotune.ladder import Candidate, Rung
 from autotune.trial import run_trial
 from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
-from autotune.tune import TuneRequest
+from autotune.tuner import TuneRequest
 
 MIB = 2**20
 
@@ -124,7 +124,7 @@ def test_real_search_matches_exhaustive_with_fewer_trials(tmp_path) -> None:
     assert result.verified and result.candidate is not None
     searched = result.report["trials"]
     grid = [Candidate(rung, mb, ckpt) for rung in (Rung.Z0, Rung.Z3) for ckpt in (False, True) for mb in (1, 8, 32)]
-    from autotune.tune import _Context
+    from autotune.tuner import _Context
 
     ctx = _Context(request)
     measured = {c: run_trial(ctx.spec(c)) for c in grid}
@@ -132,7 +132,9 @@ def test_real_search_matches_exhaustive_with_fewer_trials(tmp_path) -> None:
     best = max(fitting, key=lambda c: fitting[c].samples_per_s or 0.0)
     assert len(searched) < len(grid)
     assert result.candidate.micro_batch == best.micro_batch
-    assert (result.samples_per_s or 0) >= 0.8 * (fitting[best].samples_per_s or 0)  # same config, timing noise
+    # the search's choice, measured in the same exhaustive pass, is as fast as the best (within timing noise)
+    chosen = measured[result.candidate]
+    assert chosen.ok and (chosen.samples_per_s or 0) >= 0.8 * (fitting[best].samples_per_s or 0)
 
 
 @pytest.mark.slow

@@ -11,8 +11,8 @@ import time
 
 from autotune.ladder import Candidate
 from autotune.trial import run_trial
-from autotune.tune import TuneRequest
-from autotune.tune import _Context as TuneContext  # the spec builder tune() itself uses
+from autotune.tuner import TuneRequest
+from autotune.tuner import _Context as TuneContext  # the spec builder tune() itself uses
 from compare.launchers import make_launcher
 from compare.records import ChosenConfig, MethodRun
 from compare.settings import SHARED_RUNGS, BenchSettings

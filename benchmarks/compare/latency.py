@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.tune import TuneRequest
+from autotune.tuner import TuneRequest
 
 
 def cli_args(request: TuneRequest) -> list[str]:

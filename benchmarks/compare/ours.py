@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from autotune.errors import NothingFitsError
-from autotune.tune import TuneRequest, tune
+from autotune.tuner import TuneRequest, tune
 from compare.launchers import make_launcher
 from compare.records import ChosenConfig, MethodRun
 from compare.settings import BenchSettings

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from autotune.ladder import Candidate, Rung
-from autotune.tune import _Context as TuneContext
-from autotune.tune import tune
+from autotune.tuner import _Context as TuneContext
+from autotune.tuner import tune
 from autotune.units import parse_bytes
 from compare import environment
 from compare.analysis import budget_for_limit, ratios, tight_limit

@@ -19,8 +19,8 @@ from dataclasses import replace
 from autotune.ladder import Candidate, Rung
 from autotune.trial import LocalLauncher, WarmWorkerPool, run_trial
 from autotune.trial.types import TrialLauncher, TrialSpec
-from autotune.tune import TuneRequest
-from autotune.tune import _Context as TuneContext
+from autotune.tuner import TuneRequest
+from autotune.tuner import _Context as TuneContext
 from compare.records import ChosenConfig, Remeasured
 from compare.settings import BenchSettings
 

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from autotune.tune import TuneResult
+    from autotune.tuner import TuneResult
 
 
 def tune(*args: Any, **kwargs: Any) -> TuneResult:
-    """Find the fastest DeepSpeed config that fits; see autotune.tune.tune for the arguments."""
-    from autotune.tune import tune as _tune
+    """Find the fastest DeepSpeed config that fits; see autotune.tuner.tune for the arguments."""
+    from autotune.tuner import tune as _tune
 
     return _tune(*args, **kwargs)
 

@@ -118,7 +118,7 @@ def hook_command(
 ) -> None:
     """Pre-launch hook: tune once per job (one process tunes, the others wait) and write ds_config.json."""
     from autotune.hook import HookError, HookRequest, JobOverrides, run_hook
-    from autotune.tune import TuneRequest
+    from autotune.tuner import TuneRequest
 
     if print_env and as_json:
         raise UserError("give --print-env or --json, not both")

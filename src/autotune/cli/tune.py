@@ -27,7 +27,7 @@ from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.search import SearchEvent
-    from autotune.tune import TuneResult
+    from autotune.tuner import TuneResult
 
 
 class _Progress:
@@ -126,7 +126,7 @@ def tune_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Find the fastest DeepSpeed config that fits, with real trials, and write ds_config.json."""
-    from autotune.tune import TuneRequest, tune
+    from autotune.tuner import TuneRequest, tune
 
     request = TuneRequest(
         model=model,

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from autotune.ladder import Candidate
     from autotune.search import SearchEvent, TrialRecord
     from autotune.trial.types import TrialLauncher
-    from autotune.tune import TuneRequest, TuneResult
+    from autotune.tuner import TuneRequest, TuneResult
 
 TuneFn = Callable[..., "TuneResult"]  # tune(request, launcher=..., observe=...)
 
@@ -73,13 +73,13 @@ def probed_plan_memory(tuning: TuneRequest) -> tuple[int, bool] | None:
 
 
 def real_tune(request: TuneRequest, **kwargs: Any) -> TuneResult:
-    from autotune.tune import tune
+    from autotune.tuner import tune
 
     return tune(request, **kwargs)
 
 
 def _ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
-    from autotune.tune import ds_config_for
+    from autotune.tuner import ds_config_for
 
     return ds_config_for(request, candidate)
 

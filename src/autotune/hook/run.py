@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from autotune.probe import GpuInfo
     from autotune.search import SearchEvent
     from autotune.trial.types import TrialLauncher
-    from autotune.tune import TuneRequest
+    from autotune.tuner import TuneRequest
 
 LauncherChooser = Callable[[JobEnv, Path, Mapping[str, str]], "TrialLauncher | None"]
 GpuProber = Callable[[], "list[GpuInfo]"]

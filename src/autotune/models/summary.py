@@ -129,7 +129,8 @@ def _cache_path(source: ModelSource) -> Path:
 
 
 def summarize(source: ModelSource, use_cache: bool = True) -> ModelSummary:
-    """Summary of `source`, from the disk cache when this exact config was built before."""
+    """Summary of `source`: from the disk cache when this exact config was built before, from the summaries
+    shipped with the built-in profiles, else from a meta-device build (which imports torch and transformers)."""
     path = _cache_path(source)
     if use_cache and path.is_file():
         try:
@@ -137,6 +138,11 @@ def summarize(source: ModelSource, use_cache: bool = True) -> ModelSummary:
             return cached if cached.name == source.name else _renamed(cached, source)
         except (ValueError, KeyError, TypeError):
             path.unlink(missing_ok=True)  # corrupt entry: rebuild
+    if use_cache:
+        from autotune.models.shipped import shipped_summary
+
+        if (shipped := shipped_summary(source)) is not None:
+            return shipped
     from autotune.models.build import build_model
 
     model, architecture = build_model(source.config, source.architecture, "meta", source.trust_remote_code)
