@@ -44,7 +44,8 @@ def test_plain_output_is_the_config_path_and_json_names_the_role(tmp_path: Path)
     publish_with_fake(tmp_path, {}, FakeTune())
     done = run_cli("hook", *OPTIONS, "--cache-dir", str(tmp_path), "--out", str(tmp_path / "a.json"))
     assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "a.json")
-    data = json.loads(run_cli("hook", *OPTIONS, "--cache-dir", str(tmp_path), "--json", "-o", "b.json").stdout)
+    second = run_cli("hook", *OPTIONS, "--cache-dir", str(tmp_path), "--json", "-o", str(tmp_path / "b.json"))
+    data = json.loads(second.stdout)
     assert (data["role"], data["status"], data["verified"]) == ("hit", "complete", True)
 
 
