@@ -62,7 +62,10 @@ def launch_trial(
     launched_at = time.time()
     started = time.monotonic()
     process = spawn(
-        plan.command(spec_path, trial_dir, launched_at), trial_env(plan.env, tag, spec.device), launcher_log, trial_dir
+        plan.command(spec_path, trial_dir, launched_at),
+        trial_env(plan.env, tag, spec.device, spec.nprocs_per_node),
+        launcher_log,
+        trial_dir,
     )
     budget = None
     if spec.device == "cpu" and spec.host_memory_budget_bytes:

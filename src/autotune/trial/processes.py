@@ -7,6 +7,7 @@ inherit it), and the tag is what we kill and what we check for survivors.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -153,6 +154,22 @@ def wait_for(
     return Waited()
 
 
-def trial_env(env: Mapping[str, str], tag: str, device: str) -> dict[str, str]:
-    """The launcher's environment plus the tag, the accelerator and unbuffered output (logs survive a kill)."""
-    return {**env, TRIAL_TAG_ENV: tag, "DS_ACCELERATOR": device, "PYTHONUNBUFFERED": "1"}
+def cpu_threads_per_rank(ranks_per_node: int, cores: int | None = None) -> int:
+    """OpenMP threads one rank gets: the node's cores split evenly between its ranks, at least one.
+
+    This is the `deepspeed` launcher's rule (deepspeed 0.19.8 launcher/launch.py:219-221, `--bind_cores_to_rank`:
+    OMP_NUM_THREADS = cores per rank). torchrun instead sets OMP_NUM_THREADS=1 for every rank when it starts
+    more than one (torch/distributed/run.py), which would run DeepSpeed's OpenMP-parallel CPU Adam (offload
+    rungs) on one thread and measure it several times slower than the user's launch.
+    """
+    available = cores if cores is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    return max(1, (available or os.cpu_count() or 1) // max(1, ranks_per_node))
+
+
+def trial_env(env: Mapping[str, str], tag: str, device: str, ranks_per_node: int = 1) -> dict[str, str]:
+    """The launcher's environment plus the tag, the accelerator and unbuffered output (logs survive a kill).
+
+    OMP_NUM_THREADS is set to the cores per rank unless the caller's environment already sets it.
+    """
+    threads = {"OMP_NUM_THREADS": str(cpu_threads_per_rank(ranks_per_node))} if "OMP_NUM_THREADS" not in env else {}
+    return {**env, **threads, TRIAL_TAG_ENV: tag, "DS_ACCELERATOR": device, "PYTHONUNBUFFERED": "1"}

@@ -81,9 +81,35 @@ def build_trial_model(spec: TrialSpec, device: Any) -> Any:
     model, _ = build_model(
         spec.model_config, spec.architecture, device="meta", trust_remote_code=spec.trust_remote_code
     )
+    cast_parameters(model, training_dtype(spec.ds_config))
     model.to_empty(device=device)
     model.init_weights()
     return model
+
+
+def training_dtype(ds_config: dict) -> Any:
+    """The dtype DeepSpeed trains the module's parameters in: bf16 or fp16 when enabled, else fp32."""
+    import torch
+
+    if ds_config.get("bf16", {}).get("enabled") is True:
+        return torch.bfloat16
+    if ds_config.get("fp16", {}).get("enabled") is True:
+        return torch.float16
+    return torch.float32
+
+
+def cast_parameters(model: Any, dtype: Any) -> None:
+    """Cast floating parameters (not buffers) to the training dtype while the model is still on meta.
+
+    DeepSpeed casts the user's module to the training dtype before it moves it to the device
+    (deepspeed 0.19.8 runtime/engine.py:2080-2094, `_cast_module_mixed_precision` at :1851, which
+    casts parameters only and keeps fp32 buffers such as rotary inv_freq). A real run therefore
+    never holds fp32 weights on the GPU at stages 0-2; materialising them in fp32 here would measure
+    twice the weight memory and report false OOMs.
+    """
+    for parameter in model.parameters():
+        if parameter.is_floating_point() and parameter.dtype != dtype:
+            parameter.data = parameter.data.to(dtype)
 
 
 def _build_partitioned(spec: TrialSpec, device: Any) -> Any:

@@ -149,7 +149,9 @@ class WarmWorkerPool:
                        MASTER_ADDR=self.master_addr, MASTER_PORT=str(port))  # fmt: skip
         tag = new_tag()
         gpus_before = nvml_used_bytes() if spec.device == "cuda" else None
-        process = spawn(command, trial_env(env, tag, spec.device), pool_dir / "launcher.log", pool_dir)
+        process = spawn(
+            command, trial_env(env, tag, spec.device, spec.nprocs_per_node), pool_dir / "launcher.log", pool_dir
+        )
         self.restarts += 1
         return _Workers((spec.world_size, spec.device), process, tag, pool_dir, gpus_before)
 
