@@ -24,7 +24,7 @@ EXPECTED_MODELS = {
     "t5-small", "t5-base", "t5-large", "t5-3b", "t5-11b",
     "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
     "opt-1.3b", "opt-6.7b", "opt-13b", "opt-30b",
-    "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b",
+    "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.2-1b", "llama-3.2-3b",
     "mistral-7b", "qwen2.5-7b", "falcon-7b", "bloom-7b1", "pythia-1.4b", "bert-large",
     "tiny-gpt2", "tiny-llama", "tiny-t5", "gpt2-small-demo",
 }  # fmt: skip
