@@ -1,0 +1,589 @@
+"""The GPU validation kit: everything only a GPU can show, in stages that each append to one JSON.
+
+    bash benchmarks/gpu/validate.sh                      # on the GPU machine (see README.md)
+    bash benchmarks/gpu/validate.sh --dry-run            # CPU backend, tiny models: the kit's own test
+
+Stages, most valuable first: setup (versions, DeepSpeed ops), memory (predicted vs measured peak per config),
+oom (an emulated 24 GB card: predicted-over configs OOM and are classified so, memory comes back), tune (a real
+tune on the emulated card, then the chosen config re-run for 50 steps), grid (the exhaustive grid on the same
+card, for the tune's quality and cost). Every finished item is written at once (temp file, then rename) and
+skipped on the next run, so a run cut off by a time limit resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from points import (  # noqa: E402
+    DRY_MEMORY_POINTS,
+    DRY_OOM_PROBES,
+    DRY_TUNE,
+    EMULATED_CARD_GIB,
+    GPU_MEMORY_POINTS,
+    GPU_OOM_PROBES,
+    GPU_TUNE,
+    MemoryPoint,
+    TuneSetting,
+)
+
+from autotune.atomic import atomic_write_json  # noqa: E402
+from autotune.dsconfig import TrainSettings, build_ds_config  # noqa: E402
+from autotune.estimate import EstimateSettings, estimate  # noqa: E402
+from autotune.hardware import Target, generic_gpu  # noqa: E402
+from autotune.ladder import LADDER, Candidate, Rung  # noqa: E402
+from autotune.models import resolve_model, summarize  # noqa: E402
+from autotune.trial import LocalLauncher, TrialSpec, run_trial  # noqa: E402
+from autotune.units import GiB  # noqa: E402
+
+STAGES = ("setup", "memory", "oom", "tune", "grid")
+DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "gpu" / "validation.json"
+
+
+@dataclass
+class Kit:
+    """One run of the kit: where results go, what device, how much time is left."""
+
+    results_path: Path
+    dry_run: bool
+    budget_s: float
+    started: float = field(default_factory=time.monotonic)
+    data: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.dry_run else "cuda"
+
+    def load(self) -> None:
+        if self.results_path.exists():
+            self.data = json.loads(self.results_path.read_text())
+        self.data.setdefault("runs", []).append(environment(self.device))
+
+    def save(self) -> None:
+        self.results_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.results_path, self.data)
+
+    def section(self, name: str) -> dict:
+        return self.data.setdefault(name, {})
+
+    def time_left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.started)
+
+    def can_start(self, expected_s: float) -> bool:
+        """Start an item only if it is expected to finish inside the budget (results of a killed item are lost)."""
+        if self.time_left() < expected_s:
+            log(f"stopping: {self.time_left():.0f} s left, the next item needs about {expected_s:.0f} s")
+            return False
+        return True
+
+
+def log(message: str) -> None:
+    print(f"[kit {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment(device: str) -> dict:
+    """Machine, GPU and versions, read without creating a CUDA context in this process."""
+    import psutil
+
+    info: dict = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "host": {
+            "cores": os.cpu_count(),
+            "ram_bytes": psutil.virtual_memory().total,
+            "python": platform.python_version(),
+        },
+        "versions": {p: _version(p) for p in ("torch", "deepspeed", "transformers", "accelerate", "nvidia-ml-py")},
+    }
+    if device == "cuda":
+        info["gpus"] = _nvml_gpus()
+    return info
+
+
+def _nvml_gpus() -> list[dict]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(
+                {
+                    "index": index,
+                    "name": pynvml.nvmlDeviceGetName(handle),
+                    "total_bytes": int(memory.total),
+                    "used_bytes": int(memory.used),
+                    "driver": driver,
+                    "cuda_driver_version": pynvml.nvmlSystemGetCudaDriverVersion(),
+                }
+            )
+        return gpus
+    except Exception as error:  # recorded, not fatal: later stages still say what they can
+        return [{"error": f"NVML: {error}"}]
+
+
+def gpu_used_bytes() -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)
+    except Exception:  # no NVML: the figure is optional
+        return None
+
+
+def gpu_total_bytes() -> int:
+    gpus = _nvml_gpus()
+    if not gpus or "total_bytes" not in gpus[0]:
+        raise SystemExit("kit: no GPU visible through NVML (use --dry-run on a CPU machine)")
+    return gpus[0]["total_bytes"]
+
+
+# ---------------------------------------------------------------- setup
+
+
+def stage_setup(kit: Kit) -> None:
+    """Build the DeepSpeed ops trials load, in a child process; NVMe rungs only where libaio exists."""
+    section = kit.section("setup")
+    started = time.monotonic()
+    ops = subprocess.run(
+        [sys.executable, "-m", "autotune.trial.ops", "--device", kit.device],
+        capture_output=True,
+        text=True,
+        timeout=max(60, kit.time_left()),
+        check=False,
+    )
+    lines = ops.stdout.strip().splitlines()
+    section["ops"] = json.loads(lines[-1]) if ops.returncode == 0 and lines else {"error": ops.stderr[-2000:]}
+    section["ops_wall_s"] = round(time.monotonic() - started, 1)
+    section["async_io"] = _async_io_status(kit.device)
+    section["probe"] = _probe_json()
+    kit.save()
+    log(f"setup: ops {section['ops']} in {section['ops_wall_s']} s; async_io {section['async_io']}")
+
+
+def _async_io_status(device: str) -> str:
+    code = (
+        "from deepspeed.accelerator import get_accelerator;"
+        "b=get_accelerator().create_op_builder('AsyncIOBuilder');"
+        "print('compatible' if b is not None and b.is_compatible(verbose=False) else 'unavailable')"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DS_ACCELERATOR": device},
+        timeout=300,
+        check=False,
+    )
+    answer = run.stdout.strip().splitlines()[-1:] or ["unavailable"]
+    if answer[0] != "compatible":
+        return "unavailable (libaio not found): NVMe rungs are reported as not run"
+    return "compatible"
+
+
+def _probe_json() -> dict:
+    run = subprocess.run(
+        [sys.executable, "-m", "autotune", "probe", "--json"], capture_output=True, text=True, timeout=120, check=False
+    )
+    try:
+        return json.loads(run.stdout)
+    except ValueError:
+        return {"error": (run.stderr or run.stdout)[-500:]}
+
+
+# ---------------------------------------------------------------- memory
+
+
+def _settings(point: MemoryPoint, device: str) -> EstimateSettings:
+    return EstimateSettings(seq_len=point.seq_len, precision="bf16", device=device)
+
+
+def trial_for(
+    point: MemoryPoint, kit: Kit, *, fraction: float | None, steps: int = 3, budget: int | None = None
+) -> dict:
+    """Run one config for real and put the prediction for exactly that config beside it.
+
+    fraction emulates a smaller card on the GPU; budget caps each rank's RSS on the CPU backend; with
+    neither, the limit is unbounded (the point is measured, not judged).
+    """
+    source = resolve_model(point.model)
+    summary = summarize(source)
+    if budget:
+        limit = budget
+    elif fraction:
+        limit = int(fraction * gpu_total_bytes())
+    else:
+        limit = 1024 * GiB
+    target = Target(generic_gpu(limit), gpus_per_node=1, nodes=1, free_memory_bytes=limit)
+    candidate = Candidate(point.rung, point.micro_batch, point.grad_checkpointing)
+    predicted = estimate(summary, target, candidate, _settings(point, kit.device))
+    config = build_ds_config(candidate, TrainSettings(world_size=1, precision="bf16", hidden_size=summary.hidden_size))
+    spec = TrialSpec(
+        model_config=source.config,
+        architecture=summary.architecture,
+        family=summary.family,
+        ds_config=config,
+        seq_len=point.seq_len,
+        grad_checkpointing=point.grad_checkpointing,
+        device=kit.device,  # type: ignore[arg-type]
+        warmup_steps=1,
+        max_steps=steps,
+        timeout_s=max(60.0, min(600.0, kit.time_left())),
+        gpu_memory_fraction=fraction,
+        host_memory_budget_bytes=budget,
+    )
+    used_before = gpu_used_bytes() if kit.device == "cuda" else None
+    started = time.monotonic()
+    result = run_trial(spec, LocalLauncher())
+    row = {
+        "key": point.key,
+        "model": point.model,
+        "params": summary.total_params,
+        "rung": point.rung.value,
+        "micro_batch": point.micro_batch,
+        "seq_len": point.seq_len,
+        "grad_checkpointing": point.grad_checkpointing,
+        "limit_bytes": limit if (fraction or budget) else None,
+        "status": result.status,
+        "error": result.error,
+        "wall_s": round(time.monotonic() - started, 1),
+        "samples_per_s": result.samples_per_s,
+        "step_times_s": result.step_times_s,
+        "predicted_bytes": predicted.gpu_peak_bytes,
+        "predicted_components": predicted.gpu_components,
+        "predicted_host_bytes": predicted.host_ram_bytes,
+        "gpu_used_before_bytes": used_before,
+        "gpu_used_after_bytes": gpu_used_bytes() if kit.device == "cuda" else None,
+    }
+    if result.ranks:
+        rank = result.ranks[0]
+        row.update(
+            max_allocated_bytes=rank.max_allocated_bytes,
+            max_reserved_bytes=rank.max_reserved_bytes,
+            nvml_peak_bytes=rank.device_used_bytes,
+            nvml_baseline_bytes=rank.device_used_baseline_bytes,
+            host_rss_peak_bytes=rank.host_rss_peak_bytes,
+        )
+    row.update(_errors(row))
+    return row
+
+
+def _errors(row: dict) -> dict:
+    """Signed error of the prediction against each measured figure, like for like.
+
+    The prediction's total is what the device loses (it includes the CUDA context and NCCL buffers), so it is
+    compared with NVML's device-used peak minus what other tenants used before the trial. Without the context
+    and NCCL terms it is compared with torch's max_memory_reserved; without the allocator slack too, with
+    max_memory_allocated.
+    """
+    parts = row["predicted_components"]
+    outside_torch = parts.get("cuda_context", 0) + parts.get("nccl_buffers", 0)
+    pairs = {"host_rss": (row["predicted_bytes"], row.get("host_rss_peak_bytes"))}
+    if row.get("nvml_peak_bytes"):
+        device = row["nvml_peak_bytes"] - (row.get("nvml_baseline_bytes") or 0)
+        pairs = {
+            "nvml": (row["predicted_bytes"], device),
+            "reserved": (row["predicted_bytes"] - outside_torch, row.get("max_reserved_bytes")),
+            "allocated": (
+                row["predicted_bytes"] - outside_torch - parts.get("allocator_slack", 0),
+                row.get("max_allocated_bytes"),
+            ),
+        }
+    out = {}
+    for name, (predicted, measured) in pairs.items():
+        if measured:
+            out[f"error_pct_{name}"] = round(100 * (predicted - measured) / measured, 1)
+    return out
+
+
+def stage_memory(kit: Kit) -> None:
+    section = kit.section("memory")
+    rows = section.setdefault("rows", {})
+    points = DRY_MEMORY_POINTS if kit.dry_run else GPU_MEMORY_POINTS
+    budget = 4 * GiB if kit.dry_run else None  # CPU backend: measure RSS against a generous cap
+    for point in points:
+        if point.key in rows:
+            continue
+        if not kit.can_start(_expected_s(rows, 60 if not kit.dry_run else 30)):
+            break
+        log(f"memory: {point.key}")
+        row = trial_for(point, kit, fraction=None, budget=budget)
+        rows[point.key] = row
+        section["summary"] = _memory_summary(rows)
+        kit.save()
+        errors = {k: v for k, v in row.items() if k.startswith("error_pct")}
+        log(
+            f"  {row['status']} nvml={_gib(row.get('nvml_peak_bytes'))} reserved={_gib(row.get('max_reserved_bytes'))}"
+            f" predicted={_gib(row['predicted_bytes'])} errors={errors} {row.get('error') or ''}"
+        )
+
+
+def _expected_s(rows: dict, default: float) -> float:
+    walls = [r["wall_s"] for r in rows.values() if r.get("wall_s")]
+    return max(walls) * 1.2 if walls else default
+
+
+def _gib(value: int | None) -> str:
+    return f"{value / GiB:.2f} GiB" if value else "-"
+
+
+def _memory_summary(rows: dict) -> dict:
+    ok = [r for r in rows.values() if r["status"] == "ok"]
+    summary: dict = {"points": len(rows), "ok": len(ok)}
+    for name in ("nvml", "reserved", "allocated", "host_rss"):
+        errors = [r[f"error_pct_{name}"] for r in ok if f"error_pct_{name}" in r]
+        if errors:
+            summary[name] = {
+                "median_abs_error_pct": round(statistics.median(abs(e) for e in errors), 1),
+                "worst_abs_error_pct": round(max(abs(e) for e in errors), 1),
+                "median_signed_error_pct": round(statistics.median(errors), 1),
+                "under_predictions": sum(e < 0 for e in errors),
+            }
+    return summary
+
+
+# ---------------------------------------------------------------- oom
+
+
+def emulated_fraction(kit: Kit) -> float | None:
+    if kit.dry_run:
+        return None
+    return min(1.0, EMULATED_CARD_GIB * GiB / gpu_total_bytes())
+
+
+def stage_oom(kit: Kit) -> None:
+    """Configs under an emulated 24 GB card: OOM classified as oom_gpu, and the memory back before the next."""
+    section = kit.section("oom")
+    rows = section.setdefault("rows", {})
+    probes = DRY_OOM_PROBES if kit.dry_run else GPU_OOM_PROBES
+    fraction = emulated_fraction(kit)
+    budget = 2 * GiB if kit.dry_run else None
+    section["emulated_card"] = {"fraction": fraction, "gib": EMULATED_CARD_GIB, "cpu_budget_bytes": budget}
+    for probe in probes:
+        if probe.point.key in rows:
+            continue
+        if not kit.can_start(_expected_s(rows, 90)):
+            break
+        log(f"oom: {probe.point.key} (predicted {'over' if probe.expect_oom else 'under'} the card)")
+        row = trial_for(probe.point, kit, fraction=fraction, budget=budget)
+        expected = {"oom_gpu"} if kit.device == "cuda" else {"oom_host", "over_budget"}
+        row["expect_oom"] = probe.expect_oom
+        row["predicted_over_limit"] = row["predicted_bytes"] > row["limit_bytes"]
+        row["verdict"] = (
+            "as predicted"
+            if (row["status"] in expected) == probe.expect_oom and (row["status"] == "ok") != probe.expect_oom
+            else "NOT as predicted"
+        )
+        if kit.device == "cuda":
+            before, after = row["gpu_used_before_bytes"], row["gpu_used_after_bytes"]
+            row["memory_back"] = before is not None and after is not None and after <= before + 64 * 2**20
+        rows[probe.point.key] = row
+        kit.save()
+        log(f"  {row['status']}: {row['verdict']} ({row.get('error') or ''})")
+
+
+# ---------------------------------------------------------------- tune
+
+
+def _tune_setting(kit: Kit) -> TuneSetting:
+    return DRY_TUNE if kit.dry_run else GPU_TUNE
+
+
+def _limit_args(kit: Kit) -> list[str]:
+    if kit.dry_run:
+        return ["--device", "cpu", "--memory-budget", "3GiB"]
+    return ["--gpus", "1", "--gpu-memory-fraction", f"{emulated_fraction(kit):.4f}"]
+
+
+def stage_tune(kit: Kit, out_dir: Path) -> None:
+    """A real tune end to end through the CLI, then the chosen config re-run for 50 steps."""
+    section = kit.section("tune")
+    setting = _tune_setting(kit)
+    if "result" not in section:
+        if not kit.can_start(300 if not kit.dry_run else 120):
+            return
+        tune_dir = out_dir / "tune"
+        command = [
+            sys.executable, "-m", "autotune", "tune", "--model", setting.model, "--seq-len", str(setting.seq_len),
+            *_limit_args(kit), "--max-trials", str(setting.max_trials), "--no-cache", "--json",
+            "--time-budget", str(max(60, int(kit.time_left() - 120))), "--out", str(tune_dir / "ds_config.json"),
+        ]  # fmt: skip
+        log("tune: " + " ".join(command[2:]))
+        started = time.monotonic()
+        run = subprocess.run(command, capture_output=True, text=True, timeout=max(120, kit.time_left()), check=False)
+        section["command"] = command[2:]
+        section["exit_code"] = run.returncode
+        section["wall_s"] = round(time.monotonic() - started, 1)
+        try:
+            section["result"] = json.loads(run.stdout)
+        except ValueError:
+            section["result"] = {"error": (run.stderr or run.stdout)[-3000:]}
+        kit.save()
+        log(f"tune: exit {run.returncode} in {section['wall_s']} s")
+    result = section["result"]
+    if "rerun" in section or "candidate" not in result:
+        return
+    if not kit.can_start(240 if not kit.dry_run else 90):
+        return
+    candidate = result["candidate"]
+    point = MemoryPoint(
+        setting.model, Rung(candidate["rung"]), candidate["micro_batch"], setting.seq_len,
+        candidate.get("grad_checkpointing", False),
+    )  # fmt: skip
+    log(f"tune: re-running the choice {point.key} for 50 steps")
+    budget = 3 * GiB if kit.dry_run else None
+    rerun = trial_for(point, kit, fraction=emulated_fraction(kit), budget=budget, steps=50)
+    trial_speed = result.get("samples_per_s")
+    if rerun.get("samples_per_s") and trial_speed:
+        rerun["speed_vs_trial_pct"] = round(100 * (rerun["samples_per_s"] - trial_speed) / trial_speed, 1)
+    section["rerun"] = rerun
+    kit.save()
+    log(f"  re-run {rerun['status']}, {rerun.get('samples_per_s')} samples/s vs trial {trial_speed}")
+
+
+# ---------------------------------------------------------------- grid
+
+
+def grid_points(setting: TuneSetting) -> list[MemoryPoint]:
+    """Every rung x checkpointing x micro-batch, NVMe excluded (needs a path), smallest micro-batch first."""
+    return [
+        MemoryPoint(setting.model, rung, mb, setting.seq_len, ckpt)
+        for rung in LADDER
+        if not rung.needs_nvme
+        for ckpt in (False, True)
+        for mb in setting.grid_micro_batches
+    ]
+
+
+def stage_grid(kit: Kit) -> None:
+    """The exhaustive grid on the same emulated card; micro-batches above a (rung, ckpt) OOM are skipped as OOM."""
+    section = kit.section("grid")
+    rows = section.setdefault("rows", {})
+    setting = _tune_setting(kit)
+    fraction = emulated_fraction(kit)
+    budget = 3 * GiB if kit.dry_run else None
+    for point in grid_points(setting):
+        if point.key in rows:
+            continue
+        group = f"{point.rung.value}{'+ckpt' if point.grad_checkpointing else ''}"
+        failed_below = any(
+            r["group"] == group and r["status"] != "ok" and r["micro_batch"] < point.micro_batch for r in rows.values()
+        )
+        if failed_below:
+            rows[point.key] = {"group": group, "micro_batch": point.micro_batch, "status": "skipped: smaller mb failed"}
+            continue
+        if not kit.can_start(_expected_s(rows, 60)):
+            break
+        log(f"grid: {point.key}")
+        row = trial_for(point, kit, fraction=fraction, budget=budget)
+        row["group"] = group
+        rows[point.key] = row
+        section["summary"] = _grid_summary(kit, rows)
+        kit.save()
+        log(f"  {row['status']} {row.get('samples_per_s')} samples/s")
+    section["complete"] = len(rows) == len(grid_points(setting))
+    section["summary"] = _grid_summary(kit, rows)
+    kit.save()
+
+
+def _grid_summary(kit: Kit, rows: dict) -> dict:
+    measured = [r for r in rows.values() if r.get("samples_per_s")]
+    trials = [r for r in rows.values() if "wall_s" in r]
+    summary: dict = {"trials": len(trials), "wall_s": round(sum(r["wall_s"] for r in trials), 1)}
+    if measured:
+        best = max(measured, key=lambda r: r["samples_per_s"])
+        summary["best"] = {"key": best["key"], "samples_per_s": best["samples_per_s"]}
+    tune = kit.section("tune")
+    chosen = tune.get("result", {}).get("candidate")
+    if chosen and measured:
+        key = MemoryPoint(
+            _tune_setting(kit).model, Rung(chosen["rung"]), chosen["micro_batch"], _tune_setting(kit).seq_len,
+            chosen.get("grad_checkpointing", False),
+        ).key  # fmt: skip
+        if key in rows and rows[key].get("samples_per_s"):
+            ratio = rows[key]["samples_per_s"] / summary["best"]["samples_per_s"]
+            summary["tune_choice_vs_grid_best"] = round(ratio, 3)
+        trials_used = len(tune["result"].get("trials", []))
+        if trials_used:
+            summary["tune_trials_vs_grid_trials"] = round(trials_used / max(1, len(trials)), 3)
+        if tune.get("wall_s"):
+            summary["tune_wall_vs_grid_wall"] = round(tune["wall_s"] / max(1.0, summary["wall_s"]), 3)
+    return summary
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="CPU backend, tiny models: exercises every stage")
+    parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {','.join(STAGES)}")
+    parser.add_argument("--results", type=Path, default=None, help=f"JSON to append to (default {DEFAULT_RESULTS})")
+    parser.add_argument("--out", type=Path, default=Path("autotune-out/gpu-kit"), help="scratch dir for tune output")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="start no item expected to end after this")
+    parser.add_argument("--fresh", action="store_true", help="ignore earlier results in --results")
+    args = parser.parse_args(argv)
+    unknown = set(args.stages.split(",")) - set(STAGES)
+    if unknown:
+        parser.error(f"unknown stage(s) {', '.join(sorted(unknown))}; choose from {', '.join(STAGES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = args.results or (args.out / "validation-dry-run.json" if args.dry_run else DEFAULT_RESULTS)
+    if args.fresh and results.exists():
+        results.unlink()
+    if args.dry_run:
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    kit = Kit(results, args.dry_run, args.budget_s)
+    kit.load()
+    kit.save()
+    stages = args.stages.split(",")
+    for stage in STAGES:
+        if stage not in stages:
+            continue
+        if kit.time_left() <= 0:
+            break
+        log(f"stage {stage}")
+        if stage == "setup":
+            stage_setup(kit)
+        elif stage == "memory":
+            stage_memory(kit)
+        elif stage == "oom":
+            stage_oom(kit)
+        elif stage == "tune":
+            stage_tune(kit, args.out)
+        elif stage == "grid":
+            stage_grid(kit)
+    log(f"wrote {results}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

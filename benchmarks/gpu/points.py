@@ -1,0 +1,88 @@
+"""What the GPU validation kit measures: the memory points, the OOM probes, the tune and the grid.
+
+Plain data, read top to bottom. The full kit targets one 80-141 GB Hopper card; the dry run swaps in tiny
+models on the CPU backend so every stage's code runs in CI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.ladder import Rung
+
+EMULATED_CARD_GIB = 24  # the card the OOM, tune and grid stages emulate (RTX 3090/4090/A10G class)
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    model: str
+    rung: Rung
+    micro_batch: int
+    seq_len: int
+    grad_checkpointing: bool = False
+
+    @property
+    def key(self) -> str:
+        ckpt = "+ckpt" if self.grad_checkpointing else ""
+        return f"{self.model}/{self.rung.value}{ckpt}/mb{self.micro_batch}/s{self.seq_len}"
+
+
+def _points(*rows: tuple) -> list[MemoryPoint]:
+    return [MemoryPoint(m, Rung(r), mb, s, ck) for m, r, mb, s, ck in rows]
+
+
+# Two llama-class sizes (1.24B and 3.21B), every rung, checkpointing on and off, bf16, on the whole card.
+# Ordered so that an interrupted run has both sizes and the offload rungs early.
+GPU_MEMORY_POINTS = _points(
+    ("llama-3.2-1b", "z0", 4, 1024, False),
+    ("llama-3.2-1b", "z2+offload_opt", 4, 1024, False),
+    ("llama-3.2-1b", "z3", 4, 1024, True),
+    ("llama-3.2-3b", "z2", 4, 1024, True),
+    ("llama-3.2-3b", "z3+offload_opt+param", 4, 1024, True),
+    ("llama-3.2-1b", "z0", 4, 1024, True),
+    ("llama-3.2-1b", "z1", 4, 1024, False),
+    ("llama-3.2-1b", "z2", 8, 1024, False),
+    ("llama-3.2-1b", "z3+offload_opt+param", 8, 1024, True),
+    ("llama-3.2-3b", "z0", 2, 1024, False),
+    ("llama-3.2-3b", "z2+offload_opt", 4, 1024, False),
+    ("llama-3.2-3b", "z3", 4, 1024, False),
+    ("llama-3.2-3b", "z3+offload_opt", 8, 1024, True),
+    ("llama-3.2-3b", "z1", 2, 1024, True),
+)
+
+DRY_MEMORY_POINTS = _points(
+    ("tiny-llama", "z0", 4, 128, False),
+    ("tiny-llama", "z2+offload_opt", 4, 128, True),
+    ("tiny-gpt2", "z3", 2, 128, False),
+)
+
+
+@dataclass(frozen=True)
+class OomProbe:
+    """One config under the emulated card: expect_oom says what the memory model predicts."""
+
+    point: MemoryPoint
+    expect_oom: bool
+
+
+GPU_OOM_PROBES = [
+    OomProbe(MemoryPoint("llama-3.2-3b", Rung.Z0, 8, 1024), expect_oom=True),  # predicted ~3x the card
+    OomProbe(MemoryPoint("llama-3.2-1b", Rung.Z2_OFFLOAD_OPT, 2, 1024, True), expect_oom=False),
+    OomProbe(MemoryPoint("llama-3.2-1b", Rung.Z0, 64, 1024), expect_oom=True),  # activations, not states
+]
+DRY_OOM_PROBES = [
+    OomProbe(MemoryPoint("gpt2-small-demo", Rung.Z0, 64, 256), expect_oom=True),
+    OomProbe(MemoryPoint("tiny-llama", Rung.Z0, 2, 64), expect_oom=False),
+]
+
+
+@dataclass(frozen=True)
+class TuneSetting:
+    model: str
+    seq_len: int
+    max_trials: int
+    grid_micro_batches: tuple[int, ...]
+
+
+GPU_TUNE = TuneSetting("llama-3.2-1b", 1024, 12, (1, 2, 4, 8, 16, 32))
+DRY_TUNE = TuneSetting("tiny-llama", 64, 4, (1, 4))
