@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
@@ -32,10 +33,12 @@ sys.path.insert(0, str(HERE))
 from points import (  # noqa: E402
     DRY_MEMORY_POINTS,
     DRY_OOM_PROBES,
+    DRY_SIDE_BY_SIDE,
     DRY_TUNE,
     EMULATED_CARD_GIB,
     GPU_MEMORY_POINTS,
     GPU_OOM_PROBES,
+    GPU_SIDE_BY_SIDE,
     GPU_TUNE,
     MemoryPoint,
     TuneSetting,
@@ -45,12 +48,12 @@ from autotune.atomic import atomic_write_json  # noqa: E402
 from autotune.dsconfig import TrainSettings, build_ds_config  # noqa: E402
 from autotune.estimate import EstimateSettings, estimate  # noqa: E402
 from autotune.hardware import Target, generic_gpu  # noqa: E402
-from autotune.ladder import LADDER, Candidate, Rung  # noqa: E402
+from autotune.ladder import Candidate, Rung  # noqa: E402
 from autotune.models import resolve_model, summarize  # noqa: E402
-from autotune.trial import LocalLauncher, TrialSpec, run_trial  # noqa: E402
+from autotune.trial import LocalLauncher, TrialResult, TrialSpec  # noqa: E402
 from autotune.units import GiB  # noqa: E402
 
-STAGES = ("setup", "memory", "oom", "tune", "grid")
+STAGES = ("setup", "memory", "oom", "tune", "grid", "side_by_side")
 DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "gpu" / "validation.json"
 
 
@@ -61,6 +64,7 @@ class Kit:
     results_path: Path
     dry_run: bool
     budget_s: float
+    run_trial: Callable[[TrialSpec], TrialResult] = field(default_factory=lambda: LocalLauncher().run)  # tests swap it
     started: float = field(default_factory=time.monotonic)
     data: dict = field(default_factory=dict)
 
@@ -259,7 +263,7 @@ def trial_for(
     )
     used_before = gpu_used_bytes() if kit.device == "cuda" else None
     started = time.monotonic()
-    result = run_trial(spec, LocalLauncher())
+    result = kit.run_trial(spec)
     row = {
         "key": point.key,
         "model": point.model,
@@ -289,34 +293,36 @@ def trial_for(
             nvml_baseline_bytes=rank.device_used_baseline_bytes,
             host_rss_peak_bytes=rank.host_rss_peak_bytes,
         )
-    row.update(_errors(row))
+    row.update(_errors(row, kit.device))
     return row
 
 
-def _errors(row: dict) -> dict:
+def _errors(row: dict, device: str) -> dict:
     """Signed error of the prediction against each measured figure, like for like.
 
     The prediction's total is what the device loses (it includes the CUDA context and NCCL buffers), so it is
     compared with NVML's device-used peak minus what other tenants used before the trial. Without the context
     and NCCL terms it is compared with torch's max_memory_reserved; without the allocator slack too, with
-    max_memory_allocated.
+    max_memory_allocated. On the CPU backend the prediction is one rank's peak RSS.
     """
     parts = row["predicted_components"]
     outside_torch = parts.get("cuda_context", 0) + parts.get("nccl_buffers", 0)
     pairs = {"host_rss": (row["predicted_bytes"], row.get("host_rss_peak_bytes"))}
-    if row.get("nvml_peak_bytes"):
-        device = row["nvml_peak_bytes"] - (row.get("nvml_baseline_bytes") or 0)
+    if device == "cuda":
+        nvml = row.get("nvml_peak_bytes")
         pairs = {
-            "nvml": (row["predicted_bytes"], device),
+            "nvml": (row["predicted_bytes"], nvml - (row.get("nvml_baseline_bytes") or 0) if nvml else None),
             "reserved": (row["predicted_bytes"] - outside_torch, row.get("max_reserved_bytes")),
             "allocated": (
                 row["predicted_bytes"] - outside_torch - parts.get("allocator_slack", 0),
                 row.get("max_allocated_bytes"),
             ),
+            # Offload rungs pin optimizer states (and parameters) in host RAM: the trial's RSS peak is that figure.
+            "host_ram": (row.get("predicted_host_bytes"), row.get("host_rss_peak_bytes")),
         }
     out = {}
     for name, (predicted, measured) in pairs.items():
-        if measured:
+        if measured and predicted:
             out[f"error_pct_{name}"] = round(100 * (predicted - measured) / measured, 1)
     return out
 
@@ -355,7 +361,7 @@ def _gib(value: int | None) -> str:
 def _memory_summary(rows: dict) -> dict:
     ok = [r for r in rows.values() if r["status"] == "ok"]
     summary: dict = {"points": len(rows), "ok": len(ok)}
-    for name in ("nvml", "reserved", "allocated", "host_rss"):
+    for name in ("nvml", "reserved", "allocated", "host_ram", "host_rss"):
         errors = [r[f"error_pct_{name}"] for r in ok if f"error_pct_{name}" in r]
         if errors:
             summary[name] = {
@@ -430,7 +436,8 @@ def stage_tune(kit: Kit, out_dir: Path) -> None:
         tune_dir = out_dir / "tune"
         command = [
             sys.executable, "-m", "autotune", "tune", "--model", setting.model, "--seq-len", str(setting.seq_len),
-            *_limit_args(kit), "--max-trials", str(setting.max_trials), "--no-cache", "--json",
+            *_limit_args(kit), "--rungs", setting.rungs_arg, "--max-trials", str(setting.max_trials),
+            "--micro-batches", ",".join(map(str, setting.grid_micro_batches)), "--no-cache", "--json",
             "--time-budget", str(max(60, int(kit.time_left() - 120))), "--out", str(tune_dir / "ds_config.json"),
         ]  # fmt: skip
         log("tune: " + " ".join(command[2:]))
@@ -470,12 +477,11 @@ def stage_tune(kit: Kit, out_dir: Path) -> None:
 
 
 def grid_points(setting: TuneSetting) -> list[MemoryPoint]:
-    """Every rung x checkpointing x micro-batch, NVMe excluded (needs a path), smallest micro-batch first."""
+    """Every rung x checkpointing x micro-batch of the tune's space, smallest micro-batch first."""
     return [
         MemoryPoint(setting.model, rung, mb, setting.seq_len, ckpt)
-        for rung in LADDER
-        if not rung.needs_nvme
-        for ckpt in (False, True)
+        for rung in setting.rungs
+        for ckpt in setting.grid_checkpointing
         for mb in setting.grid_micro_batches
     ]
 
@@ -536,6 +542,44 @@ def _grid_summary(kit: Kit, rows: dict) -> dict:
     return summary
 
 
+# ---------------------------------------------------------------- side by side
+
+
+def stage_side_by_side(kit: Kit, out_dir: Path) -> None:
+    """compare_tuners.py on the same card: autotune vs DeepSpeed Autotuning (fast) vs the grid, in one run.
+
+    Not resumable (the three methods must share one machine state), so it runs last and only when the
+    remaining budget covers its expected length.
+    """
+    section = kit.section("side_by_side")
+    if "exit_code" in section and section["exit_code"] == 0:
+        return
+    expected = 120 if kit.dry_run else 480
+    if not kit.can_start(expected):
+        return
+    suffix = "dry_run" if kit.dry_run else "gpu"
+    json_path = (out_dir if kit.dry_run else kit.results_path.parent) / f"compare_{suffix}.json"
+    args = (DRY_SIDE_BY_SIDE if kit.dry_run else GPU_SIDE_BY_SIDE).args
+    command = [
+        sys.executable, str(REPO / "benchmarks" / "compare_tuners.py"), *args, "--out-json", str(json_path),
+        "--chart", str(json_path.with_suffix(".png")), "--markdown", str(json_path.with_suffix(".md")),
+        "--workdir", str(out_dir / "compare-work"),
+    ]  # fmt: skip
+    log("side by side: " + " ".join(command[2:]))
+    started = time.monotonic()
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=max(60, kit.time_left()), check=False)
+        section["exit_code"] = run.returncode
+        section["tail"] = (run.stdout + run.stderr)[-2000:]
+    except subprocess.TimeoutExpired:
+        section["exit_code"] = None
+        section["tail"] = "timed out: the kit's budget ran out first"
+    section["wall_s"] = round(time.monotonic() - started, 1)
+    section["results"] = str(json_path.relative_to(REPO)) if json_path.is_relative_to(REPO) else str(json_path)
+    kit.save()
+    log(f"side by side: exit {section['exit_code']} in {section['wall_s']} s")
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -581,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
             stage_tune(kit, args.out)
         elif stage == "grid":
             stage_grid(kit)
+        elif stage == "side_by_side":
+            stage_side_by_side(kit, args.out)
     log(f"wrote {results}")
     return 0
 

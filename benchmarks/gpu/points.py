@@ -78,11 +78,40 @@ DRY_OOM_PROBES = [
 
 @dataclass(frozen=True)
 class TuneSetting:
+    """The tune stage and the grid it is judged against: same model, card, rungs and micro-batches."""
+
     model: str
     seq_len: int
     max_trials: int
     grid_micro_batches: tuple[int, ...]
+    rungs: tuple[Rung, ...] = tuple(r for r in Rung if not r.needs_nvme)  # NVMe needs a path and libaio
+    grid_checkpointing: tuple[bool, ...] = (False, True)
+
+    @property
+    def rungs_arg(self) -> str:
+        return ",".join(r.value for r in self.rungs)
 
 
 GPU_TUNE = TuneSetting("llama-3.2-1b", 1024, 12, (1, 2, 4, 8, 16, 32))
-DRY_TUNE = TuneSetting("tiny-llama", 64, 4, (1, 4))
+DRY_TUNE = TuneSetting("tiny-llama", 64, 4, (1, 4), rungs=(Rung.Z0, Rung.Z3), grid_checkpointing=(False,))
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """compare_tuners.py arguments: autotune vs DeepSpeed Autotuning (fast mode) vs the exhaustive grid."""
+
+    args: tuple[str, ...]
+
+
+GPU_SIDE_BY_SIDE = SideBySide(
+    (
+        "--device", "cuda", "--model", "llama-3.2-1b", "--seq-len", "1024", "--micro-batches", "1,2,4,8",
+        "--emulate-gpu-gb", str(EMULATED_CARD_GIB), "--tight-budget", "none", "--threads", "0",
+        "--autotune-rungs", "z0,z1,z2,z2+offload_opt,z3,z3+offload_opt,z3+offload_opt+param",
+    )
+)  # fmt: skip
+# DeepSpeed's autotuner is left out of the dry run: on CPU it alone takes ~9 minutes (benchmarks/results/compare.md).
+DRY_SIDE_BY_SIDE = SideBySide(
+    ("--device", "cpu", "--model", "tiny-gpt2", "--seq-len", "64", "--micro-batches", "1,2", "--repeats", "1",
+     "--steps", "2", "--warmup", "1", "--tight-budget", "none", "--skip-ds")
+)  # fmt: skip

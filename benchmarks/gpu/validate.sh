@@ -13,7 +13,7 @@ if [ "$dry" = 0 ] && [ -d .whl ]; then
     site=${AUTOTUNE_KIT_SITE:-/tmp/autotune-kit-site}
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
         || { echo "validate.sh: installing the carried wheels failed" >&2; exit 2; }
-    export PYTHONPATH="$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"  # bin: the deepspeed runner
 else
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 fi

@@ -1,0 +1,140 @@
+"""The GPU validation kit (benchmarks/gpu/): its bookkeeping with a swapped-in trial runner, and its real dry run.
+
+The fast tests check what the kit decides (errors like for like, resumption, the grid's skip rule, the time
+budget) without launching a trial; the slow one runs `validate.sh --dry-run` for real on the CPU backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.trial import RankMetrics, TrialResult, TrialSpec
+from autotune.units import GiB
+
+KIT_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
+
+
+@pytest.fixture
+def kit_module(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(KIT_DIR))
+    import kit
+
+    return kit
+
+
+class FakeTrials:
+    """Answers each trial like a GPU would: OOM above a micro-batch, else a peak that grows with the batch."""
+
+    def __init__(self, oom_above: int = 1_000) -> None:
+        self.oom_above = oom_above
+        self.specs: list[TrialSpec] = []
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        self.specs.append(spec)
+        micro_batch = spec.ds_config["train_micro_batch_size_per_gpu"]
+        if micro_batch > self.oom_above:
+            return TrialResult(status="oom_gpu", error="CUDA out of memory", wall_s=1.0)
+        peak = (1 + micro_batch) * GiB
+        rank = RankMetrics(0, peak - GiB // 2, peak - GiB // 4, peak, peak // 2, 0)
+        return TrialResult(status="ok", ranks=[rank], samples_per_s=10.0 * micro_batch, wall_s=1.0)
+
+
+def _kit(kit_module, tmp_path: Path, trials: FakeTrials, budget_s: float = 600.0):
+    kit = kit_module.Kit(tmp_path / "validation.json", dry_run=True, budget_s=budget_s, run_trial=trials)
+    kit.load()
+    return kit
+
+
+def test_memory_rows_put_each_measure_beside_its_like_for_like_prediction(kit_module, tmp_path: Path) -> None:
+    trials = FakeTrials()
+    kit = _kit(kit_module, tmp_path, trials)
+    kit_module.stage_memory(kit)
+    rows = kit.data["memory"]["rows"]
+    assert len(rows) == len(kit_module.DRY_MEMORY_POINTS) == len(trials.specs)
+    row = next(iter(rows.values()))
+    assert row["predicted_bytes"] > 0 and row["status"] == "ok"
+    # The CPU backend's measure is host RSS; the row's error is against exactly that figure.
+    expected = round(100 * (row["predicted_bytes"] - row["host_rss_peak_bytes"]) / row["host_rss_peak_bytes"], 1)
+    assert row["error_pct_host_rss"] == expected
+    assert kit.data["memory"]["summary"]["ok"] == len(rows)
+
+
+def test_gpu_errors_subtract_what_lives_outside_torch(kit_module) -> None:
+    row = {
+        "predicted_bytes": 10 * GiB,
+        "predicted_components": {"cuda_context": GiB, "nccl_buffers": GiB, "allocator_slack": GiB},
+        "nvml_peak_bytes": 11 * GiB,
+        "nvml_baseline_bytes": GiB,
+        "max_reserved_bytes": 8 * GiB,
+        "max_allocated_bytes": 7 * GiB,
+    }
+    errors = kit_module._errors(row, "cuda")
+    assert errors == {"error_pct_nvml": 0.0, "error_pct_reserved": 0.0, "error_pct_allocated": 0.0}
+
+
+def test_a_second_run_resumes_instead_of_repeating(kit_module, tmp_path: Path) -> None:
+    kit = _kit(kit_module, tmp_path, FakeTrials())
+    kit_module.stage_memory(kit)
+    again = FakeTrials()
+    kit2 = _kit(kit_module, tmp_path, again)
+    kit_module.stage_memory(kit2)
+    assert again.specs == []
+    assert len(kit2.data["runs"]) == 2  # each run records its machine and versions
+
+
+def test_grid_skips_micro_batches_above_a_failure_in_the_same_group(kit_module, tmp_path: Path) -> None:
+    trials = FakeTrials(oom_above=1)
+    kit = _kit(kit_module, tmp_path, trials)
+    kit_module.stage_grid(kit)
+    rows = kit.data["grid"]["rows"]
+    statuses = {key: row["status"] for key, row in rows.items()}
+    assert all(s == "ok" for k, s in statuses.items() if "/mb1/" in k)
+    assert all(s == "oom_gpu" for k, s in statuses.items() if "/mb4/" in k)
+    assert kit.data["grid"]["complete"] is True
+    assert kit.data["grid"]["summary"]["best"]["samples_per_s"] == 10.0
+
+
+def test_nothing_starts_that_would_end_after_the_budget(kit_module, tmp_path: Path) -> None:
+    trials = FakeTrials()
+    kit = _kit(kit_module, tmp_path, trials, budget_s=5.0)
+    kit_module.stage_memory(kit)
+    assert trials.specs == []  # the default estimate for a dry-run item is 30 s
+
+
+def test_unknown_stage_is_refused_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, str(KIT_DIR / "kit.py"), "--dry-run", "--stages", "memory,nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "unknown stage(s) nope" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_dry_run_exercises_every_stage_for_real(tmp_path: Path) -> None:
+    """The kit end to end on the CPU backend with tiny models: what CI runs so the kit does not rot."""
+    out = tmp_path / "kit"
+    env = {**os.environ, "COLUMNS": "200"}
+    done = subprocess.run(
+        ["bash", str(KIT_DIR / "validate.sh"), "--dry-run", "--out", str(out), "--budget-s", "1500"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((out / "validation-dry-run.json").read_text())
+    assert data["setup"]["ops"] and "error" not in data["setup"]["ops"]
+    assert all(row["status"] == "ok" for row in data["memory"]["rows"].values())
+    assert all(row["verdict"] == "as predicted" for row in data["oom"]["rows"].values())
+    assert data["tune"]["exit_code"] == 0 and data["tune"]["rerun"]["status"] == "ok"
+    assert data["grid"]["complete"] and "tune_choice_vs_grid_best" in data["grid"]["summary"]
+    assert data["side_by_side"]["exit_code"] == 0
