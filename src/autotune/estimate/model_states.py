@@ -3,9 +3,11 @@
 DeepSpeed's `estimate_zero2/3_model_states_mem_needs` give the device figure for stages 2 and 3 and the
 host figure for CPU offload; we call them and add what they lack, each addition named:
 - stage 0 and ZeRO-1 have no estimator. Stage 0 replicates everything, which is the ZeRO-2 figure at one
-  rank; ZeRO-1 partitions optimizer states but not gradients, so it is the ZeRO-2 figure plus the 16-bit
-  gradient (2 bytes per parameter, DeepSpeed's own "2_grads_16bit" term) on the (N-1)/N part that ZeRO-2
-  partitions away.
+  rank; ZeRO-1 partitions optimizer states and, like ZeRO-2, reduces each gradient into the bucket and drops
+  it during backward when overlap_comm is on and the micro-step is an accumulation boundary
+  (stage_1_and_2.py:2290-2295, `reduce_ready_partitions_and_remove_grads`); without overlap_comm, or between
+  boundaries (gradient accumulation > 1), the full 16-bit gradient stays on every rank: the ZeRO-2 figure plus
+  2 bytes per parameter (DeepSpeed's own "2_grads_16bit" term) on the (N-1)/N part that ZeRO-2 partitions away.
 - they count every parameter as trainable: we pass the trainable count and add frozen parameters as
   16-bit weights only (no gradient, no optimizer state), partitioned at stage 3.
 - they assume mixed precision. In fp32, stage 0 runs the plain torch optimizer (4 B weight + 4 B grad +
@@ -21,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autotune.estimate.ds_estimators import DeepSpeedEstimators, deepspeed_estimators
+from autotune.estimate.knobs import ZeroKnobs
 from autotune.hardware import Target
 from autotune.ladder import Rung
 from autotune.models import ModelSummary
@@ -77,23 +80,35 @@ def _fp32_widening(rung: Rung, trainable: int, world: int) -> int:
     return 2 * extra * trainable // world  # stage 3: both partitioned
 
 
-def _step_phase(rung: Rung, trainable: int, world: int, precision: str) -> tuple[int, int]:
+def _step_phase(rung: Rung, trainable: int, world: int, precision: str, knobs: ZeroKnobs) -> tuple[int, int]:
     """(fp32 gradient bytes that exist only during the step, step temporaries) on the device, per rank.
 
     DeepSpeed's figure counts the fp32 gradient copy ("4_grads_32bit") as resident, but it is built in
     the optimizer step, after backward has freed the activations. Stage 0 (FP16_Optimizer) converts each
     gradient to fp32 and then flattens them, so both copies coexist: 24 B/param at the step, measured on
     gpt2 (124M) with the CPU backend (benchmarks/estimate_accuracy.py). Stages 1-2 flatten the 16-bit
-    partition before converting it (stage_1_and_2.py, step). Offloaded optimizers do this on the host.
+    partition before converting it (stage_1_and_2.py, step). Stage 3 steps one sub-group at a time: the fp32
+    gradient is made per sub-group and dropped after it (stage3.py:2702-2706 `_prepare_sub_group`, 2728-2733
+    `_release_sub_group`), so it is bounded by sub_group_size (stage3.py:1210-1231). The optimizer's own
+    temporaries (knobs.OPTIMIZER_STEP_TEMPORARY_BYTES: none for fused Adam, 4 B/element for torch's foreach
+    AdamW) cover what one step call sees: the whole partition at stages 0-2, one sub-group at stage 3
+    (stage3.py:1235-1262 passes one sub-group's flat fp32 tensor). Offloaded optimizers do all of this on the host.
     """
-    if precision == "fp32" or rung.offload_optimizer:
+    if rung.offload_optimizer:
         return 0, 0
+    temporary_per_element = knobs.step_temporary_bytes_per_element
+    if precision == "fp32":
+        stepped = trainable if rung.stage == 0 else trainable // world
+        if rung.stage == 3:
+            stepped = min(stepped, knobs.sub_group_size)
+        return 0, temporary_per_element * stepped
     if rung.stage == 0:
-        return BYTES_FP32 * trainable, BYTES_FP32 * trainable
+        return BYTES_FP32 * trainable, (BYTES_FP32 + temporary_per_element) * trainable
     partition = trainable // world
     if rung.stage in (1, 2):
-        return BYTES_FP32 * partition, BYTES_16BIT * partition
-    return BYTES_FP32 * partition, 0
+        return BYTES_FP32 * partition, (BYTES_16BIT + temporary_per_element) * partition
+    sub_group = min(partition, knobs.sub_group_size)
+    return BYTES_FP32 * sub_group, temporary_per_element * sub_group
 
 
 def model_states(
@@ -102,8 +117,10 @@ def model_states(
     rung: Rung,
     precision: str,
     estimators: DeepSpeedEstimators | None = None,
+    knobs: ZeroKnobs | None = None,
 ) -> ModelStates:
     ds = estimators or deepspeed_estimators()
+    knobs = knobs or ZeroKnobs()
     trainable = model.trainable_params
     frozen = model.total_params - trainable
     world = target.world_size
@@ -116,7 +133,8 @@ def model_states(
         replicated = rung.stage == 0  # stage 0 holds everything on every rank: ZeRO-2 at a single rank
         job_host, device = _zero2(ds, trainable, 1 if replicated else gpus, 1 if replicated else nodes, offload)
         components["model_states"] = device
-        if rung.stage == 1:
+        full_gradient_kept = knobs.overlap_comm is False or knobs.gradient_accumulation_steps > 1
+        if rung.stage == 1 and full_gradient_kept:
             components["zero1_unpartitioned_grads"] = BYTES_16BIT * trainable - BYTES_16BIT * trainable // world
         components["frozen_params"] = weight_bytes * frozen
         host = job_host // world if offload else 0
@@ -145,7 +163,7 @@ def model_states(
             nvme += frozen_share
     if precision == "fp32":
         components["fp32_widening"] = _fp32_widening(rung, trainable, world)
-    step_only, step_temporary = _step_phase(rung, trainable, world, precision)
+    step_only, step_temporary = _step_phase(rung, trainable, world, precision, knobs)
     return ModelStates(
         device_bytes=sum(components.values()),
         host_bytes=host,
