@@ -28,6 +28,10 @@ DS_DEFAULT_LIVE = 1_000_000_000  # stage3_max_live_parameters, stage3_max_reuse_
 OPTIMIZER_STEP_TEMPORARY_BYTES = {"fused": 0, "torch_foreach": 4, "torch_fused": 0}
 
 
+def _steps(steps: int | None) -> int | None:
+    return None if steps is None else max(1, int(steps))
+
+
 @dataclass(frozen=True)
 class ZeroKnobs:
     reduce_bucket_size: int | None = None  # None: what dsconfig emits (stage 1-2: EstimateSettings', stage 3: hidden^2)
@@ -39,7 +43,7 @@ class ZeroKnobs:
     stage3_max_live_parameters: int = DS_DEFAULT_LIVE
     stage3_max_reuse_distance: int = DS_DEFAULT_LIVE
     sub_group_size: int = DS_DEFAULT_LIVE
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int | None = None  # None: not known (the full ZeRO-1 gradient is then counted)
     optimizer: str = "fused"  # key of OPTIMIZER_STEP_TEMPORARY_BYTES
     # Stage 3: was the model built under deepspeed.zero.Init (HF Trainer / accelerate do it, and so do autotune's
     # trials)? Without it the engine moves the whole cast model to the GPU before partitioning it
@@ -52,7 +56,7 @@ class ZeroKnobs:
         zero: dict[str, Any],
         hidden_size: int | None,
         stage: int,
-        gradient_accumulation_steps: int = 1,
+        gradient_accumulation_steps: int | None = None,
         optimizer: str = "fused",
         zero_init: bool | None = True,
     ) -> ZeroKnobs:
@@ -78,13 +82,19 @@ class ZeroKnobs:
             stage3_max_live_parameters=size("stage3_max_live_parameters", DS_DEFAULT_LIVE, DS_DEFAULT_LIVE),
             stage3_max_reuse_distance=size("stage3_max_reuse_distance", DS_DEFAULT_LIVE, DS_DEFAULT_LIVE),
             sub_group_size=size("sub_group_size", DS_DEFAULT_LIVE, DS_DEFAULT_LIVE),
-            gradient_accumulation_steps=max(1, int(gradient_accumulation_steps)),
+            gradient_accumulation_steps=_steps(gradient_accumulation_steps),
             optimizer=optimizer,
             zero_init=zero_init,
         )
 
     def with_accumulation(self, steps: int) -> ZeroKnobs:
         return replace(self, gradient_accumulation_steps=max(1, steps))
+
+    @property
+    def zero1_keeps_full_gradient(self) -> bool:
+        """stage_1_and_2.py:2290-2295: only overlap_comm at an accumulation boundary drops gradients in backward."""
+        overlap = True if self.overlap_comm is None else self.overlap_comm
+        return not overlap or self.gradient_accumulation_steps != 1
 
     @property
     def step_temporary_bytes_per_element(self) -> int:

@@ -133,8 +133,7 @@ def model_states(
         replicated = rung.stage == 0  # stage 0 holds everything on every rank: ZeRO-2 at a single rank
         job_host, device = _zero2(ds, trainable, 1 if replicated else gpus, 1 if replicated else nodes, offload)
         components["model_states"] = device
-        full_gradient_kept = knobs.overlap_comm is False or knobs.gradient_accumulation_steps > 1
-        if rung.stage == 1 and full_gradient_kept:
+        if rung.stage == 1 and knobs.zero1_keeps_full_gradient:
             components["zero1_unpartitioned_grads"] = BYTES_16BIT * trainable - BYTES_16BIT * trainable // world
         components["frozen_params"] = weight_bytes * frozen
         host = job_host // world if offload else 0

@@ -33,6 +33,9 @@ class Calibration:
     # One entry per measured candidate (latest wins): {"key", "fixed", "variable", "measured"} in bytes,
     # the uncalibrated prediction split into its micro-batch-independent and -dependent parts.
     observations: list[dict] = field(default_factory=list)
+    # One entry per candidate that ran out of memory: {"key", "fixed", "variable", "limit"} in bytes. Its true
+    # peak was above `limit`, a lower bound the calibrated prediction is kept above (calibrate_oom).
+    oom_bounds: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
