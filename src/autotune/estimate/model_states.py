@@ -14,8 +14,9 @@ host figure for CPU offload; we call them and add what they lack, each addition 
   8 B AdamW states, no master copy); stages 1-3 still clone an fp32 partition (`.clone().float()` in
   stage_1_and_2.py / stage3.py), so only the "16-bit" copies widen to 4 bytes.
 - they assume Adam; AdamW, which autotune.dsconfig emits, keeps the same two fp32 states.
-DeepSpeed's stage-2 host figure is for the whole job and its stage-3 one per node; we convert both to
-per rank. We pass additional_buffer_factor=1.0: pinned buffers are counted in buffers.py instead.
+DeepSpeed's stage-2 host figure counts a model-loading transient (see OFFLOADED_BYTES_PER_PARAM_STAGE12); we
+use the steady state instead. Its stage-3 host figure (zero_init) is per node; we convert it to per rank.
+We pass additional_buffer_factor=1.0: pinned buffers are counted in buffers.py instead.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ from autotune.models import ModelSummary
 
 BYTES_16BIT = 2
 BYTES_FP32 = 4
+# Host bytes per trainable parameter of the rank's partition with the optimizer offloaded at stages 1-2: the
+# fp32 master partition (stage_1_and_2.py:577), its pinned fp32 gradient (stage_1_and_2.py:937-940) and Adam's
+# two fp32 moments. DeepSpeed's estimator says max(4 x GPUs, 16) per parameter for the job
+# (stage_1_and_2.py:4027): the 4 x GPUs term is every rank holding an fp32 copy of the model while loading it,
+# before the optimizer exists, so at 4+ GPUs it is up to 2x the steady state. autotune's trials build on the
+# meta device; a user's loader that materialises the model on every rank's CPU adds that transient on top.
+OFFLOADED_BYTES_PER_PARAM_STAGE12 = 16
 
 
 @dataclass(frozen=True)
@@ -131,12 +139,12 @@ def model_states(
     if rung.stage in (0, 1, 2):
         offload = rung.offload_optimizer is not None
         replicated = rung.stage == 0  # stage 0 holds everything on every rank: ZeRO-2 at a single rank
-        job_host, device = _zero2(ds, trainable, 1 if replicated else gpus, 1 if replicated else nodes, offload)
+        _job_host, device = _zero2(ds, trainable, 1 if replicated else gpus, 1 if replicated else nodes, offload)
         components["model_states"] = device
         if rung.stage == 1 and knobs.zero1_keeps_full_gradient:
             components["zero1_unpartitioned_grads"] = BYTES_16BIT * trainable - BYTES_16BIT * trainable // world
         components["frozen_params"] = weight_bytes * frozen
-        host = job_host // world if offload else 0
+        host = OFFLOADED_BYTES_PER_PARAM_STAGE12 * trainable // world if offload else 0
     else:
         node_host, device = _zero3(
             ds, model, trainable, target, rung.offload_optimizer is not None, rung.offload_param is not None
