@@ -5,8 +5,11 @@
 
 Each point is a run someone published with the figure they measured and the settings they stated; what
 they did not state is listed under "assumed" in points.json. Three kinds of truth:
-- "nvidia-smi": the device-level figure; compared with the predicted per-GPU peak (which includes the CUDA
-  context, NCCL and the allocator's reserve, as nvidia-smi does);
+- "nvidia-smi": the device-level figure of a run that fitted. It shows the caching allocator's reserved
+  high-water mark, which in a run with room to spare exceeds what the run needs (MemoryEstimate.
+  gpu_unpressured_extra_bytes, estimate/runtime.py UNPRESSURED_OBSERVATIONS); near the card's size the allocator
+  gives its cache back instead. So the figure is compared with min(peak + that extra, card memory); the error of
+  the bare peak (what must fit) is reported next to it;
 - "oom": the run did not fit the card: a "fits" verdict would be false;
 - "ran": the run fit, no figure given: a "does not fit" verdict costs a true fit.
 Every figure run also fit its card. Verdicts use the whole card (headroom 1.0): the margin must earn them.
@@ -45,9 +48,11 @@ class Outcome:
     point_id: str
     kind: str
     measured_gib: float | None
-    predicted_gib: float
+    predicted_gib: float  # what nvidia-smi would show: min(peak + unpressured cache, card), at least the peak
+    peak_gib: float
     margin_gib: float
-    error: float | None  # (predicted - measured) / measured
+    error: float | None  # (what nvidia-smi would show - measured) / measured
+    peak_error: float | None  # (predicted peak - measured) / measured
     deepspeed_gib: float
     deepspeed_error: float | None
     fits: bool
@@ -113,13 +118,17 @@ def run_point(point: dict) -> Outcome:
     measured = measurement.get("value_gib")
     measured_bytes = measured * GiB if measured is not None else None
     deepspeed = predicted.deepspeed_estimate_bytes
+    extra = getattr(predicted, "gpu_unpressured_extra_bytes", 0)
+    shown = max(predicted.gpu_peak_bytes, min(predicted.gpu_peak_bytes + extra, memory))
     return Outcome(
         point_id=point["id"],
         kind=measurement["kind"],
         measured_gib=measured,
-        predicted_gib=predicted.gpu_peak_bytes / GiB,
+        predicted_gib=shown / GiB,
+        peak_gib=predicted.gpu_peak_bytes / GiB,
         margin_gib=getattr(predicted, "gpu_margin_bytes", 0) / GiB,
-        error=(predicted.gpu_peak_bytes - measured_bytes) / measured_bytes if measured_bytes else None,
+        error=(shown - measured_bytes) / measured_bytes if measured_bytes else None,
+        peak_error=(predicted.gpu_peak_bytes - measured_bytes) / measured_bytes if measured_bytes else None,
         deepspeed_gib=deepspeed / GiB,
         deepspeed_error=(deepspeed - measured_bytes) / measured_bytes if measured_bytes else None,
         fits=check_fit(predicted, target, headroom=1.0).fits,
@@ -131,6 +140,7 @@ def run_point(point: dict) -> Outcome:
 
 def summarise(outcomes: list[Outcome]) -> dict:
     errors = [abs(o.error) for o in outcomes if o.error is not None]
+    peak_errors = [abs(o.peak_error) for o in outcomes if o.peak_error is not None]
     ds_errors = [abs(o.deepspeed_error) for o in outcomes if o.deepspeed_error is not None]
     signed = [o.error for o in outcomes if o.error is not None]
     return {
@@ -139,6 +149,8 @@ def summarise(outcomes: list[Outcome]) -> dict:
         "median_abs_error": statistics.median(errors),
         "worst_abs_error": max(errors),
         "median_signed_error": statistics.median(signed),
+        "peak_median_abs_error": statistics.median(peak_errors),
+        "peak_worst_abs_error": max(peak_errors),
         "deepspeed_median_abs_error": statistics.median(ds_errors),
         "deepspeed_worst_abs_error": max(ds_errors),
         "false_fits": [o.point_id for o in outcomes if o.fits and not o.truth_fits],
@@ -146,7 +158,7 @@ def summarise(outcomes: list[Outcome]) -> dict:
         "deepspeed_false_fits": [o.point_id for o in outcomes if o.deepspeed_fits and not o.truth_fits],
         "true_fits": sum(o.truth_fits for o in outcomes),
         "fits_without_margin_lost": [
-            o.point_id for o in outcomes if o.truth_fits and not o.fits and o.predicted_gib <= _card(o)
+            o.point_id for o in outcomes if o.truth_fits and not o.fits and o.peak_gib <= _card(o)
         ],
     }
 
@@ -171,14 +183,15 @@ def _environment(label: str) -> dict:
 
 def table(outcomes: list[Outcome], points: dict[str, dict]) -> str:
     lines = [
-        "| point | model | ZeRO | GPUs | mb | seq | measured | autotune (margin) | error | DeepSpeed est. | verdict |",
+        "| point | model | ZeRO | GPUs | mb | seq | measured | autotune shown / peak (+margin) | error (peak) |"
+        " DeepSpeed est. | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         p = points[o.point_id]
         rung = _rung(p).value
         measured = f"{o.measured_gib:.1f} GiB" if o.measured_gib is not None else o.kind.upper()
-        error = f"{o.error:+.0%}" if o.error is not None else ""
+        error = f"{o.error:+.0%} ({o.peak_error:+.0%})" if o.error is not None and o.peak_error is not None else ""
         ds = f"{o.deepspeed_gib:.1f} GiB" + (f" ({o.deepspeed_error:+.0%})" if o.deepspeed_error is not None else "")
         verdict = "fits" if o.fits else "no fit"
         if o.fits != o.truth_fits:
@@ -186,7 +199,7 @@ def table(outcomes: list[Outcome], points: dict[str, dict]) -> str:
         gpus = f"{p['gpus_per_node']}x{p['gpu_memory_gib']:g}G"
         lines.append(
             f"| {o.point_id} | {p['model']} | {rung} | {gpus} | {p['micro_batch']} | {p['seq_len']} | {measured} |"
-            f" {o.predicted_gib:.1f} (+{o.margin_gib:.1f}) | {error} | {ds} | {verdict} |"
+            f" {o.predicted_gib:.1f} / {o.peak_gib:.1f} (+{o.margin_gib:.1f}) | {error} | {ds} | {verdict} |"
         )
     return "\n".join(lines)
 

@@ -7,7 +7,13 @@ from autotune.estimate.buffers import deepspeed_buffers, tied_gradient_bytes, un
 from autotune.estimate.constants import CPU_PROCESS_BASELINE_BYTES
 from autotune.estimate.margin import gpu_margins
 from autotune.estimate.model_states import model_states
-from autotune.estimate.runtime import Overhead, allocator_reserve_fraction, cuda_context, nccl_buffers
+from autotune.estimate.runtime import (
+    Overhead,
+    allocator_reserve_fraction,
+    cuda_context,
+    nccl_buffers,
+    unpressured_reserve_fraction,
+)
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
 from autotune.hardware import Target
 from autotune.ladder import Candidate
@@ -79,6 +85,7 @@ def estimate(
     )
     per_rank_host = {"offloaded_states": states.host_bytes, **buffers.host_components}
     margins: dict[str, int] = {}
+    cache_excess = 0
     if settings.device == "cpu":
         device.update(per_rank_host)
         device["process_baseline"] = CPU_PROCESS_BASELINE_BYTES
@@ -87,6 +94,7 @@ def estimate(
         uncalibrated = sum(device.values()) - sum(activations.values()) + sum(raw_activations.values())
         allocated = sum(device.values())
         device["allocator_slack"] = round(allocator_reserve_fraction() * uncalibrated)
+        cache_excess = round((unpressured_reserve_fraction() - allocator_reserve_fraction()) * uncalibrated)
         runtime = runtime_overheads(target, settings)
         device.update({name: overhead.central for name, overhead in runtime.items()})
         unknown_init = (
@@ -117,6 +125,7 @@ def estimate(
         deepspeed_estimate_bytes=states.deepspeed_device_bytes,
         nvme_components=nvme,
         gpu_uncertainty=margins,
+        gpu_unpressured_extra_bytes=cache_excess,
     )
 
 

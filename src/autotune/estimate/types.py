@@ -54,6 +54,9 @@ class MemoryEstimate:
     nvme_components: dict[str, int] = field(default_factory=dict)
     # How far the true peak may be above gpu_peak_bytes, per component (bytes); "fits" needs peak + margin.
     gpu_uncertainty: dict[str, int] = field(default_factory=dict)
+    # What a run with room to spare shows on top of gpu_peak_bytes (nvidia-smi, max_memory_reserved): the caching
+    # allocator keeps more cached when it is not pressed. Not needed to fit; used to compare with such figures.
+    gpu_unpressured_extra_bytes: int = 0
 
     @property
     def gpu_margin_bytes(self) -> int:
