@@ -163,6 +163,18 @@ def test_nccl_counts_communicators_by_version_and_hopper_nvls():
     assert hopper.uncertainty > nccl_buffers(8, NEW_STACK).uncertainty
 
 
+def test_local_stack_reads_package_metadata(monkeypatch: pytest.MonkeyPatch):
+    from autotune.estimate import runtime
+
+    versions = {"torch": "2.13.0+cu130", "nvidia-nccl-cu13": "2.28.3"}
+    monkeypatch.setattr(runtime, "_installed", versions.get)
+    stack = runtime.local_stack("9.0")
+    assert stack == RuntimeStack("2.13.0+cu130", "13.0", "2.28.3", "9.0")
+    assert lazy_loading(stack) is True
+    monkeypatch.setattr(runtime, "_installed", {"torch": "2.13.0+cpu"}.get)
+    assert runtime.local_stack() == RuntimeStack("2.13.0+cpu", None, None, None)
+
+
 def test_allocator_reserve_comes_from_the_cited_observations():
     fractions = sorted(reserved / allocated - 1 for allocated, reserved, _ in ALLOCATOR_OBSERVATIONS)
     assert fractions[len(fractions) // 2 - 1] <= allocator_reserve_fraction() <= fractions[len(fractions) // 2]

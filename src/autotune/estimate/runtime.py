@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from importlib import metadata
 
 from autotune.units import GiB, MiB
 
@@ -19,6 +20,33 @@ class RuntimeStack:
     cuda_version: str | None = None
     nccl_version: str | None = None
     compute_capability: str | None = None
+
+
+# pip packages that carry NCCL with the CUDA builds of torch, newest first.
+_NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+
+
+def _installed(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def local_stack(compute_capability: str | None = None) -> RuntimeStack:
+    """The stack this machine would train with, read from package metadata (no torch import, no CUDA context).
+
+    torch's local version names its CUDA build ("2.13.0+cu130" -> CUDA 13.0); a CPU build or a missing torch
+    leaves CUDA unknown. compute_capability comes from the probe (NVML).
+    """
+    torch_version = _installed("torch")
+    cuda = None
+    if torch_version and "+cu" in torch_version:
+        digits = torch_version.split("+cu", 1)[1]
+        if digits.isdigit() and len(digits) >= 3:
+            cuda = f"{int(digits[:-1])}.{digits[-1]}"
+    nccl = next((version for version in map(_installed, _NCCL_PACKAGES) if version), None)
+    return RuntimeStack(torch_version, cuda, nccl, compute_capability)
 
 
 @dataclass(frozen=True)
