@@ -152,7 +152,7 @@ def _reserve_fractions() -> list[float]:
 
 
 def allocator_reserve_fraction() -> float:
-    """Median reserved-over-allocated of the observations (about 2.6%)."""
+    """Median reserved-over-allocated of the observations (about 2.4%)."""
     return statistics.median(_reserve_fractions())
 
 
