@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from autotune.estimate import calibrate, check_fit, estimate
+from autotune.estimate import calibrate, calibrate_oom, check_fit, estimate
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
 from autotune.hardware import Target
 from autotune.ladder import Candidate, Rung
@@ -158,6 +158,10 @@ class Search:
         peak = result.peak_memory_bytes
         if peak and (result.ok or result.status == "over_budget"):
             self.calibration = calibrate(self.calibration, self.model, self.target, candidate, self.settings, peak)
+            self.outcome.calibration = self.calibration
+        elif result.status in MEMORY_FAILURES:  # no peak, but a lower bound: it needed more than the memory it had
+            limit = self.target.free_memory_bytes
+            self.calibration = calibrate_oom(self.calibration, self.model, self.target, candidate, self.settings, limit)
             self.outcome.calibration = self.calibration
         self.observe(SearchEvent("trial_end", candidate, result.status, record))
         return record
