@@ -19,16 +19,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from autotune.atomic import atomic_write_text  # noqa: E402
-from autotune.cache import library_versions  # noqa: E402
-from autotune.estimate.types import EstimateSettings  # noqa: E402
-from autotune.hardware import Target  # noqa: E402
-from autotune.ladder import Candidate, Rung  # noqa: E402
-from autotune.models import resolve_model, summarize  # noqa: E402
-from autotune.search import Search, SearchLimits  # noqa: E402
-from gpu_sim.ds_autotuning import ds_autotuning  # noqa: E402
-from gpu_sim.machine import SimulatedCluster  # noqa: E402
-from gpu_sim.scenarios import SCENARIOS, Scenario  # noqa: E402
+from autotune.atomic import atomic_write_text
+from autotune.cache import library_versions
+from autotune.estimate.types import EstimateSettings
+from autotune.hardware import Target
+from autotune.ladder import Candidate, Rung
+from autotune.models import resolve_model, summarize
+from autotune.search import Search, SearchLimits
+from gpu_sim.ds_autotuning import ds_autotuning
+from gpu_sim.machine import SimulatedCluster
+from gpu_sim.scenarios import SCENARIOS, Scenario
 
 RUNGS = [Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT, Rung.Z3_OFFLOAD_ALL]
 HEADROOM = 0.9

@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass, field
 
 from autotune.ladder import Candidate, Rung
-
 from gpu_sim.machine import SimulatedCluster
 
 METRIC_PERCENT_DIFF_CONST = 0.05  # deepspeed/autotuning/constants.py:21
@@ -110,13 +109,13 @@ class DsRun:
         sizes = self.tuning_list(min_mb, max_mb)
         for mb in sizes:
             self.experiment(rung, mb)
-        best_metric, best_mb = self.records.get(Candidate(rung, max_mb, False), 0.0), max_mb
+        best_metric = self.records.get(Candidate(rung, max_mb, False), 0.0)
         lowest = sizes[-2] + 1 if len(sizes) > 1 else min_mb
         stride = max(1, (max_mb - lowest) // 3)
         for mb in reversed(range(lowest, max_mb, stride)):
             metric = self.experiment(rung, mb)
             if metric and metric > best_metric * (1 + METRIC_PERCENT_DIFF_CONST):
-                best_metric, best_mb = metric, mb
+                best_metric = metric
             else:
                 break
         space = {c: v for c, v in self.records.items() if c.rung is rung and v}

@@ -303,7 +303,9 @@ class SimulatedCluster:
         cycle = gas * cost.micro_s + cost.optimizer_s
         return TrialResult(
             status="ok",
-            ranks=[RankMetrics(rank=0, device_used_bytes=peak, host_rss_peak_bytes=self.host_bytes_per_node(candidate))],
+            ranks=[
+                RankMetrics(rank=0, device_used_bytes=peak, host_rss_peak_bytes=self.host_bytes_per_node(candidate))
+            ],
             step_times_s=[cycle] * 5,
             samples_per_s=self.samples_per_s(candidate),
             wall_s=self.trial_seconds(candidate),

@@ -16,7 +16,14 @@ from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimat
 from autotune.hardware import Target
 from autotune.ladder import Candidate, Rung
 from autotune.models import ModelSummary
-from autotune.speed import StepLine, could_beat, fit_step_line, work_units
+from autotune.speed import (
+    BoundContext,
+    GroupMeasurements,
+    checkpointing_cost,
+    could_beat,
+    dominated_rungs,
+    optimizer_saving_s,
+)
 from autotune.trial.types import TrialResult
 
 MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
@@ -122,6 +129,13 @@ class Search:
         self.outcome = SearchOutcome(best=None, calibration=self.calibration)
         self._started = self.clock()
         self._launched = 0
+        self._timed_out: list[Candidate] = []  # remembered for the run: never re-run, nor anything slower
+        self.bound_context = BoundContext(
+            checkpointing_cost=checkpointing_cost(self.model.total_params, self.model.embedding_params),
+            optimizer_saving_s=optimizer_saving_s(
+                self.model.total_params, self.target.world_size, self.target.gpu.memory_bandwidth_gbs
+            ),
+        )
 
     # -- predictions -------------------------------------------------------------------------------
     def _estimate(self, candidate: Candidate) -> MemoryEstimate:
@@ -148,11 +162,31 @@ class Search:
         return ""
 
     # -- trials ------------------------------------------------------------------------------------
+    def _would_time_out(self, candidate: Candidate) -> Candidate | None:
+        """A timed-out candidate that does no more work than this one (same or dominating rung, same or
+        smaller micro-batch, checkpointing no less): this one would time out too."""
+        for slow in self._timed_out:
+            same_or_more_work = candidate.rung is slow.rung or candidate.rung in dominated_rungs(slow.rung)
+            if (
+                same_or_more_work
+                and candidate.micro_batch >= slow.micro_batch
+                and (candidate.grad_checkpointing or not slow.grad_checkpointing)
+            ):
+                return slow
+        return None
+
     def _trial(self, candidate: Candidate) -> TrialRecord:
         predicted = self._estimate(candidate)
+        if slow := self._would_time_out(candidate):
+            result = TrialResult(status="timeout", error=f"not run: {slow.key} timed out earlier in this run")
+            record = TrialRecord(candidate, result, predicted.gpu_peak_bytes, self.limit_bytes, from_cache=True)
+            self.outcome.trials.append(record)
+            return record
         self.observe(SearchEvent("trial_start", candidate, predicted.candidate.describe()))
         result, cached = self.run(candidate)
         self._launched += 0 if cached else 1
+        if result.status == "timeout":
+            self._timed_out.append(candidate)
         record = TrialRecord(candidate, result, predicted.gpu_peak_bytes, self.limit_bytes, cached)
         self.outcome.trials.append(record)
         peak = result.peak_memory_bytes
@@ -170,28 +204,51 @@ class Search:
         self.outcome.skipped.append(SkipRecord(rung, ckpt, reason))
         self.observe(SearchEvent("skip", Candidate(rung, self.micro_batches[0], ckpt), reason))
 
+    def _fits_with(self, candidate: Candidate, calibration: Calibration) -> bool:
+        predicted = estimate(self.model, self.target, candidate, self.settings, calibration)
+        return predicted.gpu_peak_bytes <= self.limit_bytes * (1 + TRY_MARGIN)
+
     def _next_micro_batch(self, rung: Rung, ckpt: bool, ok: int | None, bad: int | None, guided: bool) -> int | None:
-        """Next micro-batch strictly between the largest that ran and the smallest that did not."""
+        """Next micro-batch strictly between the largest that ran and the smallest that did not, among
+        those the calibrated memory model does not rule out (no trial on a predicted non-fit)."""
         between = [m for m in self.micro_batches if (ok is None or m > ok) and (bad is None or m < bad)]
         if not between:
             return None
-        predicted = [
-            m
-            for m in between
-            if self._estimate(Candidate(rung, m, ckpt)).gpu_peak_bytes <= self.limit_bytes * (1 + TRY_MARGIN)
-        ]
-        if guided and predicted:
-            return predicted[-1]
-        if ok is not None and not predicted:
-            return None  # the calibrated model rules out everything above what ran
-        return between[len(between) // 2]
+        if ok is None and bad is not None:
+            return self._after_first_failure(rung, ckpt, bad, between)
+        predicted = [m for m in between if self._fits_with(Candidate(rung, m, ckpt), self.calibration)]
+        if not predicted:
+            return None if ok is not None else between[0]
+        return predicted[-1] if guided else predicted[len(predicted) // 2]
+
+    def _after_first_failure(self, rung: Rung, ckpt: bool, bad: int, below: list[int]) -> int:
+        """Nothing of this group ran yet and `bad` did not fit: jump by the memory model, not one grid step.
+
+        The failed trial shows the true peak at `bad` is above the free memory (or the measured peak, if
+        it was reported). Calibrating on that lower bound gives a model that is at least as pessimistic
+        as the truth there; the largest micro-batch it says fits is the next try. If it says none, the
+        smallest is tried once (the bound may be pessimistic for small micro-batches).
+        """
+        failed = next((t for t in reversed(self.outcome.trials) if t.candidate == Candidate(rung, bad, ckpt)), None)
+        peak = failed.result.peak_memory_bytes if failed else None
+        at_least = max(peak or 0, self.target.free_memory_bytes)
+        pessimistic = calibrate(
+            self.calibration, self.model, self.target, Candidate(rung, bad, ckpt), self.settings, at_least
+        )
+        fitting = [m for m in below if self._fits_with(Candidate(rung, m, ckpt), pessimistic)]
+        return fitting[-1] if fitting else below[0]
 
     def _search_group(self, rung: Rung, ckpt: bool, seed: int) -> None:
-        """Largest micro-batch that runs for one (rung, checkpointing) group, seeded by the prediction."""
+        """Largest micro-batch that runs for one (rung, checkpointing) group, seeded by the prediction.
+
+        A timeout before anything in the group ran is retried once at a smaller micro-batch (shorter
+        steps) before the group is abandoned; a timeout bounds the group from above like an OOM.
+        """
         ok: int | None = None
         bad: int | None = None
         mb: int | None = seed
         guided = True
+        retried_timeout = False
         while mb is not None:
             if reason := self._budget_left():
                 self.outcome.stop_reason = reason
@@ -203,6 +260,16 @@ class Search:
             elif record.memory_failure:
                 bad = mb
                 guided = ok is None and guided  # a wrong guess above a success falls back to bisection
+            elif record.result.status == "timeout" and (ok is not None or not retried_timeout):
+                smaller = [m for m in self.micro_batches if m < mb and (ok is None or m > ok)]
+                bad = mb
+                if ok is None:
+                    retried_timeout = True
+                    if not smaller:
+                        self._skip(rung, ckpt, f"trial timed out at the smallest micro-batch: {record.result.error}")
+                        return
+                    mb = smaller[len(smaller) // 2]
+                    continue
             else:
                 if ok is None:
                     self._skip(rung, ckpt, f"trial failed: {record.result.status}: {record.result.error or ''}".strip())
@@ -215,20 +282,14 @@ class Search:
         if best is None or speed > (best.result.samples_per_s or 0.0):
             self.outcome.best = record
 
-    def _best_line(self) -> StepLine | None:
-        """Step-time line of the best config's (rung, checkpointing) group, from its trials that fitted."""
-        best = self.outcome.best
-        if best is None:
-            return None
-        points = [
-            (work_units(t.candidate), self._micro_step_seconds(t))
-            for t in self.outcome.trials
-            if t.within_headroom
-            and t.result.samples_per_s
-            and t.candidate.rung is best.candidate.rung
-            and t.candidate.grad_checkpointing == best.candidate.grad_checkpointing
-        ]
-        return fit_step_line(points)
+    def _measured_groups(self) -> list[GroupMeasurements]:
+        """Per (rung, checkpointing): (micro-batch, per-rank micro-step seconds) of every trial that fitted."""
+        points: dict[tuple[Rung, bool], list[tuple[int, float]]] = {}
+        for t in self.outcome.trials:
+            if t.within_headroom and t.result.samples_per_s:
+                key = (t.candidate.rung, t.candidate.grad_checkpointing)
+                points.setdefault(key, []).append((t.candidate.micro_batch, self._micro_step_seconds(t)))
+        return [GroupMeasurements(rung, ckpt, tuple(p)) for (rung, ckpt), p in points.items()]
 
     def _micro_step_seconds(self, record: TrialRecord) -> float:
         """Seconds per micro-batch on one rank; independent of gradient accumulation and world size."""
@@ -253,7 +314,7 @@ class Search:
             if best is not None:
                 speed = (best.result.samples_per_s or 0.0) / self.target.world_size  # per rank, like the line
                 other = Candidate(rung, reachable, ckpt)
-                beatable, why = could_beat(best.candidate, speed, self._best_line(), other)
+                beatable, why = could_beat(speed, self._measured_groups(), other, self.bound_context)
                 if not beatable:
                     self._skip(rung, ckpt, why)
                     continue
