@@ -228,16 +228,16 @@ class _Context:
 
 
 def _prepare_ops(device: str, observe: Callable[[SearchEvent], None]) -> None:
-    """Compile DeepSpeed's JIT ops once before the first trial, so no trial timeout absorbs minutes of ninja."""
-    from autotune.trial.ops import ops_built, prebuild_ops
+    """Load DeepSpeed's JIT ops once before the first trial, in a child with the trials' interpreter and
+    environment (building there if needed), so no trial timeout absorbs a build or a stale build lock."""
+    from autotune.trial.ops import ensure_ops_ready, ops_built
 
-    if ops_built(device):
-        return
-    observe(
-        SearchEvent("prepare", message="building DeepSpeed ops once (minutes; cached in ~/.cache/torch_extensions)")
-    )
+    if not ops_built(device):
+        observe(
+            SearchEvent("prepare", message="building DeepSpeed ops once (minutes; cached in ~/.cache/torch_extensions)")
+        )
     try:
-        prebuild_ops(device)
+        ensure_ops_ready(device, report=lambda message: observe(SearchEvent("prepare", message=message)))
     except (RuntimeError, OSError) as error:
         raise UserError(str(error)) from None
 
