@@ -68,7 +68,9 @@ def run_scenario(scenario: Scenario) -> dict:
     micro_batches = grid(scenario, machine.world)
     best, best_speed, total = exhaustive(machine, micro_batches)
     limits = SearchLimits(max_trials=total // 4, headroom=HEADROOM)
-    outcome = Search(machine.model, target, settings, machine.run, RUNGS, micro_batches, limits).run_search()
+    outcome = Search(
+        machine.model, target, settings, machine.run, RUNGS, micro_batches, limits, global_batch=scenario.global_batch
+    ).run_search()
     ours = outcome.best.candidate if outcome.best else None
     ds_machine, _, _ = cluster(scenario)
     ds_pick, ds_launches = ds_autotuning(ds_machine, HEADROOM * ds_machine.gpu.memory_bytes)

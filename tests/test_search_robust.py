@@ -3,6 +3,7 @@ not share the search's priors, and its handling of timeouts and out-of-memory se
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,56 @@ def test_oom_with_nothing_run_jumps_by_the_memory_model() -> None:
     for group in statuses.values():  # never walks down the grid one OOM at a time
         first_success = group.index("ok") if "ok" in group else len(group)
         assert first_success <= 2, statuses
+
+
+def test_two_close_configs_are_remeasured_interleaved_and_the_margin_reported() -> None:
+    """Two configs 3% apart with 20% step-time spread: one measurement must not decide."""
+    machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
+    order: list[Candidate] = []
+    repeats: dict[Candidate, int] = {}
+
+    def noisy(candidate: Candidate) -> tuple[TrialResult, bool]:
+        order.append(candidate)
+        result, _ = machine.run(candidate)
+        if not result.ok:
+            return result, False
+        repeats[candidate] = repeats.get(candidate, 0) + 1
+        step = result.step_times_s[0]
+        return replace(result, step_times_s=[step * 0.9, step, step * 1.1]), False
+
+    outcome = Search(machine.model, target, settings, noisy, rungs, micro_batches, SearchLimits(40)).run_search()
+    assert outcome.remeasured and outcome.margin is not None and outcome.noise == pytest.approx(0.2)
+    best = outcome.best.candidate
+    assert repeats[best] == 2 and order[-1] == best
+    runner_up = order[-2]
+    assert repeats[runner_up] == 2 and runner_up != best
+    assert "margin" in outcome.to_dict()
+
+
+def test_a_clear_winner_is_not_remeasured() -> None:
+    machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
+    outcome = Search(machine.model, target, settings, machine.run, rungs, micro_batches).run_search()
+    assert not outcome.remeasured and outcome.noise == 0.0 and outcome.margin is not None
+    assert len(set(machine.launched)) == len(machine.launched)
+
+
+def test_offload_rungs_over_the_host_ram_headroom_are_not_chosen() -> None:
+    """GPU trials: the node's host RSS peak is held to the headroom too (offload pins host buffers)."""
+    from autotune.estimate.types import EstimateSettings
+    from autotune.hardware import Target
+    from autotune.models import resolve_model, summarize
+    from gpu_sim.machine import SimulatedCluster
+    from gpu_sim.scenarios import SCENARIOS
+    from search_quality import RUNGS, grid
+
+    scenario = next(s for s in SCENARIOS if s.name == "offload-and-checkpointing")  # only offload rungs fit
+    model = summarize(resolve_model(scenario.model))
+    probe = SimulatedCluster(model, scenario.node, 1, scenario.seq_len)
+    needed = probe.host_bytes_per_node(Candidate(Rung.Z3_OFFLOAD_OPT, 1))
+    node = replace(scenario.node, host_ram_bytes=int(needed / 0.95))  # fits the RAM, not the 90% headroom
+    machine = SimulatedCluster(model, node, 1, scenario.seq_len)
+    target = Target(node.gpu, node.gpus_per_node, 1, node.gpu.memory_bytes, node.host_ram_bytes, None, True)
+    settings = EstimateSettings(seq_len=scenario.seq_len, precision="bf16")
+    outcome = Search(model, target, settings, machine.run, RUNGS, grid(scenario, 4), SearchLimits(40)).run_search()
+    assert outcome.best is None or outcome.best.candidate.rung.offload_optimizer is None
+    assert any("host RAM peak" in s.reason for s in outcome.skipped)

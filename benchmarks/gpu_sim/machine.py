@@ -12,7 +12,7 @@ ranges (no single published value exists); they shape the scenarios but are not 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.hardware import GpuSpec, resolve_gpu_type
 from autotune.ladder import Candidate, Rung
@@ -301,12 +301,19 @@ class SimulatedCluster:
         cost = self.step_cost(candidate)
         gas = self.accumulation(candidate)
         cycle = gas * cost.micro_s + cost.optimizer_s
+        smaller = candidate.micro_batch // 2 or None  # autotune's trials also time half the micro-batch
+        smaller_s = self.step_cost(replace(candidate, micro_batch=smaller)).micro_s if smaller else None
         return TrialResult(
             status="ok",
             ranks=[
                 RankMetrics(rank=0, device_used_bytes=peak, host_rss_peak_bytes=self.host_bytes_per_node(candidate))
             ],
             step_times_s=[cycle] * 5,
+            micro_step_s=cost.micro_s,
+            optimizer_step_s=cost.optimizer_s,
+            accumulation=gas,
+            smaller_micro_batch=smaller,
+            smaller_micro_step_s=smaller_s,
             samples_per_s=self.samples_per_s(candidate),
             wall_s=self.trial_seconds(candidate),
         )

@@ -25,6 +25,7 @@ from autotune.speed import (
     optimizer_saving_s,
 )
 from autotune.trial.types import TrialResult
+from autotune.units import format_bytes
 
 MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
 RULED_OUT_MARGIN = 0.15  # skip without a trial only when the prediction is this far over the limit
@@ -45,11 +46,28 @@ class TrialRecord:
     predicted_peak_bytes: int
     limit_bytes: int
     from_cache: bool = False
+    host_limit_bytes: int | None = None  # GPU trials: per-node host RAM headroom (offload pins host buffers)
+    gpus_per_node: int = 1
+
+    @property
+    def host_peak_bytes(self) -> int | None:
+        """Worst node's summed host RSS peak over its ranks (ranks are numbered node by node)."""
+        per_node: dict[int, int] = {}
+        for rank in self.result.ranks:
+            if rank.host_rss_peak_bytes:
+                node = rank.rank // max(1, self.gpus_per_node)
+                per_node[node] = per_node.get(node, 0) + rank.host_rss_peak_bytes
+        return max(per_node.values()) if per_node else None
+
+    @property
+    def over_host_headroom(self) -> bool:
+        peak = self.host_peak_bytes
+        return self.host_limit_bytes is not None and peak is not None and peak > self.host_limit_bytes
 
     @property
     def within_headroom(self) -> bool:
         peak = self.result.peak_memory_bytes
-        return self.result.ok and (peak is None or peak <= self.limit_bytes)
+        return self.result.ok and (peak is None or peak <= self.limit_bytes) and not self.over_host_headroom
 
     @property
     def memory_failure(self) -> bool:
@@ -62,6 +80,8 @@ class TrialRecord:
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "limit_bytes": self.limit_bytes,
             "within_headroom": self.within_headroom,
+            "host_peak_bytes": self.host_peak_bytes,
+            "host_limit_bytes": self.host_limit_bytes,
             "from_cache": self.from_cache,
         }
 
@@ -91,6 +111,9 @@ class SearchOutcome:
     skipped: list[SkipRecord] = field(default_factory=list)
     calibration: Calibration = field(default_factory=Calibration)
     stop_reason: str = ""
+    margin: float | None = None  # best vs runner-up, relative, after any re-measurement
+    noise: float | None = None  # the larger relative step-time spread of the two
+    remeasured: bool = False
 
     @property
     def trials_launched(self) -> int:
@@ -103,7 +126,18 @@ class SearchOutcome:
             "skipped": [s.to_dict() for s in self.skipped],
             "calibration": asdict(self.calibration),
             "stop_reason": self.stop_reason,
+            "margin": self.margin,
+            "noise": self.noise,
+            "remeasured": self.remeasured,
         }
+
+
+def relative_spread(step_times_s: list[float]) -> float:
+    """(slowest - fastest) / median of a trial's measured steps; 0 with fewer than two."""
+    if len(step_times_s) < 2:
+        return 0.0
+    ordered = sorted(step_times_s)
+    return (ordered[-1] - ordered[0]) / ordered[len(ordered) // 2]
 
 
 RunTrial = Callable[[Candidate], tuple[TrialResult, bool]]  # -> (result, came from cache)
@@ -123,9 +157,16 @@ class Search:
     observe: Callable[[SearchEvent], None] = lambda event: None
     calibration: Calibration = field(default_factory=Calibration)
     clock: Callable[[], float] = time.monotonic
+    global_batch: int | None = None  # fixed global batch: accumulation scales with 1 / micro-batch
 
     def __post_init__(self) -> None:
         self.limit_bytes = int(self.limits.headroom * self.target.free_memory_bytes)
+        # GPU trials: the node's host RAM is held to the same headroom (the CPU backend's per-rank budget
+        # already is host memory, so it needs no second limit).
+        host_ram = self.target.host_ram_bytes
+        self.host_limit_bytes = (
+            int(self.limits.headroom * host_ram) if host_ram and self.settings.device != "cpu" else None
+        )
         self.outcome = SearchOutcome(best=None, calibration=self.calibration)
         self._started = self.clock()
         self._launched = 0
@@ -187,7 +228,15 @@ class Search:
         self._launched += 0 if cached else 1
         if result.status == "timeout":
             self._timed_out.append(candidate)
-        record = TrialRecord(candidate, result, predicted.gpu_peak_bytes, self.limit_bytes, cached)
+        record = TrialRecord(
+            candidate,
+            result,
+            predicted.gpu_peak_bytes,
+            self.limit_bytes,
+            cached,
+            self.host_limit_bytes,
+            self.target.gpus_per_node,
+        )
         self.outcome.trials.append(record)
         peak = result.peak_memory_bytes
         if peak and (result.ok or result.status == "over_budget"):
@@ -254,6 +303,10 @@ class Search:
                 self.outcome.stop_reason = reason
                 return
             record = self._trial(Candidate(rung, mb, ckpt))
+            if record.over_host_headroom:  # host buffers barely depend on the micro-batch: the rung is out
+                peak, limit = format_bytes(record.host_peak_bytes or 0), format_bytes(self.host_limit_bytes or 0)
+                self._skip(rung, ckpt, f"host RAM peak {peak} per node > {limit} ({self.limits.headroom:.0%} of RAM)")
+                return
             if record.within_headroom:
                 ok = mb
                 self._consider_best(record)
@@ -283,17 +336,64 @@ class Search:
             self.outcome.best = record
 
     def _measured_groups(self) -> list[GroupMeasurements]:
-        """Per (rung, checkpointing): (micro-batch, per-rank micro-step seconds) of every trial that fitted."""
+        """Per (rung, checkpointing): (micro-batch, per-rank micro-step seconds) of every trial that fitted,
+        with the second point each launch timed at a smaller micro-batch."""
         points: dict[tuple[Rung, bool], list[tuple[int, float]]] = {}
         for t in self.outcome.trials:
             if t.within_headroom and t.result.samples_per_s:
                 key = (t.candidate.rung, t.candidate.grad_checkpointing)
                 points.setdefault(key, []).append((t.candidate.micro_batch, self._micro_step_seconds(t)))
+                if smaller := self._smaller_point(t):
+                    points[key].append(smaller)
         return [GroupMeasurements(rung, ckpt, tuple(p)) for (rung, ckpt), p in points.items()]
+
+    def _smaller_point(self, record: TrialRecord) -> tuple[int, float] | None:
+        """The launch's second point as it would run on its own: its micro-step plus its share of the
+        optimizer step (with a fixed global batch the smaller micro-batch accumulates more steps)."""
+        r = record.result
+        if not (r.smaller_micro_batch and r.smaller_micro_step_s and r.optimizer_step_s is not None):
+            return None
+        accumulation = max(1, r.accumulation)
+        if self.global_batch is not None:
+            accumulation = accumulation * record.candidate.micro_batch / r.smaller_micro_batch
+        return r.smaller_micro_batch, r.smaller_micro_step_s + r.optimizer_step_s / accumulation
 
     def _micro_step_seconds(self, record: TrialRecord) -> float:
         """Seconds per micro-batch on one rank; independent of gradient accumulation and world size."""
         return record.candidate.micro_batch * self.target.world_size / (record.result.samples_per_s or 1.0)
+
+    # -- noise ------------------------------------------------------------------------------------------
+    def _speeds(self, candidate: Candidate) -> list[TrialRecord]:
+        return [
+            t for t in self.outcome.trials if t.candidate == candidate and t.within_headroom and t.result.samples_per_s
+        ]
+
+    def _mean_speed(self, candidate: Candidate) -> float:
+        records = self._speeds(candidate)
+        return sum(t.result.samples_per_s or 0.0 for t in records) / max(1, len(records))
+
+    def _settle_close_call(self) -> None:
+        """When the two best differ by less than their measured step-time spread, re-measure both,
+        interleaved (runner-up, then best), and decide on the mean; the margin goes in the outcome."""
+        fitted = {t.candidate for t in self.outcome.trials if t.within_headroom and t.result.samples_per_s}
+        ranked = sorted(fitted, key=self._mean_speed, reverse=True)
+        if len(ranked) < 2:
+            return
+        first, second = ranked[0], ranked[1]
+        noise = max(relative_spread(t.result.step_times_s) for c in (first, second) for t in self._speeds(c))
+        margin = (self._mean_speed(first) - self._mean_speed(second)) / self._mean_speed(second)
+        if margin < noise and not self._budget_left():
+            self.outcome.remeasured = True
+            for candidate in (second, first):
+                record = self._trial(candidate)
+                if not record.within_headroom:
+                    break
+            ranked = sorted((first, second), key=self._mean_speed, reverse=True)
+            first, second = ranked
+            margin = (self._mean_speed(first) - self._mean_speed(second)) / self._mean_speed(second)
+        best = max(self._speeds(first), key=lambda t: t.result.samples_per_s or 0.0)
+        self.outcome.best = best
+        self.outcome.margin, self.outcome.noise = margin, noise
 
     # -- the walk ----------------------------------------------------------------------------------
     def run_search(self) -> SearchOutcome:
@@ -320,6 +420,7 @@ class Search:
                     continue
             seed = self._predicted_max(rung, ckpt, 0.0) or self.micro_batches[0]
             self._search_group(rung, ckpt, seed)
+        self._settle_close_call()
         if not self.outcome.stop_reason:
             self.outcome.stop_reason = (
                 "no remaining candidate can beat the best measured"

@@ -233,6 +233,11 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
     return TrialResult(
         status="ok",
         step_times_s=list(first.step_times_s),
+        micro_step_s=first.micro_step_s,
+        optimizer_step_s=first.optimizer_step_s,
+        accumulation=first.accumulation,
+        smaller_micro_batch=first.smaller_micro_batch,
+        smaller_micro_step_s=first.smaller_micro_step_s,
         samples_per_s=rates.samples_per_s,
         tokens_per_s=rates.tokens_per_s,
         tflops_per_gpu=rates.tflops_per_gpu,
