@@ -18,6 +18,7 @@ def cpu_ops_built() -> None:
     prebuild_ops("cpu")
 
 
+@pytest.mark.slow  # about 80 s per stage on the shared 2-core machine
 @pytest.mark.parametrize("rung", [Rung.Z0, Rung.Z2, Rung.Z3])
 def test_one_launch_times_two_micro_batches_and_splits_the_optimizer_step(rung: Rung) -> None:
     settings = TrainSettings(world_size=1, precision="bf16", global_batch=16, hidden_size=64)
