@@ -372,11 +372,15 @@ class Search:
         records = self._speeds(candidate)
         return sum(t.result.samples_per_s or 0.0 for t in records) / max(1, len(records))
 
+    def _rank_key(self, candidate: Candidate) -> tuple[float, int, int]:
+        """Faster first; on an exact tie the earlier rung (less offload, less host RAM), then no checkpointing."""
+        return self._mean_speed(candidate), -candidate.rung.order, -int(candidate.grad_checkpointing)
+
     def _settle_close_call(self) -> None:
         """When the two best differ by less than their measured step-time spread, re-measure both,
         interleaved (runner-up, then best), and decide on the mean; the margin goes in the outcome."""
         fitted = {t.candidate for t in self.outcome.trials if t.within_headroom and t.result.samples_per_s}
-        ranked = sorted(fitted, key=self._mean_speed, reverse=True)
+        ranked = sorted(fitted, key=self._rank_key, reverse=True)
         if len(ranked) < 2:
             return
         first, second = ranked[0], ranked[1]
@@ -388,7 +392,7 @@ class Search:
                 record = self._trial(candidate)
                 if not record.within_headroom:
                     break
-            ranked = sorted((first, second), key=self._mean_speed, reverse=True)
+            ranked = sorted((first, second), key=self._rank_key, reverse=True)
             first, second = ranked
             margin = (self._mean_speed(first) - self._mean_speed(second)) / self._mean_speed(second)
         best = max(self._speeds(first), key=lambda t: t.result.samples_per_s or 0.0)
