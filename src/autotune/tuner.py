@@ -224,33 +224,45 @@ class _Context:
             else None,
             peak_tflops=self.target.gpu.peak_tflops(self.precision),
             trust_remote_code=self.model.trust_remote_code,
+            smaller_micro_batch=candidate.micro_batch // 2 or None,  # second point of the step-time line
         )
 
 
 def _prepare_ops(device: str, observe: Callable[[SearchEvent], None]) -> None:
-    """Compile DeepSpeed's JIT ops once before the first trial, so no trial timeout absorbs minutes of ninja."""
-    from autotune.trial.ops import ops_built, prebuild_ops
+    """Load DeepSpeed's JIT ops once before the first trial, in a child with the trials' interpreter and
+    environment (building there if needed), so no trial timeout absorbs a build or a stale build lock."""
+    from autotune.trial.ops import ensure_ops_ready, ops_built
 
-    if ops_built(device):
-        return
-    observe(
-        SearchEvent("prepare", message="building DeepSpeed ops once (minutes; cached in ~/.cache/torch_extensions)")
-    )
+    if not ops_built(device):
+        observe(
+            SearchEvent("prepare", message="building DeepSpeed ops once (minutes; cached in ~/.cache/torch_extensions)")
+        )
     try:
-        prebuild_ops(device)
+        ensure_ops_ready(device, report=lambda message: observe(SearchEvent("prepare", message=message)))
     except (RuntimeError, OSError) as error:
         raise UserError(str(error)) from None
 
 
 @contextlib.contextmanager
-def _launcher_for(device: str, given: TrialLauncher | None) -> Iterator[TrialLauncher]:
+def _launcher_for(device: str, given: TrialLauncher | None, nodes: int = 1) -> Iterator[TrialLauncher]:
     """The caller's launcher, else warm workers on the CPU backend (start-up paid once) or a fresh
-    process per GPU trial (a GPU trial must give all its memory back before the next one)."""
+    process per GPU trial (a GPU trial must give all its memory back before the next one). Several
+    nodes: srun inside a SLURM allocation, else one launcher per node with a chosen master port."""
     if given is not None:
         yield given
         return
     from autotune.trial import LocalLauncher, WarmWorkerPool
 
+    if nodes > 1:
+        from autotune.trial.nodes import LocalNodesLauncher, in_slurm_allocation
+
+        if in_slurm_allocation():
+            from autotune.trial import SlurmLauncher
+
+            yield SlurmLauncher()
+        else:
+            yield LocalNodesLauncher(env={"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None)
+        return
     if device != "cpu":
         yield LocalLauncher()
         return
@@ -281,6 +293,7 @@ def _search(ctx: _Context, launcher: TrialLauncher, observe: Callable[[SearchEve
         ctx.grid,
         SearchLimits(request.max_trials, request.time_budget_s, request.headroom),
         observe,
+        global_batch=request.global_batch,
     )
     return search.run_search()
 
@@ -367,6 +380,8 @@ def _report_data(
         "skipped": ([s.to_dict() for s in outcome.skipped] if outcome else []) + skipped,
         "trials_launched": outcome.trials_launched if outcome else 0,
         "stop_reason": outcome.stop_reason if outcome else "plan only: no trials on this machine",
+        "margin": outcome.margin if outcome else None,  # best vs runner-up after re-measuring close calls
+        "noise": outcome.noise if outcome else None,
         "calibration": outcome.calibration.to_dict() if outcome else None,
         "plan": plan_data,
         "elapsed_s": elapsed_s,
@@ -399,7 +414,7 @@ def tune(
     if ctx.verified:
         if launcher is None:
             _prepare_ops(request.device, observe)
-        with _launcher_for(request.device, launcher) as chosen:
+        with _launcher_for(request.device, launcher, ctx.target.nodes) as chosen:
             outcome = _search(ctx, chosen, observe)
         candidate = outcome.best.candidate if outcome.best else None
     else:
