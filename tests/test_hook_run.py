@@ -27,8 +27,9 @@ from autotune.trial.types import RankMetrics, TrialResult
 from autotune.tuner import TuneRequest, TuneResult, ds_config_for
 
 REPO = Path(__file__).resolve().parents[1]
-TUNED = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}
-PLANNED = {"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+# valid at any world size: every config read back from the shared dir is re-validated by DeepSpeed
+TUNED = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}
+PLANNED = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 3}}
 
 
 class FakeTune:

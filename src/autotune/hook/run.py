@@ -142,6 +142,34 @@ def _raise_failure(record: HookRecord, role: Role) -> NoReturn:
     raise HookError(message)
 
 
+def config_vetter(world_size: int) -> Callable[[HookRecord], str | None]:
+    """DeepSpeed's parser at the job's world size, once per distinct config, for every record read back."""
+    verdicts: dict[str | None, str | None] = {}
+
+    def vet(record: HookRecord) -> str | None:
+        digest = record.config_sha256
+        if digest not in verdicts:
+            verdicts[digest] = _deepspeed_verdict(record.config_text or "", world_size)
+        return verdicts[digest]
+
+    return vet
+
+
+def _deepspeed_verdict(config_text: str, world_size: int) -> str | None:
+    from autotune.dsconfig import ConfigRejected, validate_with_deepspeed
+
+    try:
+        config = json.loads(config_text)
+        if not isinstance(config, dict):
+            return "its config is not a JSON object"
+        validate_with_deepspeed(config, world_size)
+    except ValueError as error:
+        return f"its config is not JSON ({error})"
+    except ConfigRejected as error:
+        return f"DeepSpeed rejects its config at world size {world_size}: {error}"
+    return None
+
+
 def run_hook(
     request: HookRequest,
     *,
@@ -186,6 +214,7 @@ def run_hook(
         produce=produce,
         wait_timeout_s=request.wait_timeout,
         poll_interval_s=request.poll_interval_s,
+        vet=config_vetter(job.world_size),
     )
     record = outcome.record
     if record.status == "failed" or record.config_text is None:
