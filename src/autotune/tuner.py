@@ -445,6 +445,11 @@ def ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
     return build_ds_config(candidate, _Context(request).train)
 
 
+def world_size_for(request: TuneRequest) -> int:
+    """The world size `tune(request)` validates its config at (for callers writing a config themselves)."""
+    return _Context(request).target.world_size
+
+
 def _cached_answer(ctx: _Context) -> dict | None:
     """The cached recommendation (already schema-checked by the cache), if its config is exactly the one this
     version builds for its candidate: a stored config is never written just because it was stored."""

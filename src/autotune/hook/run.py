@@ -26,6 +26,7 @@ from autotune.hook.env import JobEnv, JobOverrides, detect_job_env
 from autotune.hook.launch import choose_launcher
 from autotune.hook.leader import LeaderJob, TuneFn, real_tune, tune_and_record
 from autotune.paths import cache_dir
+from autotune.terminate import Terminated
 
 if TYPE_CHECKING:
     from autotune.probe import GpuInfo
@@ -127,6 +128,8 @@ def _acceptable(record: HookRecord, job: JobEnv, hardware: str, started_wall: fl
     """A finished tuning serves any job on the same hardware; a fallback or failure only the job it ran
     for (same job id, or published after this process started), so the next job tries again."""
     same_job = job.job_id is not None and record.job_id == job.job_id
+    if record.details.get("terminated"):  # a SIGTERMed tuning: a requeued job (same id) resumes tuning instead
+        return record.created >= started_wall
     if record.status == "complete":
         return same_job or record.hardware == hardware
     return same_job or record.created >= started_wall
@@ -225,6 +228,8 @@ def run_hook(
         path = atomic_write_text(request.tuning.out, record.config_text or "")
     except OSError as error:
         raise UserError(f"cannot write {request.tuning.out}: {error.strerror or error}") from None
+    if outcome.role == "leader" and record.details.get("terminated"):
+        raise Terminated(f"terminated by SIGTERM; {record.warning}, to {path} and the shared directory")
     return HookResult(
         outcome.role, path.resolve(), record, job, key, outcome.waited_s, time.monotonic() - started, outcome.ignored
     )

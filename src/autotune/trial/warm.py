@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from autotune.atomic import atomic_write_json
 from autotune.errors import UserError
+from autotune.leftovers import owned_tempdir
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.launch import WORKER_MODULE
 from autotune.trial.local import torchrun_command, torchrun_exit_codes
@@ -134,9 +134,7 @@ class WarmWorkerPool:
         return self._workers
 
     def _start(self, spec: TrialSpec) -> _Workers:
-        parent = Path(self.workdir) if self.workdir is not None else Path(tempfile.gettempdir())
-        parent.mkdir(parents=True, exist_ok=True)
-        pool_dir = Path(tempfile.mkdtemp(prefix="autotune-warm-", dir=parent))
+        pool_dir = owned_tempdir("autotune-warm-", self.workdir)  # a SIGKILLed pool's dir goes at the next start
         (pool_dir / "requests").mkdir()
         serve = ["--serve", str(pool_dir), "--device", spec.device, "--owner-pid", str(os.getpid())]
         port = free_port()
