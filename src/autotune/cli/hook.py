@@ -48,7 +48,7 @@ def _summary(result: HookResult) -> str:
     choice = f": {details['choice']}" if details.get("choice") else ""
     return (
         f"autotune hook: {result.job.describe()}; {how} ({record.source}{trials}{choice});"
-        f" config {result.config_path} in {result.elapsed_s:.1f} s"
+        f" config {result.config_path} (sha256 {(record.config_sha256 or '')[:16]}) in {result.elapsed_s:.1f} s"
     )
 
 
