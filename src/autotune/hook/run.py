@@ -229,7 +229,7 @@ def run_hook(
     except OSError as error:
         raise UserError(f"cannot write {request.tuning.out}: {error.strerror or error}") from None
     if outcome.role == "leader" and record.details.get("terminated"):
-        raise Terminated(f"terminated by SIGTERM; {record.warning}, to {path} and the shared directory")
+        raise Terminated(f"{record.warning}, to {path} and the shared directory")
     return HookResult(
         outcome.role, path.resolve(), record, job, key, outcome.waited_s, time.monotonic() - started, outcome.ignored
     )
