@@ -183,7 +183,10 @@ def _on_terminated(request: TuneRequest, best: BestVerified) -> str:
     from autotune.tuner import ds_config_for, world_size_for
 
     candidate = best.record.candidate
-    path, _ = write_configs(ds_config_for(request, candidate), world_size_for(request), Path(request.out), request.hf)
+    config = ds_config_for(request, candidate)
+    # not re-validated: its trial just ran DeepSpeed with this config at this world size, and importing
+    # DeepSpeed here would spend most of the grace period before SIGKILL
+    path, _ = write_configs(config, world_size_for(request), Path(request.out), request.hf, validate=False)
     return f"terminated by SIGTERM; wrote the best config verified so far ({candidate.describe()}) to {path}"
 
 

@@ -143,12 +143,16 @@ def _budget_ran_out(tuning: TuneRequest, started: float, best: BestVerified) -> 
     return best.launched >= tuning.max_trials or (budget is not None and time.monotonic() - started >= budget)
 
 
-def _best_verified(leader: LeaderJob, reason: str, best: BestVerified, staged: Path, **details: Any) -> HookRecord:
-    from autotune.emit import write_configs  # DeepSpeed's validation: only on this path
+def _best_verified(
+    leader: LeaderJob, reason: str, best: BestVerified, staged: Path, validate: bool = True, **details: Any
+) -> HookRecord:
+    """validate=False only under SIGTERM: importing DeepSpeed here costs 10-20 s of a 30 s grace, and its
+    trial already ran DeepSpeed with exactly this config at this world size (every reader re-validates)."""
+    from autotune.emit import write_configs
 
     assert best.record is not None
     candidate = best.record.candidate
-    write_configs(_ds_config_for(leader.tuning, candidate), leader.job.world_size, staged)
+    write_configs(_ds_config_for(leader.tuning, candidate), leader.job.world_size, staged, validate=validate)
     details = {"trials_launched": best.launched, "samples_per_s": best.record.result.samples_per_s, **details}
     warning = f"{reason}; wrote the best config verified so far ({candidate.describe()})"
     return leader.record("fallback", staged.read_text(), "best verified so far", True, warning=warning, details=details)
@@ -206,7 +210,7 @@ def tune_and_record(leader: LeaderJob, staging_parent: Path) -> HookRecord:
             # none, publish nothing: a resubmitted job resumes from the finished trials in the cache.
             if best.record is None:
                 raise
-            return _best_verified(leader, "terminated by SIGTERM", best, staged, terminated=True)
+            return _best_verified(leader, "terminated by SIGTERM", best, staged, validate=False, terminated=True)
         except Exception as error:  # a crashed tuner must still leave the job a config, or a clear failure
             reason = f"tuning failed: {type(error).__name__}: {error}"
         try:

@@ -68,8 +68,9 @@ class WarmWorkerPool:
     def __enter__(self) -> WarmWorkerPool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # leaving on an exception (SIGTERM, Ctrl-C): no polite stop request, SIGKILL's grace is short
+        self.close(graceful=exc_type is None)
 
     def run(self, spec: TrialSpec) -> TrialResult:
         if spec.nodes != 1:
@@ -170,7 +171,7 @@ class WarmWorkerPool:
         if self.workdir is None:
             shutil.rmtree(workers.pool_dir, ignore_errors=True)
 
-    def close(self) -> None:
-        stopped = self._stop(graceful=True)
+    def close(self, graceful: bool = True) -> None:
+        stopped = self._stop(graceful=graceful)
         if stopped is not None:
             self._remove(stopped)
