@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import platform
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,8 @@ from autotune.speed import prior_speed
 from autotune.target import check_counts, resolve_target
 from autotune.trial.types import TrialLauncher, TrialResult, TrialSpec
 from autotune.units import parse_bytes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -407,7 +410,7 @@ def tune(
     ctx = _Context(request)
     out_path = Path(request.out)
     report_dir = Path(request.report_dir) if request.report_dir else out_path.parent
-    if ctx.cache and (hit := ctx.cache.recommendation(ctx.key)):
+    if hit := _cached_answer(ctx):
         return _from_cache(ctx, hit, out_path, report_dir, started)
     outcome = None
     plan_data = None
@@ -457,11 +460,28 @@ def ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
     return build_ds_config(candidate, _Context(request).train)
 
 
+def world_size_for(request: TuneRequest) -> int:
+    """The world size `tune(request)` validates its config at (for callers writing a config themselves)."""
+    return _Context(request).target.world_size
+
+
+def _cached_answer(ctx: _Context) -> dict | None:
+    """The cached recommendation (already schema-checked by the cache), if its config is exactly the one this
+    version builds for its candidate: a stored config is never written just because it was stored."""
+    hit = ctx.cache.recommendation(ctx.key) if ctx.cache else None
+    if hit is None:
+        return None
+    if hit["ds_config"] != build_ds_config(Candidate.from_dict(hit["candidate"]), ctx.train):
+        log.warning("autotune: the cached config differs from the one built for its candidate; tuning again")
+        return None
+    return hit
+
+
 def _from_cache(ctx: _Context, hit: dict, out_path: Path, report_dir: Path, started: float) -> TuneResult:
     candidate = Candidate.from_dict(hit["candidate"])
     config = hit["ds_config"]
-    # Validated before it was cached, at this world size and DeepSpeed version (both are in the key).
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, ctx.request.hf, validate=False)
+    # Re-validated by DeepSpeed at this world size, as every config read from a cache is (sharing.py).
+    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, ctx.request.hf)
     launch = launch_commands(config_path, candidate, ctx.target.gpus_per_node, ctx.target.nodes, ctx.request.script)
     data = {
         **hit["report"],

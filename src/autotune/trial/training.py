@@ -11,6 +11,7 @@ import gc
 import os
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,13 +57,54 @@ def import_runtime(device: str, architecture: str | None = None) -> None:
         getattr(transformers, architecture, None)  # transformers imports modeling modules lazily
 
 
+LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+
+
 def init_distributed(device: str, local_rank: int) -> None:
+    """DeepSpeed's init, with a trial whose master is this machine kept off the network.
+
+    A trial that rendezvouses on loopback needs no other host, so nothing it opens should listen on
+    other interfaces: gloo/NCCL bind the loopback interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, the
+    variables both read), and a one-rank trial serves its TCPStore from a socket bound to 127.0.0.1
+    (TCPStore binds every interface itself, torch 2.13; `master_listen_fd` hands it ours). Multi-rank
+    trials started by torchrun use its agent's store, which still binds every interface.
+    """
     import deepspeed
     import torch
 
     if device == "cuda":
         torch.cuda.set_device(local_rank)
-    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    backend = "nccl" if device == "cuda" else "gloo"
+    if os.environ.get("MASTER_ADDR") in LOOPBACK_ADDRESSES and _has_interface("lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME", "lo")
+        store = _loopback_store(os.environ)
+        if store is not None:
+            torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1)
+    deepspeed.init_distributed(dist_backend=backend)
+
+
+def _has_interface(name: str) -> bool:
+    import socket
+
+    return any(interface == name for _, interface in socket.if_nameindex())
+
+
+def _loopback_store(env: Mapping[str, str]) -> Any | None:
+    """A one-rank trial's TCPStore on 127.0.0.1:MASTER_PORT; None when torchrun's agent serves the store."""
+    if env.get("WORLD_SIZE") != "1" or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or not env.get("MASTER_PORT"):
+        return None
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    listener = socket.create_server(("127.0.0.1", int(env["MASTER_PORT"])))
+    # detach: the store owns the descriptor for the life of the process (closing it under the store aborts)
+    fd = listener.detach()
+    return dist.TCPStore(
+        "127.0.0.1", int(env["MASTER_PORT"]), 1, True, timeout=datetime.timedelta(minutes=5),
+        master_listen_fd=fd, use_libuv=False,  # the libuv backend takes no listening descriptor
+    )  # fmt: skip
 
 
 def zero_stage(ds_config: dict) -> int:
