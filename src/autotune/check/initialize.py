@@ -168,9 +168,12 @@ def scheduler_findings(config: dict[str, Any], version: str) -> list[Finding]:
         return [Finding(Severity.ERROR, "scheduler.type", message, "initialize")]
     if "auto" in params.values():
         return []  # reported by the "auto" checks
+    from autotune.check.schema import deepspeed_log_captured
+
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.001)  # the scheduler sets its own lr
     try:
-        cls(optimizer, **params)
+        with deepspeed_log_captured():  # its "lr before the scheduler started" warning is not for the user
+            cls(optimizer, **params)
     except (TypeError, ValueError, AssertionError, ZeroDivisionError) as error:
         message = f"{name} refuses these params at deepspeed.initialize ({where}): {type(error).__name__}: {error}"
         return [Finding(Severity.ERROR, "scheduler.params", message, "initialize")]

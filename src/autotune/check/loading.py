@@ -189,9 +189,13 @@ def _inline_deepspeed_config(section: dict[str, Any]) -> dict[str, Any]:
                 "device": offload_param,
                 "nvme_path": section.get("offload_param_nvme_path") if offload_param == "nvme" else None,
             },
-            "stage3_gather_16bit_weights_on_model_save": bool(section.get("zero3_save_16bit_model", False)),
         },
     }
+    if config["zero_optimization"]["stage"] == 3:
+        # accelerate writes this key at every stage; below stage 3 it is inert and not the user's to remove,
+        # so it is left out rather than reported.
+        save_16bit = bool(section.get("zero3_save_16bit_model", False))
+        config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = save_16bit
     clipping = section.get("gradient_clipping")
     if clipping:
         config["gradient_clipping"] = clipping

@@ -152,7 +152,8 @@ def _batch_fix(given: list[Any], micro_batch: int | None, accumulation: int | No
         steps = total // (micro * world_size)
         if steps >= 1:
             edits = (Edit("set", (gas_key,), steps),)
-            return Fix(f"keep {tbs_key}={total} and {micro_key}={micro}, set {gas_key}={steps}", edits)
+            description = f"keep {tbs_key}={total} and {micro_key}={micro}, set {gas_key}={steps}"
+            return Fix(description, edits, changes_training=False)
     micro = max(1, micro_batch or 1)  # as given, or as DeepSpeed derived it (0 when the batch is too small)
     steps = max(1, accumulation or 1)
     fixed_total = micro * steps * world_size

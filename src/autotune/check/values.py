@@ -56,12 +56,14 @@ def _handed_to_constructor(path: ConfigPath) -> bool:
 
 def _fails_late(path: ConfigPath) -> str | None:
     """How DeepSpeed fails on a non-number here, or None where it does not fail."""
-    from deepspeed.runtime.constants import GRADIENT_CLIPPING
+    from deepspeed.runtime.constants import GRADIENT_CLIPPING, STEPS_PER_PRINT
 
     if path in [(key,) for key in batch_keys()]:
         return "DeepSpeedConfig raises TypeError when it derives the batch sizes"
     if path == (GRADIENT_CLIPPING,):
         return "deepspeed.initialize accepts it, then the first step() raises TypeError"
+    if path == (STEPS_PER_PRINT,):
+        return "the first step() raises TypeError (engine: global_steps % steps_per_print)"
     if _handed_to_constructor(path):
         return f"it is passed as is to the {path[0]} class, which fails at initialize or at the first step"
     return None
