@@ -19,7 +19,12 @@ from autotune.check.context import CheckContext, resolve_context
 from autotune.check.envvars import env_findings, parse_env_file
 from autotune.check.findings import CheckReport, Edit, Finding, FitResult, Fix, FixResult, Severity, touches_training
 from autotune.check.fix import apply_fixes
-from autotune.check.initialize import deepspeed_version, optimizer_findings, scheduler_findings
+from autotune.check.initialize import (
+    client_optimizer_findings,
+    deepspeed_version,
+    optimizer_findings,
+    scheduler_findings,
+)
 from autotune.check.keys import key_findings
 from autotune.check.loading import LoadedConfig, load_config
 from autotune.check.rules import (
@@ -133,6 +138,7 @@ def config_findings(
         findings += deepspeed_findings(as_deepspeed_sees_it, context.world_size, version)
         findings += optimizer_findings(as_deepspeed_sees_it, version)
         findings += scheduler_findings(as_deepspeed_sees_it, version)
+        findings += client_optimizer_findings(as_deepspeed_sees_it, consumer.label, consumer.fills_auto, version)
     findings += key_findings(config)
     findings += stage_findings(config)
     findings += activation_checkpointing_findings(config)
@@ -195,6 +201,22 @@ def fix_config(
     )
 
 
+def _init_check_finding(
+    config: dict[str, Any], context: CheckContext, consumer: Consumer, precision: str | None
+) -> Finding:
+    """Run deepspeed.initialize and a step on the CPU backend with the config as DeepSpeed receives it."""
+    from autotune.check.init_probe import run_init_check
+
+    outcome = fill_like_consumer(config, consumer, context.world_size, precision)
+    if outcome.refusal or outcome.unfilled:
+        return Finding(Severity.INFO, "", f"--init-check not run: {consumer.label} refuses the config first.", "init")
+    result = run_init_check(outcome.filled, context.world_size)
+    where = f" at {result.stage}" if result.stage else ""
+    severity = Severity.ERROR if result.status == "failed" else Severity.INFO
+    message = f"--init-check ({result.status}{where}, tiny model, CPU backend, world size 1): {result.detail}"
+    return Finding(severity, "", message, "init")
+
+
 def check_config(
     config_path: str | Path,
     context: CheckContext,
@@ -204,6 +226,7 @@ def check_config(
     grad_checkpointing: bool = False,
     fix_output: str | Path | None = None,
     allow_training_changes: bool = False,
+    init_check: bool = False,
 ) -> CheckReport:
     """Check one config file; raise UserError (exit 2) when it or the env file cannot be read."""
     loaded: LoadedConfig = load_config(config_path)
@@ -230,6 +253,8 @@ def check_config(
     report.findings += _duplicate_findings(loaded.duplicate_keys)
     report.findings += config_findings(loaded.config, context, loaded.strict_json_problem, precision)
     report.findings += env_findings(assignments)
+    if init_check:
+        report.findings.append(_init_check_finding(loaded.config, context, consumer, precision))
     if model is not None:
         from autotune.check.fit import fit_findings
 

@@ -178,3 +178,37 @@ def scheduler_findings(config: dict[str, Any], version: str) -> list[Finding]:
         message = f"{name} refuses these params at deepspeed.initialize ({where}): {type(error).__name__}: {error}"
         return [Finding(Severity.ERROR, "scheduler.params", message, "initialize")]
     return []
+
+
+def client_optimizer_findings(
+    config: dict[str, Any], consumer_label: str, fills_auto: bool, version: str
+) -> list[Finding]:
+    """Optimizer offload with no "optimizer" section: the training code brings a torch optimizer, and
+    deepspeed.initialize raises ZeRORuntimeException unless zero_force_ds_cpu_optimizer is false
+    (runtime/engine.py _configure_optimizer; default true in runtime/config.py). The HF Trainer creates
+    torch AdamW when the config has no optimizer (transformers integrations/deepspeed.py
+    deepspeed_optim_sched), and accelerate requires an "optimizer" section for its DummyOptim, so for
+    them it is certain; code calling DeepSpeed directly may pass DeepSpeedCPUAdam, which is accepted.
+    Published reports: OptimalScale/LMFlow#470 and #693 (HF Trainer), OpenMOSS/MOSS#272 (accelerate).
+    """
+    if "optimizer" in config or not _offloads_optimizer(config) or config.get("zero_force_ds_cpu_optimizer") is False:
+        return []
+    from autotune.check.findings import Edit, Fix
+
+    who = (
+        f"{consumer_label} builds a torch optimizer when the config has none"
+        if fills_auto
+        else "unless your code passes deepspeed.ops.adam.DeepSpeedCPUAdam (or DeepSpeedCPULion)"
+    )
+    message = (
+        f'Optimizer offload without an "optimizer" section: {who}, and deepspeed.initialize raises '
+        f'ZeRORuntimeException ("ZeRO-Offload with a client provided optimizer", DeepSpeed {version}). '
+        'An "optimizer" section (AdamW, params "auto") gives DeepSpeedCPUAdam, which is much faster.'
+    )
+    fix = Fix(
+        'set "zero_force_ds_cpu_optimizer": false (same optimizer, stepped on the CPU; or add an optimizer section)',
+        (Edit("set", ("zero_force_ds_cpu_optimizer",), False),),
+        changes_training=False,
+    )
+    severity = Severity.ERROR if fills_auto else Severity.WARNING
+    return [Finding(severity, "zero_optimization.offload_optimizer", message, "initialize", fix)]

@@ -17,6 +17,12 @@ from autotune.check.findings import ConfigPath, Edit, Finding, Fix, Severity, do
 _CLOSE_MATCH = 0.75  # difflib ratio above which a key is taken for a misspelling
 
 
+def _version() -> str:
+    from autotune.check.initialize import deepspeed_version
+
+    return deepspeed_version()
+
+
 def _did_you_mean(key: str, candidates: set[str] | frozenset[str]) -> str | None:
     close = difflib.get_close_matches(key, sorted(candidates), n=1, cutoff=_CLOSE_MATCH)
     return close[0] if close else None
@@ -111,7 +117,11 @@ def _unknown_model_key(
     section = dotted(path[:-1])
     if removed_reason:
         return Finding(
-            Severity.ERROR, dotted(path), removed_reason, "unknown-key", Fix("remove it", (Edit("remove", path),))
+            Severity.ERROR,
+            dotted(path),
+            f"{removed_reason.strip()} (refused by DeepSpeed {_version()})",
+            "unknown-key",
+            Fix("remove it", (Edit("remove", path),)),
         )
     guess = _did_you_mean(path[-1], accepted)
     hint = f" Did you mean {guess!r}?" if guess else ""
@@ -163,7 +173,8 @@ def key_findings(config: dict[str, Any]) -> list[Finding]:
     for key, value in config.items():
         if key in removed:
             fix = Fix("remove it", (Edit("remove", (key,)),))
-            findings.append(Finding(Severity.ERROR, key, removed[key].strip(), "removed-key", fix))
+            message = f"{removed[key].strip()} (refused by DeepSpeed {_version()})"
+            findings.append(Finding(Severity.ERROR, key, message, "removed-key", fix))
         elif key not in known and is_comment_key(key):
             findings.append(_comment((key,)))
         elif key not in known:

@@ -24,7 +24,7 @@ EnvFileOpt = Annotated[
 FixOpt = Annotated[
     Path | None, typer.Option("--fix", help="Write a corrected config here (only if DeepSpeed accepts it).")
 ]
-HfOpt = Annotated[bool, typer.Option("--hf", help='Same as --consumer hf-trainer.')]
+HfOpt = Annotated[bool, typer.Option("--hf", help="Same as --consumer hf-trainer.")]
 ConsumerOpt = Annotated[
     str,
     typer.Option(
@@ -38,6 +38,14 @@ FixTrainingOpt = Annotated[
     typer.Option(
         "--fix-training",
         help="Let --fix also change training values (batch sizes, optimizer, lr, precision, clipping).",
+    ),
+]
+InitCheckOpt = Annotated[
+    bool,
+    typer.Option(
+        "--init-check",
+        help="Also run deepspeed.initialize and one step on a tiny model (CPU backend, world size 1, batch keys "
+        "scaled): catches what only the engine refuses. 10-60 s; a first run may build DeepSpeed's CPU Adam.",
     ),
 ]
 _CONSUMERS = ("auto", "deepspeed", "hf-trainer", "accelerate")
@@ -112,6 +120,7 @@ def check_command(
     fix_training: FixTrainingOpt = False,
     hf: HfOpt = False,
     consumer: ConsumerOpt = "auto",
+    init_check: InitCheckOpt = False,
     trust_remote_code: TrustRemoteCodeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -137,7 +146,9 @@ def check_command(
         from autotune.models import resolve_model, summarize
 
         summary = summarize(resolve_model(model, trust_remote_code))
-    report = check_config(config, context, env_file, summary, seq_len, grad_checkpointing, fix, fix_training)
+    report = check_config(
+        config, context, env_file, summary, seq_len, grad_checkpointing, fix, fix_training, init_check
+    )
     if as_json:
         print_json(report.to_dict())
     else:
