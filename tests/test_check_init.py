@@ -8,6 +8,7 @@ refused by HF / accelerate before DeepSpeed), every row labelled "clean" or "def
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,23 @@ from autotune.check.init_probe import run_init_check, scaled_to_one_rank
 
 CORPUS = Path(__file__).parent / "data" / "check" / "corpus"
 INDEX: list[dict[str, Any]] = json.loads((CORPUS / "index.json").read_text())
+# One engine run per row is 10-40 s; CI runs these representative rows (one per way of passing or
+# failing). AUTOTUNE_CHECK_GROUND_TRUTH=all runs every row (about 20 min on 2 cores), as done for the README.
+_REPRESENTATIVE = {
+    "hf_zero2.json",  # HF auto config, filled by transformers + accelerate, trains (CPU Adam offload)
+    "megatron_ds_universal.json",  # DeepSpeed directly, client optimizer, trains
+    "fastchat_s2.json",  # offload + client optimizer: ZeRORuntimeException
+    "dse_fused_adam.json",  # parser accepts, initialize refuses
+    "dse_warmup_zero_steps.json",  # the scheduler refuses its params
+    "dse_fp16_and_bf16.json",  # the parser refuses
+    "hf_sub_group_auto.json",  # accelerate refuses an "auto" it does not fill
+}
+GROUND_TRUTH_ROWS = [
+    entry
+    for entry in INDEX
+    if os.environ.get("AUTOTUNE_CHECK_GROUND_TRUTH") == "all"
+    or (entry["file"] in _REPRESENTATIVE and "consumer" not in entry)
+]
 
 
 def test_batch_keys_are_scaled_to_one_rank_keeping_micro_batch_and_accumulation() -> None:
@@ -38,7 +56,9 @@ def test_init_check_reports_the_engines_refusal() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", INDEX, ids=lambda e: e["file"] + (f"@{e['consumer']}" if "consumer" in e else ""))
+@pytest.mark.parametrize(
+    "entry", GROUND_TRUTH_ROWS, ids=lambda e: e["file"] + (f"@{e['consumer']}" if "consumer" in e else "")
+)
 def test_corpus_labels_hold_when_deepspeed_really_runs(entry: dict[str, Any]) -> None:
     loaded = load_config(CORPUS / entry["file"])
     consumer, _ = detect_consumer(loaded, entry.get("consumer"))
