@@ -16,7 +16,8 @@ BASE: dict[str, Any] = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type
 
 
 def check(config: dict[str, Any], world_size: int = 1, bf16: bool | None = None, hf: bool = False) -> list[Finding]:
-    context = CheckContext(world_size, "test", bf16_capable=bf16, for_hf_trainer=hf)
+    consumer = "hf-trainer" if hf else "deepspeed"
+    context = CheckContext(world_size, "test", bf16_capable=bf16, for_hf_trainer=hf, consumer=consumer)
     return config_findings(config, context)
 
 
@@ -197,7 +198,10 @@ def test_auto_batch_keys_fail_at_parse() -> None:
     found = check(config)
     assert at(found, "train_batch_size", "auto").severity is Severity.ERROR
     assert "TypeError" in deepspeed_rejection(config, 1)
-    assert not [f for f in check(config, hf=True) if f.severity is Severity.ERROR]
+    with_zero = {**config, "zero_optimization": {"stage": 0}}
+    assert not [f for f in check(with_zero, hf=True) if f.severity is Severity.ERROR]
+    refused = at(check(config, hf=True), "", "consumer")  # accelerate's DeepSpeedPlugin needs the section
+    assert "ZeRO optimization config" in refused.message
 
 
 def test_string_numbers() -> None:

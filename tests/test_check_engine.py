@@ -19,7 +19,7 @@ from autotune.check import CheckContext, Severity, config_findings, fix_config, 
 
 DATA = Path(__file__).parent / "data" / "check"
 BASE: dict[str, Any] = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
-ONE_GPU = CheckContext(1, "test")
+ONE_GPU = CheckContext(1, "test", consumer="deepspeed")  # these cases are about DeepSpeed used directly
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Fix chat_answer.json with autotune, then run every engine case, the fixed config included."""
     work = tmp_path_factory.mktemp("engine")
     fixed = work / "fixed.json"
-    result = fix_config(load_config(DATA / "chat_answer.json").config, ONE_GPU, fixed)
+    # "auto" in batch keys, lr and clipping needs values chosen for the user: --fix-training
+    result = fix_config(load_config(DATA / "chat_answer.json").config, ONE_GPU, fixed, allow_training_changes=True)
     assert result.written, result.rejected_by_deepspeed
     completed = subprocess.run(
         [sys.executable, str(DATA / "engine_cases.py"), str(fixed), str(work / "nvme")],

@@ -18,7 +18,7 @@ DATA = Path(__file__).parent / "data" / "check"
 
 
 def context(world_size: int, bf16: bool | None = None) -> CheckContext:
-    return CheckContext(world_size, "test", bf16_capable=bf16)
+    return CheckContext(world_size, "test", bf16_capable=bf16, consumer="deepspeed")
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -34,8 +34,8 @@ def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def test_fixed_blog_post_config_is_accepted_and_every_change_listed(tmp_path: Path) -> None:
     original = load_config(DATA / "blog_post.json").config
     output = tmp_path / "fixed.json"
-    result = fix_config(original, context(2, bf16=True), output)
-    assert result.written and result.rejected_by_deepspeed == ""
+    result = fix_config(original, context(2, bf16=True), output, allow_training_changes=True)
+    assert result.written and result.rejected_by_deepspeed == "", result
     fixed = json.loads(output.read_text())
     validate_with_deepspeed(fixed, world_size=2)  # raises if DeepSpeed refuses it
     assert not [f for f in result.remaining if f.severity is Severity.ERROR]
@@ -121,7 +121,9 @@ def test_clean_config_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_errors_exit_1_and_json_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["check", str(DATA / "blog_post.json"), "--gpus", "2", "--json"], capsys)
+    code, out, _ = run(
+        ["check", str(DATA / "blog_post.json"), "--gpus", "2", "--json", "--consumer", "deepspeed"], capsys
+    )
     assert code == 1
     report = json.loads(out)  # DeepSpeed's own log lines must not leak into stdout
     assert report["world_size"] == 2 and report["counts"]["error"] > 0
@@ -131,9 +133,18 @@ def test_errors_exit_1_and_json_lists_them(capsys: pytest.CaptureFixture[str]) -
 
 def test_fix_writes_the_file_and_exits_0_when_nothing_is_left(tmp_path: Path, capsys) -> None:
     out_path = tmp_path / "fixed.json"
-    code, out, _ = run(["check", str(DATA / "chat_answer.json"), "--fix", str(out_path)], capsys)
+    args = [
+        "check",
+        str(DATA / "chat_answer.json"),
+        "--consumer",
+        "deepspeed",
+        "--fix",
+        str(out_path),
+        "--fix-training",
+    ]
+    code, out, _ = run(args, capsys)
     assert code == 0, out
-    assert "train_batch_size: 8 -> 4" in out
+    assert "gradient_accumulation_steps: 2 -> 4" in out  # the global batch (8) and micro-batch (2) are kept
     validate_with_deepspeed(json.loads(out_path.read_text()), world_size=1)
 
 

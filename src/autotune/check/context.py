@@ -15,8 +15,9 @@ class CheckContext:
     world_size_source: str  # shown to the user: where the world size came from
     bf16_capable: bool | None = None  # None when the GPU is unknown
     target: Target | None = None  # for the fit prediction; None when no GPU is known
-    for_hf_trainer: bool = False  # "auto" is expected: the HF Trainer fills it
+    for_hf_trainer: bool = False  # "auto" is expected: the HF Trainer fills it (same as consumer="hf-trainer")
     hardware_note: str = ""  # why no GPU is known, when none is
+    consumer: str | None = None  # "deepspeed" | "hf-trainer" | "accelerate"; None: detect from the config
 
 
 def resolve_context(
@@ -25,6 +26,7 @@ def resolve_context(
     gpu_type: str | None,
     gpu_memory: str | None,
     for_hf_trainer: bool = False,
+    consumer: str | None = None,
 ) -> CheckContext:
     """--gpu-type / --gpu-memory plan for elsewhere; otherwise probe this machine.
 
@@ -59,4 +61,5 @@ def resolve_context(
         target=target,
         for_hf_trainer=for_hf_trainer,
         hardware_note=hardware_note,
+        consumer=consumer,
     )

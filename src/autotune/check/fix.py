@@ -1,7 +1,9 @@
 """--fix: apply the findings' edits to a copy of the config, in order, and describe each change.
 
 An edit under a key that an earlier edit removed is skipped, so a removed section never comes back
-half-filled. Edits that change nothing are not listed.
+half-filled. Edits that change nothing are not listed. A fix that sets a training value (batch sizes,
+optimizer, schedule, precision, clipping) is withheld unless the caller allows it (--fix-training):
+a config that trains differently after --fix is worse than one that does not start.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import copy
 import json
 from typing import Any
 
-from autotune.check.findings import ConfigPath, Edit, Finding, dotted
+from autotune.check.findings import ConfigPath, Edit, Finding, Fix, dotted, touches_training
 
 _MISSING = object()
 
@@ -66,13 +68,32 @@ def _under(path: ConfigPath, removed: list[ConfigPath]) -> bool:
     return any(path[: len(gone)] == gone for gone in removed)
 
 
-def apply_fixes(config: dict[str, Any], findings: list[Finding]) -> tuple[dict[str, Any], list[str]]:
-    """A fixed copy of `config` and the list of changes, one line each."""
+def changes_training(fix: Fix) -> bool:
+    """Declared by the rule, or implied: setting or moving a value onto a training key."""
+    if fix.changes_training is not None:
+        return fix.changes_training
+    return any(edit.op in ("set", "move") and touches_training(edit.to or edit.path) for edit in fix.edits)
+
+
+def apply_fixes(
+    config: dict[str, Any],
+    findings: list[Finding],
+    allow_training_changes: bool = True,
+    withheld: list[str] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """A fixed copy of `config` and the list of changes, one line each, with the reason.
+
+    Fixes that change training are skipped unless allowed, and described in `withheld`.
+    """
     fixed = copy.deepcopy(config)
     changes: list[str] = []
     removed: list[ConfigPath] = []
     for finding in findings:
         if finding.fix is None:
+            continue
+        if not allow_training_changes and changes_training(finding.fix):
+            if withheld is not None:
+                withheld.append(f"{finding.path or '(config)'}: {finding.fix.description}")
             continue
         for edit in finding.fix.edits:
             if _under(edit.path, removed) or (edit.op == "move" and _under(edit.to, removed)):
@@ -80,7 +101,13 @@ def apply_fixes(config: dict[str, Any], findings: list[Finding]) -> tuple[dict[s
             change = apply_edit(fixed, edit)
             if change is None:
                 continue
-            changes.append(change)
+            changes.append(f"{change} [{finding.rule}: {_reason(finding)}]")
             if edit.op in ("remove", "move"):
                 removed.append(edit.path)
     return fixed, changes
+
+
+def _reason(finding: Finding) -> str:
+    """The first sentence of the finding: why the change was made."""
+    first = finding.message.split(": ")[0] if finding.rule == "deepspeed" else finding.message.split(". ")[0]
+    return first.rstrip(".")

@@ -12,9 +12,15 @@ from typing import Any
 from pydantic import BaseModel
 
 from autotune.check import schema
-from autotune.check.findings import ConfigPath, Edit, Finding, Fix, Severity, dotted
+from autotune.check.findings import ConfigPath, Edit, Finding, Fix, Severity, dotted, is_comment_key
 
 _CLOSE_MATCH = 0.75  # difflib ratio above which a key is taken for a misspelling
+
+
+def _version() -> str:
+    from autotune.check.initialize import deepspeed_version
+
+    return deepspeed_version()
 
 
 def _did_you_mean(key: str, candidates: set[str] | frozenset[str]) -> str | None:
@@ -45,6 +51,26 @@ def _misplaced_top_level(config: dict[str, Any], key: str, section: str) -> Find
     )
 
 
+def _comment(path: ConfigPath) -> Finding:
+    where = "at the top level" if len(path) == 1 else f"in {dotted(path[:-1])!r}"
+    message = f"A comment key {where}: DeepSpeed ignores it; --fix keeps it."
+    return Finding(Severity.INFO, dotted(path), message, "comment")
+
+
+def _comment_in_model_section(path: ConfigPath, config_siblings: dict[str, Any]) -> Finding:
+    """DeepSpeed refuses it there; the text survives as a top-level key, which DeepSpeed ignores."""
+    destination = (dotted(path),)
+    message = (
+        f"A comment key inside {dotted(path[:-1])!r}: this section refuses unknown keys "
+        "(extra inputs are not permitted), so DeepSpeed refuses the config."
+    )
+    fix = Fix(
+        f"move it to the top level as {destination[0]!r} (kept, and ignored there)",
+        (Edit("move", path, to=destination),),
+    )
+    return Finding(Severity.ERROR, dotted(path), message, "comment", fix)
+
+
 def _unknown_top_level(config: dict[str, Any], key: str) -> Finding:
     owners = schema.owning_sections(key)
     if len(owners) == 1:
@@ -67,6 +93,9 @@ def _model_section(path: ConfigPath, value: dict[str, Any], model: type[BaseMode
     for key, item in value.items():
         item_path = (*path, key)
         field = accepted.get(key)
+        if field is None and is_comment_key(key) and not removed.get(key):
+            findings.append(_comment_in_model_section(item_path, value))
+            continue
         if field is None:
             findings.append(_unknown_model_key(item_path, item, set(accepted), removed.get(key), value))
             continue
@@ -88,7 +117,11 @@ def _unknown_model_key(
     section = dotted(path[:-1])
     if removed_reason:
         return Finding(
-            Severity.ERROR, dotted(path), removed_reason, "unknown-key", Fix("remove it", (Edit("remove", path),))
+            Severity.ERROR,
+            dotted(path),
+            f"{removed_reason.strip()} (refused by DeepSpeed {_version()})",
+            "unknown-key",
+            Fix("remove it", (Edit("remove", path),)),
         )
     guess = _did_you_mean(path[-1], accepted)
     hint = f" Did you mean {guess!r}?" if guess else ""
@@ -114,6 +147,9 @@ def _plain_section(section: str, value: dict[str, Any]) -> list[Finding]:
     for key in value:
         if key in read:
             continue
+        if is_comment_key(key):
+            findings.append(_comment((section, key)))
+            continue
         guess = _did_you_mean(key, read)
         hint = f" Did you mean {guess!r}?" if guess else ""
         findings.append(
@@ -137,7 +173,10 @@ def key_findings(config: dict[str, Any]) -> list[Finding]:
     for key, value in config.items():
         if key in removed:
             fix = Fix("remove it", (Edit("remove", (key,)),))
-            findings.append(Finding(Severity.ERROR, key, removed[key].strip(), "removed-key", fix))
+            message = f"{removed[key].strip()} (refused by DeepSpeed {_version()})"
+            findings.append(Finding(Severity.ERROR, key, message, "removed-key", fix))
+        elif key not in known and is_comment_key(key):
+            findings.append(_comment((key,)))
         elif key not in known:
             findings.append(_unknown_top_level(config, key))
         elif key in models and isinstance(value, dict):

@@ -1,37 +1,109 @@
-"""Read a config file the way DeepSpeed does: hjson, so comments and trailing commas load."""
+"""Read a config file the way its consumer does, and refuse hostile input with one clear line.
+
+DeepSpeed reads its config with hjson (comments and trailing commas load); HF Trainer and accelerate
+read it with `json.load` (accelerate/utils/deepspeed.py, HfDeepSpeedConfig.__init__), which rejects
+comments and a byte-order mark. Both verdicts are kept so the consumer check can use the right one.
+An accelerate YAML config (`accelerate config` output) is read too: its `deepspeed_config` section
+names a `deepspeed_config_file` or holds the DeepSpeed settings inline.
+"""
 
 from __future__ import annotations
 
+import json
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import UserError
 
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # published ds_configs are a few KiB; /dev/zero must not be read forever
+MAX_DEPTH = 32  # the deepest DeepSpeed section is 3 levels down; anything deeper is not a config
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass
+class AccelerateYaml:
+    """What an accelerate YAML says about the DeepSpeed run (accelerate/commands/config/config_args.py)."""
+
+    path: str
+    deepspeed_config_file: str | None  # the ds_config it points at, resolved; None when inline
+    mixed_precision: str = "no"
+    num_processes: int | None = None
+    inline: dict[str, Any] = field(default_factory=dict)  # the `deepspeed_config` section as written
+
 
 @dataclass
 class LoadedConfig:
     config: dict[str, Any]
     duplicate_keys: list[str] = field(default_factory=list)  # DeepSpeed refuses a file with these
+    strict_json_problem: str = ""  # why json.load (HF, accelerate) refuses the file; "" when it loads
+    accelerate: AccelerateYaml | None = None  # set when the file given was an accelerate YAML
+    source_path: str = ""  # the file the DeepSpeed settings came from
 
 
-def load_config(path: str | Path) -> LoadedConfig:
-    """Parse `path`; raise UserError (exit 2) when it cannot be read or is not a JSON/hjson object.
-
-    Duplicate keys are kept (last one wins) and reported, instead of failing the read the way
-    DeepSpeed's own loader does, so the user sees every other finding too.
-    """
-    import hjson
-
+def read_text_safely(path: str | Path, what: str = "config") -> str:
+    """The file's text; UserError for a directory, a FIFO or device, an oversized or undecodable file."""
     source = Path(path)
     try:
-        text = source.read_text(encoding="utf-8")
+        info = source.stat()
     except FileNotFoundError:
-        raise UserError(f"config file not found: {source}") from None
-    except IsADirectoryError:
-        raise UserError(f"config path is a directory, not a file: {source}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read config {source}: {error}") from None
+        raise UserError(f"{what} file not found: {source}") from None
+    except OSError as error:
+        raise UserError(f"cannot read {what} {source}: {error.strerror or error}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise UserError(f"{what} path is a directory, not a file: {source}")
+    if not stat.S_ISREG(info.st_mode):
+        raise UserError(f"{what} path is not a regular file (a FIFO, socket or device): {source}")
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise UserError(f"{what} {source} is {info.st_size:,} bytes; a DeepSpeed config is a few KiB")
+    try:
+        with open(source, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise UserError(f"cannot read {what} {source}: {error.strerror or error}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UserError(f"{what} {source} is larger than {MAX_CONFIG_BYTES:,} bytes; a DeepSpeed config is a few KiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(f"{what} {source} is not UTF-8 text: {error.reason} at byte {error.start}") from None
+    if not text.strip():
+        raise UserError(f"{what} {source} is empty")
+    return text
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth, iteratively (a recursive walk is what hostile nesting would break)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            children = list(node.values())
+        elif isinstance(node, list):
+            children = list(node)
+        else:
+            continue
+        deepest = max(deepest, level)
+        if level > MAX_DEPTH:
+            return level
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _strict_json_problem(text: str) -> str:
+    """Why `json.loads` (what HF and accelerate call) refuses the text, or ""."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as error:
+        return f"{error.msg} (line {error.lineno}, column {error.colno})"
+    except RecursionError:
+        return "nested too deeply"
+    return ""
+
+
+def _parse_hjson(text: str, source: Path) -> tuple[dict[str, Any], list[str]]:
+    import hjson
 
     duplicates: list[str] = []
 
@@ -44,9 +116,110 @@ def load_config(path: str | Path) -> LoadedConfig:
         return result
 
     try:
-        config = hjson.loads(text, object_pairs_hook=keep_last)
+        config = hjson.loads(text.lstrip("\ufeff"), object_pairs_hook=keep_last)
     except hjson.HjsonDecodeError as error:
         raise UserError(f"{source} is not valid JSON or hjson: {error}") from None
+    except RecursionError:
+        raise UserError(f"{source} is nested too deeply to be a DeepSpeed config") from None
+    _check_shape(config, source)
+    return config, duplicates
+
+
+def _check_shape(config: Any, source: Path) -> None:
     if not isinstance(config, dict):
         raise UserError(f"{source} must hold a JSON object at the top level, found {type(config).__name__}")
-    return LoadedConfig(config=config, duplicate_keys=duplicates)
+    if _depth(config) > MAX_DEPTH:
+        raise UserError(f"{source} is nested more than {MAX_DEPTH} levels deep; a DeepSpeed config has 4")
+
+
+def _load_yaml(text: str, source: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UserError(f"{source} is not valid YAML: {first}") from None
+    except RecursionError:
+        raise UserError(f"{source} is nested too deeply to be an accelerate config") from None
+
+
+def _load_accelerate_yaml(text: str, source: Path) -> LoadedConfig:
+    data = _load_yaml(text, source)
+    _check_shape(data, source)
+    section = data.get("deepspeed_config")
+    if data.get("distributed_type") not in (None, "DEEPSPEED") or not isinstance(section, dict):
+        raise UserError(f"{source} is an accelerate config without DeepSpeed (no deepspeed_config section)")
+    processes = data.get("num_processes")
+    info = AccelerateYaml(
+        path=str(source),
+        deepspeed_config_file=None,
+        mixed_precision=str(data.get("mixed_precision") or "no"),
+        num_processes=processes if isinstance(processes, int) and not isinstance(processes, bool) else None,
+        inline=dict(section),
+    )
+    named = section.get("deepspeed_config_file")
+    if named:
+        # accelerate passes the path on as given, so it is relative to the launch directory; a path
+        # relative to the YAML is tried second, for configs kept next to their ds_config.
+        candidates = [Path(str(named)), source.parent / str(named)]
+        target = next((c for c in candidates if c.exists()), candidates[0])
+        info.deepspeed_config_file = str(target)
+        loaded = _load_deepspeed_json(target)
+        loaded.accelerate = info
+        return loaded
+    return LoadedConfig(config=_inline_deepspeed_config(section), accelerate=info, source_path=str(source))
+
+
+def _inline_deepspeed_config(section: dict[str, Any]) -> dict[str, Any]:
+    """The ds_config accelerate builds from inline YAML settings (DeepSpeedPlugin.__post_init__, else-branch)."""
+    offload_optimizer = section.get("offload_optimizer_device", "none")
+    offload_param = section.get("offload_param_device", "none")
+    config: dict[str, Any] = {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": section.get("gradient_accumulation_steps", 1),
+        "zero_optimization": {
+            "stage": section.get("zero_stage", 2),
+            "offload_optimizer": {
+                "device": offload_optimizer,
+                "nvme_path": section.get("offload_optimizer_nvme_path") if offload_optimizer == "nvme" else None,
+            },
+            "offload_param": {
+                "device": offload_param,
+                "nvme_path": section.get("offload_param_nvme_path") if offload_param == "nvme" else None,
+            },
+        },
+    }
+    if config["zero_optimization"]["stage"] == 3:
+        # accelerate writes this key at every stage; below stage 3 it is inert and not the user's to remove,
+        # so it is left out rather than reported.
+        save_16bit = bool(section.get("zero3_save_16bit_model", False))
+        config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = save_16bit
+    clipping = section.get("gradient_clipping")
+    if clipping:
+        config["gradient_clipping"] = clipping
+    return config
+
+
+def _load_deepspeed_json(source: Path) -> LoadedConfig:
+    text = read_text_safely(source)
+    config, duplicates = _parse_hjson(text, source)
+    return LoadedConfig(
+        config=config,
+        duplicate_keys=duplicates,
+        strict_json_problem=_strict_json_problem(text),
+        source_path=str(source),
+    )
+
+
+def load_config(path: str | Path) -> LoadedConfig:
+    """Parse `path`; raise UserError (exit 2) when it cannot be read or is not a config.
+
+    Duplicate keys are kept (last one wins) and reported, instead of failing the read the way
+    DeepSpeed's own loader does, so the user sees every other finding too.
+    """
+    source = Path(path)
+    if source.suffix.lower() in _YAML_SUFFIXES:
+        return _load_accelerate_yaml(read_text_safely(source, "accelerate config"), source)
+    return _load_deepspeed_json(source)

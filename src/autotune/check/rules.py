@@ -130,22 +130,42 @@ def batch_findings(config: dict[str, Any], world_size: int) -> list[Finding]:
     _, micro_batch, accumulation, problem = resolve_batch(*given, world_size)
     if not problem:
         return []
-    tbs_key, micro_key, gas_key = names
+    tbs_key, micro_key, _ = names
     if given[0] is None and given[1] is None:
         message = f"DeepSpeed needs {tbs_key} or {micro_key}: {problem}"
         return [Finding(Severity.ERROR, micro_key, message, "batch")]
+    shown = ", ".join(f"{name}={'unset' if value is None else value}" for name, value in zip(names, given, strict=True))
+    message = f"Batch sizes do not add up at world size {world_size} ({shown}); DeepSpeed refuses to start: {problem}"
+    fix = _batch_fix(given, micro_batch, accumulation, world_size)
+    return [Finding(Severity.ERROR, tbs_key, message, "batch", fix)]
+
+
+def _batch_fix(given: list[Any], micro_batch: int | None, accumulation: int | None, world_size: int) -> Fix:
+    """Keep the global batch and the micro-batch when gradient accumulation can make them add up.
+
+    Only that touches no training value: the effective batch and the per-GPU batch stay as written.
+    Otherwise the global batch has to change, which is the user's call (--fix-training).
+    """
+    tbs_key, micro_key, gas_key = batch_keys()
+    total, micro = given[0], given[1]
+    if isinstance(total, int) and isinstance(micro, int) and micro > 0 and total % (micro * world_size) == 0:
+        steps = total // (micro * world_size)
+        if steps >= 1:
+            edits = (Edit("set", (gas_key,), steps),)
+            description = f"keep {tbs_key}={total} and {micro_key}={micro}, set {gas_key}={steps}"
+            return Fix(description, edits, changes_training=False)
     micro = max(1, micro_batch or 1)  # as given, or as DeepSpeed derived it (0 when the batch is too small)
     steps = max(1, accumulation or 1)
     fixed_total = micro * steps * world_size
-    shown = ", ".join(f"{name}={'unset' if value is None else value}" for name, value in zip(names, given, strict=True))
-    message = f"Batch sizes do not add up at world size {world_size} ({shown}); DeepSpeed refuses to start: {problem}"
     edits = (
         Edit("set", (micro_key,), micro),
         Edit("set", (gas_key,), steps),
         Edit("set", (tbs_key,), fixed_total),
     )
-    fix = Fix(f"keep {micro_key}={micro} and {gas_key}={steps}, set {tbs_key}={fixed_total}", edits)
-    return [Finding(Severity.ERROR, tbs_key, message, "batch", fix)]
+    description = (
+        f"keep {micro_key}={micro} and {gas_key}={steps}, set {tbs_key}={fixed_total} (changes the global batch)"
+    )
+    return Fix(description, edits, changes_training=True)
 
 
 def precision_findings(config: dict[str, Any], bf16_capable: bool | None) -> list[Finding]:
@@ -160,11 +180,27 @@ def precision_findings(config: dict[str, Any], bf16_capable: bool | None) -> lis
             "fp16 on a GPU with bf16: bf16 has fp32's range, so it needs no loss scaling and does not overflow; "
             "same memory and speed."
         )
-        return [Finding(Severity.WARNING, "fp16.enabled", message, "precision", Fix("switch to bf16", edits))]
+        return [
+            Finding(
+                Severity.WARNING,
+                "fp16.enabled",
+                message,
+                "precision",
+                Fix("switch to bf16", edits, changes_training=True),
+            )
+        ]
     if not bf16_capable and bf16.get("enabled") is True:
         edits = (Edit("remove", ("bf16",)), Edit("set", ("fp16",), {**fp16, "enabled": True}))
         message = "bf16 on a GPU without bf16 support: it is emulated (slow) or fails; use fp16 with loss scaling."
-        return [Finding(Severity.WARNING, "bf16.enabled", message, "precision", Fix("switch to fp16", edits))]
+        return [
+            Finding(
+                Severity.WARNING,
+                "bf16.enabled",
+                message,
+                "precision",
+                Fix("switch to fp16", edits, changes_training=True),
+            )
+        ]
     return []
 
 

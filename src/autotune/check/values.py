@@ -56,12 +56,14 @@ def _handed_to_constructor(path: ConfigPath) -> bool:
 
 def _fails_late(path: ConfigPath) -> str | None:
     """How DeepSpeed fails on a non-number here, or None where it does not fail."""
-    from deepspeed.runtime.constants import GRADIENT_CLIPPING
+    from deepspeed.runtime.constants import GRADIENT_CLIPPING, STEPS_PER_PRINT
 
     if path in [(key,) for key in batch_keys()]:
         return "DeepSpeedConfig raises TypeError when it derives the batch sizes"
     if path == (GRADIENT_CLIPPING,):
         return "deepspeed.initialize accepts it, then the first step() raises TypeError"
+    if path == (STEPS_PER_PRINT,):
+        return "the first step() raises TypeError (engine: global_steps % steps_per_print)"
     if _handed_to_constructor(path):
         return f"it is passed as is to the {path[0]} class, which fails at initialize or at the first step"
     return None
@@ -119,7 +121,9 @@ def _auto_fix(config: dict[str, Any], path: ConfigPath, field: FieldInfo | None)
 
     if path == (GRADIENT_CLIPPING,):
         return Fix(
-            f"set DeepSpeed's default {GRADIENT_CLIPPING_DEFAULT}", (Edit("set", path, GRADIENT_CLIPPING_DEFAULT),)
+            f"set DeepSpeed's default {GRADIENT_CLIPPING_DEFAULT}",
+            (Edit("set", path, GRADIENT_CLIPPING_DEFAULT),),
+            changes_training=True,
         )
     if path in [(key,) for key in batch_keys()]:
         return _batch_auto_fix(config, path)
@@ -127,9 +131,9 @@ def _auto_fix(config: dict[str, Any], path: ConfigPath, field: FieldInfo | None)
         defaults = _constructor_defaults(config, path[0])
         if path[2] in defaults:
             default = _json_value(defaults[path[2]])
-            return Fix(f"set the {path[0]}'s default {_shown(default)}", (Edit("set", path, default),))
+            return Fix(f"set the {path[0]}'s default {_shown(default)}", (Edit("set", path, default),), True)
         if path[0] == "optimizer":
-            return Fix("remove it, so the optimizer's own default applies", (Edit("remove", path),))
+            return Fix("remove it, so the optimizer's own default applies", (Edit("remove", path),), True)
         return None  # a scheduler argument without a default: only the user knows it
     if field is not None:
         default = _json_value(schema.field_default(field))
@@ -143,8 +147,8 @@ def _batch_auto_fix(config: dict[str, Any], path: ConfigPath) -> Fix:
     train_batch, micro_batch, _ = batch_keys()
     concrete = [key for key in (train_batch, micro_batch) if isinstance(config.get(key), int)]
     if not concrete and path == (micro_batch,):
-        return Fix("set 1 (nothing else fixes the batch size; review it)", (Edit("set", path, 1),))
-    return Fix("remove it, so DeepSpeed derives it from the other batch keys", (Edit("remove", path),))
+        return Fix("set 1 (nothing else fixes the batch size; review it)", (Edit("set", path, 1),), True)
+    return Fix("remove it, so DeepSpeed derives it from the other batch keys", (Edit("remove", path),), True)
 
 
 def auto_findings(config: dict[str, Any]) -> list[Finding]:
@@ -218,6 +222,9 @@ def string_value_findings(config: dict[str, Any]) -> list[Finding]:
                 severity, reason = Severity.ERROR, "DeepSpeed refuses it (pydantic cannot parse the string)"
         else:
             severity, reason = Severity.WARNING, "DeepSpeed uses the string as is (a non-empty string is true)"
-        fix = Fix(f"write {converted!r}", (Edit("set", path, converted),))
+        # Where pydantic coerces it or DeepSpeed fails on it, the number is what the user meant and changes
+        # nothing that runs; where DeepSpeed uses the string as is, it may (a non-empty "false" is true).
+        same_meaning = False if (field is not None or failure) else None
+        fix = Fix(f"write {converted!r} (the same value, as a number)", (Edit("set", path, converted),), same_meaning)
         findings.append(Finding(severity, dotted(path), f"{value!r} is a string: {reason}.", "string-value", fix))
     return findings

@@ -38,11 +38,12 @@ def deepspeed_rejection(config: dict[str, Any], world_size: int) -> str:
     return _run_parser(config, world_size)[0]
 
 
-def deepspeed_findings(config: dict[str, Any], world_size: int) -> list[Finding]:
+def deepspeed_findings(config: dict[str, Any], world_size: int, version: str = "") -> list[Finding]:
     rejection, records = _run_parser(config, world_size)
     findings: list[Finding] = []
     if rejection:
-        message = f"DeepSpeed rejects this config at world size {world_size}: {rejection}"
+        who = f"DeepSpeed {version}" if version else "DeepSpeed"
+        message = f"{who} rejects this config at world size {world_size}: {rejection}"
         findings.append(Finding(Severity.ERROR, "", message, "deepspeed"))
     for record in records:
         if record.funcName in _ALREADY_REPORTED:

@@ -24,7 +24,31 @@ EnvFileOpt = Annotated[
 FixOpt = Annotated[
     Path | None, typer.Option("--fix", help="Write a corrected config here (only if DeepSpeed accepts it).")
 ]
-HfOpt = Annotated[bool, typer.Option("--hf", help='The config is for the HF Trainer, which fills "auto".')]
+HfOpt = Annotated[bool, typer.Option("--hf", help="Same as --consumer hf-trainer.")]
+ConsumerOpt = Annotated[
+    str,
+    typer.Option(
+        "--consumer",
+        help='Who reads the config: deepspeed, hf-trainer, accelerate, or auto (HF Trainer when it has "auto" '
+        "values, accelerate for an accelerate YAML, else deepspeed).",
+    ),
+]
+FixTrainingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fix-training",
+        help="Let --fix also change training values (batch sizes, optimizer, lr, precision, clipping).",
+    ),
+]
+InitCheckOpt = Annotated[
+    bool,
+    typer.Option(
+        "--init-check",
+        help="Also run deepspeed.initialize and one step on a tiny model (CPU backend, world size 1, batch keys "
+        "scaled): catches what only the engine refuses. 10-60 s; a first run may build DeepSpeed's CPU Adam.",
+    ),
+]
+_CONSUMERS = ("auto", "deepspeed", "hf-trainer", "accelerate")
 GradCkptOpt = Annotated[
     bool, typer.Option("--grad-checkpointing", help="The model uses gradient checkpointing (for the fit check).")
 ]
@@ -37,9 +61,10 @@ def _counted(count: int, severity: Severity) -> str:
 
 def _print_report(report: CheckReport) -> None:
     out = console()
+    out.print(f"checked against DeepSpeed {report.deepspeed_version}; {report.consumer_reason}")
     table = Table(
         title=f"autotune check: {report.config_path}",
-        caption=f"world size {report.world_size} ({report.world_size_source})",
+        caption=f"world size {report.world_size} ({report.world_size_source}), DeepSpeed {report.deepspeed_version}",
         expand=True,
     )
     table.add_column("severity", no_wrap=True)
@@ -65,13 +90,18 @@ def _print_fix(report: CheckReport) -> None:
     out = console()
     fix = report.fix
     if not fix.written:
-        out.print(f"[bold red]Not written[/]: DeepSpeed still rejects the fixed config: {fix.rejected_by_deepspeed}")
+        out.print(
+            f"[bold red]Not written[/] ({fix.output_path} left as it was): the fixed config is still refused: "
+            f"{fix.rejected_by_deepspeed}"
+        )
     elif fix.changes:
         out.print(f"Wrote {fix.output_path} with {len(fix.changes)} change(s):")
     else:
         out.print(f"Wrote {fix.output_path}: nothing to change.")
     for change in fix.changes:
         out.print(f"  - {change}")
+    for withheld in fix.withheld:
+        out.print(f"  [yellow]not applied[/] (changes training; --fix-training applies it) {withheld}")
     for finding in fix.remaining:
         out.print(f"  [{_STYLE[finding.severity]}]left for you[/] {finding.path or '(config)'}: {finding.message}")
 
@@ -87,29 +117,60 @@ def check_command(
     grad_checkpointing: GradCkptOpt = False,
     env_file: EnvFileOpt = None,
     fix: FixOpt = None,
+    fix_training: FixTrainingOpt = False,
     hf: HfOpt = False,
+    consumer: ConsumerOpt = "auto",
+    init_check: InitCheckOpt = False,
     trust_remote_code: TrustRemoteCodeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Check a DeepSpeed config against what DeepSpeed really does with it.
 
-    Exit code: 0 no errors, 1 errors (with --fix: errors left in the written config), 2 unreadable input.
+    Exit code: 0 no errors, 1 errors (with --fix: errors left in the written config, or nothing written),
+    2 unreadable input.
     """
     from autotune.check import load_config
+    from autotune.errors import UserError
 
+    if consumer not in _CONSUMERS:
+        raise UserError(f"--consumer must be one of {', '.join(_CONSUMERS)}, not {consumer!r}")
+    if hf and consumer not in ("auto", "hf-trainer"):
+        raise UserError(f"--hf contradicts --consumer {consumer}")
     load_config(config)  # an unreadable config fails first, before any probing
-    context = resolve_context(gpus, nodes, gpu_type, gpu_memory, for_hf_trainer=hf)
+    if fix is not None:
+        _check_fix_output(fix)
+    requested = "hf-trainer" if hf else (None if consumer == "auto" else consumer)
+    context = resolve_context(gpus, nodes, gpu_type, gpu_memory, for_hf_trainer=hf, consumer=requested)
     summary = None
     if model:
         from autotune.models import resolve_model, summarize
 
         summary = summarize(resolve_model(model, trust_remote_code))
-    report = check_config(config, context, env_file, summary, seq_len, grad_checkpointing, fix)
+    report = check_config(
+        config, context, env_file, summary, seq_len, grad_checkpointing, fix, fix_training, init_check
+    )
     if as_json:
         print_json(report.to_dict())
     else:
         _print_report(report)
     raise typer.Exit(report.exit_code())
+
+
+def _check_fix_output(output: Path) -> None:
+    """Refuse an output path that can never be written, before any work: one line, exit 2."""
+    import os
+
+    from autotune.errors import UserError
+
+    if output.is_dir():
+        raise UserError(f"--fix output is a directory, not a file: {output}")
+    if output.exists() and not output.is_file():
+        raise UserError(f"--fix output is not a regular file (a FIFO, socket or device): {output}")
+    parent = next((p for p in (output.parent, *output.parent.parents) if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise UserError(f"--fix output's folder is a file: {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--fix output folder is not writable: {parent}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,165 @@
+"""--init-check: run `deepspeed.initialize` and one training step with the config, for real, on the CPU.
+
+A tiny model (two linear layers) is trained one step on DeepSpeed's CPU backend at world size 1, in a
+subprocess (DeepSpeed initialises torch.distributed and may build ops: none of that may touch the
+caller's process). The batch keys are scaled to world size 1 (the micro-batch and accumulation are
+kept, train_batch_size becomes their product); everything else is the config as DeepSpeed receives it.
+What this cannot show, it says: a GPU-only op (FusedAdam is replaced by DeepSpeed's CPU path on this
+backend), fp16 where the CPU backend has none, NVMe offload without libaio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.check.rules import resolve_batch
+from autotune.check.values import batch_keys
+
+# Failures that say the CPU backend lacks something a GPU has, not that the config is wrong.
+_BACKEND_LIMITS = (
+    "not supported on your device",
+    "not been implemented on CPU",
+    "CUDA",
+    "cuda",
+    "NCCL",
+    "nccl",
+    "Triton",
+    "triton",
+)
+DEFAULT_TIMEOUT_S = 300.0  # a first run may JIT-build DeepSpeed's CPU Adam (minutes on 2 cores)
+
+
+@dataclass(frozen=True)
+class InitOutcome:
+    status: str  # "ok" | "failed" | "inconclusive"
+    stage: str  # where it stopped: "initialize" | "step" | ""
+    detail: str  # DeepSpeed's error line, or why the check could not tell
+
+
+def scaled_to_one_rank(config: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """The config with its batch keys for world size 1: micro-batch and accumulation as at `world_size`."""
+    scaled = json.loads(json.dumps(config, default=str))
+    given = [config.get(name) for name in batch_keys()]
+    if all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in given):
+        _, micro, steps, problem = resolve_batch(*given, world_size)
+        if not problem and micro and steps:
+            tbs_key, micro_key, gas_key = batch_keys()
+            scaled.update({tbs_key: micro * steps, micro_key: micro, gas_key: steps})
+    if scaled.get("steps_per_print") == float("inf") or scaled.get("steps_per_print") == "Infinity":
+        scaled["steps_per_print"] = 10**9  # accelerate's inf, which JSON cannot carry
+    return scaled
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def run_init_check(config: dict[str, Any], world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> InitOutcome:
+    """Initialise and step a tiny model with `config` in a subprocess; never raises for DeepSpeed's errors."""
+    scaled = scaled_to_one_rank(config, world_size)
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "autotune.check.init_probe"],
+            input=json.dumps(scaled),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return InitOutcome("inconclusive", "", f"no answer within {timeout_s:.0f} s (an op build may still be running)")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return InitOutcome("inconclusive", "", f"the probe exited with code {done.returncode}: {tail}")
+    result = json.loads(lines[-1])
+    return InitOutcome(result["status"], result["stage"], result["detail"])
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".strip()
+
+
+def _limits(config: dict[str, Any]) -> str:
+    """Why the CPU backend cannot answer for this config, or ""."""
+    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    for section in ("offload_optimizer", "offload_param"):
+        value = zero.get(section)
+        if isinstance(value, dict) and value.get("device") == "nvme":
+            return "NVMe offload needs libaio and a scratch path; not run"
+    return ""
+
+
+def _probe(config: dict[str, Any]) -> dict[str, str]:
+    limit = _limits(config)
+    if limit:
+        return {"status": "inconclusive", "stage": "", "detail": limit}
+    import deepspeed
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    note = ""
+    fp16 = config.get("fp16")
+    bf16 = config.get("bf16")
+    both = isinstance(bf16, dict) and bf16.get("enabled") is True  # DeepSpeed refuses that; let it say so
+    if (
+        isinstance(fp16, dict)
+        and fp16.get("enabled") is True
+        and not both
+        and not get_accelerator().is_fp16_supported()
+    ):
+        config = {**config, "fp16": {"enabled": False}, "bf16": {"enabled": True}}
+        note = " (fp16 run as bf16: the CPU backend has no fp16)"
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    stage = "initialize"
+    try:
+        # No optimizer section: the training code brings its own (HF Trainer, Megatron); so does this probe.
+        client = None if "optimizer" in config else torch.optim.AdamW(model.parameters(), lr=1e-4)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), optimizer=client, config=config
+        )
+        stage = "step"
+        dtype = next(engine.module.parameters()).dtype
+        for _ in range(engine.gradient_accumulation_steps()):
+            inputs = torch.randn(engine.train_micro_batch_size_per_gpu(), 16, dtype=dtype)
+            loss = engine(inputs).float().pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+    except Exception as error:  # the point is to report DeepSpeed's refusal, whatever it is
+        detail = _first_line(error)
+        if any(word in detail for word in _BACKEND_LIMITS):
+            return {"status": "inconclusive", "stage": stage, "detail": f"the CPU backend cannot run it: {detail}"}
+        return {"status": "failed", "stage": stage, "detail": detail + note}
+    done = "initialize and one optimizer step succeeded on the CPU backend at world size 1"
+    return {"status": "ok", "stage": "", "detail": done + note}
+
+
+def main() -> None:
+    config = json.loads(sys.stdin.read())
+    result = _probe(config)
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # skip DeepSpeed/torch.distributed teardown, which can hang without a destroy
+
+
+if __name__ == "__main__":
+    main()
