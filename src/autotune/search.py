@@ -17,6 +17,7 @@ from autotune.hardware import Target
 from autotune.ladder import Candidate, Rung
 from autotune.models import ModelSummary
 from autotune.speed import StepLine, could_beat, fit_step_line, work_units
+from autotune.stop import StopReason
 from autotune.trial.types import TrialResult
 
 MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
@@ -83,7 +84,8 @@ class SearchOutcome:
     trials: list[TrialRecord] = field(default_factory=list)
     skipped: list[SkipRecord] = field(default_factory=list)
     calibration: Calibration = field(default_factory=Calibration)
-    stop_reason: str = ""
+    stop_reason: StopReason | None = None
+    stop_message: str = ""  # the reason in words, for people
 
     @property
     def trials_launched(self) -> int:
@@ -95,7 +97,8 @@ class SearchOutcome:
             "trials": [t.to_dict() for t in self.trials],
             "skipped": [s.to_dict() for s in self.skipped],
             "calibration": asdict(self.calibration),
-            "stop_reason": self.stop_reason,
+            "stop_reason": self.stop_reason.value if self.stop_reason else None,
+            "stop_message": self.stop_message,
         }
 
 
@@ -140,12 +143,17 @@ class Search:
 
     # -- budget ------------------------------------------------------------------------------------
     def _budget_left(self) -> str:
+        """'' while budget is left; else the reason in words (the enum is set on the outcome)."""
         if self._launched >= self.limits.max_trials:
-            return f"trial budget spent ({self.limits.max_trials} trials)"
+            return self._stop(StopReason.TRIAL_BUDGET, f"trial budget spent ({self.limits.max_trials} trials)")
         budget = self.limits.time_budget_s
         if budget is not None and self.clock() - self._started >= budget:
-            return f"time budget spent ({budget:.0f} s)"
+            return self._stop(StopReason.TIME_BUDGET, f"time budget spent ({budget:.0f} s)")
         return ""
+
+    def _stop(self, reason: StopReason, message: str) -> str:
+        self.outcome.stop_reason, self.outcome.stop_message = reason, message
+        return message
 
     # -- trials ------------------------------------------------------------------------------------
     def _trial(self, candidate: Candidate) -> TrialRecord:
@@ -189,8 +197,7 @@ class Search:
         mb: int | None = seed
         guided = True
         while mb is not None:
-            if reason := self._budget_left():
-                self.outcome.stop_reason = reason
+            if self._budget_left():
                 return
             record = self._trial(Candidate(rung, mb, ckpt))
             if record.within_headroom:
@@ -235,7 +242,6 @@ class Search:
         groups = [(rung, ckpt) for rung in self.rungs for ckpt in (False, True)]
         for index, (rung, ckpt) in enumerate(groups):
             if reason := self._budget_left():
-                self.outcome.stop_reason = reason
                 for rest_rung, rest_ckpt in groups[index:]:
                     self._skip(rest_rung, rest_ckpt, f"not tried: {reason}")
                 break
@@ -255,10 +261,9 @@ class Search:
                     continue
             seed = self._predicted_max(rung, ckpt, 0.0) or self.micro_batches[0]
             self._search_group(rung, ckpt, seed)
-        if not self.outcome.stop_reason:
-            self.outcome.stop_reason = (
-                "no remaining candidate can beat the best measured"
-                if self.outcome.best
-                else ("every rung was ruled out or failed")
-            )
+        if self.outcome.stop_reason is None:
+            if self.outcome.best:
+                self._stop(StopReason.NO_BETTER, "no remaining candidate can beat the best measured")
+            else:
+                self._stop(StopReason.EXHAUSTED, "every rung was ruled out or failed")
         return self.outcome

@@ -8,9 +8,8 @@ DeepSpeed really does with it, and proposes an edit; --fix applies the edits and
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.atomic import atomic_write_json
 from autotune.check.context import CheckContext, resolve_context
@@ -28,7 +27,11 @@ from autotune.check.rules import (
 )
 from autotune.check.values import auto_findings, string_value_findings
 from autotune.check.verdict import deepspeed_findings, deepspeed_rejection
+from autotune.environment import parse_without_device
 from autotune.models import ModelSummary
+
+if TYPE_CHECKING:
+    from autotune.check.fit import FitAssumptions
 
 __all__ = [
     "CheckContext",
@@ -63,7 +66,7 @@ def _hf_filled(config: dict[str, Any]) -> dict[str, Any]:
 
 def config_findings(config: dict[str, Any], context: CheckContext) -> list[Finding]:
     """Every finding about the config itself, in an order whose fixes compose: keys, stage, values."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # checking needs no device; never touch CUDA
+    parse_without_device()  # checking needs no device; never touch CUDA
     as_deepspeed_sees_it = _hf_filled(config) if context.for_hf_trainer else config
     findings = deepspeed_findings(as_deepspeed_sees_it, context.world_size)
     findings += key_findings(config)
@@ -111,6 +114,7 @@ def check_config(
     seq_len: int = 2048,
     grad_checkpointing: bool = False,
     fix_output: str | Path | None = None,
+    assumed: FitAssumptions | None = None,
 ) -> CheckReport:
     """Check one config file; raise UserError (exit 2) when it or the env file cannot be read."""
     loaded: LoadedConfig = load_config(config_path)
@@ -122,7 +126,7 @@ def check_config(
     if model is not None:
         from autotune.check.fit import fit_findings
 
-        report.fit, fit_notes = fit_findings(loaded.config, context, model, seq_len, grad_checkpointing)
+        report.fit, fit_notes = fit_findings(loaded.config, context, model, seq_len, grad_checkpointing, assumed)
         report.findings += fit_notes
     if fix_output is not None:
         report.fix = fix_config(loaded.config, context, fix_output, tuple(loaded.duplicate_keys))

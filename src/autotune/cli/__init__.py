@@ -1,6 +1,10 @@
 """The `autotune` command: a thin typer layer that parses, calls the library and prints.
 
 `autotune --model M --gpus N` runs the tuner (the default command); subcommands stay available.
+
+Exit codes: 0 success, 1 `check` found errors, 2 bad input (one line on stderr, before any trial; also
+trials that could not complete), 3 nothing fits, 4 the pre-launch hook failed (the tuning process
+crashed or a waiting process timed out), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: flags show no `<bool>` value, choices show as [a|b]
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

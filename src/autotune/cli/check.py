@@ -26,7 +26,11 @@ FixOpt = Annotated[
 ]
 HfOpt = Annotated[bool, typer.Option("--hf", help='The config is for the HF Trainer, which fills "auto".')]
 GradCkptOpt = Annotated[
-    bool, typer.Option("--grad-checkpointing", help="The model uses gradient checkpointing (for the fit check).")
+    bool | None,
+    typer.Option(
+        "--grad-checkpointing/--no-grad-checkpointing",
+        help="The model uses gradient checkpointing (for the fit check; default: as the tuning recorded, else off).",
+    ),
 ]
 
 
@@ -83,8 +87,8 @@ def check_command(
     gpu_type: GpuTypeOpt = None,
     gpu_memory: GpuMemoryOpt = None,
     model: CheckModelOpt = None,
-    seq_len: SeqLenOpt = 2048,
-    grad_checkpointing: GradCkptOpt = False,
+    seq_len: SeqLenOpt = None,
+    grad_checkpointing: GradCkptOpt = None,
     env_file: EnvFileOpt = None,
     fix: FixOpt = None,
     hf: HfOpt = False,
@@ -93,23 +97,86 @@ def check_command(
 ) -> None:
     """Check a DeepSpeed config against what DeepSpeed really does with it.
 
+    A config written by autotune has a `<name>.autotune.json` beside it saying what the tuning assumed (model,
+    sequence length, checkpointing, precision, hardware); options not given here are taken from it, so
+    checking the tuner's own output asks the tuner's question.
+
     Exit code: 0 no errors, 1 errors (with --fix: errors left in the written config), 2 unreadable input.
     """
+    from autotune.assumptions import read_assumptions
     from autotune.check import load_config
 
     load_config(config)  # an unreadable config fails first, before any probing
-    context = resolve_context(gpus, nodes, gpu_type, gpu_memory, for_hf_trainer=hf)
-    summary = None
-    if model:
-        from autotune.models import resolve_model, summarize
+    recorded = read_assumptions(config)
+    hardware_given = gpus is not None or gpu_type is not None or gpu_memory is not None
+    if recorded and not model and not hardware_given:
+        report = _check_as_tuned(config, recorded, seq_len, grad_checkpointing, env_file, fix, hf)
+    else:
+        context = resolve_context(gpus, nodes, gpu_type, gpu_memory, for_hf_trainer=hf)
+        summary = None
+        if model:
+            from autotune.models import resolve_model, summarize
+            from autotune.request import default_seq_len
 
-        summary = summarize(resolve_model(model, trust_remote_code))
-    report = check_config(config, context, env_file, summary, seq_len, grad_checkpointing, fix)
+            summary = summarize(resolve_model(model, trust_remote_code))
+            relative = "relative_attention_num_buckets" in summary.config
+            seq_len = seq_len or default_seq_len(None if relative else summary.max_positions)
+        report = check_config(config, context, env_file, summary, seq_len or 0, bool(grad_checkpointing), fix)
     if as_json:
         print_json(report.to_dict())
     else:
         _print_report(report)
     raise typer.Exit(report.exit_code())
+
+
+def _check_as_tuned(
+    config: Path,
+    recorded: dict,
+    seq_len: int | None,
+    grad_checkpointing: bool | None,
+    env_file: Path | None,
+    fix: Path | None,
+    hf: bool,
+) -> CheckReport:
+    """Check against the tuning's own context: the same model, target, precision and sequence length."""
+    from autotune.check import CheckContext
+    from autotune.check.fit import FitAssumptions
+    from autotune.context import TuneContext
+    from autotune.request import TuneRequest
+
+    device = recorded.get("device", "cuda")
+    per_rank = recorded.get("memory_bytes_per_rank")
+    request = TuneRequest(
+        model=recorded["model"],
+        gpus=recorded.get("gpus_per_node"),
+        nodes=recorded.get("nodes", 1),
+        gpu_type=recorded.get("gpu_type"),
+        gpu_memory=recorded.get("gpu_memory"),
+        device=device,
+        memory_budget=f"{per_rank}B" if per_rank and device == "cpu" else None,
+        seq_len=seq_len or recorded.get("seq_len"),
+        precision=recorded.get("precision"),
+        attention=recorded.get("attention", "sdpa"),
+        headroom=recorded.get("headroom", 0.9),
+        trust_remote_code=bool(recorded.get("trust_remote_code")),
+    )
+    ctx = TuneContext.build(request, outputs=False)
+    target = ctx.target
+    context = CheckContext(
+        world_size=target.world_size,
+        world_size_source=f"{target.gpus_per_node} x {target.nodes}, as the tuning recorded",
+        bf16_capable=target.gpu.bf16 if target.gpu.key not in ("custom",) else None,
+        target=target,
+        for_hf_trainer=hf,
+    )
+    ckpt = grad_checkpointing if grad_checkpointing is not None else bool(recorded.get("grad_checkpointing"))
+    assumed = FitAssumptions(
+        attention=ctx.request.attention,
+        device=device,
+        headroom=ctx.request.headroom,
+        measured_peak_bytes=recorded.get("measured_peak_bytes") if recorded.get("verified") else None,
+    )
+    return check_config(config, context, env_file, ctx.model, ctx.seq_len, ckpt, fix, assumed)
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from autotune.environment import select_accelerator
+
 # The DeepSpeed op builders a trial loads, per accelerator.
 TRIAL_OPS = {
     "cpu": ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder"),
@@ -41,7 +43,7 @@ def ops_built(device: str) -> bool:
 
 def build_ops(device: str) -> dict[str, float]:
     """In this process: load (building if needed) each op; seconds per op."""
-    os.environ["DS_ACCELERATOR"] = device
+    select_accelerator(device)
     from deepspeed.accelerator import get_accelerator
 
     seconds = {}

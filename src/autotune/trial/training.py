@@ -8,11 +8,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.environment import select_accelerator
 from autotune.trial.faults import maybe_inject_fault
 from autotune.trial.memory import MemoryTracker, release_host_memory
 from autotune.trial.outcome import classify_exception
@@ -46,7 +46,7 @@ def import_runtime(device: str, architecture: str | None = None) -> None:
 
     DeepSpeed picks its accelerator once, at import, from DS_ACCELERATOR.
     """
-    os.environ["DS_ACCELERATOR"] = device
+    select_accelerator(device)
     import deepspeed  # noqa: F401
     import torch  # noqa: F401
     import transformers
