@@ -1,0 +1,142 @@
+"""plan, tune, hook and check answer one question: the same request gives the same context and the same answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from tests.conftest import run_cli
+from tests.test_tune import CountingLauncher
+
+from autotune import tune
+from autotune.cli import main
+from autotune.ladder import Candidate, Rung
+from autotune.tuner import TuneRequest
+
+# (model, GPUs per node, nodes, GPU type): small and large models, tight and roomy cards, one and many nodes.
+CASES = [
+    ("gpt2-xl", 1, 1, "t4"),
+    ("llama-2-7b", 1, 1, "a100-40gb"),
+    ("llama-2-7b", 8, 1, "a100-80gb"),
+    ("t5-3b", 8, 1, "a100-80gb"),
+    ("t5-large", 1, 1, "v100-16gb"),
+    ("llama-3-8b", 4, 1, "h100-80gb"),
+    ("llama-2-70b", 8, 2, "h100-80gb"),
+    ("opt-1.3b", 2, 1, "rtx-4090"),
+    ("mistral-7b", 2, 1, "l40s"),
+    ("gpt2", 1, 1, "l4"),
+    ("falcon-7b", 8, 1, "a10g"),
+    ("qwen2.5-7b", 1, 1, "h200"),
+]
+
+
+def _plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", *args, "--json"])
+    return int(exited.value.code or 0), json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("model,gpus,nodes,gpu_type", CASES)
+def test_plan_and_plan_only_tune_recommend_the_same_config(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model: str, gpus: int, nodes: int, gpu_type: str
+) -> None:
+    shape = ["--model", model, "--gpus", str(gpus), "--nodes", str(nodes), "--gpu-type", gpu_type]
+    code, planned = _plan_json(capsys, *shape)
+    request = TuneRequest(model=model, gpus=gpus, nodes=nodes, gpu_type=gpu_type, out=str(tmp_path / "ds.json"))
+    if planned["recommended"] is None:
+        assert code == 3
+        return
+    assert code == 0
+    result = tune(request)
+    assert not result.verified
+    assert result.candidate == Candidate.from_dict(planned["recommended"])
+    assert result.report["seq_len"] == planned["settings"]["seq_len"]
+
+
+def test_tune_leaves_the_callers_environment_and_deepspeed_accelerator_as_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's process that calls tune() and later deepspeed.initialize must get its own accelerator."""
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    import deepspeed.accelerator.real_accelerator as real_accelerator
+
+    cached_before = real_accelerator.ds_accelerator
+    before = dict(os.environ)
+    common = {"model": "tiny-gpt2", "seq_len": 64, "cache_dir": str(tmp_path / "cache")}
+    tune(
+        TuneRequest(device="cpu", memory_budget="2GiB", rungs=(Rung.Z0,), out=str(tmp_path / "cpu.json"), **common),
+        launcher=CountingLauncher(),
+    )
+    tune(TuneRequest(gpu_type="a100-80gb", out=str(tmp_path / "plan.json"), **common))  # validated by DeepSpeed
+    assert dict(os.environ) == before
+    assert "DS_ACCELERATOR" not in os.environ
+    assert real_accelerator.ds_accelerator is cached_before
+    assert "deepspeed.runtime.config" in sys.modules  # DeepSpeed really was imported in this process
+
+
+@pytest.mark.parametrize(
+    "model,args",
+    [
+        ("t5-3b", ["--gpus", "8", "--gpu-type", "a100-80gb"]),
+        ("llama-3-8b", ["--gpus", "8", "--gpu-type", "a100-80gb"]),
+        ("llama-3-8b", ["--gpus", "1", "--gpu-memory", "24"]),  # bare number: GiB, recorded as given
+    ],
+)
+def test_check_passes_on_the_plan_only_config_autotune_wrote(tmp_path: Path, model: str, args: list[str]) -> None:
+    out = tmp_path / "ds_config.json"
+    done = run_cli("--model", model, *args, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    recorded = json.loads((tmp_path / "ds_config.autotune.json").read_text())
+    assert recorded["model"] == model and recorded["seq_len"] > 0 and recorded["grad_checkpointing"] is not None
+    checked = run_cli("check", str(out), "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    fit = json.loads(checked.stdout)["fit"]
+    assert fit and fit["fits"], fit
+
+
+def test_check_passes_on_a_cpu_tune(tmp_path: Path) -> None:
+    out = tmp_path / "ds_config.json"
+    request = TuneRequest(
+        model="tiny-gpt2", device="cpu", memory_budget="1GiB", seq_len=64, rungs=(Rung.Z0, Rung.Z3), out=str(out),
+        cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    result = tune(request, launcher=CountingLauncher())
+    assert result.verified
+    checked = run_cli("check", str(out), "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["fit"]["fits"]
+
+
+def test_a_repeat_cpu_tune_without_a_budget_is_a_cache_hit_despite_jitter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU budget defaults to the RAM available now, which moves between runs; the key holds the limit
+    in 5% buckets (and looks at the neighbours), and a hit re-checks the cached peak against the limit now."""
+    import autotune.context as context_module
+
+    available = [8 * 2**30]
+    real_probe = context_module._cpu_target
+
+    def jittery(request: TuneRequest):  # the real probe, with the available RAM this run sees
+        from dataclasses import replace
+
+        target = real_probe(request)
+        budget = available[0]
+        return replace(target, gpu=replace(target.gpu, memory_bytes=budget), free_memory_bytes=budget)
+
+    monkeypatch.setattr(context_module, "_cpu_target", jittery)
+    request = TuneRequest(
+        model="tiny-gpt2", device="cpu", seq_len=64, rungs=(Rung.Z0,), micro_batches=(1, 2),
+        out=str(tmp_path / "ds.json"), cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    first = tune(request, launcher=CountingLauncher())
+    assert not first.from_cache
+    for jitter in (0.97, 1.03, 0.96):
+        available[0] = int(8 * 2**30 * jitter)
+        again = tune(request, launcher=CountingLauncher())
+        assert again.from_cache and again.candidate == first.candidate, jitter
+    available[0] = 2 * 2**30  # much less memory: a different question, tuned again
+    assert not tune(request, launcher=CountingLauncher()).from_cache
