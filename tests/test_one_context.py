@@ -118,7 +118,7 @@ def test_a_repeat_cpu_tune_without_a_budget_is_a_cache_hit_despite_jitter(
     import autotune.context as context_module
 
     available = [8 * 2**30]
-    real_probe = context_module._cpu_target
+    real_probe = context_module.cpu_target
 
     def jittery(request: TuneRequest):  # the real probe, with the available RAM this run sees
         from dataclasses import replace
@@ -127,7 +127,7 @@ def test_a_repeat_cpu_tune_without_a_budget_is_a_cache_hit_despite_jitter(
         budget = available[0]
         return replace(target, gpu=replace(target.gpu, memory_bytes=budget), free_memory_bytes=budget)
 
-    monkeypatch.setattr(context_module, "_cpu_target", jittery)
+    monkeypatch.setattr(context_module, "cpu_target", jittery)
     request = TuneRequest(
         model="tiny-gpt2", device="cpu", seq_len=64, rungs=(Rung.Z0,), micro_batches=(1, 2),
         out=str(tmp_path / "ds.json"), cache_dir=str(tmp_path / "cache"),

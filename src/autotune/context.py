@@ -38,7 +38,7 @@ def uses_relative_positions(model: ModelSummary) -> bool:
     return "relative_attention_num_buckets" in model.config
 
 
-def _cpu_target(request: TuneRequest) -> Target:
+def cpu_target(request: TuneRequest) -> Target:
     """The CPU backend: each rank is a process; its memory budget plays the role of GPU free memory."""
     from autotune.probe import probe
 
@@ -59,7 +59,7 @@ def _cpu_target(request: TuneRequest) -> Target:
     return Target(cpu, ranks, request.nodes, budget, host.ram_available_bytes, host.nvme_free_bytes, measured=True)
 
 
-def _gpu_target(request: TuneRequest) -> Target:
+def gpu_target(request: TuneRequest) -> Target:
     from autotune.probe import probe
     from autotune.target import resolve_target
 
@@ -92,7 +92,7 @@ def check_host_capacity(request: TuneRequest, target: Target) -> None:
 
 
 def resolve_request_target(request: TuneRequest) -> Target:
-    return _cpu_target(request) if request.device == "cpu" else _gpu_target(request)
+    return cpu_target(request) if request.device == "cpu" else gpu_target(request)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ Nothing here imports torch: workers do, in their own processes, so the tuner nev
 
 from __future__ import annotations
 
+from autotune.trial.hostfile import HostfileLauncher
 from autotune.trial.local import LocalLauncher
 from autotune.trial.processes import tagged_processes
 from autotune.trial.slurm import SlurmLauncher
@@ -18,6 +19,7 @@ def run_trial(spec: TrialSpec, launcher: TrialLauncher | None = None) -> TrialRe
 
 
 __all__ = [
+    "HostfileLauncher",
     "LocalLauncher",
     "RankMetrics",
     "SlurmLauncher",
