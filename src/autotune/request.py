@@ -75,7 +75,7 @@ def memory_size(text: str, what: str) -> int:
     except ValueError:
         return _finite_bytes(stripped, what)
     if not math.isfinite(number) or number <= 0:
-        raise UserError(f"invalid {what} {text!r}: must be a positive size, e.g. 80GiB")
+        raise UserError(f"invalid {what} {text!r}: must be a positive, finite size, e.g. 80GiB")
     return _finite_bytes(f"{stripped}GiB", what)
 
 

@@ -106,6 +106,7 @@ def check_command(
     from autotune.assumptions import read_assumptions
     from autotune.check import load_config
 
+    _regular_file(config)  # /dev/zero or a FIFO would hang the reader
     load_config(config)  # an unreadable config fails first, before any probing
     recorded = read_assumptions(config)
     hardware_given = gpus is not None or gpu_type is not None or gpu_memory is not None
@@ -127,6 +128,24 @@ def check_command(
     else:
         _print_report(report)
     raise typer.Exit(report.exit_code())
+
+
+MAX_CONFIG_BYTES = 16 << 20  # a ds_config is kilobytes
+
+
+def _regular_file(path: Path) -> None:
+    from autotune.errors import UserError
+
+    try:
+        info = path.stat()
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror or error}") from None
+    import stat
+
+    if not stat.S_ISREG(info.st_mode):
+        raise UserError(f"{path} is not a regular file")
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise UserError(f"{path} is {info.st_size} bytes: not a DeepSpeed config")
 
 
 def _check_as_tuned(

@@ -35,6 +35,7 @@ from autotune.cli.options import (
     SeqLenOpt,
     TrialTimeoutOpt,
     TrustRemoteCodeOpt,
+    say_assumed_units,
 )
 from autotune.cli.output import print_json
 from autotune.cli.parsing import parse_int_list, parse_rung_list
@@ -161,6 +162,7 @@ def hook_command(
         report_dir=report_dir,
         trust_remote_code=trust_remote_code,
     )
+    say_assumed_units(memory_budget=memory_budget)
     validate(tuning)  # bad input is one line and exit 2 here, before any coordination or tuning
     if wait_timeout is not None and not (wait_timeout > 0 and wait_timeout != float("inf")):
         raise UserError(f"--wait-timeout must be a positive number of seconds, got {wait_timeout}")

@@ -6,6 +6,8 @@ in `tune`, `plan` and `hook`.
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Annotated
 
 import typer
@@ -86,3 +88,14 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on 
 TrustRemoteCodeOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow custom model code from the HF cache.")
 ]
+
+
+def say_assumed_units(**sizes: str | None) -> None:
+    """A bare number for a memory size is GiB; say so on stderr, so nobody wonders whether 80 meant bytes."""
+    for name, value in sizes.items():
+        try:
+            number = float(value) if value is not None else None
+        except ValueError:
+            continue
+        if number is not None and math.isfinite(number) and number > 0:
+            print(f"autotune: --{name.replace('_', '-')} {value} read as {value} GiB", file=sys.stderr)

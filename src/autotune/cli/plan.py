@@ -25,6 +25,7 @@ from autotune.cli.options import (
     RungsOpt,
     SeqLenOpt,
     TrustRemoteCodeOpt,
+    say_assumed_units,
 )
 from autotune.cli.output import console, print_json
 from autotune.cli.parsing import parse_int_list, parse_rung_list
@@ -175,6 +176,7 @@ def plan_command(
         nvme_path=nvme_path,
         trust_remote_code=trust_remote_code,
     )
+    say_assumed_units(gpu_memory=gpu_memory)
     ctx = TuneContext.build(request, outputs=False)
     recommendation = recommend(ctx)
     if as_json:

@@ -36,13 +36,13 @@ from autotune.cli.options import (
     SeqLenOpt,
     TrialTimeoutOpt,
     TrustRemoteCodeOpt,
+    say_assumed_units,
 )
 from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.parsing import parse_int_list, parse_rung_list
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
-    from autotune.request import TuneRequest
     from autotune.search import SearchEvent
     from autotune.tuner import TuneResult
 
@@ -185,24 +185,13 @@ def tune_command(
         script=script,
         trust_remote_code=trust_remote_code,
     )
-    say_assumed_units(request)
+    say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget)
     progress = _Progress(err_console(), max_trials, enabled=not as_json)
     result = tune(request, observe=progress)
     if as_json:
         print_json(result.report)
         return
     _print_summary(result)
-
-
-def say_assumed_units(request: TuneRequest) -> None:
-    """A bare number for a memory size is GiB; say so, so nobody wonders whether 80 meant bytes."""
-    for flag, value in (("--gpu-memory", request.gpu_memory), ("--memory-budget", request.memory_budget)):
-        if value is not None:
-            try:
-                float(value)
-            except ValueError:
-                continue
-            print(f"autotune: {flag} {value} read as {value} GiB", file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:

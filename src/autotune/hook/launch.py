@@ -58,6 +58,9 @@ def choose_launcher(
     if env.get("SLURM_JOB_ID"):
         from autotune.trial import SlurmLauncher
 
+        if which("srun") is None:
+            raise UserError("multi-node trials inside SLURM run with srun, which is not on PATH")
+
         # SLURM_OVERLAP: when the hook itself runs under srun, its step holds the node's resources, and
         # a trial step must share them or it waits forever; the hook processes use no GPU themselves.
         trial_env["SLURM_OVERLAP"] = "1"

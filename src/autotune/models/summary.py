@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.atomic import atomic_write_json
+from autotune.errors import UserError
 from autotune.models.resolve import ModelSource
 from autotune.models.types import ModelSummary, fingerprint
 from autotune.paths import cache_dir
@@ -101,7 +102,13 @@ def summarize(source: ModelSource, use_cache: bool = True) -> ModelSummary:
             return shipped
     from autotune.models.build import build_model
 
-    model, architecture = build_model(source.config, source.architecture, "meta", source.trust_remote_code)
+    try:
+        model, architecture = build_model(source.config, source.architecture, "meta", source.trust_remote_code)
+    except UserError:
+        raise
+    except Exception as error:  # transformers and torch refuse bad configs in many ways; all are the user's input
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"cannot build {source.name} from its config: {type(error).__name__}: {first}") from None
     summary = summarize_model(model, source, architecture)
     if use_cache:
         with contextlib.suppress(OSError):  # a read-only cache dir only costs speed
