@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
+from autotune.context import TuneContext  # the context tune() itself uses
 from autotune.ladder import Candidate
 from autotune.trial import run_trial
 from autotune.tuner import TuneRequest
-from autotune.context import TuneContext  # the context tune() itself uses
 from compare.launchers import make_launcher
 from compare.records import ChosenConfig, MethodRun
 from compare.settings import SHARED_RUNGS, BenchSettings

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.ladder import Candidate, Rung
 from autotune.context import TuneContext  # the context tune() itself uses
+from autotune.ladder import Candidate, Rung
 from autotune.tuner import tune
 from autotune.units import parse_bytes
 from compare import environment

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autotune.context import TuneContext  # the context tune() itself uses
 from autotune.ladder import Candidate, Rung
 from autotune.trial import LocalLauncher, WarmWorkerPool, run_trial
 from autotune.trial.types import TrialLauncher, TrialSpec
 from autotune.tuner import TuneRequest
-from autotune.context import TuneContext  # the context tune() itself uses
 from compare.records import ChosenConfig, Remeasured
 from compare.settings import BenchSettings
 
