@@ -13,6 +13,7 @@ from tests.test_tune import CountingLauncher
 
 from autotune import tune
 from autotune.cli import main
+from autotune.errors import NothingFitsError
 from autotune.ladder import Candidate, Rung
 from autotune.tuner import TuneRequest
 
@@ -110,33 +111,59 @@ def test_check_passes_on_a_cpu_tune(tmp_path: Path) -> None:
     assert json.loads(checked.stdout)["fit"]["fits"]
 
 
-def test_a_repeat_cpu_tune_without_a_budget_is_a_cache_hit_despite_jitter(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The CPU budget defaults to the RAM available now, which moves between runs; the key holds the limit
-    in 5% buckets (and looks at the neighbours), and a hit re-checks the cached peak against the limit now."""
+def _jittery_ram(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The real CPU target, with the available RAM a run sees set by the test (it moves between real runs)."""
     import autotune.context as context_module
 
     available = [8 * 2**30]
-    real_probe = context_module.cpu_target
+    real_target = context_module.cpu_target
 
-    def jittery(request: TuneRequest):  # the real probe, with the available RAM this run sees
+    def jittery(request: TuneRequest):
         from dataclasses import replace
 
-        target = real_probe(request)
+        target = real_target(request)
         budget = available[0]
         return replace(target, gpu=replace(target.gpu, memory_bytes=budget), free_memory_bytes=budget)
 
     monkeypatch.setattr(context_module, "cpu_target", jittery)
+    return available
+
+
+def test_a_repeat_cpu_tune_without_a_budget_is_a_cache_hit_despite_jitter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU budget defaults to the RAM available now, which moves between runs. Memory did not bind this
+    search (the largest micro-batch fitted easily), so any limit the stored choice still fits gets the hit."""
+    available = _jittery_ram(monkeypatch)
     request = TuneRequest(
         model="tiny-gpt2", device="cpu", seq_len=64, rungs=(Rung.Z0,), micro_batches=(1, 2),
         out=str(tmp_path / "ds.json"), cache_dir=str(tmp_path / "cache"),
     )  # fmt: skip
     first = tune(request, launcher=CountingLauncher())
     assert not first.from_cache
-    for jitter in (0.97, 1.03, 0.96):
-        available[0] = int(8 * 2**30 * jitter)
-        again = tune(request, launcher=CountingLauncher())
-        assert again.from_cache and again.candidate == first.candidate, jitter
-    available[0] = 2 * 2**30  # much less memory: a different question, tuned again
-    assert not tune(request, launcher=CountingLauncher()).from_cache
+    for scale in (0.97, 1.03, 0.6, 2.0):
+        available[0] = int(8 * 2**30 * scale)
+        launcher = CountingLauncher()
+        again = tune(request, launcher=launcher)
+        assert again.from_cache and again.candidate == first.candidate and not launcher.specs, scale
+    available[0] = 300 * 2**20  # below the stored choice's measured peak: not a hit; tuned again, nothing fits
+    with pytest.raises(NothingFitsError):
+        tune(request, launcher=CountingLauncher())
+
+
+def test_when_memory_bound_the_search_more_memory_means_a_new_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    available = _jittery_ram(monkeypatch)
+    available[0] = 2**30
+    request = TuneRequest(
+        model="tiny-gpt2", device="cpu", seq_len=64, rungs=(Rung.Z0,), micro_batches=(1, 2, 4, 8, 16, 32),
+        out=str(tmp_path / "ds.json"), cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    first = tune(request, launcher=CountingLauncher(mib_per_sample=40))  # mb 16+ runs over 90% of 1 GiB
+    assert first.candidate is not None and first.candidate.micro_batch < 32
+    available[0] = int(2**30 * 1.03)  # jitter: same answer
+    assert tune(request, launcher=CountingLauncher(mib_per_sample=40)).from_cache
+    available[0] = 4 * 2**30  # memory bound the first search: with 4x the memory, search again
+    bigger = tune(request, launcher=CountingLauncher(mib_per_sample=40))
+    assert not bigger.from_cache and bigger.candidate.micro_batch > first.candidate.micro_batch

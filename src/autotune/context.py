@@ -22,9 +22,9 @@ from autotune.models import ModelSummary, resolve_model, summarize
 from autotune.request import TuneRequest, chosen_rungs, default_seq_len, memory_size, micro_batch_grid, validate
 from autotune.trial.types import TrialSpec
 
-# Cache keys hold the memory limit in buckets 5% wide on a log scale, so a few percent of jitter in free
-# memory (other processes, the page cache) usually keeps the key; a hit re-checks the fit against the
-# memory free now (TuneContext.still_fits), and lookups also try the neighbouring buckets.
+# Trial results depend on the memory limit (a CPU trial over its budget is stopped), so the trials' key holds
+# the limit in buckets 5% wide on a log scale: a few percent of jitter in free memory keeps the key. The final
+# answer is keyed without the limit and re-checked against the limit now (tuner.cached_answer).
 LIMIT_BUCKET_RATIO = 1.05
 
 
@@ -108,6 +108,7 @@ class TuneContext:
     rungs: list[Rung]
     unavailable: list[tuple[Rung, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # assumptions worth telling the user
+    versions: dict[str, str] = field(default_factory=library_versions)  # read once: metadata lookups are slow
 
     @classmethod
     def build(
@@ -157,18 +158,18 @@ class TuneContext:
         """The per-rank memory a config must stay under: headroom x free."""
         return int(self.request.headroom * self.target.free_memory_bytes)
 
-    def key_parts(self, bucket: int | None = None) -> dict:
+    def question(self) -> dict:
+        """Everything that decides the answer except the memory limit."""
         request = self.request
         return {
             "model": self.model.fingerprint,
-            # the CPU "GPU" memory is the budget itself, already in the limit bucket
+            # the CPU "GPU" memory is the budget itself, which the limit covers
             "gpu": [self.target.gpu.name, None if self.target.gpu.key == "cpu" else self.target.gpu.memory_bytes],
-            "limit_bucket": limit_bucket(self.limit_bytes) if bucket is None else bucket,
             "gpus": self.target.gpus_per_node,
             "nodes": self.target.nodes,
             "device": request.device,
             "verified": self.verified,
-            "versions": library_versions(),
+            "versions": self.versions,
             "seq_len": self.seq_len,
             "global_batch": request.global_batch,
             "precision": self.precision,
@@ -180,13 +181,13 @@ class TuneContext:
 
     @property
     def key(self) -> str:
-        """The run key: what decides the answer, with the memory limit bucketed (see LIMIT_BUCKET_RATIO)."""
-        return run_key(self.key_parts())
+        """The trials' key: the question and the memory limit, bucketed (see LIMIT_BUCKET_RATIO)."""
+        return run_key({**self.question(), "limit_bucket": limit_bucket(self.limit_bytes)})
 
-    def neighbour_keys(self) -> list[str]:
-        """This key, then the keys of the adjacent limit buckets: jitter at a bucket edge still finds the hit."""
-        bucket = limit_bucket(self.limit_bytes)
-        return [self.key] + [run_key(self.key_parts(bucket + step)) for step in (-1, 1)]
+    @property
+    def answer_key(self) -> str:
+        """The final answer's key: the question alone; a stored answer records the limit it was found under."""
+        return run_key({**self.question(), "answer": 1})
 
     def ds_config(self, candidate: Candidate) -> dict:
         return build_ds_config(candidate, self.train)

@@ -259,8 +259,10 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
     data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
     write_assumptions(config_path, data)
     report_md, report_json = write_report(data, report_dir)
-    if cache and ctx.verified:
-        cache.put_recommendation(ctx.key, {"candidate": candidate.to_dict(), "ds_config": config, "report": data})
+    if cache and outcome is not None:
+        stored = {"candidate": candidate.to_dict(), "ds_config": config, "report": data}
+        stored |= {"limit_bytes": ctx.limit_bytes, "memory_bound": memory_bound(ctx, outcome)}
+        cache.put_recommendation(ctx.answer_key, stored)
     best = outcome.best if outcome else None
     return TuneResult(
         ctx.verified,
@@ -289,17 +291,37 @@ def ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
     return TuneContext.build(request, outputs=False).ds_config(candidate)
 
 
+# A stored answer found under limit L0 still answers a question with limit L when its measured peak fits L and
+# either L is at most 5% above L0 (jitter) or memory did not bind the search at L0. If L < L0, the stored choice
+# was the fastest of a superset of what fits now, so it is still the fastest; if memory did not bind, more
+# memory changes nothing.
+ANSWER_GROWTH_TOLERANCE = 1.05
+
+
 def cached_answer(ctx: TuneContext, cache: ResultsCache) -> dict | None:
-    """A stored answer for this key (or a neighbouring limit bucket) whose measured peak still fits the
-    memory free now; else None, and the search runs (reusing any cached trials)."""
-    for key in ctx.neighbour_keys():
-        hit = cache.recommendation(key)
-        if hit is None:
-            continue
-        peak = (hit.get("report", {}).get("choice") or {}).get("peak_bytes")
-        if peak is not None and peak <= ctx.limit_bytes:
-            return hit
-    return None
+    """A stored answer that still holds for the memory free now (see above); else None, and the search runs
+    (reusing the cached trials of this limit bucket)."""
+    hit = cache.recommendation(ctx.answer_key)
+    if hit is None:
+        return None
+    peak = (hit.get("report", {}).get("choice") or {}).get("peak_bytes")
+    found_under = hit.get("limit_bytes")
+    if peak is None or found_under is None or peak > ctx.limit_bytes:
+        return None
+    if ctx.limit_bytes > found_under * ANSWER_GROWTH_TOLERANCE and hit.get("memory_bound", True):
+        return None
+    return hit
+
+
+def memory_bound(ctx: TuneContext, outcome: SearchOutcome) -> bool:
+    """Whether more memory could have changed the answer: a trial ran out of memory (or over the headroom), or
+    the most memory-hungry candidate (first rung, largest micro-batch, no checkpointing) was predicted not to fit."""
+    from autotune.estimate import estimate
+
+    if any(t.memory_failure for t in outcome.trials):
+        return True
+    hungriest = Candidate(ctx.rungs[0], max(ctx.grid), False)
+    return estimate(ctx.model, ctx.target, hungriest, ctx.settings).gpu_peak_bytes > ctx.limit_bytes
 
 
 def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, started: float) -> TuneResult:
