@@ -116,6 +116,8 @@ def _print_summary(result: TuneResult) -> None:
     out.print(f"  config: {result.config_path}" + (f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""))
     out.print(f"  report: {result.report_path}")
     out.print(f"  launch: {result.launch.deepspeed if result.launch else '-'}")
+    for note in data.get("notes") or []:
+        out.print(f"  note: {note}")
 
 
 def tune_command(
