@@ -167,3 +167,38 @@ def test_when_memory_bound_the_search_more_memory_means_a_new_search(
     available[0] = 4 * 2**30  # memory bound the first search: with 4x the memory, search again
     bigger = tune(request, launcher=CountingLauncher(mib_per_sample=40))
     assert not bigger.from_cache and bigger.candidate.micro_batch > first.candidate.micro_batch
+
+
+@pytest.mark.slow
+def test_check_passes_on_a_real_cpu_tune_through_the_cli(tmp_path: Path) -> None:
+    """Real DeepSpeed trials on the CPU backend, no --memory-budget (the RAM available now), then `check`."""
+    out = tmp_path / "ds_config.json"
+    tuned = run_cli(
+        "--model", "tiny-gpt2", "--device", "cpu", "--seq-len", "32", "--rungs", "z0", "--micro-batches", "1,2",
+        "--out", str(out), "--cache-dir", str(tmp_path / "cache"), timeout=900,
+    )  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    assert "started trial 1" in tuned.stderr  # piped: a timestamped line when each trial starts
+    checked = run_cli("check", str(out), "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["fit"]["fits"]
+
+
+def test_piped_progress_is_plain_timestamped_lines_with_a_line_when_a_trial_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import io
+    import re
+
+    from rich.console import Console
+
+    from autotune.cli.tune import TrialProgress
+    from autotune.search import SearchEvent
+
+    progress = TrialProgress(Console(file=io.StringIO(), stderr=True), max_trials=12, enabled=True)
+    progress(SearchEvent("trial_start", Candidate(Rung.Z2, 8, True)))
+    progress(SearchEvent("prepare", message="building DeepSpeed ops once"))
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ autotune: ", line) for line in lines), lines
+    assert "started trial 1 (budget 12): ZeRO-2" in lines[0]

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from autotune.tuner import TuneResult
 
 
-class _Progress:
+class TrialProgress:
     """Progress on stderr: a live status on a terminal; plain timestamped lines in a log (SLURM, CI), with a
     line when each trial starts, so a hung trial is visible as one."""
 
@@ -188,7 +188,7 @@ def tune_command(
         trust_remote_code=trust_remote_code,
     )
     say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget)
-    progress = _Progress(err_console(), max_trials, enabled=not as_json)
+    progress = TrialProgress(err_console(), max_trials, enabled=not as_json)
     result = tune(request, observe=progress)
     if as_json:
         print_json(result.report)
