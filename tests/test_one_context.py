@@ -78,6 +78,14 @@ def test_tune_leaves_the_callers_environment_and_deepspeed_accelerator_as_found(
     assert "deepspeed.runtime.config" in sys.modules  # DeepSpeed really was imported in this process
 
 
+def _check_json(capsys: pytest.CaptureFixture[str], config: Path) -> tuple[int, dict]:
+    """`autotune check CONFIG --json` in this process (DeepSpeed is imported once for the whole module)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(["check", str(config), "--json"])
+    return int(exited.value.code or 0), json.loads(capsys.readouterr().out)
+
+
 @pytest.mark.parametrize(
     "model,args",
     [
@@ -86,19 +94,21 @@ def test_tune_leaves_the_callers_environment_and_deepspeed_accelerator_as_found(
         ("llama-3-8b", ["--gpus", "1", "--gpu-memory", "24"]),  # bare number: GiB, recorded as given
     ],
 )
-def test_check_passes_on_the_plan_only_config_autotune_wrote(tmp_path: Path, model: str, args: list[str]) -> None:
+def test_check_passes_on_the_plan_only_config_autotune_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], model: str, args: list[str]
+) -> None:
     out = tmp_path / "ds_config.json"
-    done = run_cli("--model", model, *args, "--out", str(out))
-    assert done.returncode == 0, done.stderr
+    with pytest.raises(SystemExit) as exited:
+        main(["--model", model, *args, "--out", str(out)])
+    assert exited.value.code == 0, capsys.readouterr().err
     recorded = json.loads((tmp_path / "ds_config.autotune.json").read_text())
     assert recorded["model"] == model and recorded["seq_len"] > 0 and recorded["grad_checkpointing"] is not None
-    checked = run_cli("check", str(out), "--json")
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    fit = json.loads(checked.stdout)["fit"]
-    assert fit and fit["fits"], fit
+    code, report = _check_json(capsys, out)
+    assert code == 0, report
+    assert report["fit"] and report["fit"]["fits"], report["fit"]
 
 
-def test_check_passes_on_a_cpu_tune(tmp_path: Path) -> None:
+def test_check_passes_on_a_cpu_tune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "ds_config.json"
     request = TuneRequest(
         model="tiny-gpt2", device="cpu", memory_budget="1GiB", seq_len=64, rungs=(Rung.Z0, Rung.Z3), out=str(out),
@@ -106,9 +116,9 @@ def test_check_passes_on_a_cpu_tune(tmp_path: Path) -> None:
     )  # fmt: skip
     result = tune(request, launcher=CountingLauncher())
     assert result.verified
-    checked = run_cli("check", str(out), "--json")
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert json.loads(checked.stdout)["fit"]["fits"]
+    code, report = _check_json(capsys, out)
+    assert code == 0, report
+    assert report["fit"]["fits"]
 
 
 def _jittery_ram(monkeypatch: pytest.MonkeyPatch) -> list[int]:
