@@ -4,6 +4,9 @@ and `accelerate estimate-memory`.
     python benchmarks/estimate_accuracy.py                  # CPU backend (DS_ACCELERATOR=cpu, gloo)
     python benchmarks/estimate_accuracy.py --device cuda    # on a GPU machine
     python benchmarks/estimate_accuracy.py --baseline       # measure the CPU process baseline constant
+    python benchmarks/estimate_accuracy.py --rungs z3,z3+offload_opt --merge
+        # re-measure only those rungs; every other row keeps its measurement and is re-predicted by the current
+        # model (predictions are deterministic), so a model change is checked without re-running every trial
 
 Each point is one trial through autotune.trial.run_trial (fresh processes, a few optimizer steps). On the
 CPU backend the measured figure is each rank's peak host RSS (VmHWM), which is what the CPU-mode
@@ -237,6 +240,24 @@ def run_point(point: Point, device: str, precision: str) -> dict:
     return row
 
 
+def repredict(row: dict, device: str, precision: str) -> dict:
+    """The row's stored measurement against the current model's prediction for the same point."""
+    summary = summarize(resolve_model(row["model"]))
+    target = _target(row["ranks"], device)
+    candidate = Candidate(Rung(row["rung"]), row["micro_batch"], row["grad_checkpointing"])
+    settings = EstimateSettings(seq_len=row["seq_len"], precision=precision, device=device)
+    predicted = estimate(summary, target, candidate, settings)
+    updated = dict(row, predicted_bytes=predicted.gpu_peak_bytes, predicted_components=predicted.gpu_components)
+    if row.get("measured_bytes"):
+        measured = row["measured_bytes"]
+        updated["predicted_error_pct"] = round(100 * (predicted.gpu_peak_bytes - measured) / measured, 1)
+    return updated
+
+
+def _row_key(row: dict) -> tuple:
+    return tuple(row[k] for k in ("model", "rung", "micro_batch", "seq_len", "grad_checkpointing", "ranks", "malloc"))
+
+
 def _dynamic_error_pct(row: dict) -> float | None:
     """Error on what the model adds above the process baseline (which dominates tiny models on CPU)."""
     baseline = row["predicted_components"].get("process_baseline", 0)
@@ -303,6 +324,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default=None, help="comma-separated model names to keep")
     parser.add_argument("--baseline", action="store_true", help="measure the CPU process baseline and exit")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rungs", default=None, help="comma-separated rungs to keep (e.g. z3,z3+offload_opt)")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="merge into the existing results: re-predict kept rows, replace re-measured ones",
+    )
     args = parser.parse_args(argv)
     if args.device == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
@@ -317,21 +344,39 @@ def main(argv: list[str] | None = None) -> None:
     if args.only:
         keep = set(args.only.split(","))
         points = [p for p in points if p.model in keep]
-    baseline = measure_baseline(args.repeats, args.precision) if args.device == "cpu" else None
+    if args.rungs:
+        rungs = set(args.rungs.split(","))
+        points = [p for p in points if p.rung.value in rungs]
+    out = args.out or RESULTS / f"estimate_accuracy_{args.device}.json"
+    previous = json.loads(out.read_text()) if args.merge and out.exists() else None
+    measure_base = args.device == "cpu" and previous is None
+    baseline = measure_baseline(args.repeats, args.precision) if measure_base else None
     rows = []
     for point in points:
         row = run_point(point, args.device, args.precision)
         rows.append(row)
         print(_line(row), flush=True)
+    remeasured = [_row_key(r) for r in rows]
+    if previous is not None:
+        kept = [repredict(r, args.device, args.precision) for r in previous["rows"] if _row_key(r) not in remeasured]
+        order = {_row_key(r): i for i, r in enumerate(previous["rows"])}
+        rows = sorted(kept + rows, key=lambda r: order.get(_row_key(r), len(order)))
     data = environment(args.device) | {
         "precision": args.precision,
         "measured_quantity": "peak host RSS per rank (VmHWM)" if args.device == "cpu" else "NVML device-used peak",
         "summary": _summary(rows),
         "rows": rows,
     }
+    if previous is not None:
+        data["merged"] = {
+            "remeasured_rows": [list(k) for k in remeasured],
+            "kept_rows_measured_on": previous.get("date"),
+            "kept_rows": "measurements kept, predictions recomputed by this code",
+        }
+        if "cpu_process_baseline_measurement" in previous:
+            data["cpu_process_baseline_measurement"] = previous["cpu_process_baseline_measurement"]
     if baseline:
         data["cpu_process_baseline_measurement"] = baseline
-    out = args.out or RESULTS / f"estimate_accuracy_{args.device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(data["summary"], indent=2))

@@ -15,7 +15,7 @@ from autotune.hardware import Target, generic_gpu
 from autotune.ladder import Candidate, Rung
 from autotune.models import resolve_model, summarize
 from autotune.search import Search, SearchLimits
-from autotune.speed import CHECKPOINTING_SPEED, PRIOR_RUNG_SPEED
+from autotune.speed import PRIOR_CHECKPOINTING_SPEED, PRIOR_RUNG_SPEED
 from autotune.stop import StopReason
 from autotune.trial.types import RankMetrics, TrialResult
 
@@ -39,7 +39,7 @@ class SimulatedMachine:
     def step_seconds(self, candidate: Candidate) -> float:
         per_sample = 0.05 / PRIOR_RUNG_SPEED[candidate.rung.value]
         if candidate.grad_checkpointing:
-            per_sample /= CHECKPOINTING_SPEED
+            per_sample /= PRIOR_CHECKPOINTING_SPEED
         return self.fixed_s + per_sample * candidate.micro_batch
 
     def result(self, candidate: Candidate) -> TrialResult:

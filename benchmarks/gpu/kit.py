@@ -388,7 +388,7 @@ def stage_oom(kit: Kit) -> None:
     rows = section.setdefault("rows", {})
     probes = DRY_OOM_PROBES if kit.dry_run else GPU_OOM_PROBES
     fraction = emulated_fraction(kit)
-    budget = 2 * GiB if kit.dry_run else None
+    budget = 1 * GiB if kit.dry_run else None  # tight, so the over-budget probe is stopped early
     section["emulated_card"] = {"fraction": fraction, "gib": EMULATED_CARD_GIB, "cpu_budget_bytes": budget}
     for probe in probes:
         if probe.point.key in rows:
@@ -453,11 +453,11 @@ def stage_tune(kit: Kit, out_dir: Path) -> None:
         kit.save()
         log(f"tune: exit {run.returncode} in {section['wall_s']} s")
     result = section["result"]
-    if "rerun" in section or "candidate" not in result:
+    candidate = result.get("choice")  # the report's chosen config: rung, micro_batch, checkpointing, speed
+    if "rerun" in section or not candidate:
         return
     if not kit.can_start(240 if not kit.dry_run else 90):
         return
-    candidate = result["candidate"]
     point = MemoryPoint(
         setting.model, Rung(candidate["rung"]), candidate["micro_batch"], setting.seq_len,
         candidate.get("grad_checkpointing", False),
@@ -465,7 +465,7 @@ def stage_tune(kit: Kit, out_dir: Path) -> None:
     log(f"tune: re-running the choice {point.key} for 50 steps")
     budget = 3 * GiB if kit.dry_run else None
     rerun = trial_for(point, kit, fraction=emulated_fraction(kit), budget=budget, steps=50)
-    trial_speed = result.get("samples_per_s")
+    trial_speed = candidate.get("samples_per_s")
     if rerun.get("samples_per_s") and trial_speed:
         rerun["speed_vs_trial_pct"] = round(100 * (rerun["samples_per_s"] - trial_speed) / trial_speed, 1)
     section["rerun"] = rerun
@@ -525,7 +525,7 @@ def _grid_summary(kit: Kit, rows: dict) -> dict:
         best = max(measured, key=lambda r: r["samples_per_s"])
         summary["best"] = {"key": best["key"], "samples_per_s": best["samples_per_s"]}
     tune = kit.section("tune")
-    chosen = tune.get("result", {}).get("candidate")
+    chosen = tune.get("result", {}).get("choice")
     if chosen and measured:
         key = MemoryPoint(
             _tune_setting(kit).model, Rung(chosen["rung"]), chosen["micro_batch"], _tune_setting(kit).seq_len,
@@ -534,7 +534,7 @@ def _grid_summary(kit: Kit, rows: dict) -> dict:
         if key in rows and rows[key].get("samples_per_s"):
             ratio = rows[key]["samples_per_s"] / summary["best"]["samples_per_s"]
             summary["tune_choice_vs_grid_best"] = round(ratio, 3)
-        trials_used = len(tune["result"].get("trials", []))
+        trials_used = tune["result"].get("trials_launched") or len(tune["result"].get("trials", []))
         if trials_used:
             summary["tune_trials_vs_grid_trials"] = round(trials_used / max(1, len(trials)), 3)
         if tune.get("wall_s"):

@@ -112,6 +112,6 @@ GPU_SIDE_BY_SIDE = SideBySide(
 )  # fmt: skip
 # DeepSpeed's autotuner is left out of the dry run: on CPU it alone takes ~9 minutes (benchmarks/results/compare.md).
 DRY_SIDE_BY_SIDE = SideBySide(
-    ("--device", "cpu", "--model", "tiny-gpt2", "--seq-len", "64", "--micro-batches", "1,2", "--repeats", "1",
-     "--steps", "2", "--warmup", "1", "--tight-budget", "none", "--skip-ds")
+    ("--device", "cpu", "--model", "tiny-gpt2", "--seq-len", "64", "--micro-batches", "1", "--repeats", "1",
+     "--steps", "2", "--warmup", "1", "--tight-budget", "none", "--launcher", "warm", "--skip-ds")
 )  # fmt: skip

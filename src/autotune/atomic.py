@@ -8,18 +8,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from autotune.sharing import file_mode_for, make_dirs
+
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write to a temp file in the target directory, fsync, then rename over the target."""
+    """Write to a temp file in the target directory, fsync, then rename over the target.
+
+    Mode 0644, or 0664 inside a shared-group (setgid) directory so the group can replace it (sharing.py).
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(target.parent)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp_name, 0o644)
+        os.chmod(tmp_name, file_mode_for(target.parent))
         os.replace(tmp_name, target)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

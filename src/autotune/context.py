@@ -210,6 +210,7 @@ class TuneContext:
             host_memory_budget_bytes=self.limit_bytes if request.device == "cpu" else None,
             peak_tflops=self.target.gpu.peak_tflops(self.precision),
             trust_remote_code=self.model.trust_remote_code,
+            smaller_micro_batch=candidate.micro_batch // 2 or None,  # second point of the step-time line
         )
 
     def assumptions(self, candidate: Candidate | None) -> dict:

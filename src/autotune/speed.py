@@ -1,29 +1,60 @@
 """Throughput reasoning for the search: which untried candidate could still beat the best measured one.
 
-Three ordering assumptions, from DeepSpeed's documented escalation ladder, let the search stop early:
-  A1. at the same micro-batch and checkpointing, a later rung is never faster than an earlier one
-      (each rung adds communication or host traffic);
-  A2. at the same rung and micro-batch, gradient checkpointing costs at least one extra forward pass:
-      ~8N instead of ~6N FLOPs per token, so at most 3/4 of the speed (measured on the CPU backend:
-      0.61); only this direction is used, so a candidate without checkpointing is never pruned by
-      a line measured with it;
-  A3. per-sample speed grows with micro-batch, as step time = fixed + per_sample * micro_batch.
-A later candidate can therefore only win through a larger micro-batch, and by no more than the
-step-time line fitted on the measured group allows.
+The ladder's order is NOT assumed to be the speed order. A candidate is dropped unmeasured only when
+a group that was measured bounds it, through one of these relations:
+
+  A1 (dominance, `DOMINATED_BY`): a rung that does strictly more of the same work than another at the
+     same micro-batch is no faster, up to the optimizer-pass saving of partitioning (below). The edges:
+       z0 -> z1: same gradient traffic (all-reduce = reduce-scatter + all-gather; ZeRO paper, Rajbhandari
+                 et al. 2020, section 7), optimizer on 1/N of the parameters;
+       z1 -> z2: gradients reduce-scattered in every micro-step instead of once per optimizer step
+                 (deepspeed runtime/zero/stage_1_and_2.py, `reduce_ipg_grads` in backward);
+       z2 -> z2 + optimizer offload, z3 -> z3 + optimizer offload: adds the PCIe copies and a CPU Adam
+                 step (not overlapped: deepspeed stage_1_and_2.py / stage3.py `step`), removes the GPU
+                 optimizer pass;
+       z3 + optimizer offload -> + parameter offload -> NVMe rungs: adds host/NVMe traffic, removes nothing.
+     There is deliberately NO edge between the two chains (z0-z2+offload and z3...): ZeRO-3 overlaps its
+     collectives with compute (overlap_comm defaults to true at stage 3) and avoids offload's CPU step, so
+     it can beat ZeRO-2 + offload (a published 8-GPU StarCoder comparison found ZeRO-3 with offloads faster
+     than ZeRO-2 with offloads) and even ZeRO-0..2 on fast links. Those are measured, never assumed.
+  Saving of partitioning: a later stage runs the optimizer on 1/N of the parameters. That pass is
+     memory-bound (about 28 bytes per parameter: fp32 params, grads, momentum, variance read; params,
+     momentum, variance written; deepspeed csrc/adam), so it saves at most 28 * P / HBM bandwidth
+     seconds per optimizer step (bandwidth from the GPU's datasheet in profiles/hardware). Without a
+     bandwidth figure, dominance is used only between the same stage (offload edges).
+  A2 (checkpointing): at the same rung and micro-batch, full gradient checkpointing recomputes the
+     transformer layers' forward pass, one third of their forward+backward FLOPs; the embedding and LM
+     head are not recomputed. So a checkpointed step costs at least (1 + layer share / 3) times the
+     per-sample part of the step without it (measured on the CPU backend: 1.64x for gpt2, above the
+     1.23x this bound gives). Only this direction is used.
+  A3 (micro-batch): per-rank step time = fixed + per_sample * micro_batch within one group, fitted on
+     its measured points (two per launch); per-sample speed does not fall as micro-batch grows.
+BOUND_SLACK keeps a margin for noise before a bound may drop anything.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.ladder import Candidate
+from autotune.ladder import Candidate, Rung
 
-CHECKPOINTING_SPEED = 0.75  # 6N / 8N FLOPs per token: recompute adds one forward pass
 BOUND_SLACK = 0.05  # a bound must clear the best measured speed by this much before a candidate is dropped
+OPTIMIZER_BYTES_PER_PARAM = 28  # Adam pass: 16 bytes read + 12 written per fp32 parameter (deepspeed csrc/adam)
 
-# Relative per-sample speed priors, used only to order untried candidates and to pick a plan-only
-# recommendation; they encode the ladder's documented order, not a measurement, and measured trials
-# replace them. They decrease along the ladder, as A1 assumes.
+# A1 edges: rung -> rungs that do at least its work at the same micro-batch (see the module docstring).
+DOMINATES: dict[Rung, tuple[Rung, ...]] = {
+    Rung.Z0: (Rung.Z1,),
+    Rung.Z1: (Rung.Z2,),
+    Rung.Z2: (Rung.Z2_OFFLOAD_OPT,),
+    Rung.Z3: (Rung.Z3_OFFLOAD_OPT,),
+    Rung.Z3_OFFLOAD_OPT: (Rung.Z3_OFFLOAD_ALL,),
+    Rung.Z3_OFFLOAD_ALL: (Rung.Z3_NVME_OPT,),
+    Rung.Z3_NVME_OPT: (Rung.Z3_NVME_ALL,),
+}
+
+# Relative per-sample speed priors, used only to ORDER untried candidates and to pick a plan-only
+# recommendation (the documented escalation ladder's order); they never prune: bounds come from
+# measurements through A1-A3 above.
 PRIOR_RUNG_SPEED = {
     "z0": 1.0,
     "z1": 0.99,
@@ -35,35 +66,56 @@ PRIOR_RUNG_SPEED = {
     "z3+nvme_opt": 0.15,
     "z3+nvme_opt+param": 0.1,
 }
+PRIOR_CHECKPOINTING_SPEED = 0.75  # prior only: 6N / 8N FLOPs per token
 PRIOR_FIXED_SAMPLES = 1.0  # prior: per-step fixed cost worth one sample's compute
 
 
 def prior_speed(candidate: Candidate) -> float:
-    """Relative samples/s of a candidate before any trial (higher is faster)."""
+    """Relative samples/s of a candidate before any trial (higher is faster); ordering only."""
     rung = PRIOR_RUNG_SPEED[candidate.rung.value]
-    ckpt = CHECKPOINTING_SPEED if candidate.grad_checkpointing else 1.0
+    ckpt = PRIOR_CHECKPOINTING_SPEED if candidate.grad_checkpointing else 1.0
     mb = candidate.micro_batch
     return rung * ckpt * mb / (mb + PRIOR_FIXED_SAMPLES)
 
 
-def work_units(candidate: Candidate) -> float:
-    """Samples' worth of compute in one step: checkpointing makes each sample cost 1/CHECKPOINTING_SPEED."""
-    return candidate.micro_batch / (CHECKPOINTING_SPEED if candidate.grad_checkpointing else 1.0)
+def dominated_rungs(rung: Rung) -> set[Rung]:
+    """Every rung that does at least `rung`'s work at the same micro-batch (transitive closure of A1)."""
+    seen: set[Rung] = set()
+    frontier = [rung]
+    while frontier:
+        for nxt in DOMINATES.get(frontier.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                frontier.append(nxt)
+    return seen
+
+
+def checkpointing_cost(total_params: int, embedding_params: int) -> float:
+    """A2: lower bound on the per-sample cost factor of full checkpointing: 1 + (layer share) / 3."""
+    share = max(0.0, min(1.0, (total_params - embedding_params) / max(1, total_params)))
+    return 1.0 + share / 3.0
+
+
+def optimizer_saving_s(total_params: int, world_size: int, bandwidth_gbs: float | None) -> float | None:
+    """Most a partitioned optimizer can save per step over the unpartitioned one; None when unknown."""
+    if not bandwidth_gbs:
+        return None
+    return OPTIMIZER_BYTES_PER_PARAM * total_params * (1 - 1 / max(1, world_size)) / (bandwidth_gbs * 1e9)
 
 
 @dataclass(frozen=True)
 class StepLine:
-    """Per-rank micro-step seconds = fixed_s + per_unit_s * work_units, fitted on one group's trials (A3)."""
+    """Per-rank micro-step seconds = fixed_s + per_sample_s * micro_batch, fitted on one group (A3)."""
 
     fixed_s: float
-    per_unit_s: float
+    per_sample_s: float
 
-    def samples_per_s(self, candidate: Candidate) -> float:
-        return candidate.micro_batch / (self.fixed_s + self.per_unit_s * work_units(candidate))
+    def seconds(self, micro_batch: float) -> float:
+        return self.fixed_s + self.per_sample_s * micro_batch
 
 
 def fit_step_line(points: list[tuple[float, float]]) -> StepLine | None:
-    """Least-squares line through (work units, step seconds); None with fewer than two distinct x.
+    """Least-squares line through (micro-batch, step seconds); None with fewer than two distinct x.
 
     The fixed part is clamped at zero (a negative intercept is noise) and the slope must be positive.
     """
@@ -78,31 +130,64 @@ def fit_step_line(points: list[tuple[float, float]]) -> StepLine | None:
     slope = sxy / sxx
     if slope <= 0:
         return None
-    return StepLine(fixed_s=max(0.0, mean_y - slope * mean_x), per_unit_s=slope)
+    return StepLine(fixed_s=max(0.0, mean_y - slope * mean_x), per_sample_s=slope)
+
+
+@dataclass(frozen=True)
+class GroupMeasurements:
+    """What was measured for one (rung, checkpointing) group: (micro-batch, per-rank micro-step seconds)."""
+
+    rung: Rung
+    grad_checkpointing: bool
+    points: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class BoundContext:
+    checkpointing_cost: float  # A2 factor for this model
+    optimizer_saving_s: float | None  # partitioning's most saving per step; None: unknown
+
+
+def _bounds(group: GroupMeasurements, other: Candidate, ctx: BoundContext) -> float | None:
+    """Upper bound on `other`'s per-rank samples/s from one measured group, or None if it gives none."""
+    if other.grad_checkpointing != group.grad_checkpointing and group.grad_checkpointing:
+        return None  # A2 only bounds a checkpointed candidate by a non-checkpointed group
+    if other.rung is not group.rung:
+        if other.rung not in dominated_rungs(group.rung):
+            return None
+        saving = 0.0 if other.rung.stage == group.rung.stage else ctx.optimizer_saving_s
+        if saving is None:
+            return None
+    else:
+        saving = 0.0
+    ckpt = ctx.checkpointing_cost if other.grad_checkpointing and not group.grad_checkpointing else 1.0
+    line = fit_step_line([(float(mb), s) for mb, s in group.points])
+    if line is not None:
+        seconds = line.fixed_s + line.per_sample_s * other.micro_batch * ckpt
+    else:  # A3 alone: the group's per-sample time at any micro-batch >= other's bounds other's from below
+        at_or_above = [s / mb for mb, s in group.points if mb >= other.micro_batch]
+        if not at_or_above:
+            return None
+        seconds = min(at_or_above) * other.micro_batch * ckpt
+    seconds -= saving
+    return other.micro_batch / seconds if seconds > 0 else None
 
 
 def could_beat(
-    best: Candidate, best_samples_per_s: float, best_line: StepLine | None, other: Candidate
+    best_samples_per_s: float, groups: list[GroupMeasurements], other: Candidate, ctx: BoundContext
 ) -> tuple[bool, str]:
-    """Whether `other` (at its largest reachable micro-batch) might be faster than the best measured config.
+    """Whether `other` (at its largest reachable micro-batch) might beat the best measured per-rank speed.
 
-    Speeds are per rank (samples/s divided by world size), the unit of `best_line`.
-    `best_line` is fitted on the best config's rung; by A1 it bounds every later rung. An earlier rung
-    is always worth a look.
+    True unless some measured group bounds it below the best (by A1-A3); the reason says which.
     """
-    if other.rung.order < best.rung.order or (best.grad_checkpointing and not other.grad_checkpointing):
+    bounds = [(bound, g) for g in groups if (bound := _bounds(g, other, ctx)) is not None]
+    if not bounds:
         return True, ""
-    if other.micro_batch <= best.micro_batch:  # A1 + A2: no faster per sample, and no larger micro-batch
-        return False, (
-            f"cannot beat {best.key}: no faster per sample and its largest micro-batch ({other.micro_batch})"
-            f" is not above {best.micro_batch}"
-        )
-    if best_line is None:
-        return True, ""
-    bound = best_line.samples_per_s(other)
+    bound, group = min(bounds, key=lambda item: item[0])
     if bound * (1 + BOUND_SLACK) <= best_samples_per_s:
+        source = f"{group.rung.value}{'/ckpt' if group.grad_checkpointing else ''}"
         return False, (
-            f"cannot beat {best.key}: even at micro-batch {other.micro_batch} the step-time line fitted on"
-            f" {best.rung.value} bounds it at {bound:.2f} samples/s per rank < {best_samples_per_s:.2f} measured"
+            f"cannot beat the best measured: at micro-batch {other.micro_batch} the measurements of {source}"
+            f" bound it at {bound:.2f} samples/s per rank < {best_samples_per_s:.2f} measured"
         )
     return True, ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,7 +24,9 @@ from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
 from autotune.stop import StopReason
 from autotune.trial.types import TrialLauncher, TrialResult
 
-__all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune"]
+__all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for"]
+
+log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.sqlite"  # inside --cache-dir (a directory, as for the hook)
 
@@ -56,28 +59,40 @@ def _results_cache(request: TuneRequest) -> ResultsCache | None:
 
 
 def _prepare_ops(device: str, observe: Callable[[SearchEvent], None]) -> None:
-    """Compile DeepSpeed's JIT ops once before the first trial, so no trial timeout absorbs minutes of ninja."""
-    from autotune.trial.ops import ops_built, prebuild_ops
+    """Load DeepSpeed's JIT ops once before the first trial, in a child with the trials' interpreter and
+    environment (building there if needed), so no trial timeout absorbs a build or a stale build lock."""
+    from autotune.trial.ops import ensure_ops_ready, ops_built
 
-    if ops_built(device):
-        return
-    observe(
-        SearchEvent("prepare", message="building DeepSpeed ops once (minutes; cached in ~/.cache/torch_extensions)")
-    )
+    if not ops_built(device):
+        observe(
+            SearchEvent("prepare", message="building DeepSpeed ops once (minutes; cached in ~/.cache/torch_extensions)")
+        )
     try:
-        prebuild_ops(device)
+        ensure_ops_ready(device, report=lambda message: observe(SearchEvent("prepare", message=message)))
     except (RuntimeError, OSError) as error:
         raise UserError(str(error)) from None
 
 
 @contextlib.contextmanager
-def _launcher_for(device: str, given: TrialLauncher | None) -> Iterator[TrialLauncher]:
+def _launcher_for(device: str, given: TrialLauncher | None, nodes: int = 1) -> Iterator[TrialLauncher]:
     """The caller's launcher, else warm workers on the CPU backend (start-up paid once) or a fresh
-    process per GPU trial (a GPU trial must give all its memory back before the next one)."""
+    process per GPU trial (a GPU trial must give all its memory back before the next one). Several
+    nodes: srun inside a SLURM allocation, else one launcher per node with a chosen master port."""
     if given is not None:
         yield given
         return
     from autotune.trial import LocalLauncher, WarmWorkerPool
+
+    if nodes > 1:
+        from autotune.trial.nodes import LocalNodesLauncher, in_slurm_allocation
+
+        if in_slurm_allocation():
+            from autotune.trial import SlurmLauncher
+
+            yield SlurmLauncher()
+        else:
+            yield LocalNodesLauncher(env={"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None)
+        return
 
     if device != "cpu":
         yield LocalLauncher()
@@ -112,6 +127,7 @@ def _search(
         ctx.grid,
         SearchLimits(request.max_trials, request.time_budget_s, request.headroom),
         observe,
+        global_batch=request.global_batch,
     )
     return search.run_search()
 
@@ -198,6 +214,8 @@ def _report_data(
         "trials_launched": outcome.trials_launched if outcome else 0,
         "stop_reason": (outcome.stop_reason if outcome and outcome.stop_reason else StopReason.PLAN_ONLY).value,
         "stop_message": outcome.stop_message if outcome else "plan only: no trials on this machine",
+        "margin": outcome.margin if outcome else None,  # best vs runner-up after re-measuring close calls
+        "noise": outcome.noise if outcome else None,
         "calibration": outcome.calibration.to_dict() if outcome else None,
         "plan": plan_data,
         "elapsed_s": elapsed_s,
@@ -239,7 +257,7 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
     if ctx.verified:
         if launcher is None:
             _prepare_ops(request.device, observe)
-        with _launcher_for(request.device, launcher) as chosen:
+        with _launcher_for(request.device, launcher, ctx.target.nodes) as chosen:
             outcome = _search(ctx, cache, chosen, observe)
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := _no_trial_completed(outcome)):
@@ -291,6 +309,11 @@ def ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
     return TuneContext.build(request, outputs=False).ds_config(candidate)
 
 
+def world_size_for(request: TuneRequest) -> int:
+    """The world size `tune(request)` validates its config at (for callers writing a config themselves)."""
+    return TuneContext.build(request, outputs=False).target.world_size
+
+
 # A stored answer found under limit L0 still answers a question with limit L when its measured peak fits L and
 # either L is at most 5% above L0 (jitter) or memory did not bind the search at L0. If L < L0, the stored choice
 # was the fastest of a superset of what fits now, so it is still the fastest; if memory did not bind, more
@@ -310,6 +333,10 @@ def cached_answer(ctx: TuneContext, cache: ResultsCache) -> dict | None:
         return None
     if ctx.limit_bytes > found_under * ANSWER_GROWTH_TOLERANCE and hit.get("memory_bound", True):
         return None
+    if hit["ds_config"] != ctx.ds_config(Candidate.from_dict(hit["candidate"])):
+        # a stored config is never written just because it was stored
+        log.warning("autotune: the cached config differs from the one built for its candidate; tuning again")
+        return None
     return hit
 
 
@@ -327,8 +354,8 @@ def memory_bound(ctx: TuneContext, outcome: SearchOutcome) -> bool:
 def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, started: float) -> TuneResult:
     candidate = Candidate.from_dict(hit["candidate"])
     config = hit["ds_config"]
-    # Validated before it was cached, at this world size and DeepSpeed version (both are in the key).
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, ctx.request.hf, validate=False)
+    # Re-validated by DeepSpeed at this world size, as every config read from a cache is (sharing.py).
+    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, ctx.request.hf)
     launch = launch_commands(config_path, candidate, ctx.target.gpus_per_node, ctx.target.nodes, ctx.request.script)
     data = {
         **hit["report"],

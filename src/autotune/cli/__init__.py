@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover - older typer depends on click itself
     from click import exceptions as click_errors
 
 from autotune.errors import NothingFitsError, UserError
+from autotune.terminate import Terminated
 
 app = typer.Typer(
     name="autotune",
@@ -93,4 +94,6 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(error), error.exit_code)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    except Terminated as error:  # SIGTERM, after cleanup (terminate.py)
+        _fail(str(error), error.exit_code)
     raise SystemExit(code if isinstance(code, int) else 0)

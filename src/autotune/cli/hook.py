@@ -8,7 +8,6 @@ stays safe.
 from __future__ import annotations
 
 import shlex
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -40,6 +39,7 @@ from autotune.cli.options import (
 from autotune.cli.output import print_json
 from autotune.cli.parsing import parse_int_list, parse_rung_list
 from autotune.errors import UserError
+from autotune.terminate import sigterm_raises
 
 if TYPE_CHECKING:
     from autotune.hook import HookResult
@@ -70,7 +70,7 @@ def _summary(result: HookResult) -> str:
     choice = f": {details['choice']}" if details.get("choice") else ""
     return (
         f"autotune hook: {result.job.describe()}; {how} ({record.source}{trials}{choice});"
-        f" config {result.config_path} in {result.elapsed_s:.1f} s"
+        f" config {result.config_path} (sha256 {(record.config_sha256 or '')[:16]}) in {result.elapsed_s:.1f} s"
     )
 
 
@@ -79,17 +79,6 @@ def _trial_printer(event: SearchEvent) -> None:
         result = event.record.result
         speed = f", {result.samples_per_s:.2f} samples/s" if result.samples_per_s else ""
         print(f"autotune hook: trial {event.record.candidate.key}: {result.status}{speed}", file=sys.stderr)
-
-
-def _exit_on_sigterm() -> None:
-    """SLURM (scancel, time limit) and torchrun stop jobs with SIGTERM, which by default ends Python
-    without unwinding; exiting through SystemExit instead lets the trial launcher kill its trial
-    processes, which would otherwise keep running on the GPUs."""
-
-    def exit_now(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, exit_now)
 
 
 def hook_command(
@@ -175,9 +164,10 @@ def hook_command(
         wait_timeout_s=wait_timeout,
         strict=strict,
     )
-    _exit_on_sigterm()
     try:
-        result = run_hook(request, observe=_trial_printer)
+        # SIGTERM (scancel, time limit): trials stopped, best verified config published, exit 143 (terminate.py)
+        with sigterm_raises():
+            result = run_hook(request, observe=_trial_printer)
     except HookError as error:
         print(f"autotune: error: {error}", file=sys.stderr)
         raise SystemExit(error.exit_code) from None

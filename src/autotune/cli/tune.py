@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -40,11 +41,13 @@ from autotune.cli.options import (
 )
 from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.parsing import parse_int_list, parse_rung_list
+from autotune.terminate import Terminated, sigterm_raises
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
+    from autotune.hook.leader import BestVerified
     from autotune.search import SearchEvent
-    from autotune.tuner import TuneResult
+    from autotune.tuner import TuneRequest, TuneResult
 
 
 class TrialProgress:
@@ -187,13 +190,36 @@ def tune_command(
         script=script,
         trust_remote_code=trust_remote_code,
     )
+    from autotune.hook.leader import BestVerified
+
     say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget)
     progress = TrialProgress(err_console(), max_trials, enabled=not as_json)
-    result = tune(request, observe=progress)
+    best = BestVerified(progress)
+    try:
+        with sigterm_raises():
+            result = tune(request, observe=best)
+    except Terminated:
+        raise Terminated(_on_terminated(request, best)) from None
     if as_json:
         print_json(result.report)
         return
     _print_summary(result)
+
+
+def _on_terminated(request: TuneRequest, best: BestVerified) -> str:
+    """SIGTERM mid-tuning: trials are stopped and their temp dirs gone by now; finished trials are in the
+    cache (a rerun resumes from them). Write the best config verified so far, if any, and say so."""
+    if best.record is None:
+        return "terminated by SIGTERM before any trial verified a config; nothing written (a rerun resumes)"
+    from autotune.emit import write_configs
+    from autotune.tuner import ds_config_for, world_size_for
+
+    candidate = best.record.candidate
+    config = ds_config_for(request, candidate)
+    # not re-validated: its trial just ran DeepSpeed with this config at this world size, and importing
+    # DeepSpeed here would spend most of the grace period before SIGKILL
+    path, _ = write_configs(config, world_size_for(request), Path(request.out), request.hf, validate=False)
+    return f"terminated by SIGTERM; wrote the best config verified so far ({candidate.describe()}) to {path}"
 
 
 def register(app: typer.Typer) -> None:

@@ -1,6 +1,6 @@
 """The memory model: per-GPU peak, host RAM and NVMe for a candidate, before any trial runs."""
 
-from autotune.estimate.calibration import calibrate
+from autotune.estimate.calibration import calibrate, calibrate_oom
 from autotune.estimate.core import check_fit, estimate
 from autotune.estimate.planning import Plan, PlanRow, eligible_micro_batches, largest_micro_batch, plan
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
@@ -13,6 +13,7 @@ __all__ = [
     "PlanRow",
     "Verdict",
     "calibrate",
+    "calibrate_oom",
     "check_fit",
     "eligible_micro_batches",
     "estimate",

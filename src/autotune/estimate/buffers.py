@@ -1,13 +1,20 @@
 """DeepSpeed's working buffers, sized from the config autotune.dsconfig emits.
 
 All DeepSpeed bucket sizes are element counts; bytes = elements x the element size of what they hold.
-Read in deepspeed 0.19.8:
-- stages 1-2 (stage_1_and_2.py, setup_buckets): with contiguous_gradients one reduce buffer of
+Sizes come from settings.knobs (a user's ds_config, or what autotune.dsconfig emits). Read in deepspeed 0.19.8:
+- stages 1-2 (stage_1_and_2.py:3256-3277, setup_buckets): with contiguous_gradients one reduce buffer of
   reduce_bucket_size elements in the gradient dtype, and a second one when overlap_comm is on. The
   allgather bucket is unused when the backend has all_gather_into_tensor (NCCL and gloo in torch 2.13).
-- stage 3 (stage3.py): one reduce buffer of reduce_bucket_size elements; parameters gathered ahead of
+- stage 3 (stage3.py:780-784): one reduce buffer of reduce_bucket_size elements; parameters gathered ahead of
   use up to stage3_prefetch_bucket_size elements; parameters under stage3_param_persistence_threshold
   stay whole on every rank.
+- stage 3 keeps gathered parameters resident: partitioned_param_coordinator.py:653-662 (`__params_to_release`)
+  keeps every parameter whose next use lies within stage3_max_reuse_distance elements of the module trace;
+  stage3_max_live_parameters (line 453) only caps prefetching. A layer's forward use is followed by the rest
+  of the forward and the backward of the layers after it (and their recomputation under checkpointing), so at
+  the forward/backward turn the last max_reuse_distance / 2 (/ 3 with checkpointing) elements of the model stay
+  gathered: with the default 1e9 a model under 0.5B parameters stays whole on every GPU (why small models
+  measure the same or more at ZeRO-3 than at ZeRO-1/2, benchmarks/published: BELLE 560M).
 - NVMe (swap_tensor/): the optimizer swapper pins buffer_count (4) buffers of the largest sub-group
   (min(sub_group_size = 1e9, the rank's partition) fp32 elements); the parameter swapper pins
   buffer_count (5) x buffer_size (1e8) 16-bit elements.
@@ -67,22 +74,51 @@ def _reduce_buffer_bytes(elements: int, count: int, model: ModelSummary, setting
     return total * _element_bytes(settings.precision)
 
 
+def _overlap_comm(settings: EstimateSettings) -> bool:
+    return True if settings.knobs.overlap_comm is None else settings.knobs.overlap_comm  # dsconfig emits True
+
+
 def _stage12(model: ModelSummary, settings: EstimateSettings) -> dict[str, int]:
-    overlap_comm = True  # what dsconfig emits for stages 1-2
-    count = 2 if overlap_comm else 1
-    return {"reduce_buckets": _reduce_buffer_bytes(settings.reduce_bucket_elements, count, model, settings)}
+    knobs = settings.knobs
+    if not knobs.contiguous_gradients:
+        return {}
+    elements = knobs.reduce_bucket_size or settings.reduce_bucket_elements
+    count = 2 if _overlap_comm(settings) else 1
+    return {"reduce_buckets": _reduce_buffer_bytes(elements, count, model, settings)}
 
 
-def _stage3(model: ModelSummary, rung: Rung, settings: EstimateSettings) -> dict[str, int]:
+def live_param_elements(model: ModelSummary, settings: EstimateSettings, grad_checkpointing: bool) -> int:
+    """Gathered 16-bit parameters resident at the forward/backward turn at stage 3 (see the module docstring)."""
+    uses_after_forward = 3 if grad_checkpointing else 2
+    retained = settings.knobs.stage3_max_reuse_distance // uses_after_forward
+    return min(model.total_params, retained)
+
+
+def _stage3(model: ModelSummary, rung: Rung, settings: EstimateSettings, grad_checkpointing: bool) -> dict[str, int]:
+    knobs = settings.knobs
     sizes = stage3_buckets(model.hidden_size)
     element = _element_bytes(settings.precision)
-    prefetch = min(sizes["stage3_prefetch_bucket_size"], model.total_params)
+    prefetch = min(knobs.stage3_prefetch_bucket_size or sizes["stage3_prefetch_bucket_size"], model.total_params)
+    reduce = knobs.reduce_bucket_size or sizes["reduce_bucket_size"]
     persistent = PERSISTENT_ELEMENTS_PER_LAYER_PER_HIDDEN * model.hidden_size * model.total_layers
-    return {
-        "reduce_buckets": _reduce_buffer_bytes(sizes["reduce_bucket_size"], 1, model, settings),
-        "prefetched_params": prefetch * element,
+    live = live_param_elements(model, settings, grad_checkpointing)
+    components = {
+        "reduce_buckets": _reduce_buffer_bytes(reduce, 1, model, settings) if knobs.contiguous_gradients else 0,
         "persistent_params": persistent * element,
     }
+    # The prefetch window is part of the retained set when the retained set is larger.
+    if live > prefetch:
+        components["live_params"] = live * element
+    else:
+        components["prefetched_params"] = prefetch * element
+    if knobs.zero_init is False:
+        components["unpartitioned_model_reserve"] = unpartitioned_model_bytes(model, settings)
+    return components
+
+
+def unpartitioned_model_bytes(model: ModelSummary, settings: EstimateSettings) -> int:
+    """Stage 3 without zero.Init: the whole cast model reaches the GPU before it is partitioned (engine.py:2093)."""
+    return model.total_params * _element_bytes(settings.precision)
 
 
 def _weight_grad_transient(model: ModelSummary, rung: Rung, settings: EstimateSettings) -> int:
@@ -118,12 +154,14 @@ def _stage0(model: ModelSummary, target: Target, settings: EstimateSettings) -> 
     }
 
 
-def deepspeed_buffers(model: ModelSummary, target: Target, rung: Rung, settings: EstimateSettings) -> Buffers:
+def deepspeed_buffers(
+    model: ModelSummary, target: Target, rung: Rung, settings: EstimateSettings, grad_checkpointing: bool = False
+) -> Buffers:
     if rung.stage == 0:
         components = _stage0(model, target, settings)
     elif rung.stage in (1, 2):
         components = _stage12(model, settings)
     else:
-        components = _stage3(model, rung, settings)
+        components = _stage3(model, rung, settings, grad_checkpointing)
     components["weight_grad_transient"] = _weight_grad_transient(model, rung, settings)
     return Buffers(device_components=components, host_components=_host_pinned(model, target, rung))

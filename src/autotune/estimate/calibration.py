@@ -5,6 +5,11 @@ variable are the uncalibrated prediction's micro-batch-independent and -dependen
 only from trials of the same rung and checkpointing at different micro-batches (a fixed-effects fit),
 because the fixed parts of different rungs carry different errors; the offset is set so the latest
 trial's group is predicted exactly, since runtime overheads carry over to the next rung.
+
+A trial that ran out of memory is a lower bound: its peak was above the memory it had. `calibrate_oom` keeps
+it, and every fit afterwards is lifted until the bound holds: through the slope when a smaller micro-batch of
+the same group ran (the line from that success must clear the bound), else through the offset. The next guess
+then moves by what the model now says, not by one step of a grid.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from autotune.models import ModelSummary
 
 MIN_SCALE = 0.2
 MAX_SCALE = 5.0
+# An OOM says only "above the limit"; the bound is placed this far above it so that the next guess clears it.
+OOM_CLEARANCE = 0.02
 
 
 def _group(key: str) -> str:
@@ -42,6 +49,58 @@ def _fit_scale(observations: list[dict], prior: float) -> float:
     return min(MAX_SCALE, max(MIN_SCALE, numerator / denominator))
 
 
+def _split(model: ModelSummary, target: Target, candidate: Candidate, settings: EstimateSettings) -> tuple[int, int]:
+    """(micro-batch-independent, micro-batch-dependent) bytes of the uncalibrated prediction."""
+    raw = estimate(model, target, candidate, settings)
+    variable = sum(raw.gpu_components.get(name, 0) for name in VARIABLE_COMPONENTS)
+    return raw.gpu_peak_bytes - variable, variable
+
+
+def _enforce_bounds(
+    scale: float, offset: float, observations: list[dict], bounds: list[dict], group: str
+) -> tuple[float, float]:
+    """Lift (scale, offset) until every OOM bound of `group` is predicted above its limit."""
+    for bound in sorted((b for b in bounds if _group(b["key"]) == group), key=lambda b: b["variable"]):
+        needed = bound["limit"] * (1 + OOM_CLEARANCE)
+        if bound["fixed"] + offset + scale * bound["variable"] >= needed:
+            continue
+        below = [o for o in observations if _group(o["key"]) == group and o["variable"] < bound["variable"]]
+        if below:
+            anchor = max(below, key=lambda o: o["variable"])
+            anchored = anchor["measured"] - anchor["fixed"]  # offset + scale * variable at the success
+            slope = (needed - bound["fixed"] - anchored) / (bound["variable"] - anchor["variable"])
+            scale = min(MAX_SCALE, max(scale, slope))
+            offset = anchored - scale * anchor["variable"]
+        if bound["fixed"] + offset + scale * bound["variable"] < needed:
+            offset = needed - bound["fixed"] - scale * bound["variable"]
+    return scale, offset
+
+
+def calibrate_oom(
+    calibration: Calibration,
+    model: ModelSummary,
+    target: Target,
+    candidate: Candidate,
+    settings: EstimateSettings,
+    limit_bytes: int,
+) -> Calibration:
+    """A new Calibration that knows `candidate` needs more than `limit_bytes` (it ran out of memory)."""
+    fixed, variable = _split(model, target, candidate, settings)
+    bound = {"key": candidate.key, "fixed": fixed, "variable": variable, "limit": int(limit_bytes)}
+    bounds = [b for b in calibration.oom_bounds if b["key"] != candidate.key] + [bound]
+    group = _group(candidate.key)
+    scale, offset = _enforce_bounds(
+        calibration.activation_scale, calibration.overhead_bytes, calibration.observations, bounds, group
+    )
+    return Calibration(
+        activation_scale=scale,
+        overhead_bytes=round(offset),
+        samples=calibration.samples + 1,
+        observations=list(calibration.observations),
+        oom_bounds=bounds,
+    )
+
+
 def calibrate(
     calibration: Calibration,
     model: ModelSummary,
@@ -51,21 +110,18 @@ def calibrate(
     measured_peak_bytes: int,
 ) -> Calibration:
     """A new Calibration that also explains this trial's measured peak; the input is left unchanged."""
-    raw = estimate(model, target, candidate, settings)
-    variable = sum(raw.gpu_components.get(name, 0) for name in VARIABLE_COMPONENTS)
-    observation = {
-        "key": candidate.key,
-        "fixed": raw.gpu_peak_bytes - variable,
-        "variable": variable,
-        "measured": int(measured_peak_bytes),
-    }
+    fixed, variable = _split(model, target, candidate, settings)
+    observation = {"key": candidate.key, "fixed": fixed, "variable": variable, "measured": int(measured_peak_bytes)}
     observations = [o for o in calibration.observations if o["key"] != candidate.key] + [observation]
     scale = _fit_scale(observations, calibration.activation_scale)
     latest_group = [o for o in observations if _group(o["key"]) == _group(candidate.key)]
     offset = sum(o["measured"] - o["fixed"] - scale * o["variable"] for o in latest_group) / len(latest_group)
+    bounds = [b for b in calibration.oom_bounds if b["key"] != candidate.key]  # it ran: no longer a bound
+    scale, offset = _enforce_bounds(scale, offset, observations, bounds, _group(candidate.key))
     return Calibration(
         activation_scale=scale,
         overhead_bytes=round(offset),
         samples=calibration.samples + 1,
         observations=observations,
+        oom_bounds=bounds,
     )

@@ -7,8 +7,6 @@ by what `calibrate` learns from the first real trial.
 
 from __future__ import annotations
 
-from autotune.units import MiB
-
 # --- CPU backend (DS_ACCELERATOR=cpu, gloo) ------------------------------------------------------------
 # Peak RSS of one DeepSpeed rank beyond its model: python + torch + deepspeed + transformers imported, gloo
 # initialised, engine built, optimizer steps taken. Measured by `python benchmarks/estimate_accuracy.py
@@ -27,19 +25,4 @@ CPU_PROCESS_BASELINE_BYTES = 470_664_192
 CPU_MATH_SDPA_BYTES_WITH_DROPOUT = 14
 CPU_MATH_SDPA_BYTES_NO_DROPOUT = 6
 
-# --- CUDA (not measurable here: public measurements, corrected per run by calibrate()) ---------------
-# CUDA context with lazy module loading: 426 MiB shown by nvidia-smi after torch.cuda.mem_get_info(),
-# PyTorch 2.10.0+cu130 on an RTX 6000 Ada (unslothai/unsloth-zoo PR #1053, 2026); PyTorch PR #86509
-# reports 287,047,680 bytes for the same with CUDA 11.7. We take the newer, larger figure.
-CUDA_CONTEXT_BYTES = 426 * MiB
-
-# NCCL communicator buffers per GPU after a first all-reduce: 544 MB for a 2-rank group, 688 MB for groups
-# of more ranks, 4x A100 with NVLink (NVIDIA/nccl issue #964, 2023). DeepSpeed's data-parallel group is one
-# such communicator; a single rank has no peers and allocates none.
-NCCL_TWO_RANK_BYTES = 544 * 10**6
-NCCL_MULTI_RANK_BYTES = 688 * 10**6
-
-# The caching allocator reserves more than it hands out: blocks round up to 512 B / 2 MiB and large
-# allocations are carved from 20 MiB segments (c10/cuda/CUDACachingAllocator.cpp). 5% of the allocated
-# peak is a prior, NOT a measurement; calibrate() replaces it with the measured offset after one trial.
-ALLOCATOR_SLACK_FRACTION = 0.05
+# CUDA-side overheads (context, NCCL, caching allocator) depend on the stack: see estimate/runtime.py.

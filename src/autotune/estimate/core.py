@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from autotune.estimate.activations import activation_breakdown
-from autotune.estimate.buffers import deepspeed_buffers, tied_gradient_bytes
-from autotune.estimate.constants import (
-    ALLOCATOR_SLACK_FRACTION,
-    CPU_PROCESS_BASELINE_BYTES,
-    CUDA_CONTEXT_BYTES,
-    NCCL_MULTI_RANK_BYTES,
-    NCCL_TWO_RANK_BYTES,
-)
+from autotune.estimate.buffers import deepspeed_buffers, tied_gradient_bytes, unpartitioned_model_bytes
+from autotune.estimate.constants import CPU_PROCESS_BASELINE_BYTES
+from autotune.estimate.margin import gpu_margins
 from autotune.estimate.model_states import model_states
+from autotune.estimate.runtime import (
+    Overhead,
+    allocator_reserve_fraction,
+    cuda_context,
+    nccl_buffers,
+    unpressured_reserve_fraction,
+)
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
 from autotune.hardware import Target
 from autotune.ladder import Candidate
@@ -22,10 +24,12 @@ from autotune.units import format_bytes
 VARIABLE_COMPONENTS = ("activations", "logits", "backward_window")
 
 
-def nccl_buffer_bytes(world_size: int) -> int:
-    if world_size <= 1:
-        return 0
-    return NCCL_TWO_RANK_BYTES if world_size == 2 else NCCL_MULTI_RANK_BYTES
+def runtime_overheads(target: Target, settings: EstimateSettings) -> dict[str, Overhead]:
+    """CUDA context and NCCL communicators for the stack the settings describe (see estimate/runtime.py)."""
+    return {
+        "cuda_context": cuda_context(settings.stack),
+        "nccl_buffers": nccl_buffers(target.world_size, settings.stack),
+    }
 
 
 def _activation_components(model: ModelSummary, candidate: Candidate, settings: EstimateSettings) -> dict[str, int]:
@@ -67,8 +71,8 @@ def estimate(
     settings.device == "cpu" predicts the CPU backend instead: one rank's peak RSS, where the offloaded
     states and pinned buffers live in the same process as everything else.
     """
-    states = model_states(model, target, candidate.rung, settings.precision)
-    buffers = deepspeed_buffers(model, target, candidate.rung, settings)
+    states = model_states(model, target, candidate.rung, settings.precision, knobs=settings.knobs)
+    buffers = deepspeed_buffers(model, target, candidate.rung, settings, candidate.grad_checkpointing)
     device = {**states.device_components, **buffers.device_components}
     raw_activations = _activation_components(model, candidate, settings)
     activations = _scaled(raw_activations, calibration)
@@ -80,15 +84,25 @@ def estimate(
         tied_gradient_bytes(model, settings),
     )
     per_rank_host = {"offloaded_states": states.host_bytes, **buffers.host_components}
+    margins: dict[str, int] = {}
+    cache_excess = 0
     if settings.device == "cpu":
         device.update(per_rank_host)
         device["process_baseline"] = CPU_PROCESS_BASELINE_BYTES
     else:
         # from the uncalibrated allocations, so that calibration stays a linear fit (see calibration.py)
         uncalibrated = sum(device.values()) - sum(activations.values()) + sum(raw_activations.values())
-        device["allocator_slack"] = round(ALLOCATOR_SLACK_FRACTION * uncalibrated)
-        device["cuda_context"] = CUDA_CONTEXT_BYTES
-        device["nccl_buffers"] = nccl_buffer_bytes(target.world_size)
+        allocated = sum(device.values())
+        device["allocator_slack"] = round(allocator_reserve_fraction() * uncalibrated)
+        cache_excess = round((unpressured_reserve_fraction() - allocator_reserve_fraction()) * uncalibrated)
+        runtime = runtime_overheads(target, settings)
+        device.update({name: overhead.central for name, overhead in runtime.items()})
+        unknown_init = (
+            unpartitioned_model_bytes(model, settings)
+            if candidate.rung.stage == 3 and settings.knobs.zero_init is None
+            else 0
+        )
+        margins = gpu_margins(device, model, runtime, allocated, calibration, unknown_init)
     if calibration is not None and calibration.overhead_bytes:
         device["calibration_offset"] = calibration.overhead_bytes
     device = {name: value for name, value in device.items() if value}
@@ -110,6 +124,8 @@ def estimate(
         device=settings.device,
         deepspeed_estimate_bytes=states.deepspeed_device_bytes,
         nvme_components=nvme,
+        gpu_uncertainty=margins,
+        gpu_unpressured_extra_bytes=cache_excess,
     )
 
 
@@ -118,17 +134,23 @@ def _percent(fraction: float) -> str:
 
 
 def check_fit(estimate: MemoryEstimate, target: Target, headroom: float = 0.9) -> Verdict:
-    """Fits when every known limit holds; the reason names each limit broken, the shortfall the worst."""
+    """Fits when every known limit holds; the reason names each limit broken, the shortfall the worst.
+
+    On a GPU the peak must fit with its margin (estimate.gpu_uncertainty): a plan-only "fits" has to hold
+    when every component comes out at the top of its known spread.
+    """
     problems: list[tuple[str, int, str]] = []
     limit = int(headroom * target.free_memory_bytes)
-    if estimate.gpu_peak_bytes > limit:
+    needed = estimate.gpu_peak_bytes + estimate.gpu_margin_bytes
+    if needed > limit:
         what = "per-rank RSS" if estimate.device == "cpu" else "GPU peak"
         budget = "budget" if estimate.device == "cpu" else "free"
+        margin = f" + {format_bytes(estimate.gpu_margin_bytes)} margin" if estimate.gpu_margin_bytes else ""
         problems.append(
             (
-                f"{what} {format_bytes(estimate.gpu_peak_bytes)} > {format_bytes(limit)}"
+                f"{what} {format_bytes(estimate.gpu_peak_bytes)}{margin} > {format_bytes(limit)}"
                 f" ({_percent(headroom)} of {format_bytes(target.free_memory_bytes)} {budget})",
-                estimate.gpu_peak_bytes - limit,
+                needed - limit,
                 "gpu",
             )
         )

@@ -3,17 +3,20 @@
 DeepSpeed's `estimate_zero2/3_model_states_mem_needs` give the device figure for stages 2 and 3 and the
 host figure for CPU offload; we call them and add what they lack, each addition named:
 - stage 0 and ZeRO-1 have no estimator. Stage 0 replicates everything, which is the ZeRO-2 figure at one
-  rank; ZeRO-1 partitions optimizer states but not gradients, so it is the ZeRO-2 figure plus the 16-bit
-  gradient (2 bytes per parameter, DeepSpeed's own "2_grads_16bit" term) on the (N-1)/N part that ZeRO-2
-  partitions away.
+  rank; ZeRO-1 partitions optimizer states and, like ZeRO-2, reduces each gradient into the bucket and drops
+  it during backward when overlap_comm is on and the micro-step is an accumulation boundary
+  (stage_1_and_2.py:2290-2295, `reduce_ready_partitions_and_remove_grads`); without overlap_comm, or between
+  boundaries (gradient accumulation > 1), the full 16-bit gradient stays on every rank: the ZeRO-2 figure plus
+  2 bytes per parameter (DeepSpeed's own "2_grads_16bit" term) on the (N-1)/N part that ZeRO-2 partitions away.
 - they count every parameter as trainable: we pass the trainable count and add frozen parameters as
   16-bit weights only (no gradient, no optimizer state), partitioned at stage 3.
 - they assume mixed precision. In fp32, stage 0 runs the plain torch optimizer (4 B weight + 4 B grad +
   8 B AdamW states, no master copy); stages 1-3 still clone an fp32 partition (`.clone().float()` in
   stage_1_and_2.py / stage3.py), so only the "16-bit" copies widen to 4 bytes.
 - they assume Adam; AdamW, which autotune.dsconfig emits, keeps the same two fp32 states.
-DeepSpeed's stage-2 host figure is for the whole job and its stage-3 one per node; we convert both to
-per rank. We pass additional_buffer_factor=1.0: pinned buffers are counted in buffers.py instead.
+DeepSpeed's stage-2 host figure counts a model-loading transient (see OFFLOADED_BYTES_PER_PARAM_STAGE12); we
+use the steady state instead. Its stage-3 host figure (zero_init) is per node; we convert it to per rank.
+We pass additional_buffer_factor=1.0: pinned buffers are counted in buffers.py instead.
 """
 
 from __future__ import annotations
@@ -21,12 +24,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autotune.estimate.ds_estimators import DeepSpeedEstimators, deepspeed_estimators
+from autotune.estimate.knobs import ZeroKnobs
 from autotune.hardware import Target
 from autotune.ladder import Rung
 from autotune.models import ModelSummary
 
 BYTES_16BIT = 2
 BYTES_FP32 = 4
+# Host bytes per trainable parameter of the rank's partition with the optimizer offloaded at stages 1-2: the
+# fp32 master partition (stage_1_and_2.py:577), its pinned fp32 gradient (stage_1_and_2.py:937-940) and Adam's
+# two fp32 moments. DeepSpeed's estimator says max(4 x GPUs, 16) per parameter for the job
+# (stage_1_and_2.py:4027): the 4 x GPUs term is every rank holding an fp32 copy of the model while loading it,
+# before the optimizer exists, so at 4+ GPUs it is up to 2x the steady state. autotune's trials build on the
+# meta device; a user's loader that materialises the model on every rank's CPU adds that transient on top.
+OFFLOADED_BYTES_PER_PARAM_STAGE12 = 16
 
 
 @dataclass(frozen=True)
@@ -77,23 +88,35 @@ def _fp32_widening(rung: Rung, trainable: int, world: int) -> int:
     return 2 * extra * trainable // world  # stage 3: both partitioned
 
 
-def _step_phase(rung: Rung, trainable: int, world: int, precision: str) -> tuple[int, int]:
+def _step_phase(rung: Rung, trainable: int, world: int, precision: str, knobs: ZeroKnobs) -> tuple[int, int]:
     """(fp32 gradient bytes that exist only during the step, step temporaries) on the device, per rank.
 
     DeepSpeed's figure counts the fp32 gradient copy ("4_grads_32bit") as resident, but it is built in
     the optimizer step, after backward has freed the activations. Stage 0 (FP16_Optimizer) converts each
     gradient to fp32 and then flattens them, so both copies coexist: 24 B/param at the step, measured on
     gpt2 (124M) with the CPU backend (benchmarks/estimate_accuracy.py). Stages 1-2 flatten the 16-bit
-    partition before converting it (stage_1_and_2.py, step). Offloaded optimizers do this on the host.
+    partition before converting it (stage_1_and_2.py, step). Stage 3 steps one sub-group at a time: the fp32
+    gradient is made per sub-group and dropped after it (stage3.py:2702-2706 `_prepare_sub_group`, 2728-2733
+    `_release_sub_group`), so it is bounded by sub_group_size (stage3.py:1210-1231). The optimizer's own
+    temporaries (knobs.OPTIMIZER_STEP_TEMPORARY_BYTES: none for fused Adam, 4 B/element for torch's foreach
+    AdamW) cover what one step call sees: the whole partition at stages 0-2, one sub-group at stage 3
+    (stage3.py:1235-1262 passes one sub-group's flat fp32 tensor). Offloaded optimizers do all of this on the host.
     """
-    if precision == "fp32" or rung.offload_optimizer:
+    if rung.offload_optimizer:
         return 0, 0
+    temporary_per_element = knobs.step_temporary_bytes_per_element
+    if precision == "fp32":
+        stepped = trainable if rung.stage == 0 else trainable // world
+        if rung.stage == 3:
+            stepped = min(stepped, knobs.sub_group_size)
+        return 0, temporary_per_element * stepped
     if rung.stage == 0:
-        return BYTES_FP32 * trainable, BYTES_FP32 * trainable
+        return BYTES_FP32 * trainable, (BYTES_FP32 + temporary_per_element) * trainable
     partition = trainable // world
     if rung.stage in (1, 2):
-        return BYTES_FP32 * partition, BYTES_16BIT * partition
-    return BYTES_FP32 * partition, 0
+        return BYTES_FP32 * partition, (BYTES_16BIT + temporary_per_element) * partition
+    sub_group = min(partition, knobs.sub_group_size)
+    return BYTES_FP32 * sub_group, temporary_per_element * sub_group
 
 
 def model_states(
@@ -102,8 +125,10 @@ def model_states(
     rung: Rung,
     precision: str,
     estimators: DeepSpeedEstimators | None = None,
+    knobs: ZeroKnobs | None = None,
 ) -> ModelStates:
     ds = estimators or deepspeed_estimators()
+    knobs = knobs or ZeroKnobs()
     trainable = model.trainable_params
     frozen = model.total_params - trainable
     world = target.world_size
@@ -114,12 +139,12 @@ def model_states(
     if rung.stage in (0, 1, 2):
         offload = rung.offload_optimizer is not None
         replicated = rung.stage == 0  # stage 0 holds everything on every rank: ZeRO-2 at a single rank
-        job_host, device = _zero2(ds, trainable, 1 if replicated else gpus, 1 if replicated else nodes, offload)
+        _job_host, device = _zero2(ds, trainable, 1 if replicated else gpus, 1 if replicated else nodes, offload)
         components["model_states"] = device
-        if rung.stage == 1:
+        if rung.stage == 1 and knobs.zero1_keeps_full_gradient:
             components["zero1_unpartitioned_grads"] = BYTES_16BIT * trainable - BYTES_16BIT * trainable // world
         components["frozen_params"] = weight_bytes * frozen
-        host = job_host // world if offload else 0
+        host = OFFLOADED_BYTES_PER_PARAM_STAGE12 * trainable // world if offload else 0
     else:
         node_host, device = _zero3(
             ds, model, trainable, target, rung.offload_optimizer is not None, rung.offload_param is not None
@@ -145,7 +170,7 @@ def model_states(
             nvme += frozen_share
     if precision == "fp32":
         components["fp32_widening"] = _fp32_widening(rung, trainable, world)
-    step_only, step_temporary = _step_phase(rung, trainable, world, precision)
+    step_only, step_temporary = _step_phase(rung, trainable, world, precision, knobs)
     return ModelStates(
         device_bytes=sum(components.values()),
         host_bytes=host,

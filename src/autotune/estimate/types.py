@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from autotune.estimate.knobs import ZeroKnobs
+from autotune.estimate.runtime import RuntimeStack
 from autotune.ladder import Candidate
 
 
@@ -14,6 +16,8 @@ class EstimateSettings:
     attention: str = "sdpa"  # "sdpa" | "flash" | "eager": eager materialises the s^2 score matrix
     device: str = "cuda"  # "cuda": GPU quantities; "cpu": the CPU backend, where everything is host memory
     reduce_bucket_elements: int = 200_000_000  # what autotune.dsconfig emits for stages 1-2
+    knobs: ZeroKnobs = field(default_factory=ZeroKnobs)  # ds_config values that size buffers (default: dsconfig's)
+    stack: RuntimeStack = field(default_factory=RuntimeStack)  # as probed; unknown fields widen the margin
 
 
 @dataclass
@@ -29,6 +33,9 @@ class Calibration:
     # One entry per measured candidate (latest wins): {"key", "fixed", "variable", "measured"} in bytes,
     # the uncalibrated prediction split into its micro-batch-independent and -dependent parts.
     observations: list[dict] = field(default_factory=list)
+    # One entry per candidate that ran out of memory: {"key", "fixed", "variable", "limit"} in bytes. Its true
+    # peak was above `limit`, a lower bound the calibrated prediction is kept above (calibrate_oom).
+    oom_bounds: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -45,10 +52,20 @@ class MemoryEstimate:
     device: str = "cuda"  # EstimateSettings.device it was made for: "cpu" means gpu_* fields are per-rank RSS
     deepspeed_estimate_bytes: int = 0  # what DeepSpeed's model-states estimator alone says per GPU
     nvme_components: dict[str, int] = field(default_factory=dict)
+    # How far the true peak may be above gpu_peak_bytes, per component (bytes); "fits" needs peak + margin.
+    gpu_uncertainty: dict[str, int] = field(default_factory=dict)
+    # What a run with room to spare shows on top of gpu_peak_bytes (nvidia-smi, max_memory_reserved): the caching
+    # allocator keeps more cached when it is not pressed. Not needed to fit; used to compare with such figures.
+    gpu_unpressured_extra_bytes: int = 0
+
+    @property
+    def gpu_margin_bytes(self) -> int:
+        return sum(self.gpu_uncertainty.values())
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["candidate"] = self.candidate.to_dict()
+        data["gpu_margin_bytes"] = self.gpu_margin_bytes
         return data
 
 

@@ -7,7 +7,10 @@ Files for a run key K, all in the shared (cache) directory `<dir>/hook/`:
 - `K.json`: the published result, written atomically (temp file + rename), with a sha256 over its
   content. A reader sees the old file, the new file or none, never half of one; a file that fails
   its checksum (disk fault, manual edit) is treated as absent, and the next tuner replaces it.
-- `K.leader.json`: who holds the lock and since when; informational, for the timeout message.
+  A record is believed only from a file this user or the directory's shared group owns (sharing.py),
+  parsed through a strict schema; anything else is ignored with the reason and tuned again.
+- `K.leader.json`: who holds the lock and since when; informational, for the timeout message, which
+  also names the processes on this node that hold the lock file open (a stale note names a dead pid).
 
 A process first looks for an acceptable result (a cache hit costs one file read). Otherwise it
 tries the lock without blocking: the winner checks again, tunes, publishes; the others poll for the
@@ -29,9 +32,12 @@ from pathlib import Path
 from typing import Literal
 
 import filelock
+import psutil
+from pydantic import TypeAdapter, ValidationError
 
 from autotune.atomic import atomic_write_json, atomic_write_text
 from autotune.errors import UserError
+from autotune.sharing import distrust_reason, file_mode_for, make_dirs
 
 RECORD_FORMAT = 1
 Role = Literal["hit", "leader", "follower"]
@@ -103,14 +109,29 @@ def publish(slot: SharedSlot, record: HookRecord) -> None:
     atomic_write_json(slot.record_path, {"format": RECORD_FORMAT, "record": body, "sha256": _digest(body)})
 
 
+_RECORD_SCHEMA = TypeAdapter(HookRecord)
+
+
+def _read_trusted(path: Path) -> str:
+    """The file's text, read through a descriptor that is checked against the trust model (no symlinks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, encoding="utf-8", errors="strict") as handle:
+        why = distrust_reason(os.fstat(handle.fileno()), path.parent)
+        if why:
+            raise PermissionError(why)
+        return handle.read()
+
+
 def read_record(slot: SharedSlot) -> tuple[HookRecord | None, str | None]:
     """(record, None), (None, None) when absent, or (None, why) when present but not to be trusted."""
     try:
-        text = slot.record_path.read_text()
+        text = _read_trusted(slot.record_path)
     except FileNotFoundError:
         return None, None
-    except OSError as error:
-        return None, f"unreadable: {error.strerror or error}"
+    except PermissionError as error:
+        return None, f"not trusted: {error}"
+    except (OSError, UnicodeDecodeError) as error:
+        return None, f"unreadable: {getattr(error, 'strerror', None) or error}"
     try:
         data = json.loads(text)
         body = data["record"]
@@ -118,7 +139,11 @@ def read_record(slot: SharedSlot) -> tuple[HookRecord | None, str | None]:
             return None, f"format {data.get('format')!r}, expected {RECORD_FORMAT}"
         if _digest(body) != data["sha256"]:
             return None, "checksum mismatch"
-        record = HookRecord.from_dict(body)
+        try:
+            record = _RECORD_SCHEMA.validate_json(json.dumps(body), strict=True)
+        except ValidationError as error:
+            detail = error.errors()[0]
+            return None, f"malformed: {'.'.join(map(str, detail['loc']))}: {detail['msg']}"
         if record.key != slot.key:
             return None, f"belongs to run key {record.key}"
         if record.status != "failed" and not isinstance(json.loads(record.config_text or "null"), dict):
@@ -136,18 +161,49 @@ class Coordinated:
     ignored: str | None = None  # why a record found in the slot was not trusted, if one was
 
 
-def _leader_note(slot: SharedSlot) -> str:
+def local_lock_holders(lock_path: Path) -> list[int]:
+    """Pids on this node, other than ours, with the lock file open: the holder (waiters only open it briefly)."""
+    target = os.path.realpath(lock_path)
+    holders = []
+    for process in psutil.process_iter():
+        if process.pid == os.getpid():
+            continue
+        try:
+            if any(f.path == target for f in process.open_files()):
+                holders.append(process.pid)
+        except (psutil.Error, OSError):
+            continue
+    return holders
+
+
+def _describe(pid: int) -> str:
+    try:
+        return f"pid {pid} ({' '.join(psutil.Process(pid).cmdline())[:80]})"
+    except psutil.Error:
+        return f"pid {pid}"
+
+
+def _leader_note(slot: SharedSlot, holders: Callable[[Path], list[int]] = local_lock_holders) -> str:
+    """Who holds the lock: the note the tuner left, unless this node shows that the note is stale."""
     try:
         info = json.loads(slot.leader_path.read_text())
         since = time.strftime("%H:%M:%S", time.localtime(info["started"]))
-        return f"the tuning process ({info['host']} pid {info['pid']}, tuning since {since})"
+        note = f"the tuning process ({info['host']} pid {info['pid']}, tuning since {since})"
+        host, pid = info["host"], int(info["pid"])
     except (OSError, ValueError, KeyError, TypeError):
-        return "the tuning process"
+        note, host, pid = "the tuning process", None, None
+    here = holders(slot.lock_path)
+    if not here or (host == socket.gethostname() and pid in here):
+        return note
+    stale = f"; {slot.leader_path.name} names {host} pid {pid}, which does not hold it" if pid is not None else ""
+    return f"the lock holder on {socket.gethostname()}, {', '.join(map(_describe, here))}{stale}"
 
 
 def _lock(slot: SharedSlot) -> filelock.FileLock:
     # fallback_to_soft=False: a marker-file lock outlives a killed holder; refuse it rather than risk that
-    return filelock.FileLock(slot.lock_path, fallback_to_soft=False, thread_local=False)
+    return filelock.FileLock(
+        slot.lock_path, mode=file_mode_for(slot.directory), fallback_to_soft=False, thread_local=False
+    )
 
 
 def _try_lock(lock: filelock.FileLock, slot: SharedSlot) -> bool:
@@ -165,6 +221,13 @@ def _try_lock(lock: filelock.FileLock, slot: SharedSlot) -> bool:
     return True
 
 
+def _look(slot: SharedSlot, vet: Callable[[HookRecord], str | None]) -> tuple[HookRecord | None, str | None]:
+    record, problem = read_record(slot)
+    if record is not None and record.config_text is not None and (why := vet(record)):
+        return None, why
+    return record, problem
+
+
 def coordinate(
     slot: SharedSlot,
     accept: Callable[[HookRecord], bool],
@@ -173,16 +236,20 @@ def coordinate(
     poll_interval_s: float = 0.2,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    vet: Callable[[HookRecord], str | None] = lambda record: None,
 ) -> Coordinated:
-    """Return an acceptable published record, producing and publishing it if this process wins the lock."""
-    slot.directory.mkdir(parents=True, exist_ok=True)
+    """Return an acceptable published record, producing and publishing it if this process wins the lock.
+
+    `vet` is asked about every record read from the slot (not one this process produced): a reason
+    (e.g. DeepSpeed's parser refusing its config) makes the record count as untrusted."""
+    make_dirs(slot.directory)
     started = clock()
     deadline = started + wait_timeout_s
     lock = _lock(slot)
     ignored = None
     first_look = True
     while True:
-        record, problem = read_record(slot)
+        record, problem = _look(slot, vet)
         ignored = problem or ignored
         if record is not None and accept(record):
             return Coordinated(record, "hit" if first_look else "follower", clock() - started, ignored)
@@ -197,7 +264,7 @@ def coordinate(
         sleep(poll_interval_s)
     waited = clock() - started
     try:
-        record, problem = read_record(slot)  # someone may have published between our read and the lock
+        record, problem = _look(slot, vet)  # someone may have published between our read and the lock
         ignored = problem or ignored
         if record is not None and accept(record):
             return Coordinated(record, "follower", waited, ignored)

@@ -146,6 +146,35 @@ class _Sources:
             raise UserError(f"{source} but the node list names {len(hosts)} node(s): {', '.join(hosts)}")
 
 
+def parse_tasks_per_node(text: str) -> list[int]:
+    """SLURM_TASKS_PER_NODE as SLURM writes it: "2(x3),1" is 2, 2, 2, 1."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not match:
+            raise UserError(f"SLURM_TASKS_PER_NODE={text!r}: cannot read a task count (expected e.g. 2(x3),1)")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def _slurm_cpu_ranks(src: _Sources) -> tuple[int | None, str]:
+    """CPU backend under SLURM: a task is a rank. The allocation's tasks per node bound what --gpus may ask
+    for: trial steps (srun) and the training step cannot start more tasks than the job was given."""
+    env = src.environ
+    per_node = src.int_var("SLURM_NTASKS_PER_NODE")
+    source = f"SLURM_NTASKS_PER_NODE={per_node}"
+    if per_node is None and env.get("SLURM_TASKS_PER_NODE", "").strip():
+        text = env["SLURM_TASKS_PER_NODE"].strip()
+        per_node, source = min(parse_tasks_per_node(text)), f"SLURM_TASKS_PER_NODE={text}"
+    flag = src.overrides.gpus
+    if per_node is not None and flag is not None and flag > per_node:
+        raise UserError(
+            f"--gpus {flag} asks for {flag} rank(s) per node but this SLURM allocation has {per_node} task(s) per"
+            f" node ({source}); submit the job with --ntasks-per-node={flag}"
+        )
+    return (flag, f"--gpus {flag}") if flag is not None else (per_node, source)
+
+
 def _slurm(src: _Sources) -> JobEnv:
     env = src.environ
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
@@ -156,6 +185,8 @@ def _slurm(src: _Sources) -> JobEnv:
     hosts = src.hosts(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or src.overrides.nodelist)
     src.check_nodes(nodes, hosts, f"SLURM_JOB_NUM_NODES={nodes}")
     gpus, source = _slurm_gpu_count(env)
+    if src.device == "cpu" and not gpus:
+        gpus, source = _slurm_cpu_ranks(src)
     return JobEnv(
         scheduler="slurm",
         job_id=job_id,

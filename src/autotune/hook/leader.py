@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -24,8 +23,10 @@ import psutil
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook.coordinate import HookRecord, RecordStatus
 from autotune.hook.env import JobEnv
+from autotune.leftovers import owned_tempdir, sweep
 from autotune.request import memory_size
 from autotune.stop import StopReason
+from autotune.terminate import Terminated
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
@@ -145,20 +146,26 @@ def _budget_ran_out(tuning: TuneRequest, started: float, best: BestVerified) -> 
     return best.launched >= tuning.max_trials or (budget is not None and time.monotonic() - started >= budget)
 
 
+def _best_verified(
+    leader: LeaderJob, reason: str, best: BestVerified, staged: Path, validate: bool = True, **details: Any
+) -> HookRecord:
+    """validate=False only under SIGTERM: importing DeepSpeed here costs 10-20 s of a 30 s grace, and its
+    trial already ran DeepSpeed with exactly this config at this world size (every reader re-validates)."""
+    from autotune.emit import write_configs
+
+    assert best.record is not None
+    candidate = best.record.candidate
+    write_configs(_ds_config_for(leader.tuning, candidate), leader.job.world_size, staged, validate=validate)
+    details = {"trials_launched": best.launched, "samples_per_s": best.record.result.samples_per_s, **details}
+    warning = f"{reason}; wrote the best config verified so far ({candidate.describe()})"
+    return leader.record("fallback", staged.read_text(), "best verified so far", True, warning=warning, details=details)
+
+
 def _fallback(leader: LeaderJob, reason: str, best: BestVerified, staged: Path) -> HookRecord:
     """Best verified so far, else plan-only; a failed record when neither can be had."""
     tuning = leader.tuning
     if best.record is not None:
-        from autotune.emit import write_configs  # DeepSpeed's validation: only on this path
-
-        candidate = best.record.candidate
-        config = _ds_config_for(tuning, candidate)
-        write_configs(config, leader.job.world_size, staged)
-        details = {"trials_launched": best.launched, "samples_per_s": best.record.result.samples_per_s}
-        warning = f"{reason}; wrote the best config verified so far ({candidate.describe()})"
-        return leader.record(
-            "fallback", staged.read_text(), "best verified so far", True, warning=warning, details=details
-        )
+        return _best_verified(leader, reason, best, staged)
     memory = probed_plan_memory(tuning)
     if memory is None:
         return leader.record("failed", None, "none", False, error_kind="failed", error=f"{reason}; no GPU to plan for")
@@ -185,8 +192,8 @@ def _fallback(leader: LeaderJob, reason: str, best: BestVerified, staged: Path) 
 
 def tune_and_record(leader: LeaderJob, staging_parent: Path) -> HookRecord:
     """Tune for the job (config staged in a private directory) and turn any outcome into a record."""
-    staging_parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f"{leader.key}.", dir=staging_parent))
+    sweep(staging_parent, "")  # staging dirs of tuners that were SIGKILLed on this host
+    staging = owned_tempdir(f"{leader.key}.", staging_parent)
     staged = staging / "ds_config.json"
     leader = replace(leader, tuning=replace(leader.tuning, out=str(staged)))
     best = BestVerified(leader.observe)
@@ -202,6 +209,13 @@ def tune_and_record(leader: LeaderJob, staging_parent: Path) -> HookRecord:
             if not _budget_ran_out(leader.tuning, started, best):
                 return leader.record("failed", None, "none", False, error_kind="nothing_fits", error=str(error))
             reason = f"the budget ran out before any config was verified ({error})"
+        except Terminated:
+            # SIGTERM (scancel, time limit, preemption): trials are stopped by now (the launcher's finally).
+            # Publish the best verified config, marked so that only this job's processes take it; with
+            # none, publish nothing: a resubmitted job resumes from the finished trials in the cache.
+            if best.record is None:
+                raise
+            return _best_verified(leader, "terminated by SIGTERM", best, staged, validate=False, terminated=True)
         except Exception as error:  # a crashed tuner must still leave the job a config, or a clear failure
             reason = f"tuning failed: {type(error).__name__}: {error}"
         try:

@@ -26,6 +26,7 @@ from autotune.hook.env import JobEnv, JobOverrides, detect_job_env
 from autotune.hook.launch import choose_launcher
 from autotune.hook.leader import LeaderJob, TuneFn, real_tune, tune_and_record
 from autotune.paths import cache_dir
+from autotune.terminate import Terminated
 
 if TYPE_CHECKING:
     from autotune.probe import GpuInfo
@@ -127,6 +128,8 @@ def _acceptable(record: HookRecord, job: JobEnv, hardware: str, started_wall: fl
     """A finished tuning serves any job on the same hardware; a fallback or failure only the job it ran
     for (same job id, or published after this process started), so the next job tries again."""
     same_job = job.job_id is not None and record.job_id == job.job_id
+    if record.details.get("terminated"):  # a SIGTERMed tuning: a requeued job (same id) resumes tuning instead
+        return record.created >= started_wall
     if record.status == "complete":
         return same_job or record.hardware == hardware
     return same_job or record.created >= started_wall
@@ -140,6 +143,34 @@ def _raise_failure(record: HookRecord, role: Role) -> NoReturn:
     if record.error_kind == "nothing_fits":
         raise NothingFitsError(message)
     raise HookError(message)
+
+
+def config_vetter(world_size: int) -> Callable[[HookRecord], str | None]:
+    """DeepSpeed's parser at the job's world size, once per distinct config, for every record read back."""
+    verdicts: dict[str | None, str | None] = {}
+
+    def vet(record: HookRecord) -> str | None:
+        digest = record.config_sha256
+        if digest not in verdicts:
+            verdicts[digest] = _deepspeed_verdict(record.config_text or "", world_size)
+        return verdicts[digest]
+
+    return vet
+
+
+def _deepspeed_verdict(config_text: str, world_size: int) -> str | None:
+    from autotune.dsconfig import ConfigRejected, validate_with_deepspeed
+
+    try:
+        config = json.loads(config_text)
+        if not isinstance(config, dict):
+            return "its config is not a JSON object"
+        validate_with_deepspeed(config, world_size)
+    except ValueError as error:
+        return f"its config is not JSON ({error})"
+    except ConfigRejected as error:
+        return f"DeepSpeed rejects its config at world size {world_size}: {error}"
+    return None
 
 
 def run_hook(
@@ -186,6 +217,7 @@ def run_hook(
         produce=produce,
         wait_timeout_s=request.wait_timeout,
         poll_interval_s=request.poll_interval_s,
+        vet=config_vetter(job.world_size),
     )
     record = outcome.record
     if record.status == "failed" or record.config_text is None:
@@ -196,6 +228,8 @@ def run_hook(
         path = atomic_write_text(request.tuning.out, record.config_text or "")
     except OSError as error:
         raise UserError(f"cannot write {request.tuning.out}: {error.strerror or error}") from None
+    if outcome.role == "leader" and record.details.get("terminated"):
+        raise Terminated(f"{record.warning}, to {path} and the shared directory")
     return HookResult(
         outcome.role, path.resolve(), record, job, key, outcome.waited_s, time.monotonic() - started, outcome.ignored
     )

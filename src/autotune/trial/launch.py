@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -12,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.atomic import atomic_write_json
+from autotune.leftovers import claim, owned_tempdir, sweep
+from autotune.sharing import make_dirs
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.outcome import LaunchOutcome, build_result
 from autotune.trial.processes import BudgetWatch, new_tag, spawn, stop_processes, trial_env, wait_for
@@ -23,13 +24,21 @@ WORKER_MODULE = "autotune.trial.worker"
 
 @contextmanager
 def trial_directory(workdir: Path | None) -> Iterator[Path]:
-    """A fresh directory per trial: kept under `workdir` when given, else a temp dir removed afterwards."""
+    """A fresh directory per trial, owned by this process (leftovers.py: a SIGKILLed owner's are removed
+    by the next run). Under `workdir` (shared with other nodes) it is kept after the trial for its logs,
+    until the next run, unless the trial was interrupted; otherwise a temp dir removed afterwards."""
     if workdir is not None:
-        path = Path(workdir) / f"trial-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
-        path.mkdir(parents=True)
-        yield path
+        sweep(Path(workdir), "trial-")
+        path = make_dirs(Path(workdir)) / f"trial-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        path.mkdir()
+        claim(path)
+        try:
+            yield path
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         return
-    path = Path(tempfile.mkdtemp(prefix="autotune-trial-"))
+    path = owned_tempdir("autotune-trial-")
     try:
         yield path
     finally:

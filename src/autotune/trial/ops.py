@@ -3,7 +3,14 @@
 On a fresh machine the first trial compiles DeepSpeed ops (on CPU: shm comm at process-group init,
 fused Adam, CPU Adam for offload; on GPU: fused Adam, CPU Adam): minutes of ninja that a trial
 timeout must not absorb. Worse, a trial killed mid-build leaves torch's build lock behind and every
-later trial waits on it. Built ops are cached in ~/.cache/torch_extensions (TORCH_EXTENSIONS_DIR).
+later trial waits on it forever (torch/utils/file_baton.py `FileBaton.wait` polls while the file
+exists). Built ops are cached in ~/.cache/torch_extensions (TORCH_EXTENSIONS_DIR).
+
+Files existing is not enough: torch re-builds an op whose sources, flags or torch version differ from
+the build's (cpp_extension `_jit_compile` version bump), e.g. ops built by another environment. So
+`ensure_ops_ready` LOADS every op in a child process with the trial's interpreter and environment,
+building there under its own long timeout, after reporting and clearing build locks older than any
+build takes.
 
     python -m autotune.trial.ops --device cpu      # prints seconds per op
 """
@@ -16,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from autotune.environment import select_accelerator
@@ -33,12 +41,76 @@ BUILT_NAMES = {"cpu": ("deepspeed_shm_comm", "fused_adam", "cpu_adam"), "cuda": 
 
 def ops_built(device: str) -> bool:
     """Whether every op a trial loads is already compiled, judged from torch's extensions cache; cheap."""
-    base = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    base = extensions_dir()
     kind = "cpu" if device == "cpu" else "cu"
     return all(
         any(base.glob(f"py*_{kind}*/{name}/{name}.so")) or any(base.glob(f"{name}/{name}.so"))
         for name in BUILT_NAMES[device]
     )
+
+
+# A build lock older than this is stale: first-ever builds of the trial ops took 3-5 min on 2 cores
+# (closing note of issue 4) and DeepSpeed's slowest op (async_io) about 6 min (shared/deepspeed-notes.md);
+# twice the slowest.
+STALE_LOCK_S = 12 * 60.0
+
+
+def extensions_dir(env: dict[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+
+
+def build_locks(device: str, env: dict[str, str] | None = None) -> list[Path]:
+    """torch's build-lock files for the ops a trial loads (`<extensions dir>/[py*/]<op>/lock`)."""
+    base = extensions_dir(env)
+    found: list[Path] = []
+    for name in BUILT_NAMES[device]:
+        found += [*base.glob(f"*/{name}/lock"), *base.glob(f"{name}/lock")]
+    return sorted(found)
+
+
+def clear_stale_locks(
+    device: str, env: dict[str, str] | None = None, max_age_s: float = STALE_LOCK_S, now: float | None = None
+) -> tuple[list[str], list[Path]]:
+    """Remove build locks older than `max_age_s` (a killed build's leftovers); (what was done, locks still
+    held by a build that may be running)."""
+    now = time.time() if now is None else now
+    cleared: list[str] = []
+    held: list[Path] = []
+    for lock in build_locks(device, env):
+        try:
+            age = now - lock.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if age > max_age_s:
+            lock.unlink(missing_ok=True)
+            cleared.append(f"removed a stale torch-extensions build lock {lock} ({age / 60:.0f} min old)")
+        else:
+            held.append(lock)
+    return cleared, held
+
+
+def ensure_ops_ready(
+    device: str,
+    env: dict[str, str] | None = None,
+    python: str = sys.executable,
+    timeout_s: float = 3600.0,
+    report: Callable[[str], None] = lambda message: None,
+) -> dict[str, float]:
+    """Load every trial op in a child with the trial's interpreter and environment (building if needed),
+    so no trial builds or waits on a lock; seconds per op. Raises RuntimeError with the reason."""
+    env = {**(os.environ if env is None else env), "DS_ACCELERATOR": device}
+    cleared, held = clear_stale_locks(device, env)
+    for line in cleared:
+        report(line)
+    if held:
+        report(f"waiting for a torch-extensions build in progress (lock {held[0]})")
+    try:
+        return prebuild_ops(device, python, timeout_s, env)
+    except subprocess.TimeoutExpired:
+        locks = build_locks(device, env)
+        why = f"; build lock {locks[0]} is still held (remove it if no build is running)" if locks else ""
+        raise RuntimeError(f"DeepSpeed ops for {device} were not ready within {timeout_s:.0f} s{why}") from None
 
 
 def build_ops(device: str) -> dict[str, float]:
@@ -54,11 +126,13 @@ def build_ops(device: str) -> dict[str, float]:
     return seconds
 
 
-def prebuild_ops(device: str = "cpu", python: str = sys.executable, timeout_s: float = 3600.0) -> dict[str, float]:
+def prebuild_ops(
+    device: str = "cpu", python: str = sys.executable, timeout_s: float = 3600.0, env: dict[str, str] | None = None
+) -> dict[str, float]:
     """In a child process, so the caller never imports torch; seconds per op (a few each once cached)."""
     completed = subprocess.run(
         [python, "-m", "autotune.trial.ops", "--device", device],
-        env={**os.environ, "DS_ACCELERATOR": device},
+        env={**(os.environ if env is None else env), "DS_ACCELERATOR": device},
         capture_output=True,
         text=True,
         timeout=timeout_s,

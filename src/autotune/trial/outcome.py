@@ -16,19 +16,47 @@ from autotune.trial.throughput import FlopsPerToken, throughput
 from autotune.trial.types import RankMetrics, TrialResult, TrialSpec, TrialStatus
 from autotune.units import format_bytes
 
+# Every allocation failure on the GPU side is an OOM, whichever library hit it. Texts and where they come from:
 _GPU_OOM_MESSAGES = (
-    "cuda out of memory",
-    "cuda error: out of memory",
+    "cuda out of memory",  # torch.OutOfMemoryError from the caching allocator (c10/cuda/CUDACachingAllocator.cpp)
+    "cuda error: out of memory",  # C10_CUDA_CHECK on cudaErrorMemoryAllocation (c10/cuda/CUDAException.cpp)
+    "cudaerrormemoryallocation",  # the CUDA runtime's enum name, printed by some extensions
+    # cuBLAS: "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`" (torch's
+    # TORCH_CUDABLAS_CHECK in ATen/cuda/Exceptions.h; cublasLt handles the same way)
     "cublas_status_alloc_failed",
-    "cudaerrormemoryallocation",
-    "hip out of memory",
+    # cuDNN: "cuDNN error: CUDNN_STATUS_ALLOC_FAILED" (torch's AT_CUDNN_CHECK, ATen/cudnn/Exceptions.h; the
+    # status name from cudnnGetErrorString)
+    "cudnn_status_alloc_failed",
+    "cusolver_status_alloc_failed",  # torch's TORCH_CUSOLVER_CHECK (ATen/cuda/Exceptions.h)
+    "hip out of memory",  # ROCm builds of the messages above
     "hip error: out of memory",
+    "hiperroroutofmemory",
 )
+# NCCL/RCCL: a failed cudaMalloc/cuMemCreate inside NCCL is logged by NCCL's CUDACHECK/CUCHECK
+# (src/include/checks.h: WARN("Cuda failure %d '%s'", err, errStr)) and torch appends NCCL's last error to
+# its DistBackendError ("NCCL error in: ...ProcessGroupNCCL.cpp..., unhandled cuda error ...
+# ncclUnhandledCudaError: Call to CUDA function failed. Last error: Cuda failure 2 'out of memory'");
+# 2 is cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY. Older NCCL: "Cuda failure 'out of memory'".
+_NCCL_OOM = re.compile(r"cuda failure (?:\d+ )?'out of memory'")
 _HOST_OOM_MESSAGES = ("defaultcpuallocator: can't allocate memory", "std::bad_alloc")
 # Root cause first: a rank that ran out of memory makes its peers fail with connection errors.
 _STATUS_PRIORITY: tuple[TrialStatus, ...] = ("oom_gpu", "oom_host", "over_budget", "error")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")
 _LAUNCHER_NOISE = ("ChildFailedError", "SignalException")
+
+
+def is_gpu_oom_text(text: str) -> bool:
+    """Whether an error text (any case, any number of lines) reports a GPU-side allocation failure."""
+    lowered = text.lower()
+    return any(m in lowered for m in _GPU_OOM_MESSAGES) or bool(_NCCL_OOM.search(lowered))
+
+
+def _gpu_oom_line(text: str) -> str | None:
+    """The line of a log or message that names the GPU allocation failure."""
+    for line in text.splitlines():
+        if is_gpu_oom_text(line):
+            return line.strip()
+    return None
 
 
 def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
@@ -40,8 +68,10 @@ def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
         current = current.__cause__ or current.__context__
     for item in chain:
         message = str(item).lower()
-        if type(item).__name__ == "OutOfMemoryError" or any(m in message for m in _GPU_OOM_MESSAGES):
-            return "oom_gpu", exception_line(item)
+        if type(item).__name__ == "OutOfMemoryError" or is_gpu_oom_text(message):
+            line = exception_line(item)
+            named = _gpu_oom_line(str(item))
+            return "oom_gpu", line if named is None or named.lower() in line.lower() else f"{line} ({named})"
         if isinstance(item, MemoryError) or any(m in message for m in _HOST_OOM_MESSAGES):
             return "oom_host", exception_line(item)
     return "error", exception_line(error)
@@ -50,9 +80,7 @@ def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
 def classify_line(line: str) -> TrialStatus:
     """Status of an error line read back from a log, for ranks that died before writing a report."""
     lowered = line.lower()
-    if lowered.startswith(("outofmemoryerror", "torch.outofmemoryerror")) or any(
-        m in lowered for m in _GPU_OOM_MESSAGES
-    ):
+    if lowered.startswith(("outofmemoryerror", "torch.outofmemoryerror")) or is_gpu_oom_text(lowered):
         return "oom_gpu"
     if lowered.startswith("memoryerror") or any(m in lowered for m in _HOST_OOM_MESSAGES):
         return "oom_host"
@@ -127,6 +155,9 @@ def _missing_rank_failure(rank: int, outcome: LaunchOutcome) -> tuple[TrialStatu
     code = outcome.exit_codes.get(rank)
     if is_sigkill(code):
         return "oom_host", f"rank {rank} was killed by SIGKILL (exit 137): most likely the host OOM killer"
+    logs = _read(outcome.logs.get(rank)) + "\n" + _read(outcome.launcher_log)
+    if oom := _gpu_oom_line(logs):  # the allocation failure may sit lines below the exception (NCCL's last error)
+        return "oom_gpu", oom
     line = first_error_line(_read(outcome.logs.get(rank))) or first_error_line(_read(outcome.launcher_log))
     if line:
         return classify_line(line), line
@@ -202,6 +233,11 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
     return TrialResult(
         status="ok",
         step_times_s=list(first.step_times_s),
+        micro_step_s=first.micro_step_s,
+        optimizer_step_s=first.optimizer_step_s,
+        accumulation=first.accumulation,
+        smaller_micro_batch=first.smaller_micro_batch,
+        smaller_micro_step_s=first.smaller_micro_step_s,
         samples_per_s=rates.samples_per_s,
         tokens_per_s=rates.tokens_per_s,
         tflops_per_gpu=rates.tflops_per_gpu,

@@ -22,6 +22,11 @@ class RankReport:
     memory: RankMetrics | None = None
     step_times_s: list[float] = field(default_factory=list)  # all-reduced max over ranks, warm-up excluded
     phases: dict[str, float] = field(default_factory=dict)  # seconds, in the order they happened
+    micro_step_s: float | None = None  # see training.StepTimes
+    optimizer_step_s: float | None = None
+    accumulation: int = 1
+    smaller_micro_batch: int | None = None
+    smaller_micro_step_s: float | None = None
     train_batch_size: int | None = None
     hardware_flops_per_token: float | None = None  # includes activation recompute
     model_flops_per_token: float | None = None  # excludes it: the MFU numerator

@@ -36,6 +36,20 @@ def srun_exit_codes(log_text: str) -> dict[int, int]:
     return codes
 
 
+# srun's own words when the allocation cannot hold the step (SLURM 22.05 src/srun/libsrun, observed here)
+_STEP_REFUSED = re.compile(
+    r"srun: error: (Unable to create step for job \S+ (?:More processors requested than permitted|Requested node"
+    r" configuration is not available|Memory required by task is not available).*|Only allocated \d+ nodes asked for"
+    r" \d+.*)"
+)
+
+
+def step_refusal(log_text: str) -> str | None:
+    """srun's reason when the allocation cannot hold the trial's step, else None."""
+    match = _STEP_REFUSED.search(log_text)
+    return match.group(1).strip() if match else None
+
+
 def first_hostname(nodelist: str, run: Callable[..., str] | None = None) -> str:
     """The allocation's first host (the rendezvous master), expanded by scontrol as SLURM itself does."""
     run = run or (lambda *cmd: subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -86,7 +100,17 @@ class SlurmLauncher:
 
     def run(self, spec: TrialSpec) -> TrialResult:
         with trial_directory(self.workdir) as trial_dir:
-            return launch_trial(spec, self.plan(spec), trial_dir, self.poll_interval_s, self.kill_grace_s)
+            result = launch_trial(spec, self.plan(spec), trial_dir, self.poll_interval_s, self.kill_grace_s)
+            refused = step_refusal((trial_dir / "launcher.log").read_text(errors="replace"))
+        if refused:
+            # not this config's fault: every trial would fail the same way, so stop with one clear error
+            raise UserError(
+                f"srun cannot start the trial's {spec.world_size} task(s) ({spec.nodes} node(s) x"
+                f" {spec.nprocs_per_node}) in SLURM job {os.environ.get('SLURM_JOB_ID', '?')}: {refused}; the"
+                f" allocation is smaller than the tuning needs (submit with --nodes={spec.nodes}"
+                f" --ntasks-per-node={spec.nprocs_per_node})"
+            )
+        return result
 
     def plan(self, spec: TrialSpec) -> LaunchPlan:
         env = {**os.environ, **self.env}

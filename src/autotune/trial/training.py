@@ -8,7 +8,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import os
+import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,13 +58,54 @@ def import_runtime(device: str, architecture: str | None = None) -> None:
         getattr(transformers, architecture, None)  # transformers imports modeling modules lazily
 
 
+LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+
+
 def init_distributed(device: str, local_rank: int) -> None:
+    """DeepSpeed's init, with a trial whose master is this machine kept off the network.
+
+    A trial that rendezvouses on loopback needs no other host, so nothing it opens should listen on
+    other interfaces: gloo/NCCL bind the loopback interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, the
+    variables both read), and a one-rank trial serves its TCPStore from a socket bound to 127.0.0.1
+    (TCPStore binds every interface itself, torch 2.13; `master_listen_fd` hands it ours). Multi-rank
+    trials started by torchrun use its agent's store, which still binds every interface.
+    """
     import deepspeed
     import torch
 
     if device == "cuda":
         torch.cuda.set_device(local_rank)
-    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    backend = "nccl" if device == "cuda" else "gloo"
+    if os.environ.get("MASTER_ADDR") in LOOPBACK_ADDRESSES and _has_interface("lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME", "lo")
+        store = _loopback_store(os.environ)
+        if store is not None:
+            torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1)
+    deepspeed.init_distributed(dist_backend=backend)
+
+
+def _has_interface(name: str) -> bool:
+    import socket
+
+    return any(interface == name for _, interface in socket.if_nameindex())
+
+
+def _loopback_store(env: Mapping[str, str]) -> Any | None:
+    """A one-rank trial's TCPStore on 127.0.0.1:MASTER_PORT; None when torchrun's agent serves the store."""
+    if env.get("WORLD_SIZE") != "1" or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or not env.get("MASTER_PORT"):
+        return None
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    listener = socket.create_server(("127.0.0.1", int(env["MASTER_PORT"])))
+    # detach: the store owns the descriptor for the life of the process (closing it under the store aborts)
+    fd = listener.detach()
+    return dist.TCPStore(
+        "127.0.0.1", int(env["MASTER_PORT"]), 1, True, timeout=datetime.timedelta(minutes=5),
+        master_listen_fd=fd, use_libuv=False,  # the libuv backend takes no listening descriptor
+    )  # fmt: skip
 
 
 def zero_stage(ds_config: dict) -> int:
@@ -195,11 +239,13 @@ def synthetic_batch(model: Any, family: str, micro_batch: int, seq_len: int, dev
     return {name: tensor.to(device) for name, tensor in batch.items()}
 
 
-def _optimizer_step(engine: Any, batch: dict[str, Any], accumulation: int) -> None:
-    for _ in range(accumulation):
-        loss = engine(**batch).loss
-        engine.backward(loss)
-        engine.step()
+def _micro_step(engine: Any, batch: dict[str, Any], boundary: bool) -> None:
+    """One forward/backward; with `boundary` the optimizer steps after it, whatever the accumulation
+    (DeepSpeed's documented manual override, engine.set_gradient_accumulation_boundary)."""
+    engine.set_gradient_accumulation_boundary(boundary)
+    loss = engine(**batch).loss
+    engine.backward(loss)
+    engine.step()
 
 
 def _slowest_rank(seconds: float, world_size: int, device: Any) -> float:
@@ -214,32 +260,102 @@ def _slowest_rank(seconds: float, world_size: int, device: Any) -> float:
     return float(value.item())
 
 
-def timed_steps(
-    engine: Any, batch: dict[str, Any], spec: TrialSpec, placement: Placement, memory: MemoryTracker, clock: PhaseClock
+@dataclass(frozen=True)
+class StepTimes:
+    """What one launch measured: whole optimizer steps (equivalent), and the parts they are made of.
+
+    Micro-steps are timed, not accumulation cycles: a cycle is `accumulation` micro-steps plus the
+    optimizer step, so it is computed from a timed boundary micro-step and timed plain micro-steps;
+    a trial with a large gradient accumulation costs no more than one without.
+    """
+
+    step_times_s: list[float]  # per measured boundary step, as a whole accumulation cycle
+    micro_step_s: float | None = None  # forward + backward at the trial's micro-batch (median)
+    optimizer_step_s: float | None = None  # what a boundary adds: reduction, optimizer, offload copies
+    accumulation: int = 1
+    smaller_micro_batch: int | None = None  # the second point of this launch
+    smaller_micro_step_s: float | None = None
+
+
+# The parts of a step (plain micro-steps, the smaller micro-batch) are timed for a fixed few steps, not
+# until stable: on a loaded machine "until stable" runs to max_steps three times over and tripled trial
+# time (the README demo's first trial hit the 900 s timeout that way). Their median is what is used.
+PART_STEPS = 3  # = throughput.STABLE_WINDOW
+
+
+def _timed(run: Any, placement: Placement, device: Any, memory: MemoryTracker, steps: int) -> list[float]:
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    times: list[float] = []
+    while len(times) < steps:
+        started = time.perf_counter()
+        run()
+        accelerator.synchronize()
+        times.append(_slowest_rank(time.perf_counter() - started, placement.world_size, device))
+        memory.sample()
+    return times
+
+
+def _timed_until_stable(
+    run: Any, spec: TrialSpec, placement: Placement, device: Any, memory: MemoryTracker
 ) -> list[float]:
-    """Warm-up steps, then measured optimizer steps until the last few agree or max_steps is reached."""
+    times: list[float] = []
+    while len(times) < spec.max_steps and not is_stable(times):
+        times += _timed(run, placement, device, memory, 1)
+    return times
+
+
+def timed_steps(
+    engine: Any,
+    batch: dict[str, Any],
+    spec: TrialSpec,
+    placement: Placement,
+    memory: MemoryTracker,
+    clock: PhaseClock,
+    smaller_batch: dict[str, Any] | None = None,
+) -> StepTimes:
+    """Warm-up, then boundary micro-steps (micro-step + optimizer step) until stable, then plain
+    micro-steps at this micro-batch and at a smaller one, in the same process: one launch gives two
+    points of the step-time line. Every warm-up step is a boundary, so the optimizer's state and the
+    peak memory of a real step are reached before anything is timed."""
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
     accumulation = engine.gradient_accumulation_steps()
     for step in range(spec.warmup_steps):
-        _optimizer_step(engine, batch, accumulation)
+        _micro_step(engine, batch, boundary=True)
         memory.sample()
         if step == 0:
             maybe_inject_fault("step", placement.rank)
     accelerator.synchronize()
     clock.mark("warmup")
-    times: list[float] = []
-    while len(times) < spec.max_steps and not is_stable(times):
-        started = time.perf_counter()
-        _optimizer_step(engine, batch, accumulation)
-        accelerator.synchronize()
-        times.append(_slowest_rank(time.perf_counter() - started, placement.world_size, engine.device))
-        memory.sample()
-        if spec.warmup_steps == 0 and len(times) == 1:
-            maybe_inject_fault("step", placement.rank)
+    boundary = _timed_until_stable(lambda: _micro_step(engine, batch, True), spec, placement, engine.device, memory)
+    if spec.warmup_steps == 0:
+        maybe_inject_fault("step", placement.rank)
+    needs_parts = accumulation > 1 or smaller_batch is not None
+    if not needs_parts:
+        clock.mark("measured")
+        return StepTimes(step_times_s=boundary)
+    parts = min(PART_STEPS, spec.max_steps)
+    plain = _timed(lambda: _micro_step(engine, batch, False), placement, engine.device, memory, parts)
+    micro = statistics.median(plain)
+    optimizer = max(0.0, statistics.median(boundary) - micro)
+    smaller_mb = smaller_s = None
+    if smaller_batch is not None:
+        smaller = _timed(lambda: _micro_step(engine, smaller_batch, False), placement, engine.device, memory, parts)
+        smaller_mb = int(next(iter(smaller_batch.values())).shape[0])
+        smaller_s = statistics.median(smaller)
+    engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own counting
     clock.mark("measured")
-    return times
+    return StepTimes(
+        step_times_s=[b + (accumulation - 1) * micro for b in boundary],
+        micro_step_s=micro,
+        optimizer_step_s=optimizer,
+        accumulation=accumulation,
+        smaller_micro_batch=smaller_mb,
+        smaller_micro_step_s=smaller_s,
+    )
 
 
 def limit_gpu_memory(spec: TrialSpec, local_rank: int) -> None:
@@ -270,13 +386,23 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
         clock.mark("engine_init")
         micro_batch = engine.train_micro_batch_size_per_gpu()
         batch = synthetic_batch(model, spec.family, micro_batch, spec.seq_len, device, placement.rank)
-        times = timed_steps(engine, batch, spec, placement, memory, clock)
+        smaller = None
+        if spec.smaller_micro_batch and spec.smaller_micro_batch < micro_batch:
+            smaller = synthetic_batch(
+                model, spec.family, spec.smaller_micro_batch, spec.seq_len, device, placement.rank
+            )
+        times = timed_steps(engine, batch, spec, placement, memory, clock, smaller)
         flops = flops_per_token(parameters, layers, width, spec.seq_len, spec.grad_checkpointing)
         return RankReport(
             rank=placement.rank,
             status="ok",
             memory=memory.metrics(placement.rank),
-            step_times_s=times,
+            step_times_s=times.step_times_s,
+            micro_step_s=times.micro_step_s,
+            optimizer_step_s=times.optimizer_step_s,
+            accumulation=times.accumulation,
+            smaller_micro_batch=times.smaller_micro_batch,
+            smaller_micro_step_s=times.smaller_micro_step_s,
             phases=dict(clock.phases),
             train_batch_size=engine.train_batch_size(),
             hardware_flops_per_token=flops.hardware,

@@ -26,6 +26,7 @@ class TrialSpec:
     host_memory_budget_bytes: int | None = None  # CPU backend: peak RSS per rank above this is over budget
     peak_tflops: float | None = None  # hardware peak for MFU
     trust_remote_code: bool = False
+    smaller_micro_batch: int | None = None  # also time this micro-batch in the same process (second point)
 
     @property
     def world_size(self) -> int:
@@ -58,6 +59,14 @@ class TrialResult:
     wall_s: float = 0.0
     startup_s: float | None = None  # launch to first step: process start, imports, init, model build
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, slowest rank: where wall time goes
+    # The parts of a step, all-reduced max over ranks (trial/training.py StepTimes): a plain micro-step at
+    # the trial's micro-batch, what an optimizer step adds, and a plain micro-step at a smaller micro-batch
+    # timed in the same process, so one launch gives two points of the step-time line.
+    micro_step_s: float | None = None
+    optimizer_step_s: float | None = None
+    accumulation: int = 1
+    smaller_micro_batch: int | None = None
+    smaller_micro_step_s: float | None = None
 
     @property
     def ok(self) -> bool:

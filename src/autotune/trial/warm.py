@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from autotune.atomic import atomic_write_json
 from autotune.errors import UserError
+from autotune.leftovers import owned_tempdir
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.launch import WORKER_MODULE
 from autotune.trial.local import torchrun_command, torchrun_exit_codes
@@ -68,8 +68,9 @@ class WarmWorkerPool:
     def __enter__(self) -> WarmWorkerPool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # leaving on an exception (SIGTERM, Ctrl-C): no polite stop request, SIGKILL's grace is short
+        self.close(graceful=exc_type is None)
 
     def run(self, spec: TrialSpec) -> TrialResult:
         if spec.nodes != 1:
@@ -134,9 +135,7 @@ class WarmWorkerPool:
         return self._workers
 
     def _start(self, spec: TrialSpec) -> _Workers:
-        parent = Path(self.workdir) if self.workdir is not None else Path(tempfile.gettempdir())
-        parent.mkdir(parents=True, exist_ok=True)
-        pool_dir = Path(tempfile.mkdtemp(prefix="autotune-warm-", dir=parent))
+        pool_dir = owned_tempdir("autotune-warm-", self.workdir)  # a SIGKILLed pool's dir goes at the next start
         (pool_dir / "requests").mkdir()
         serve = ["--serve", str(pool_dir), "--device", spec.device, "--owner-pid", str(os.getpid())]
         port = free_port()
@@ -172,7 +171,7 @@ class WarmWorkerPool:
         if self.workdir is None:
             shutil.rmtree(workers.pool_dir, ignore_errors=True)
 
-    def close(self) -> None:
-        stopped = self._stop(graceful=True)
+    def close(self, graceful: bool = True) -> None:
+        stopped = self._stop(graceful=graceful)
         if stopped is not None:
             self._remove(stopped)

@@ -1,0 +1,323 @@
+"""A simulated GPU cluster built from published figures, independent of the search's beliefs.
+
+The search orders and prunes candidates with its own assumptions (`autotune.speed`) and predicts memory
+with its own model (`autotune.estimate`). This machine uses neither: step time comes from FLOPs, link
+bandwidths and CPU Adam throughput; memory from the ZeRO paper's per-parameter byte counts and the
+Megatron activation formula. So a search that is right here is right because it measured, not because
+the simulator agrees with its priors.
+
+Every figure carries its source. Figures marked SIM are simulation parameters chosen inside published
+ranges (no single published value exists); they shape the scenarios but are not claims about a machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from autotune.hardware import GpuSpec, resolve_gpu_type
+from autotune.ladder import Candidate, Rung
+from autotune.models import ModelSummary
+from autotune.trial.types import RankMetrics, TrialResult
+
+GB = 1e9
+GIB = 2**30
+
+# --- published figures -----------------------------------------------------------------------------
+# Megatron-LM at scale: 163 TFLOP/s per A100 = 52% of the 312 TFLOP/s bf16 peak (Narayanan et al. 2021,
+# "Efficient Large-Scale Language Model Training on GPU Clusters", SC'21, abstract). Used as the ceiling.
+MFU_CEILING = 0.52
+# SIM: tokens per micro-batch at which a GPU reaches half its ceiling; small micro-batches under-use it
+# (the reason larger micro-batches help at all). Chosen so mb 1 x seq 512 runs at ~1/3 of the ceiling.
+MFU_HALF_TOKENS = 1024
+# Ring collectives (NCCL PERFORMANCE.md, "bus bandwidth"): all-reduce moves 2(n-1)/n x S per rank,
+# reduce-scatter and all-gather (n-1)/n x S each; time = bytes moved / bus bandwidth.
+# ZeRO communication volume (Rajbhandari et al. 2020, "ZeRO", section 7): stages 1-2 = data parallel (2 x
+# params), stage 3 = 1.5x that (an all-gather in forward and in backward plus a reduce-scatter).
+# NCCL small-message latency per collective: tens of microseconds (nccl-tests, 8-byte all-reduce).
+COLLECTIVE_LATENCY_S = 30e-6
+# Bytes per parameter in mixed-precision Adam (ZeRO paper, section 3.1): 2 (bf16 weights) + 2 (bf16
+# grads) + 12 (fp32 master weights, momentum, variance).
+WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+# Activations per layer and sample with sdpa/flash attention (no s^2 score matrix kept):
+# 34 * s * h bytes (Korthikanti et al. 2022, "Reducing Activation Recomputation", Table 2, without the
+# 5as/h attention term that flash attention removes). With full checkpointing each layer keeps its 2*s*h
+# bf16 input and one layer is recomputed at a time (same paper, section 4.1).
+ACTIVATION_BYTES_PER_SH = 34
+CHECKPOINT_BYTES_PER_SH = 2
+# Logits per token: bf16 logits (2) + fp32 upcast for the loss (4) + its fp32 gradient (4) (HF causal LM
+# loss upcasts logits to float: transformers loss_utils.ForCausalLMLoss).
+LOGIT_BYTES_PER_VOCAB = 10
+# SIM: CUDA context + NCCL communicator buffers per process (reports range 0.3-1.5 GiB, see
+# autotune/estimate/constants.py for the cited ones; the simulator takes its own value in that range).
+RUNTIME_BYTES = int(1.1 * GIB)
+# SIM: caching-allocator fragmentation on activations.
+FRAGMENTATION = 1.10
+# CPU Adam (DeepSpeedCPUAdam) is memory-bound: it reads fp32 params, grads, momentum, variance and writes
+# params, momentum, variance (28 bytes per parameter), per DeepSpeed's csrc/adam/cpu_adam_impl.cpp.
+CPU_ADAM_BYTES_PER_PARAM = 28
+# SIM: DeepSpeed CPU Adam per core. DeepSpeed "provides between 5x to 7x speedup over torch.optim.adam"
+# (deepspeed/ops/adam/cpu_adam.py:30); torch.optim.Adam(foreach=False) ran 5.0e7-7.0e7 params/s on one
+# core of this benchmark's 2-core AMD EPYC VM (20M params, 2026-11-23, shared machine), i.e. 2.5e8-4.9e8
+# for CPU Adam. The simulator takes 3.5e8; node DRAM bandwidth usually binds first (see step_cost).
+CPU_ADAM_PARAMS_PER_CORE_S = 3.5e8
+# Trial start-up: process start, imports, model build (autotune's CPU trials: 17-25 s, benchmarks/trial.md).
+TRIAL_STARTUP_S = 25.0
+TRIAL_STEPS = 2 + 5  # warm-up + measured optimizer steps of one trial (autotune.trial defaults, min stable)
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """One published machine: its GPUs, links and host."""
+
+    name: str
+    gpu_key: str  # profiles/hardware key (TFLOP/s, memory from the vendor datasheet cited there)
+    gpus_per_node: int
+    collective_gbs: float  # achievable NCCL bus bandwidth inside a node, GB/s
+    pcie_gbs: float  # host<->GPU per GPU, GB/s
+    node_network_gbs: float  # per node, GB/s (bounds multi-node bus bandwidth)
+    cpu_cores_per_gpu: int
+    host_memory_gbs_per_gpu: float  # host DRAM bandwidth share per GPU, GB/s
+    host_ram_bytes: int
+    nvme_gbs: float  # per node, read ~ write, GB/s
+    source: str
+
+    @property
+    def gpu(self) -> GpuSpec:
+        return resolve_gpu_type(self.gpu_key)
+
+
+# NVIDIA DGX A100 datasheet: 8x A100 40GB SXM4, NVLink 3 600 GB/s per GPU (300 GB/s each way), 2x AMD EPYC
+# 7742 (128 cores), 1 TB RAM, 8x 200 Gb/s HDR InfiniBand (200 GB/s per node), 15 TB Gen4 NVMe.
+# EPYC 7742: 8 channels DDR4-3200 = 204.8 GB/s per socket (AMD product page). PCIe Gen4 x16: 31.5 GB/s
+# per direction (PCI-SIG), ~25 GB/s achieved (SIM: 80%). NCCL bus bandwidth: SIM 230 GB/s, below the
+# 300 GB/s per direction of NVLink 3. NVMe: SIM 20 GB/s for the node's Gen4 U.2 drives (each ~6 GB/s read).
+DGX_A100 = NodeType(
+    name="DGX A100 (8x A100 40GB, NVLink, 8x HDR IB)",
+    gpu_key="a100-40gb",
+    gpus_per_node=8,
+    collective_gbs=230,
+    pcie_gbs=25,
+    node_network_gbs=200,
+    cpu_cores_per_gpu=16,
+    host_memory_gbs_per_gpu=2 * 204.8 / 8,
+    host_ram_bytes=1024 * GIB,
+    nvme_gbs=20,
+    source="NVIDIA DGX A100 datasheet; AMD EPYC 7742 product page; PCI-SIG Gen4",
+)
+
+# AWS g5.12xlarge: 4x A10G 24 GB (no NVLink: collectives over PCIe Gen4 through the host), 48 vCPUs
+# (24 cores: 6 per GPU), 192 GiB RAM, 40 Gb/s network (5 GB/s), 3.8 TB NVMe (AWS instance page).
+# A10G: 24 GB, ~70 TFLOP/s bf16 dense (profiles/hardware/a10g.json). PCIe bus bandwidth for a 4-GPU
+# all-reduce through the host bridge: SIM 12 GB/s (about half a Gen4 x16 link). Host DRAM: AMD EPYC 7R32,
+# 8 channels DDR4-3200 = 204.8 GB/s, 1 socket for 4 GPUs. NVMe: SIM 2 GB/s (local instance store).
+G5_12XLARGE = NodeType(
+    name="AWS g5.12xlarge (4x A10G 24GB, PCIe only, 6 cores/GPU)",
+    gpu_key="a10g",
+    gpus_per_node=4,
+    collective_gbs=12,
+    pcie_gbs=12,
+    node_network_gbs=5,
+    cpu_cores_per_gpu=6,
+    host_memory_gbs_per_gpu=204.8 / 4,
+    host_ram_bytes=192 * GIB,
+    nvme_gbs=2,
+    source="AWS EC2 G5 instance page; profiles/hardware/a10g.json",
+)
+
+# A workstation: 2x RTX 4090 24 GB (no NVLink, PCIe Gen4 x8/x8 on a desktop board: ~12 GB/s each way;
+# SIM collective 6 GB/s), 16-core desktop CPU (8 per GPU), 2 channels DDR5-5600 = 89.6 GB/s, 128 GiB RAM,
+# one Gen4 NVMe (~7 GB/s read, ~5 GB/s write: Samsung 990 Pro datasheet; SIM 5 GB/s).
+WORKSTATION_4090 = NodeType(
+    name="workstation (2x RTX 4090 24GB, PCIe x8/x8, 8 cores/GPU)",
+    gpu_key="rtx-4090",
+    gpus_per_node=2,
+    collective_gbs=6,
+    pcie_gbs=12,
+    node_network_gbs=1.25,
+    cpu_cores_per_gpu=8,
+    host_memory_gbs_per_gpu=89.6 / 2,
+    host_ram_bytes=128 * GIB,
+    nvme_gbs=5,
+    source="profiles/hardware/rtx-4090.json; Samsung 990 Pro datasheet; DDR5-5600 dual channel",
+)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one micro-step and of the once-per-optimizer-step work, per rank."""
+
+    micro_s: float
+    optimizer_s: float
+
+
+class SimulatedCluster:
+    """`run(candidate)` answers like a real trial would; `truth(candidate)` is the exhaustive grid's view."""
+
+    def __init__(
+        self,
+        model: ModelSummary,
+        node: NodeType,
+        nodes: int,
+        seq_len: int,
+        global_batch: int | None = None,
+        trial_timeout_s: float = 900.0,
+    ) -> None:
+        self.model, self.node, self.nodes, self.seq_len = model, node, nodes, seq_len
+        self.global_batch, self.trial_timeout_s = global_batch, trial_timeout_s
+        self.world = node.gpus_per_node * nodes
+        self.gpu = node.gpu
+        self.launched: list[Candidate] = []
+
+    # -- compute ----------------------------------------------------------------------------------
+    def _flops_per_sample(self, checkpointing: bool) -> float:
+        """Training FLOPs for one sample: forward 2*P*s + attention 4*L*s^2*h, backward twice that;
+        checkpointing recomputes the layers' forward (not the embedding/LM head)."""
+        m, s = self.model, self.seq_len
+        layer_params = max(0, m.total_params - m.embedding_params)
+        forward_layers = 2 * layer_params * s + 4 * m.total_layers * s * s * m.hidden_size
+        forward = forward_layers + 2 * m.embedding_params * s
+        return 3 * forward + (forward_layers if checkpointing else 0)
+
+    def _compute_s(self, micro_batch: int, checkpointing: bool) -> float:
+        tokens = micro_batch * self.seq_len
+        efficiency = MFU_CEILING * tokens / (tokens + MFU_HALF_TOKENS)
+        peak = (self.gpu.peak_bf16_tflops or 100.0) * 1e12
+        return micro_batch * self._flops_per_sample(checkpointing) / (peak * efficiency)
+
+    # -- communication -----------------------------------------------------------------------------
+    @property
+    def _bus_gbs(self) -> float:
+        if self.nodes == 1:
+            return self.node.collective_gbs
+        return min(self.node.collective_gbs, self.node.node_network_gbs)
+
+    def _collective_s(self, bytes_moved_per_rank: float) -> float:
+        return bytes_moved_per_rank / (self._bus_gbs * GB) if self.world > 1 else 0.0
+
+    def step_cost(self, candidate: Candidate) -> StepCost:
+        rung, p, n = candidate.rung, self.model.total_params, self.world
+        share = (n - 1) / n
+        compute = self._compute_s(candidate.micro_batch, candidate.grad_checkpointing)
+        latency = COLLECTIVE_LATENCY_S * 3 * self.model.total_layers
+        grad_bytes = GRAD_BYTES * p
+        micro_s, optimizer_s = compute, 0.0
+        if rung.stage == 0:  # all-reduce of the gradients at the accumulation boundary, after backward
+            optimizer_s += self._collective_s(2 * share * grad_bytes)
+        elif rung.stage in (1, 2):
+            if rung.stage == 2:  # gradients reduce-scattered in every backward (overlap_comm off at 1-2)
+                micro_s += self._collective_s(share * grad_bytes)
+            else:
+                optimizer_s += self._collective_s(share * grad_bytes)
+            optimizer_s += self._collective_s(share * WEIGHT_BYTES * p)  # updated weights all-gathered
+        else:  # stage 3: two all-gathers and a reduce-scatter per micro-step, overlapped (overlap_comm on)
+            comm = self._collective_s(3 * share * WEIGHT_BYTES * p) + latency
+            if rung.offload_param:
+                host = (self.node.nvme_gbs / self.node.gpus_per_node) if rung.offload_param == "nvme" else None
+                link = min(self.node.pcie_gbs, host) if host else self.node.pcie_gbs
+                comm += 2 * WEIGHT_BYTES * p / n / (link * GB)  # own shard fetched for forward and backward
+            micro_s = max(compute, comm) + latency
+        shard = p / n if rung.stage >= 1 else p
+        if rung.offload_optimizer:
+            # gradients go down and updated bf16 weights come back over PCIe; CPU Adam in between
+            micro_s += GRAD_BYTES * shard / (self.node.pcie_gbs * GB)
+            optimizer_s += WEIGHT_BYTES * shard / (self.node.pcie_gbs * GB)
+            cores = self.node.cpu_cores_per_gpu * CPU_ADAM_PARAMS_PER_CORE_S
+            memory_bound = self.node.host_memory_gbs_per_gpu * GB / CPU_ADAM_BYTES_PER_PARAM
+            optimizer_s += shard / min(cores, memory_bound)
+            if rung.offload_optimizer == "nvme":  # optimizer states read and written once per step
+                optimizer_s += 2 * OPTIMIZER_BYTES * shard * self.node.gpus_per_node / (self.node.nvme_gbs * GB)
+        else:
+            # GPU Adam: memory-bound pass over 16 bytes read + 12 written per parameter of the shard
+            optimizer_s += 28 * shard / ((self.gpu.memory_bandwidth_gbs or 1000.0) * GB)
+        return StepCost(micro_s, optimizer_s)
+
+    def accumulation(self, candidate: Candidate) -> int:
+        if self.global_batch is None:
+            return 1
+        return max(1, self.global_batch // (candidate.micro_batch * self.world))
+
+    def samples_per_s(self, candidate: Candidate) -> float:
+        cost = self.step_cost(candidate)
+        gas = self.accumulation(candidate)
+        return candidate.micro_batch * gas * self.world / (gas * cost.micro_s + cost.optimizer_s)
+
+    # -- memory ----------------------------------------------------------------------------------
+    def gpu_bytes(self, candidate: Candidate) -> int:
+        m, rung, n, s = self.model, candidate.rung, self.world, self.seq_len
+        p = m.total_params
+        if rung is Rung.Z0:
+            states = (WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES) * p
+        elif rung is Rung.Z1:
+            states = (WEIGHT_BYTES + GRAD_BYTES) * p + OPTIMIZER_BYTES * p / n
+        elif rung is Rung.Z2:
+            states = WEIGHT_BYTES * p + (GRAD_BYTES + OPTIMIZER_BYTES) * p / n
+        elif rung is Rung.Z2_OFFLOAD_OPT:
+            states = WEIGHT_BYTES * p
+        elif rung is Rung.Z3:
+            states = (WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES) * p / n
+        elif rung in (Rung.Z3_OFFLOAD_OPT, Rung.Z3_NVME_OPT) and rung.offload_param is None:
+            states = (WEIGHT_BYTES + GRAD_BYTES) * p / n
+        else:
+            states = GRAD_BYTES * p / n  # parameters offloaded; gradient partition before it is copied out
+        if rung.stage in (1, 2):
+            buffers = 2 * 200_000_000 * GRAD_BYTES  # reduce + all-gather buckets (2e8 elements, our dsconfig)
+        elif rung.stage == 3:
+            buffers = 2 * m.largest_layer_params * WEIGHT_BYTES + 2 * m.hidden_size**2 * WEIGHT_BYTES
+        else:
+            buffers = 0
+        sh = s * m.hidden_size
+        if candidate.grad_checkpointing:
+            per_sample = m.total_layers * CHECKPOINT_BYTES_PER_SH * sh + ACTIVATION_BYTES_PER_SH * sh
+        else:
+            per_sample = m.total_layers * ACTIVATION_BYTES_PER_SH * sh
+        per_sample += s * m.vocab_size * LOGIT_BYTES_PER_VOCAB
+        activations = FRAGMENTATION * per_sample * candidate.micro_batch
+        return int(RUNTIME_BYTES + states + buffers + activations)
+
+    def host_bytes_per_node(self, candidate: Candidate) -> int:
+        """Pinned host buffers of offload: fp32 master + Adam states + fp32 gradients (+ bf16 params)."""
+        rung, p = candidate.rung, self.model.total_params
+        per_rank = 0.0
+        if rung.offload_optimizer == "cpu":
+            per_rank += (OPTIMIZER_BYTES + 4) * p / (self.world if rung.stage >= 1 else 1)
+        if rung.offload_param == "cpu":
+            per_rank += WEIGHT_BYTES * p / self.world
+        return int(per_rank * self.node.gpus_per_node + 8 * GIB * self.node.gpus_per_node)  # + processes
+
+    # -- a trial -----------------------------------------------------------------------------------
+    def trial_seconds(self, candidate: Candidate) -> float:
+        cost = self.step_cost(candidate)
+        cycle = self.accumulation(candidate) * cost.micro_s + cost.optimizer_s
+        return TRIAL_STARTUP_S + TRIAL_STEPS * cycle
+
+    def result(self, candidate: Candidate) -> TrialResult:
+        peak = self.gpu_bytes(candidate)
+        if peak > self.gpu.memory_bytes:
+            return TrialResult(status="oom_gpu", error="torch.OutOfMemoryError: CUDA out of memory.")
+        if self.host_bytes_per_node(candidate) > self.node.host_ram_bytes:
+            return TrialResult(status="oom_host", error="rank 0 was killed by SIGKILL (exit 137)")
+        if self.trial_seconds(candidate) > self.trial_timeout_s:
+            return TrialResult(status="timeout", error="no result within the trial timeout")
+        cost = self.step_cost(candidate)
+        gas = self.accumulation(candidate)
+        cycle = gas * cost.micro_s + cost.optimizer_s
+        smaller = candidate.micro_batch // 2 or None  # autotune's trials also time half the micro-batch
+        smaller_s = self.step_cost(replace(candidate, micro_batch=smaller)).micro_s if smaller else None
+        return TrialResult(
+            status="ok",
+            ranks=[
+                RankMetrics(rank=0, device_used_bytes=peak, host_rss_peak_bytes=self.host_bytes_per_node(candidate))
+            ],
+            step_times_s=[cycle] * 5,
+            micro_step_s=cost.micro_s,
+            optimizer_step_s=cost.optimizer_s,
+            accumulation=gas,
+            smaller_micro_batch=smaller,
+            smaller_micro_step_s=smaller_s,
+            samples_per_s=self.samples_per_s(candidate),
+            wall_s=self.trial_seconds(candidate),
+        )
+
+    def run(self, candidate: Candidate) -> tuple[TrialResult, bool]:
+        self.launched.append(candidate)
+        return self.result(candidate), False

@@ -1,0 +1,144 @@
+"""Search quality on a simulated GPU cluster that does not share the search's beliefs.
+
+For every scenario in `gpu_sim/scenarios.py`: the exhaustive grid's best config (every rung x
+checkpointing x micro-batch, within the headroom), autotune's search, and DeepSpeed Autotuning's
+strategy (stage x micro-batch, no offload) on the same simulator. Reports pick throughput / exhaustive
+best and trials / exhaustive trials.
+
+    python benchmarks/search_quality.py            # writes results/search_quality.json, prints a table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from autotune.atomic import atomic_write_text
+from autotune.cache import library_versions
+from autotune.estimate.types import EstimateSettings
+from autotune.hardware import Target
+from autotune.ladder import Candidate, Rung
+from autotune.models import resolve_model, summarize
+from autotune.search import Search, SearchLimits
+from gpu_sim.ds_autotuning import ds_autotuning
+from gpu_sim.machine import SimulatedCluster
+from gpu_sim.scenarios import SCENARIOS, Scenario
+
+RUNGS = [Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT, Rung.Z3_OFFLOAD_ALL]
+HEADROOM = 0.9
+RESULTS = Path(__file__).resolve().parent / "results" / "search_quality.json"
+
+
+def grid(scenario: Scenario, world: int) -> list[int]:
+    powers = [2**i for i in range(8)]  # 1..128, autotune's default grid shape
+    if scenario.global_batch is None:
+        return powers
+    per_rank = scenario.global_batch // world
+    return [m for m in powers if per_rank % m == 0]
+
+
+def cluster(scenario: Scenario) -> tuple[SimulatedCluster, Target, EstimateSettings]:
+    model = summarize(resolve_model(scenario.model))
+    machine = SimulatedCluster(model, scenario.node, scenario.nodes, scenario.seq_len, scenario.global_batch)
+    gpu = scenario.node.gpu
+    target = Target(
+        gpu, scenario.node.gpus_per_node, scenario.nodes, gpu.memory_bytes, scenario.node.host_ram_bytes, None, True
+    )
+    return machine, target, EstimateSettings(seq_len=scenario.seq_len, precision="bf16")
+
+
+def exhaustive(machine: SimulatedCluster, micro_batches: list[int]) -> tuple[Candidate | None, float, int]:
+    limit = HEADROOM * machine.gpu.memory_bytes
+    everything = [Candidate(r, m, c) for r in RUNGS for c in (False, True) for m in micro_batches]
+    fitting = {
+        c: machine.samples_per_s(c) for c in everything if machine.result(c).ok and machine.gpu_bytes(c) <= limit
+    }
+    best = max(fitting, key=fitting.get, default=None)  # type: ignore[arg-type]
+    return best, fitting.get(best, 0.0) if best else 0.0, len(everything)
+
+
+def run_scenario(scenario: Scenario) -> dict:
+    machine, target, settings = cluster(scenario)
+    micro_batches = grid(scenario, machine.world)
+    best, best_speed, total = exhaustive(machine, micro_batches)
+    limits = SearchLimits(max_trials=total // 4, headroom=HEADROOM)
+    outcome = Search(
+        machine.model, target, settings, machine.run, RUNGS, micro_batches, limits, global_batch=scenario.global_batch
+    ).run_search()
+    ours = outcome.best.candidate if outcome.best else None
+    ds_machine, _, _ = cluster(scenario)
+    ds_pick, ds_launches = ds_autotuning(ds_machine, HEADROOM * ds_machine.gpu.memory_bytes)
+    ds_speed = ds_machine.samples_per_s(ds_pick) if ds_pick else 0.0
+    return {
+        "scenario": scenario.name,
+        "what": scenario.what,
+        "model": scenario.model,
+        "machine": f"{scenario.nodes} x {scenario.node.name}",
+        "seq_len": scenario.seq_len,
+        "global_batch": scenario.global_batch,
+        "micro_batches": micro_batches,
+        "exhaustive": {"pick": best.key if best else None, "samples_per_s": best_speed, "trials": total},
+        "autotune": {
+            "pick": ours.key if ours else None,
+            "samples_per_s": machine.samples_per_s(ours) if ours else 0.0,
+            "quality": (machine.samples_per_s(ours) / best_speed) if ours and best_speed else 0.0,
+            "trials": len(machine.launched),
+            "trial_fraction": len(machine.launched) / total,
+            "tried": [c.key + ":" + machine.result(c).status for c in machine.launched],
+            "stop_reason": outcome.stop_reason,
+        },
+        "ds_autotuning": {
+            "pick": ds_pick.key if ds_pick else None,
+            "samples_per_s": ds_speed,
+            "quality": ds_speed / best_speed if best_speed else 0.0,
+            "trials": ds_launches,
+            "trial_fraction": ds_launches / total,
+        },
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| scenario | exhaustive best | autotune pick | autotune quality | autotune trials | DS Autotuning pick"
+        " | DS quality | DS trials |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ex, ours, ds = r["exhaustive"], r["autotune"], r["ds_autotuning"]
+        lines.append(
+            f"| {r['scenario']} | {ex['pick']} ({ex['samples_per_s']:.1f}/s) | {ours['pick']} | {ours['quality']:.3f}"
+            f" | {ours['trials']}/{ex['trials']} ({ours['trial_fraction']:.2f}) | {ds['pick']} | {ds['quality']:.3f}"
+            f" | {ds['trials']}/{ex['trials']} ({ds['trial_fraction']:.2f}) |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
+    args = parser.parse_args()
+    chosen = [s for s in SCENARIOS if not args.scenario or s.name in args.scenario]
+    started = time.monotonic()
+    rows = [run_scenario(s) for s in chosen]
+    data = {
+        "benchmark": "search quality on a simulated GPU cluster (benchmarks/gpu_sim)",
+        "date": time.strftime("%Y-%m-%d"),
+        "python": platform.python_version(),
+        "versions": library_versions(),
+        "elapsed_s": round(time.monotonic() - started, 2),
+        "headroom": HEADROOM,
+        "scenarios": rows,
+    }
+    atomic_write_text(args.out, json.dumps(data, indent=2) + "\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""What a CUDA training process holds beyond its tensors, as a function of the stack the probe sees.
+
+Each figure is (central, uncertainty) in bytes and cites where it comes from. The stack is what
+`autotune probe` reports (torch / CUDA / NCCL versions, GPU compute capability); a field left None means
+"not known" and widens the uncertainty instead of guessing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from importlib import metadata
+
+from autotune.units import GiB, MiB
+
+
+@dataclass(frozen=True)
+class RuntimeStack:
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    nccl_version: str | None = None
+    compute_capability: str | None = None
+
+
+# pip packages that carry NCCL with the CUDA builds of torch, newest first.
+_NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+
+
+def _installed(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def local_stack(compute_capability: str | None = None) -> RuntimeStack:
+    """The stack this machine would train with, read from package metadata (no torch import, no CUDA context).
+
+    torch's local version names its CUDA build ("2.13.0+cu130" -> CUDA 13.0); a CPU build or a missing torch
+    leaves CUDA unknown. compute_capability comes from the probe (NVML).
+    """
+    torch_version = _installed("torch")
+    cuda = None
+    if torch_version and "+cu" in torch_version:
+        digits = torch_version.split("+cu", 1)[1]
+        if digits.isdigit() and len(digits) >= 3:
+            cuda = f"{int(digits[:-1])}.{digits[-1]}"
+    nccl = next((version for version in map(_installed, _NCCL_PACKAGES) if version), None)
+    return RuntimeStack(torch_version, cuda, nccl, compute_capability)
+
+
+@dataclass(frozen=True)
+class Overhead:
+    central: int
+    uncertainty: int
+    source: str
+
+
+def _version(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    parts = []
+    for piece in text.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+# --- CUDA context -------------------------------------------------------------------------------------
+# With lazy module loading (PyTorch sets CUDA_MODULE_LOADING=LAZY since 1.13, pytorch/pytorch PR #86509; the
+# driver supports it from CUDA 11.7): 287,047,680 B measured in that PR (CUDA 11.7), "around 400MB"
+# (ptrblck, pytorch/pytorch#109888), 426 MiB by nvidia-smi for PyTorch 2.10+cu130 on an RTX 6000 Ada
+# (unslothai/unsloth-zoo PR #1053). Eager loading (older stacks): 666,632,192 B in PR #86509, ">1000MB"
+# before CUDA 11.7 (ptrblck, pytorch/pytorch#107667). Training loads more kernels than those one-tensor
+# probes, so the central value is the largest lazy figure and the spread reaches the eager one.
+CONTEXT_LAZY = 426 * MiB
+CONTEXT_LAZY_LOW = 287_047_680
+CONTEXT_EAGER = 1000 * 10**6
+CONTEXT_EAGER_LOW = 666_632_192
+
+
+def lazy_loading(stack: RuntimeStack) -> bool | None:
+    torch_version, cuda_version = _version(stack.torch_version), _version(stack.cuda_version)
+    if torch_version is None or cuda_version is None:
+        return None
+    return torch_version >= (1, 13) and cuda_version >= (11, 7)
+
+
+def cuda_context(stack: RuntimeStack) -> Overhead:
+    lazy = lazy_loading(stack)
+    if lazy is True:
+        return Overhead(CONTEXT_LAZY, CONTEXT_LAZY - CONTEXT_LAZY_LOW, "lazy module loading")
+    if lazy is False:
+        return Overhead(CONTEXT_EAGER, CONTEXT_EAGER - CONTEXT_EAGER_LOW, "eager module loading")
+    return Overhead(CONTEXT_LAZY, CONTEXT_EAGER - CONTEXT_LAZY, "stack unknown: lazy assumed, eager in the margin")
+
+
+# --- NCCL --------------------------------------------------------------------------------------------
+# Per communicator after its first collective: 544 MB in a 2-rank group, 688 MB in larger groups, 4x A100
+# with NVLink (NVIDIA/nccl issue #964). DeepSpeed 0.19.8 runs its collectives on a clone of the world group
+# (deepspeed/utils/groups.py:723-734, `_clone_world_group` -> dist.new_group) while torch.distributed's default
+# group carries the barriers (e.g. runtime/zero/stage3.py:774) and HF/accelerate's own collectives: two
+# communicators per rank. NCCL >= 2.22 connects lazily (NCCL_RUNTIME_CONNECT=1 by default, NCCL 2.22 release
+# notes), so a communicator that only runs barriers sets up few channels: the second one is then margin, not
+# central. Hopper with NVLink SHARP (NVLS, compute capability 9.x, NCCL >= 2.17) adds buffers to the
+# communicators that use it; we widen the margin by one more communicator there.
+NCCL_TWO_RANKS = 544 * 10**6
+NCCL_MORE_RANKS = 688 * 10**6
+
+
+def nccl_buffers(world_size: int, stack: RuntimeStack) -> Overhead:
+    if world_size <= 1:
+        return Overhead(0, 0, "single rank: no communicator")
+    one = NCCL_TWO_RANKS if world_size == 2 else NCCL_MORE_RANKS
+    nccl = _version(stack.nccl_version)
+    if nccl is None:
+        central, margin, note = one, one, "NCCL version unknown: second communicator in the margin"
+    elif nccl >= (2, 22):
+        central, margin, note = one, one // 2, "lazy connect (NCCL>=2.22): second communicator mostly idle"
+    else:
+        central, margin, note = 2 * one, one // 2, "eager connect (NCCL<2.22): two communicators"
+    capability = _version(stack.compute_capability)
+    if capability is not None and capability >= (9,) and (nccl is None or nccl >= (2, 17)):
+        margin += one
+        note += "; NVLS on Hopper"
+    return Overhead(central, margin, note)
+
+
+# --- caching allocator ---------------------------------------------------------------------------------
+# reserved / allocated at the point of failure, read from published OOM messages of DeepSpeed and HF runs
+# (allocated GiB, reserved GiB, source). Blocks round up to 512 B / 2 MiB and large allocations are carved from
+# 20 MiB segments (c10/cuda/CUDACachingAllocator.cpp), so reserved exceeds allocated by a few percent; the
+# outlier is the HF blog's fragmentation example.
+ALLOCATOR_OBSERVATIONS: tuple[tuple[float, float, str], ...] = (
+    (73.95, 76.80, "Instruction-Tuning-with-GPT-4/GPT-4-LLM#16, ZeRO-3, 2x A100 80GB"),
+    (76.68, 77.24, "deepspeedai/DeepSpeed#2899, ZeRO-3, A100 80GB"),
+    (30.25, 30.67, "Lightning-AI/pytorch-lightning#18134, ZeRO-3 offload, V100 32GB"),
+    (13.30, 13.65, "deepspeedai/DeepSpeed#3208, 16 GB card"),
+    (77.08, 77.54, "deepseek-ai/DeepSeek-Coder#78, ZeRO-3, A800 80GB"),
+    (73.28, 74.87, "hiyouga/LlamaFactory#7532, ZeRO-3 offload, 80 GB"),
+    (29.07, 30.34, "Lightning-AI/pytorch-lightning#20299, DeepSpeed, V100 32GB"),
+    (21.37, 22.05, "huggingface/blog zero-deepspeed-fairscale.md, t5-3b, RTX 3090"),
+    (12.80, 12.97, "huggingface/transformers#10011, ZeRO-2, 16 GB card"),
+    (16.22, 22.52, "huggingface/blog zero-deepspeed-fairscale.md, fragmentation example"),
+)
+
+
+def _reserve_fractions() -> list[float]:
+    return sorted(reserved / allocated - 1 for allocated, reserved, _ in ALLOCATOR_OBSERVATIONS)
+
+
+def allocator_reserve_fraction() -> float:
+    """Median reserved-over-allocated of the observations (about 2.4%)."""
+    return statistics.median(_reserve_fractions())
+
+
+def allocator_reserve_margin_fraction() -> float:
+    """Spread kept as margin: the 80th percentile minus the median (the fragmentation outlier is beyond it)."""
+    fractions = _reserve_fractions()
+    index = min(len(fractions) - 1, round(0.8 * (len(fractions) - 1)))
+    return fractions[index] - allocator_reserve_fraction()
+
+
+# Away from the limit the allocator keeps what it has cached: the reserved high-water mark that nvidia-smi and
+# torch.cuda.max_memory_reserved report exceeds the allocated peak by more than at an OOM (where the allocator
+# has just released its cache and retried, c10/cuda/CUDACachingAllocator.cpp `release_cached_blocks`). Pairs of
+# (max allocated GiB, reserved GiB, source) from runs that fitted:
+UNPRESSURED_OBSERVATIONS: tuple[tuple[float, float, str], ...] = (
+    (5.55, 6.39, "deepspeedai/DeepSpeed#522, ZeRO-2 + checkpointing, see_memory_usage Max_MA / CA"),
+    (47.0, 55.0, "meta-llama/llama-cookbook PR #206, 'Max CUDA memory allocated / reserved'"),
+)
+
+
+def unpressured_reserve_fraction() -> float:
+    """Reserved over allocated peak in runs with room to spare (about 16%): what nvidia-smi shows then."""
+    return statistics.median(reserved / allocated - 1 for allocated, reserved, _ in UNPRESSURED_OBSERVATIONS)
+
+
+# --- memory outside PyTorch during training ------------------------------------------------------------
+# "Including non-PyTorch memory, this process has X in use ... Y allocated by PyTorch, and Z reserved by PyTorch
+# but unallocated": X - Y - Z is the context, NCCL, cuBLAS/cuDNN workspaces and kernels loaded during
+# training. 2.05 GiB (hiyouga/LlamaFactory#7532, 48 GPUs on 6 nodes, ZeRO-3 offload), 0.63 GiB
+# (Lightning-AI/pytorch-lightning#20299, V100 32GB). Used to bound the runtime margin, not as a central value.
+NON_PYTORCH_OBSERVED_MAX = round(2.05 * GiB)

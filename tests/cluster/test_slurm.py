@@ -1,0 +1,245 @@
+"""The cluster path under a real SLURM: munged, slurmctld and slurmd on this machine (tests/cluster/slurm_local.sh).
+
+Run with `python3 -m pytest -q -m slurm tests/cluster` as root after
+`apt-get update && apt-get install -y slurm-wlm munge`; skipped (with the reason) otherwise.
+Everything runs on DeepSpeed's CPU backend with the tiny model; each job's output is kept under the
+test's tmp dir, and benchmarks/results/slurm-cluster.log holds a committed run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tests" / "cluster" / "slurm_local.sh"
+missing = [tool for tool in ("munged", "slurmctld", "slurmd", "sbatch") if shutil.which(tool) is None]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(
+        bool(missing), reason=f"SLURM not installed ({', '.join(missing)} missing): apt-get install -y slurm-wlm munge"
+    ),
+    pytest.mark.skipif(os.geteuid() != 0, reason="slurmd must run as root to start jobs"),
+]
+TINY_HOOK = "--micro-batches 1,2 --rungs z0 --max-trials 2 --wait-timeout 300"
+
+
+def _free_port_pair() -> int:
+    for _ in range(50):
+        port = random.randint(20000, 40000)
+        with contextlib.ExitStack() as stack:
+            try:
+                for candidate in (port, port + 1):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair for slurmctld/slurmd")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A started cluster; the environment every sbatch/srun of these tests runs with."""
+    state = tmp_path_factory.mktemp("slurm")
+    env = {**os.environ, "SLURM_TEST_PORT": str(_free_port_pair()), "SLURM_TEST_CPUS": str(os.cpu_count() or 2)}
+    started = subprocess.run([str(SCRIPT), "start", str(state)], env=env, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    env["SLURM_CONF"] = str(state / "slurm.conf")
+    env.update(PYTHONPATH=str(REPO / "src"), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    # DeepSpeed's CPU ops are built once, outside any job's timing (tune() prebuilds them too, but a
+    # launcher given to tune() skips that, as a tuner handed a launcher is expected to have them).
+    subprocess.run([sys.executable, "-m", "autotune.trial.ops", "--device", "cpu"], env=env, check=True, timeout=900)
+    try:
+        yield env
+    finally:
+        subprocess.run([str(SCRIPT), "stop", str(state)], env=env, timeout=120)
+
+
+def sbatch(env: dict[str, str], out: Path, script: Path | list, *options: str, wait: bool = True, **extra: str) -> str:
+    """Submit `script` (or [script, args...]); with wait, return once the job ended. Returns the job id."""
+    command = ["sbatch", "--parsable", f"--chdir={REPO}", f"--output={out}", *(["--wait"] if wait else []), *options]
+    argv = [str(part) for part in (script if isinstance(script, list) else [script])]
+    done = subprocess.run([*command, *argv], env={**env, **extra}, capture_output=True, text=True, timeout=900)
+    assert done.stdout.strip(), done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def job_state(env: dict[str, str], job_id: str) -> str:
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True)
+    fields = dict(part.split("=", 1) for part in shown.stdout.split() if "=" in part)
+    return fields.get("JobState", "GONE")
+
+
+def wait_until_ended(env: dict[str, str], job_id: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while job_state(env, job_id) in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+        assert time.monotonic() < deadline, f"job {job_id} still {job_state(env, job_id)}"
+        time.sleep(0.5)
+
+
+def processes_of_job(job_id: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("SLURM_JOB_ID") == job_id and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+    return found
+
+
+def hook_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("autotune hook: slurm job")]
+
+
+def test_sbatch_example_tunes_once_every_task_gets_the_same_bytes_then_trains(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "job.out"
+    started = time.monotonic()
+    job = sbatch(
+        cluster, out, REPO / "examples" / "slurm" / "train.sbatch",
+        "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
+        AUTOTUNE_DEVICE="cpu", MODEL="tiny-gpt2", SEQ_LEN="32", TRAIN_SCRIPT="examples/train.py",
+        AUTOTUNE_SHARED=str(tmp_path / "shared"), AUTOTUNE_HOOK_ARGS=TINY_HOOK,
+        TRAIN_ARGS="--model tiny-gpt2 --seq-len 32 --steps 2",
+    )  # fmt: skip
+    text = out.read_text()
+    print(f"sbatch example: job {job} {time.monotonic() - started:.1f} s\n{text}")
+    assert job_state(cluster, job) == "COMPLETED", text
+    lines = hook_lines(text)
+    assert len(lines) == 2, text
+    assert sum("tuned here" in line for line in lines) == 1
+    assert len({line.split("(sha256 ")[1].split(")")[0] for line in lines}) == 1
+    assert "trained 2 step(s) at world size 2" in text
+    config = json.loads(next((tmp_path / "shared" / "configs" / job).glob("ds_config.json")).read_text())
+    assert config["train_batch_size"] == 2 * config["train_micro_batch_size_per_gpu"] * config.get(
+        "gradient_accumulation_steps", 1
+    )
+
+
+SRUN_TUNING = """#!{python}
+import sys
+from pathlib import Path
+from autotune import tune
+from autotune.errors import UserError
+from autotune.ladder import Rung
+from autotune.trial import SlurmLauncher
+from autotune.tuner import TuneRequest
+
+out, cache, trials = sys.argv[1:4]
+request = TuneRequest(model="tiny-gpt2", device="cpu", gpus=2, memory_budget="2GiB", seq_len=32,
+                      micro_batches=(1, 2), rungs=(Rung.Z0,), max_trials=2, out=out, cache_dir=cache)
+try:
+    result = tune(request, launcher=SlurmLauncher(workdir=Path(trials)))
+except UserError as error:
+    print(f"autotune: error: {{error}}", file=sys.stderr)
+    sys.exit(2)
+print("verified", result.verified, "trials", result.trials_launched, "samples/s", result.samples_per_s)
+"""
+
+
+def test_a_tuning_whose_trials_are_srun_steps_of_two_tasks(cluster: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "tune.py"
+    script.write_text(SRUN_TUNING.format(python=sys.executable))
+    out = tmp_path / "job.out"
+    args = [str(tmp_path / "ds.json"), str(tmp_path / "cache.sqlite"), str(tmp_path / "trials")]
+    started = time.monotonic()
+    job = sbatch(cluster, out, [script, *args], "--nodes=1", "--ntasks=2", "--cpus-per-task=1")
+    text = out.read_text()
+    print(f"srun trials: job {job} {time.monotonic() - started:.1f} s\n{text}")
+    assert job_state(cluster, job) == "COMPLETED" and "verified True" in text, text
+    trial_dirs = sorted((tmp_path / "trials").glob("trial-*"))
+    assert trial_dirs, "SlurmLauncher keeps its trial directories (shared with the other nodes) until the next run"
+    for trial in trial_dirs:  # both ranks of every trial ran as tasks of one srun step
+        assert {"rank0.json", "rank1.json"} <= {p.name for p in trial.glob("rank*.json")}
+    assert json.loads((tmp_path / "ds.json").read_text())["train_batch_size"] % 2 == 0
+    assert processes_of_job(job) == []
+
+
+def test_an_allocation_with_fewer_tasks_than_the_tuning_needs_is_one_clear_error(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    script = tmp_path / "tune.py"
+    script.write_text(SRUN_TUNING.format(python=sys.executable))
+    out = tmp_path / "srun.out"
+    args = [str(tmp_path / "ds.json"), str(tmp_path / "cache.sqlite"), str(tmp_path / "trials")]
+    job = sbatch(cluster, out, [script, *args], "--nodes=1", "--ntasks=1", "--cpus-per-task=1")
+    errors = [line for line in out.read_text().splitlines() if line.startswith("autotune: error:")]
+    assert job_state(cluster, job) == "FAILED" and len(errors) == 1, out.read_text()
+    assert "srun cannot start the trial's 2 task(s)" in errors[0] and "--ntasks-per-node=2" in errors[0]
+    # the hook: --gpus 2 (CPU ranks) in a job of one task per node
+    hook = tmp_path / "hook.sh"
+    hook.write_text(
+        "#!/bin/bash\nsrun --overlap autotune hook --device cpu --model tiny-gpt2 --seq-len 32 --gpus 2"
+        f" --cache-dir {tmp_path / 'shared'} --out {tmp_path / 'hook.json'}\n"
+    )
+    hook_out = tmp_path / "hook.out"
+    job = sbatch(cluster, hook_out, hook, "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=1")
+    errors = [line for line in hook_out.read_text().splitlines() if line.startswith("autotune: error:")]
+    assert len(errors) == 1 and "allocation has 1 task(s) per node" in errors[0], hook_out.read_text()
+    assert not (tmp_path / "hook.json").exists()
+
+
+def _trial_rows(cache: Path) -> int:
+    if not cache.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(cache, timeout=30)) as db:
+        try:
+            return db.execute("SELECT count(*) FROM trials").fetchone()[0]
+        except sqlite3.OperationalError:
+            return 0
+
+
+def test_scancel_mid_tuning_then_resubmission_reuses_finished_trials(cluster: dict[str, str], tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    script = tmp_path / "hook.sh"
+    script.write_text(
+        "#!/bin/bash\nsrun --overlap autotune hook --device cpu --model tiny-gpt2 --seq-len 32 --memory-budget 2GiB"
+        " --micro-batches 1,2,4,8 --rungs z0,z1,z2 --max-trials 6 --wait-timeout 120 --json"
+        f" --cache-dir {shared} --out {tmp_path / 'ds.json'}\n"
+    )
+    first = sbatch(cluster, tmp_path / "first.out", script, "--ntasks=1", "--cpus-per-task=2", wait=False)
+    deadline = time.monotonic() + 600
+    while _trial_rows(shared / "results.sqlite") < 1:
+        assert time.monotonic() < deadline and job_state(cluster, first) in ("PENDING", "RUNNING"), (
+            (tmp_path / "first.out").read_text() if (tmp_path / "first.out").exists() else "no output"
+        )
+        time.sleep(0.5)
+    cancelled = time.monotonic()
+    subprocess.run(["scancel", first], env=cluster, check=True)
+    wait_until_ended(cluster, first)
+    ended = time.monotonic() - cancelled
+    finished_before = _trial_rows(shared / "results.sqlite")
+    first_out = (tmp_path / "first.out").read_text()
+    print(f"scancel: job {first} ended {ended:.1f} s after scancel; {finished_before} trial(s) kept\n{first_out}")
+    assert processes_of_job(first) == []  # nothing orphaned
+    for lock in (shared / "hook").glob("*.lock"):  # no stale lock: the flock is free
+        with open(lock) as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert list((shared / "hook" / "staging").iterdir()) == []
+
+    started = time.monotonic()
+    second = sbatch(cluster, tmp_path / "second.out", script, "--ntasks=1", "--cpus-per-task=2")
+    elapsed = time.monotonic() - started
+    second_out = (tmp_path / "second.out").read_text()
+    print(f"resubmission: job {second} {elapsed:.1f} s\n{second_out}")
+    assert job_state(cluster, second) == "COMPLETED", second_out
+    result = json.loads(second_out[second_out.index("{") : second_out.rindex("}") + 1])
+    assert result["role"] == "leader" and result["status"] == "complete" and result["verified"]
+    report = json.loads(Path(result["details"]["report_path"]).with_suffix(".json").read_text())
+    assert sum(1 for trial in report["trials"] if trial["from_cache"]) >= min(finished_before, 1)
+    assert processes_of_job(second) == []

@@ -1,0 +1,280 @@
+"""The GPU-side memory model: ds_config knobs, stack-dependent runtime overheads, the margin a GPU "fits" needs,
+ZeRO-3 parameter retention, and OOM trials as lower bounds. Hand-built summaries: no transformers needed,
+except the published-set check (slow) which runs benchmarks/published_accuracy.py's model on every point."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from tests.test_estimate import summary, target
+
+from autotune.estimate import (
+    Calibration,
+    EstimateSettings,
+    calibrate,
+    calibrate_oom,
+    check_fit,
+    estimate,
+    largest_micro_batch,
+)
+from autotune.estimate.knobs import DS_DEFAULT_BUCKET, DS_DEFAULT_PREFETCH, ZeroKnobs
+from autotune.estimate.model_states import model_states
+from autotune.estimate.runtime import (
+    ALLOCATOR_OBSERVATIONS,
+    CONTEXT_EAGER,
+    CONTEXT_LAZY,
+    NCCL_MORE_RANKS,
+    NCCL_TWO_RANKS,
+    RuntimeStack,
+    allocator_reserve_fraction,
+    allocator_reserve_margin_fraction,
+    cuda_context,
+    lazy_loading,
+    nccl_buffers,
+)
+from autotune.ladder import Candidate, Rung
+from autotune.units import GiB
+
+REPO = Path(__file__).resolve().parents[1]
+NEW_STACK = RuntimeStack(torch_version="2.7.1+cu126", cuda_version="12.6", nccl_version="2.26.2")
+
+
+# --- knobs from a ds_config ------------------------------------------------------------------------------
+
+
+def test_knobs_fill_auto_like_hf_trainer_and_absent_keys_with_deepspeed_defaults():
+    zero = {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto", "stage3_max_live_parameters": "1e9"}
+    knobs = ZeroKnobs.from_ds_config(zero, hidden_size=4096, stage=3, gradient_accumulation_steps=2)
+    assert knobs.reduce_bucket_size == 4096 * 4096
+    assert knobs.stage3_prefetch_bucket_size == int(0.9 * 4096 * 4096)
+    assert knobs.stage3_param_persistence_threshold == 100_000  # absent: DeepSpeed's default
+    assert knobs.stage3_max_live_parameters == 10**9
+    assert knobs.overlap_comm is True  # DeepSpeed turns it on at stage 3 when unset
+    assert knobs.gradient_accumulation_steps == 2
+    stage2 = ZeroKnobs.from_ds_config({}, hidden_size=4096, stage=2)
+    assert stage2.reduce_bucket_size == DS_DEFAULT_BUCKET and stage2.overlap_comm is False
+    assert ZeroKnobs.from_ds_config({}, None, 3).stage3_prefetch_bucket_size == DS_DEFAULT_PREFETCH
+
+
+def test_unknown_optimizer_kind_is_refused():
+    with pytest.raises(ValueError, match="unknown optimizer kind"):
+        _ = ZeroKnobs(optimizer="sgd-with-magic").step_temporary_bytes_per_element
+
+
+def test_bigger_reduce_bucket_and_overlap_comm_cost_what_they_hold():
+    model, where = summary(), target(8)
+    candidate = Candidate(Rung.Z2, 1)
+    small = EstimateSettings(seq_len=512, knobs=ZeroKnobs(reduce_bucket_size=10**8, overlap_comm=False))
+    double = EstimateSettings(seq_len=512, knobs=ZeroKnobs(reduce_bucket_size=10**8, overlap_comm=True))
+    a = estimate(model, where, candidate, small).gpu_components["reduce_buckets"]
+    b = estimate(model, where, candidate, double).gpu_components["reduce_buckets"]
+    assert (a, b) == (2 * 10**8, 4 * 10**8)  # elements x 2 bytes, twice with overlap_comm
+
+
+def test_zero1_full_gradient_only_without_overlap_or_with_accumulation():
+    model, where = summary(), target(8)
+    params = model.trainable_params
+    full = 2 * params - 2 * params // 8
+
+    def extra(knobs: ZeroKnobs) -> int:
+        return model_states(model, where, Rung.Z1, "bf16", knobs=knobs).device_components.get(
+            "zero1_unpartitioned_grads", 0
+        )
+
+    assert extra(ZeroKnobs(overlap_comm=True, gradient_accumulation_steps=1)) == 0
+    assert extra(ZeroKnobs(overlap_comm=True, gradient_accumulation_steps=4)) == full
+    assert extra(ZeroKnobs(overlap_comm=False, gradient_accumulation_steps=1)) == full
+    assert extra(ZeroKnobs()) == full  # accumulation unknown: counted
+
+
+def test_torch_foreach_adamw_step_temporary_and_stage3_sub_group_bound():
+    model, where = summary(), target(8)
+    partition = model.trainable_params // 8
+    fused = model_states(model, where, Rung.Z2, "bf16", knobs=ZeroKnobs(optimizer="fused"))
+    foreach = model_states(model, where, Rung.Z2, "bf16", knobs=ZeroKnobs(optimizer="torch_foreach"))
+    assert foreach.step_temporary_bytes - fused.step_temporary_bytes == 4 * partition
+    whole = model_states(model, where, Rung.Z3, "bf16", knobs=ZeroKnobs())
+    grouped = model_states(model, where, Rung.Z3, "bf16", knobs=ZeroKnobs(sub_group_size=partition // 4))
+    assert whole.step_only_bytes == 4 * partition
+    assert grouped.step_only_bytes == 4 * (partition // 4)  # one sub-group's fp32 gradient at a time
+
+
+# --- ZeRO-3 keeps gathered parameters -----------------------------------------------------------------------
+
+
+def test_small_model_at_zero3_keeps_every_gathered_parameter():
+    model, where = summary(), target(2)  # 100M parameters, far under the default reuse distance
+    parts = estimate(model, where, Candidate(Rung.Z3, 1), EstimateSettings(seq_len=512)).gpu_components
+    assert parts["live_params"] == 2 * model.total_params
+
+
+def test_large_model_keeps_the_last_reuse_distance_worth_of_parameters():
+    model, where = summary(total_params=20 * 10**9, trainable_params=20 * 10**9), target(8)
+    settings = EstimateSettings(seq_len=512)
+    plain = estimate(model, where, Candidate(Rung.Z3, 1), settings).gpu_components["live_params"]
+    ckpt = estimate(model, where, Candidate(Rung.Z3, 1, True), settings).gpu_components["live_params"]
+    assert plain == 2 * (10**9 // 2) and ckpt == 2 * (10**9 // 3)  # forward+backward, and the recomputation
+    no_reuse = replace(settings, knobs=ZeroKnobs(stage3_max_reuse_distance=0))
+    parts = estimate(model, where, Candidate(Rung.Z3, 1), no_reuse).gpu_components
+    assert "live_params" not in parts and parts["prefetched_params"] > 0
+
+
+def test_unknown_zero_init_widens_the_stage3_margin_by_the_whole_16bit_model():
+    model, where = summary(), target(8)
+    known = EstimateSettings(seq_len=512, knobs=ZeroKnobs(zero_init=True))
+    unknown = EstimateSettings(seq_len=512, knobs=ZeroKnobs(zero_init=None))
+    without = EstimateSettings(seq_len=512, knobs=ZeroKnobs(zero_init=False))
+    candidate = Candidate(Rung.Z3, 1)
+    a, b = estimate(model, where, candidate, known), estimate(model, where, candidate, unknown)
+    assert b.gpu_peak_bytes == a.gpu_peak_bytes
+    assert b.gpu_uncertainty["zero_init_unknown"] == 2 * model.total_params
+    c = estimate(model, where, candidate, without)
+    assert c.gpu_components["unpartitioned_model_reserve"] == 2 * model.total_params
+    z2 = estimate(model, where, Candidate(Rung.Z2, 1), unknown)
+    assert "zero_init_unknown" not in z2.gpu_uncertainty  # only stage 3 partitions parameters
+
+
+# --- runtime overheads follow the stack ----------------------------------------------------------------------
+
+
+def test_cuda_context_follows_lazy_loading():
+    assert lazy_loading(NEW_STACK) is True
+    assert lazy_loading(RuntimeStack(torch_version="1.12.1", cuda_version="11.6")) is False
+    assert lazy_loading(RuntimeStack()) is None
+    assert cuda_context(NEW_STACK).central == CONTEXT_LAZY
+    assert cuda_context(RuntimeStack(torch_version="1.12.1", cuda_version="11.3")).central == CONTEXT_EAGER
+    unknown = cuda_context(RuntimeStack())
+    assert unknown.central == CONTEXT_LAZY and unknown.central + unknown.uncertainty == CONTEXT_EAGER
+
+
+def test_nccl_counts_communicators_by_version_and_hopper_nvls():
+    assert nccl_buffers(1, NEW_STACK).central == 0
+    assert nccl_buffers(2, NEW_STACK).central == NCCL_TWO_RANKS
+    old = nccl_buffers(8, RuntimeStack(nccl_version="2.18.1"))
+    assert old.central == 2 * NCCL_MORE_RANKS  # eager connect: both communicators set up
+    unknown = nccl_buffers(8, RuntimeStack())
+    assert unknown.central == NCCL_MORE_RANKS and unknown.uncertainty == NCCL_MORE_RANKS
+    hopper = nccl_buffers(8, replace(NEW_STACK, compute_capability="9.0"))
+    assert hopper.uncertainty > nccl_buffers(8, NEW_STACK).uncertainty
+
+
+def test_local_stack_reads_package_metadata(monkeypatch: pytest.MonkeyPatch):
+    from autotune.estimate import runtime
+
+    versions = {"torch": "2.13.0+cu130", "nvidia-nccl-cu13": "2.28.3"}
+    monkeypatch.setattr(runtime, "_installed", versions.get)
+    stack = runtime.local_stack("9.0")
+    assert stack == RuntimeStack("2.13.0+cu130", "13.0", "2.28.3", "9.0")
+    assert lazy_loading(stack) is True
+    monkeypatch.setattr(runtime, "_installed", {"torch": "2.13.0+cpu"}.get)
+    assert runtime.local_stack() == RuntimeStack("2.13.0+cpu", None, None, None)
+
+
+def test_allocator_reserve_comes_from_the_cited_observations():
+    fractions = sorted(reserved / allocated - 1 for allocated, reserved, _ in ALLOCATOR_OBSERVATIONS)
+    assert fractions[len(fractions) // 2 - 1] <= allocator_reserve_fraction() <= fractions[len(fractions) // 2]
+    assert 0 < allocator_reserve_margin_fraction() < 0.1
+
+
+def test_estimate_uses_the_stack_it_is_given():
+    model, where = summary(), target(8)
+    old = EstimateSettings(seq_len=512, stack=RuntimeStack(torch_version="1.10", cuda_version="11.3"))
+    new = EstimateSettings(seq_len=512, stack=NEW_STACK)
+    a = estimate(model, where, Candidate(Rung.Z2, 1), old).gpu_components["cuda_context"]
+    b = estimate(model, where, Candidate(Rung.Z2, 1), new).gpu_components["cuda_context"]
+    assert (a, b) == (CONTEXT_EAGER, CONTEXT_LAZY)
+
+
+# --- the margin ------------------------------------------------------------------------------------------
+
+
+def test_gpu_fits_needs_the_margin_cpu_does_not():
+    model, where = summary(), target(8)
+    gpu = estimate(model, where, Candidate(Rung.Z2, 2), EstimateSettings(seq_len=1024))
+    assert {"model_states", "activations", "cuda_context", "nccl_buffers", "allocator_slack"} <= set(
+        gpu.gpu_uncertainty
+    )
+    between = replace(where, free_memory_bytes=gpu.gpu_peak_bytes + gpu.gpu_margin_bytes // 2)
+    assert not check_fit(gpu, between, 1.0).fits
+    assert check_fit(gpu, replace(where, free_memory_bytes=gpu.gpu_peak_bytes + gpu.gpu_margin_bytes), 1.0).fits
+    cpu = estimate(model, where, Candidate(Rung.Z2, 2), EstimateSettings(seq_len=1024, device="cpu"))
+    assert cpu.gpu_uncertainty == {}
+
+
+def test_a_measured_trial_shrinks_the_margin():
+    model, where, settings = summary(), target(8), EstimateSettings(seq_len=1024)
+    candidate = Candidate(Rung.Z2, 2)
+    cold = estimate(model, where, candidate, settings)
+    learned = calibrate(Calibration(), model, where, candidate, settings, cold.gpu_peak_bytes)
+    warm = estimate(model, where, candidate, settings, learned)
+    assert "cuda_context" not in warm.gpu_uncertainty and warm.gpu_margin_bytes < cold.gpu_margin_bytes
+
+
+# --- OOM trials teach the model --------------------------------------------------------------------------------
+
+
+def test_an_oom_without_successes_lifts_the_prediction_above_the_limit():
+    model, where, settings = summary(), target(8), EstimateSettings(seq_len=1024)
+    candidate = Candidate(Rung.Z2, 8)
+    predicted = estimate(model, where, candidate, settings).gpu_peak_bytes
+    limit = predicted + 2 * GiB  # the model thought it fitted; the run said otherwise
+    learned = calibrate_oom(Calibration(), model, where, candidate, settings, limit)
+    assert estimate(model, where, candidate, settings, learned).gpu_peak_bytes > limit
+    assert learned.oom_bounds and learned.oom_bounds[0]["key"] == candidate.key
+
+
+def test_an_oom_above_a_success_steepens_the_line_and_moves_the_next_guess():
+    model, settings = summary(), EstimateSettings(seq_len=1024)
+    where = target(8, memory=40 * GiB)
+    ran, failed = Candidate(Rung.Z2, 2), Candidate(Rung.Z2, 16)
+    measured = estimate(model, where, ran, settings).gpu_peak_bytes
+    calibration = calibrate(Calibration(), model, where, ran, settings, measured)
+    before = largest_micro_batch(model, where, Rung.Z2, False, settings, 1.0, calibration, limit=64)
+    assert before is not None and before >= 16  # the model believed 16 fits
+    limit = where.free_memory_bytes
+    calibration = calibrate_oom(calibration, model, where, failed, settings, limit)
+    assert calibration.activation_scale > 1
+    assert estimate(model, where, failed, settings, calibration).gpu_peak_bytes > limit
+    assert estimate(model, where, ran, settings, calibration).gpu_peak_bytes == pytest.approx(measured, rel=1e-6)
+    after = largest_micro_batch(model, where, Rung.Z2, False, settings, 1.0, calibration, limit=64)
+    assert after is not None and 2 <= after < 16
+    # a later success at a larger micro-batch keeps the bound in force
+    again = calibrate(calibration, model, where, Candidate(Rung.Z2, 4), settings, measured + GiB)
+    assert estimate(model, where, failed, settings, again).gpu_peak_bytes > limit
+
+
+# --- the published set ---------------------------------------------------------------------------------------
+
+
+def _published_module():
+    spec = importlib.util.spec_from_file_location("published_accuracy", REPO / "benchmarks" / "published_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    sys.modules.setdefault("published_accuracy", module)  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_published_points_quote_a_source_and_list_assumptions():
+    points = json.loads((REPO / "benchmarks" / "published" / "points.json").read_text())["points"]
+    assert len(points) >= 20
+    for point in points:
+        assert point["source"].startswith("https://") and point["quote"]
+        assert point["measurement"]["kind"] in ("nvidia-smi", "oom", "ran")
+        assert point["measurement"]["kind"] != "nvidia-smi" or point["measurement"]["value_gib"] > 0
+        assert isinstance(point["assumed"], list) and isinstance(point["stated"], list)
+
+
+@pytest.mark.slow
+def test_no_false_fits_on_the_published_set():
+    module = _published_module()
+    points = json.loads(module.POINTS.read_text())["points"]
+    outcomes = [module.run_point(point) for point in points]
+    false_fits = [o.point_id for o in outcomes if o.fits and not o.truth_fits]
+    assert false_fits == []
+    assert sum(o.fits for o in outcomes if o.truth_fits) >= 12  # the margin does not refuse everything

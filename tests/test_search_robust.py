@@ -1,0 +1,161 @@
+"""The search on a simulated GPU cluster built from published figures (benchmarks/gpu_sim), which does
+not share the search's priors, and its handling of timeouts and out-of-memory seeds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autotune.ladder import Candidate, Rung
+from autotune.search import Search, SearchLimits
+from autotune.trial.types import TrialResult
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(autouse=True)
+def _benchmarks_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+
+def _scenarios():
+    import sys
+
+    sys.path.insert(0, str(BENCHMARKS))
+    from gpu_sim.scenarios import SCENARIOS
+
+    return SCENARIOS
+
+
+@pytest.mark.parametrize("scenario", _scenarios(), ids=lambda s: s.name)
+def test_pick_within_3_percent_of_exhaustive_with_a_quarter_of_its_trials(scenario) -> None:
+    from search_quality import run_scenario
+
+    row = run_scenario(scenario)
+    assert row["autotune"]["quality"] >= 0.97, row["autotune"]["tried"]
+    assert row["autotune"]["trials"] <= row["exhaustive"]["trials"] / 4
+
+
+def test_zero3_is_measured_after_zero2_offload_although_the_ladder_puts_it_later() -> None:
+    """No A1 edge joins ZeRO-2 + offload and ZeRO-3: a measured ZeRO-2 + offload never drops ZeRO-3."""
+    from gpu_sim.scenarios import SCENARIOS
+    from search_quality import RUNGS, cluster, grid
+
+    scenario = next(s for s in SCENARIOS if s.name == "zero3-vs-zero2-small-batches")
+    machine, target, settings = cluster(scenario)
+    Search(machine.model, target, settings, machine.run, RUNGS, grid(scenario, machine.world)).run_search()
+    rungs = [c.rung for c in machine.launched]
+    assert Rung.Z2_OFFLOAD_OPT in rungs and Rung.Z3 in rungs
+    assert rungs.index(Rung.Z2_OFFLOAD_OPT) < rungs.index(Rung.Z3)
+
+
+def _machine(name: str):
+    from gpu_sim.scenarios import SCENARIOS
+    from search_quality import RUNGS, cluster, grid
+
+    scenario = next(s for s in SCENARIOS if s.name == name)
+    machine, target, settings = cluster(scenario)
+    return machine, target, settings, RUNGS, grid(scenario, machine.world)
+
+
+def test_timeout_at_the_seed_retries_a_smaller_micro_batch_and_is_remembered() -> None:
+    machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
+    calls: list[Candidate] = []
+
+    def slow_above_2(candidate: Candidate) -> tuple[TrialResult, bool]:
+        calls.append(candidate)
+        if candidate.micro_batch > 2:
+            return TrialResult(status="timeout", error="no result within the 900 s trial timeout"), False
+        return machine.run(candidate)
+
+    outcome = Search(machine.model, target, settings, slow_above_2, rungs, micro_batches).run_search()
+    assert outcome.best is not None and outcome.best.candidate.micro_batch <= 2
+    first = calls[0]
+    assert first.micro_batch > 2 and calls[1].rung is first.rung and calls[1].micro_batch < first.micro_batch
+    assert len(set(calls)) == len(calls), "a timed-out candidate was launched twice"
+    remembered = [t for t in outcome.trials if t.from_cache and t.result.status == "timeout"]
+    assert all("timed out earlier" in (t.result.error or "") for t in remembered)
+
+
+def test_oom_with_nothing_run_jumps_by_the_memory_model() -> None:
+    """The first trial OOMs because the machine needs far more than predicted: the next trial is chosen by
+    the memory model recalibrated on that failure, not one grid step down."""
+    machine, target, settings, rungs, micro_batches = _machine("checkpointing-wins")
+    extra = 6 * 2**30  # memory the search's model does not know about
+    launched: list[Candidate] = []
+
+    def heavy(candidate: Candidate) -> tuple[TrialResult, bool]:
+        launched.append(candidate)
+        peak = (
+            machine.gpu_bytes(candidate)
+            + extra
+            + machine.gpu_bytes(candidate)
+            - machine.gpu_bytes(Candidate(candidate.rung, 1, candidate.grad_checkpointing))
+        )
+        if peak > machine.gpu.memory_bytes:
+            return TrialResult(status="oom_gpu", error="torch.OutOfMemoryError: CUDA out of memory."), False
+        return machine.run(candidate)
+
+    outcome = Search(machine.model, target, settings, heavy, rungs, micro_batches, SearchLimits(40)).run_search()
+    assert outcome.best is not None
+    statuses: dict[tuple, list[str]] = {}
+    for t in outcome.trials:
+        statuses.setdefault((t.candidate.rung, t.candidate.grad_checkpointing), []).append(t.result.status)
+    for group in statuses.values():  # never walks down the grid one OOM at a time
+        first_success = group.index("ok") if "ok" in group else len(group)
+        assert first_success <= 2, statuses
+
+
+def test_two_close_configs_are_remeasured_interleaved_and_the_margin_reported() -> None:
+    """Two configs 3% apart with 20% step-time spread: one measurement must not decide."""
+    machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
+    order: list[Candidate] = []
+    repeats: dict[Candidate, int] = {}
+
+    def noisy(candidate: Candidate) -> tuple[TrialResult, bool]:
+        order.append(candidate)
+        result, _ = machine.run(candidate)
+        if not result.ok:
+            return result, False
+        repeats[candidate] = repeats.get(candidate, 0) + 1
+        step = result.step_times_s[0]
+        return replace(result, step_times_s=[step * 0.9, step, step * 1.1]), False
+
+    outcome = Search(machine.model, target, settings, noisy, rungs, micro_batches, SearchLimits(40)).run_search()
+    assert outcome.remeasured and outcome.margin is not None and outcome.noise == pytest.approx(0.2)
+    best = outcome.best.candidate
+    assert repeats[best] == 2 and order[-1] == best
+    runner_up = order[-2]
+    assert repeats[runner_up] == 2 and runner_up != best
+    assert "margin" in outcome.to_dict()
+
+
+def test_a_clear_winner_is_not_remeasured() -> None:
+    machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
+    outcome = Search(machine.model, target, settings, machine.run, rungs, micro_batches).run_search()
+    assert not outcome.remeasured and outcome.noise == 0.0 and outcome.margin is not None
+    assert len(set(machine.launched)) == len(machine.launched)
+
+
+def test_offload_rungs_over_the_host_ram_headroom_are_not_chosen() -> None:
+    """GPU trials: the node's host RSS peak is held to the headroom too (offload pins host buffers)."""
+    from autotune.estimate.types import EstimateSettings
+    from autotune.hardware import Target
+    from autotune.models import resolve_model, summarize
+    from gpu_sim.machine import SimulatedCluster
+    from gpu_sim.scenarios import SCENARIOS
+    from search_quality import RUNGS, grid
+
+    scenario = next(s for s in SCENARIOS if s.name == "offload-and-checkpointing")  # only offload rungs fit
+    model = summarize(resolve_model(scenario.model))
+    probe = SimulatedCluster(model, scenario.node, 1, scenario.seq_len)
+    needed = probe.host_bytes_per_node(Candidate(Rung.Z3_OFFLOAD_OPT, 1))
+    node = replace(scenario.node, host_ram_bytes=int(needed / 0.95))  # fits the RAM, not the 90% headroom
+    machine = SimulatedCluster(model, node, 1, scenario.seq_len)
+    target = Target(node.gpu, node.gpus_per_node, 1, node.gpu.memory_bytes, node.host_ram_bytes, None, True)
+    settings = EstimateSettings(seq_len=scenario.seq_len, precision="bf16")
+    outcome = Search(model, target, settings, machine.run, RUNGS, grid(scenario, 4), SearchLimits(40)).run_search()
+    assert outcome.best is None or outcome.best.candidate.rung.offload_optimizer is None
+    assert any("host RAM peak" in s.reason for s in outcome.skipped)

@@ -1,0 +1,47 @@
+"""Two points per launch, and trials that time micro-steps rather than whole accumulation cycles
+(real DeepSpeed on the CPU backend)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.dsconfig import TrainSettings, build_ds_config
+from autotune.ladder import Candidate, Rung
+from autotune.trial import LocalLauncher, TrialSpec, run_trial
+from autotune.trial.ops import prebuild_ops
+
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1024, "n_positions": 256}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_ops_built() -> None:
+    prebuild_ops("cpu")
+
+
+@pytest.mark.slow  # about 80 s per stage on the shared 2-core machine
+@pytest.mark.parametrize("rung", [Rung.Z0, Rung.Z2, Rung.Z3])
+def test_one_launch_times_two_micro_batches_and_splits_the_optimizer_step(rung: Rung) -> None:
+    settings = TrainSettings(world_size=1, precision="bf16", global_batch=16, hidden_size=64)
+    spec = TrialSpec(
+        model_config=TINY_GPT2,
+        architecture="GPT2LMHeadModel",
+        family="decoder-only",
+        ds_config=build_ds_config(Candidate(rung, micro_batch=4), settings),
+        seq_len=64,
+        device="cpu",
+        warmup_steps=1,
+        max_steps=4,
+        timeout_s=600.0,
+        smaller_micro_batch=2,
+    )
+    result = run_trial(spec, LocalLauncher(env={"OMP_NUM_THREADS": "1"}))
+    assert result.status == "ok", result.error
+    assert result.accumulation == 4
+    assert result.smaller_micro_batch == 2 and result.smaller_micro_step_s and result.smaller_micro_step_s > 0
+    assert result.micro_step_s and result.micro_step_s > 0 and result.optimizer_step_s is not None
+    # a whole cycle is computed from its parts, not timed: 4 micro-steps cost 4 x one, plus the optimizer
+    for cycle in result.step_times_s:
+        assert cycle > 3 * result.micro_step_s
+    assert result.samples_per_s == pytest.approx(
+        16 / sorted(result.step_times_s)[len(result.step_times_s) // 2], rel=0.3
+    )
