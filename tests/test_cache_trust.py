@@ -224,7 +224,8 @@ def _stored(cache_path: Path) -> dict:
 def test_a_malformed_cached_recommendation_is_tuned_again_without_a_crash(tmp_path: Path, tamper, caplog) -> None:
     request = _request(tmp_path, micro_batches=(1, 2, 4))
     first = tune(request, launcher=CountingLauncher())
-    _store_recommendation(tmp_path / "cache.sqlite", tamper(_stored(tmp_path / "cache.sqlite")))
+    database = tmp_path / "cache.sqlite" / "results.sqlite"  # --cache-dir names a directory (tests/test_tune.py)
+    _store_recommendation(database, tamper(_stored(database)))
     with caplog.at_level(logging.WARNING):
         again = tune(request, launcher=CountingLauncher())
     assert not again.from_cache and "tensorboard" not in again.config_path.read_text()
@@ -233,7 +234,8 @@ def test_a_malformed_cached_recommendation_is_tuned_again_without_a_crash(tmp_pa
 
 
 def test_tuning_over_a_garbage_database_measures_and_verifies(tmp_path: Path) -> None:
-    (tmp_path / "cache.sqlite").write_bytes(b"SQLite format 3\0" + os.urandom(4000))
+    (tmp_path / "cache.sqlite").mkdir()  # --cache-dir names a directory; the database is results.sqlite in it
+    (tmp_path / "cache.sqlite" / "results.sqlite").write_bytes(b"SQLite format 3\0" + os.urandom(4000))
     launcher = CountingLauncher()
     result = tune(_request(tmp_path, micro_batches=(1, 2, 4)), launcher=launcher)
     assert result.verified and launcher.specs

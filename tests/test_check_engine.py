@@ -17,6 +17,9 @@ import pytest
 
 from autotune.check import CheckContext, Severity, config_findings, fix_config, load_config
 
+# Real DeepSpeed engines for every case (one subprocess, ~80 s on a loaded 2-core machine): run with -m slow.
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parent / "data" / "check"
 BASE: dict[str, Any] = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
 ONE_GPU = CheckContext(1, "test", consumer="deepspeed")  # these cases are about DeepSpeed used directly

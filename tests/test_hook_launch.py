@@ -14,11 +14,11 @@ import pytest
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.errors import UserError
 from autotune.hook.env import JobEnv
-from autotune.hook.hostfile import read_hostfile, write_hostfile
-from autotune.hook.launch import TRIAL_MASTER_PORT, HostfileLauncher, choose_launcher
+from autotune.hook.launch import choose_launcher
 from autotune.ladder import Candidate, Rung
 from autotune.models import resolve_model
 from autotune.trial import LocalLauncher, SlurmLauncher
+from autotune.trial.hostfile import TRIAL_MASTER_PORT, HostfileLauncher, read_hostfile, write_hostfile
 from autotune.trial.processes import free_port
 from autotune.trial.types import TrialResult, TrialSpec
 

@@ -23,6 +23,7 @@ from autotune.hook import HookError, HookRequest, JobOverrides, run_hook
 from autotune.hook.coordinate import SharedSlot
 from autotune.ladder import Candidate, Rung
 from autotune.search import SearchEvent, TrialRecord
+from autotune.stop import StopReason
 from autotune.trial.types import RankMetrics, TrialResult
 from autotune.tuner import TuneRequest, TuneResult, ds_config_for
 
@@ -42,7 +43,7 @@ class FakeTune:
         trials: tuple[Candidate, ...] = (),
         delay_s: float = 0.0,
         error: Exception | None = None,
-        stop_reason: str = "no remaining candidate can beat the best measured",
+        stop_reason: StopReason = StopReason.NO_BETTER,
     ) -> None:
         self.config = config or TUNED
         self.trials = trials
@@ -65,9 +66,11 @@ class FakeTune:
 
     def _finish(self, request: TuneRequest, config: dict, verified: bool) -> TuneResult:
         path = atomic_write_json(request.out, config)
-        report = {"stop_reason": self.stop_reason, "choice": {"description": "fake choice"}}
+        message = "time budget spent (5 s)" if self.stop_reason is StopReason.TIME_BUDGET else "no better candidate"
+        report = {"stop_message": message, "choice": {"description": "fake choice"}}
         return TuneResult(
-            verified, None, config, path, None, None, None, None, 10.0, len(self.trials), False, 0.0, report
+            verified, None, config, path, None, None, None, None, 10.0, len(self.trials), False, 0.0, self.stop_reason,
+            report,
         )
 
 
@@ -99,7 +102,7 @@ def test_one_tunes_then_every_later_call_is_a_hit_with_identical_bytes(tmp_path:
     assert first.record.status == "complete" and first.to_dict()["sha256"] == second.to_dict()["sha256"]
     tuned_with = fake.requests[0]
     assert (tuned_with.gpus, tuned_with.nodes) == (1, 1)
-    assert tuned_with.cache_dir == str(tmp_path / "shared" / "results.sqlite")
+    assert tuned_with.cache_dir == str(tmp_path / "shared")  # a directory, as for `autotune --cache-dir`
     assert tuned_with.out != str(tmp_path / "a/ds_config.json")  # staged privately, then copied
 
 
@@ -132,12 +135,12 @@ def test_plan_only_recommendation_when_nothing_was_verified(tmp_path: Path) -> N
     assert (result.record.status, result.record.source, result.record.verified) == ("fallback", "plan only", False)
     assert json.loads((tmp_path / "ds.json").read_text()) == PLANNED
     plan = fake.requests[-1]
-    assert (plan.device, plan.gpu_memory, plan.precision, plan.use_cache) == ("cuda", str(2**30), "bf16", False)
+    assert (plan.device, plan.gpu_memory, plan.precision, plan.use_cache) == ("cuda", f"{2**30}B", "bf16", False)
     assert "NOT verified" in (result.record.warning or "")
 
 
 def test_time_budget_stop_is_a_fallback_with_a_warning(tmp_path: Path) -> None:
-    fake = FakeTune(stop_reason="time budget spent (5 s)")
+    fake = FakeTune(stop_reason=StopReason.TIME_BUDGET)
     result = run_hook(hook_request(tmp_path / "ds.json", tmp_path, time_budget_s=5), environ={}, tune_fn=fake)
     assert (result.record.status, result.record.source) == ("fallback", "best verified so far")
     assert "time budget spent" in (result.record.warning or "")

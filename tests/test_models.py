@@ -85,7 +85,7 @@ def test_summary_cache_returns_the_same_summary() -> None:
 
 
 def test_shipped_summaries_equal_a_fresh_meta_build() -> None:
-    """profiles/summaries.json is derived data: regenerate with `python -m autotune.models.shipped`."""
+    """profiles/summaries.json is derived data: regenerate with `python -m autotune.models.regenerate`."""
     from autotune.models.profiles import model_profiles
     from autotune.models.shipped import shipped_summary
 

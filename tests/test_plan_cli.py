@@ -52,10 +52,10 @@ def test_json_output(capsys):
     assert first["estimate"]["gpu_components"]["model_states"] > 0
 
 
-def test_nothing_fits_still_exits_zero(capsys):
-    code, out, _ = run_in_process(capsys, "--model", "gpt2-xl", "--gpu-memory", "1GiB", "--seq-len", "1024")
-    assert code == 0
-    assert "Nothing fits" in out
+def test_nothing_fits_shows_the_table_and_exits_3(capsys):
+    code, out, err = run_in_process(capsys, "--model", "gpt2-xl", "--gpu-memory", "1GiB", "--seq-len", "1024")
+    assert code == 3  # like `autotune` itself: a script can tell "nothing fits" from a plan
+    assert "Nothing fits" in out and "nothing fits" in err
 
 
 @pytest.mark.parametrize(

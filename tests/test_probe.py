@@ -5,7 +5,7 @@ import pytest
 
 from autotune import probe as probe_module
 from autotune.errors import UserError
-from autotune.probe import _visible_selection, probe, probe_host
+from autotune.probe import probe, probe_host, visible_selection
 from autotune.target import resolve_target
 
 
@@ -34,7 +34,7 @@ def test_nvme_path_must_be_a_writable_directory(tmp_path) -> None:
     [(None, None), ("", []), ("1,0", [1, 0]), ("0,7,1", [0]), ("GPU-bbb", [1]), ("-1", [])],
 )
 def test_cuda_visible_devices_selection(value, expected) -> None:
-    assert _visible_selection(value, ["GPU-aaa", "GPU-bbb", "GPU-ccc"]) == expected
+    assert visible_selection(value, ["GPU-aaa", "GPU-bbb", "GPU-ccc"]) == expected
 
 
 class _Memory:

@@ -16,6 +16,7 @@ from autotune.ladder import Candidate, Rung
 from autotune.models import resolve_model, summarize
 from autotune.search import Search, SearchLimits
 from autotune.speed import PRIOR_CHECKPOINTING_SPEED, PRIOR_RUNG_SPEED
+from autotune.stop import StopReason
 from autotune.trial.types import RankMetrics, TrialResult
 
 GIB = 2**30
@@ -121,7 +122,7 @@ def test_budget_stops_the_search_and_says_why() -> None:
     model, target, settings = _setup("gpt2-xl", 24, 8, 1024)
     machine = SimulatedMachine(model, target, settings, headroom=0.9)
     outcome = Search(model, target, settings, machine.run, RUNGS, GRID, SearchLimits(max_trials=1)).run_search()
-    assert len(machine.launched) == 1 and "trial budget" in outcome.stop_reason
+    assert len(machine.launched) == 1 and outcome.stop_reason is StopReason.TRIAL_BUDGET
 
 
 def test_nothing_fits() -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
+from autotune.context import TuneContext  # the context tune() itself uses
 from autotune.ladder import Candidate
 from autotune.trial import run_trial
 from autotune.tuner import TuneRequest
-from autotune.tuner import _Context as TuneContext  # the spec builder tune() itself uses
 from compare.launchers import make_launcher
 from compare.records import ChosenConfig, MethodRun
 from compare.settings import SHARED_RUNGS, BenchSettings
@@ -41,7 +41,7 @@ def _row(candidate: Candidate, ds_config: dict, result) -> dict:
 def run_grid(settings: BenchSettings, request: TuneRequest, progress=print) -> MethodRun:
     """Run every grid point; the best is chosen by `best_within` per scenario afterwards."""
     run = MethodRun(method="exhaustive", scenario="all", status="ok", reported_by=EXHAUSTIVE_REPORTED_BY)
-    context = TuneContext(request)
+    context = TuneContext.build(request, outputs=False)
     started = time.perf_counter()
     with make_launcher(settings.launcher) as launcher:
         for index, candidate in enumerate(grid(settings), start=1):

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from autotune.context import TuneContext  # the context tune() itself uses
 from autotune.ladder import Candidate, Rung
-from autotune.tuner import _Context as TuneContext
 from autotune.tuner import tune
 from autotune.units import parse_bytes
 from compare import environment
@@ -72,7 +72,7 @@ def run_benchmark(settings: BenchSettings, workdir: Path, skip_ds: bool = False)
     say(f"workdir {workdir}; load average {data['load']['start']}")
 
     loose = make_request(settings, settings.memory_budget, workdir / "grid", None)
-    loose_limit = int(settings.headroom * TuneContext(loose).target.free_memory_bytes)
+    loose_limit = TuneContext.build(loose, outputs=False).limit_bytes
     say(f"1/6 exhaustive grid: {settings.grid_size} trials")
     grid_run = run_grid(settings, loose, progress=say)
     main_label = (
@@ -86,14 +86,14 @@ def run_benchmark(settings: BenchSettings, workdir: Path, skip_ds: bool = False)
     )
 
     say("2/6 autotune (results stored to a fresh cache file, for the cache-hit timing)")
-    cached = make_request(settings, settings.memory_budget, workdir / "autotune-main", workdir / "results-main.sqlite")
+    cached = make_request(settings, settings.memory_budget, workdir / "autotune-main", workdir / "cache-main")
     ours_main = run_autotune(settings, "main", cached)
     say(f"  autotune: {ours_main.status}, {ours_main.wall_s:.0f} s, {ours_main.launches} launches")
 
     methods_main: dict[str, MethodRun] = {"autotune": ours_main}
     if not skip_ds:
         say("3/6 DeepSpeed Autotuning (deepspeed --autotuning tune, fast mode)")
-        base = TuneContext(loose).spec(Candidate(Rung.Z0, max(settings.micro_batches))).ds_config
+        base = TuneContext.build(loose, outputs=False).spec(Candidate(Rung.Z0, max(settings.micro_batches))).ds_config
         ds_run = run_ds_autotuner(settings, base, workdir / "ds-autotuning")
         say(f"  DeepSpeed: {ds_run.status}, {ds_run.wall_s:.0f} s, {ds_run.launches} launches {ds_run.error or ''}")
         methods_main["deepspeed_autotuning"] = ds_run

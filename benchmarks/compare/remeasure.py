@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autotune.context import TuneContext  # the context tune() itself uses
 from autotune.ladder import Candidate, Rung
 from autotune.trial import LocalLauncher, WarmWorkerPool, run_trial
 from autotune.trial.types import TrialLauncher, TrialSpec
 from autotune.tuner import TuneRequest
-from autotune.tuner import _Context as TuneContext
 from compare.records import ChosenConfig, Remeasured
 from compare.settings import BenchSettings
 
@@ -50,7 +50,7 @@ def remeasure(
     settings: BenchSettings, request: TuneRequest, configs: list[ChosenConfig], progress=print
 ) -> dict[str, Remeasured]:
     """One cold run (peak memory) and `repeats` warm runs (throughput) per distinct config; no memory cap."""
-    template = TuneContext(request).spec(Candidate(Rung.Z0, settings.micro_batches[0]))
+    template = TuneContext.build(request, outputs=False).spec(Candidate(Rung.Z0, settings.micro_batches[0]))
     measurement = settings.measurement
     unique = distinct(configs)
     specs = {

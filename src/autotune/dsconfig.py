@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 import io
-import os
 from contextlib import redirect_stdout
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
+from autotune.environment import parse_without_device
 from autotune.errors import UserError
 from autotune.ladder import Candidate
 
@@ -171,7 +171,7 @@ def validate_with_deepspeed(config: dict[str, Any], world_size: int) -> None:
     DeepSpeed reads the world size from its comm module when parsing; we patch it, since no process
     group exists in the tuner.
     """
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # parsing needs no device; never touch CUDA here
+    parse_without_device()  # parsing needs no device; never touch CUDA here
     from deepspeed.runtime import config as ds_config_module
 
     try:

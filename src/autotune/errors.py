@@ -16,3 +16,9 @@ class NothingFitsError(Exception):
     """No candidate configuration fits the hardware; the tuner exits with code 3."""
 
     exit_code = 3
+
+
+class TrialsFailedError(UserError):
+    """Trials ran but none finished (timeouts, crashes): not "nothing fits", and the message says why.
+
+    Exit code 2, like other input the user must change (a longer --trial-timeout, a working launcher)."""

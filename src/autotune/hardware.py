@@ -105,9 +105,21 @@ def _normalise(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
+def ambiguous_matches(key: str) -> list[str]:
+    """Profiles a bare part name could mean: `a100` is the 40 GB or the 80 GB card, `h100` SXM or PCIe.
+
+    A name is ambiguous when it is not itself a profile key and two or more profile keys start with it."""
+    keys = {spec.key for spec in gpu_types()}
+    if key in keys:
+        return []
+    return sorted(k for k in keys if k.startswith(f"{key}-"))
+
+
 def resolve_gpu_type(name: str) -> GpuSpec:
     catalog = gpu_catalog()
     key = _normalise(name)
+    if len(choices := ambiguous_matches(key)) > 1:
+        raise UserError(f"--gpu-type {name!r} is ambiguous: say which, one of {', '.join(choices)}")
     if key in catalog:
         return catalog[key]
     close = difflib.get_close_matches(key, list(catalog), n=3, cutoff=0.5)

@@ -71,7 +71,7 @@ def _bf16_from_capability(capability: str | None) -> bool:
     return major >= 8
 
 
-def _visible_selection(env_value: str | None, uuids: list[str]) -> list[int] | None:
+def visible_selection(env_value: str | None, uuids: list[str]) -> list[int] | None:
     """Physical indices selected by CUDA_VISIBLE_DEVICES (indices or UUID prefixes); None means all.
 
     CUDA stops at the first invalid entry; we do the same.
@@ -103,7 +103,7 @@ def _probe_nvml(visible: str | None) -> tuple[list[GpuInfo], str | None]:
         count = pynvml.nvmlDeviceGetCount()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
-        selection = _visible_selection(visible, uuids)
+        selection = visible_selection(visible, uuids)
         physical = list(range(count)) if selection is None else selection
         gpus = [_nvml_device(pynvml, handles[p], index, p, uuids[p]) for index, p in enumerate(physical)]
         return gpus, driver

@@ -32,7 +32,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         )
     lines.append(
         f"- Search: {data['trials_launched']} trial(s) launched, {data['elapsed_s']:.1f} s;"
-        f" stopped because {data['stop_reason']}"
+        f" stopped because {data.get('stop_message') or data['stop_reason']}"
     )
     if data.get("from_cache"):
         lines.append("- Answered from the results cache (no trials run now).")

@@ -24,6 +24,7 @@ from autotune.speed import (
     dominated_rungs,
     optimizer_saving_s,
 )
+from autotune.stop import StopReason
 from autotune.trial.types import TrialResult
 from autotune.units import format_bytes
 
@@ -110,7 +111,8 @@ class SearchOutcome:
     trials: list[TrialRecord] = field(default_factory=list)
     skipped: list[SkipRecord] = field(default_factory=list)
     calibration: Calibration = field(default_factory=Calibration)
-    stop_reason: str = ""
+    stop_reason: StopReason | None = None
+    stop_message: str = ""  # the reason in words, for people
     margin: float | None = None  # best vs runner-up, relative, after any re-measurement
     noise: float | None = None  # the larger relative step-time spread of the two
     remeasured: bool = False
@@ -125,7 +127,8 @@ class SearchOutcome:
             "trials": [t.to_dict() for t in self.trials],
             "skipped": [s.to_dict() for s in self.skipped],
             "calibration": asdict(self.calibration),
-            "stop_reason": self.stop_reason,
+            "stop_reason": self.stop_reason.value if self.stop_reason else None,
+            "stop_message": self.stop_message,
             "margin": self.margin,
             "noise": self.noise,
             "remeasured": self.remeasured,
@@ -194,13 +197,26 @@ class Search:
         return best
 
     # -- budget ------------------------------------------------------------------------------------
-    def _budget_left(self) -> str:
+    def _budget_spent(self) -> tuple[StopReason, str] | None:
+        """Which budget is spent, and the reason in words; None while budget is left."""
         if self._launched >= self.limits.max_trials:
-            return f"trial budget spent ({self.limits.max_trials} trials)"
+            return StopReason.TRIAL_BUDGET, f"trial budget spent ({self.limits.max_trials} trials)"
         budget = self.limits.time_budget_s
         if budget is not None and self.clock() - self._started >= budget:
-            return f"time budget spent ({budget:.0f} s)"
-        return ""
+            return StopReason.TIME_BUDGET, f"time budget spent ({budget:.0f} s)"
+        return None
+
+    def _budget_left(self) -> str:
+        spent = self._budget_spent()
+        return spent[1] if spent else ""
+
+    def _stop_if_spent(self) -> str:
+        """Record the stop on the outcome when a budget is spent; the reason in words, else ''."""
+        spent = self._budget_spent()
+        if spent is None:
+            return ""
+        self.outcome.stop_reason, self.outcome.stop_message = spent
+        return spent[1]
 
     # -- trials ------------------------------------------------------------------------------------
     def _would_time_out(self, candidate: Candidate) -> Candidate | None:
@@ -299,8 +315,7 @@ class Search:
         guided = True
         retried_timeout = False
         while mb is not None:
-            if reason := self._budget_left():
-                self.outcome.stop_reason = reason
+            if self._stop_if_spent():
                 return
             record = self._trial(Candidate(rung, mb, ckpt))
             if record.over_host_headroom:  # host buffers barely depend on the micro-batch: the rung is out
@@ -403,8 +418,7 @@ class Search:
     def run_search(self) -> SearchOutcome:
         groups = [(rung, ckpt) for rung in self.rungs for ckpt in (False, True)]
         for index, (rung, ckpt) in enumerate(groups):
-            if reason := self._budget_left():
-                self.outcome.stop_reason = reason
+            if reason := self._stop_if_spent():
                 for rest_rung, rest_ckpt in groups[index:]:
                     self._skip(rest_rung, rest_ckpt, f"not tried: {reason}")
                 break
@@ -425,10 +439,11 @@ class Search:
             seed = self._predicted_max(rung, ckpt, 0.0) or self.micro_batches[0]
             self._search_group(rung, ckpt, seed)
         self._settle_close_call()
-        if not self.outcome.stop_reason:
-            self.outcome.stop_reason = (
-                "no remaining candidate can beat the best measured"
-                if self.outcome.best
-                else ("every rung was ruled out or failed")
-            )
+        if self.outcome.stop_reason is None:
+            if self.outcome.best:
+                self.outcome.stop_reason = StopReason.NO_BETTER
+                self.outcome.stop_message = "no remaining candidate can beat the best measured"
+            else:
+                self.outcome.stop_reason = StopReason.EXHAUSTED
+                self.outcome.stop_message = "every rung was ruled out or failed"
         return self.outcome

@@ -4,65 +4,37 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import platform
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.cache import ResultsCache, library_versions, run_key
-from autotune.dsconfig import TrainSettings, build_ds_config
+from autotune.assumptions import write_assumptions
+from autotune.cache import ResultsCache, library_versions
+from autotune.context import TuneContext, check_host_capacity
 from autotune.emit import LaunchCommands, launch_commands, write_configs
-from autotune.errors import NothingFitsError, UserError
-from autotune.estimate import plan
-from autotune.estimate.types import EstimateSettings
-from autotune.hardware import GpuSpec, Target
-from autotune.ladder import Candidate, Rung
-from autotune.models import ModelSummary, resolve_model, summarize
+from autotune.environment import deepspeed_accelerator, preserved_environment
+from autotune.errors import NothingFitsError, TrialsFailedError, UserError
+from autotune.ladder import Candidate
 from autotune.paths import cache_dir
-from autotune.probe import probe
+from autotune.recommend import recommend
 from autotune.report import write_report
+from autotune.request import TuneRequest, output_path
 from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
-from autotune.speed import prior_speed
-from autotune.target import check_counts, resolve_target
-from autotune.trial.types import TrialLauncher, TrialResult, TrialSpec
-from autotune.units import parse_bytes
+from autotune.stop import StopReason
+from autotune.trial.types import TrialLauncher, TrialResult
+
+__all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for"]
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class TuneRequest:
-    model: str
-    gpus: int | None = None
-    nodes: int = 1
-    gpu_type: str | None = None
-    gpu_memory: str | None = None
-    device: str = "cuda"  # "cuda" or "cpu" (real trials on the CPU backend)
-    memory_budget: str | None = None  # per-rank cap for --device cpu, e.g. "2GiB"
-    seq_len: int | None = None
-    global_batch: int | None = None
-    precision: str | None = None
-    headroom: float = 0.9
-    max_trials: int = 12
-    time_budget_s: float | None = None
-    max_micro_batch: int = 256
-    micro_batches: tuple[int, ...] | None = None  # explicit grid; default powers of two
-    rungs: tuple[Rung, ...] | None = None  # restrict the ladder
-    nvme_path: str | None = None
-    gpu_memory_fraction: float | None = None
-    trial_timeout_s: float = 900.0
-    out: str = "ds_config.json"
-    report_dir: str | None = None  # default: the config's directory
-    hf: bool = False
-    use_cache: bool = True
-    cache_dir: str | None = None
-    script: str = "train.py"
-    trust_remote_code: bool = False
+RESULTS_FILE = "results.sqlite"  # inside --cache-dir (a directory, as for the hook)
 
 
 @dataclass
 class TuneResult:
+    """What `tune()` returns; `report` is the same data as autotune-report.json."""
+
     verified: bool  # True when the choice ran for real; False for a plan-only recommendation
     candidate: Candidate | None
     ds_config: dict | None
@@ -75,160 +47,15 @@ class TuneResult:
     trials_launched: int
     from_cache: bool
     elapsed_s: float
+    stop_reason: StopReason = StopReason.NO_BETTER
     report: dict = field(repr=False, default_factory=dict)
 
 
-def _check_request(request: TuneRequest) -> None:
-    check_counts(request.gpus, request.nodes)
-    if request.device not in ("cuda", "cpu"):
-        raise UserError(f"--device must be cuda or cpu, got {request.device!r}")
-    if not 0 < request.headroom <= 1:
-        raise UserError(f"--headroom must be in (0, 1], got {request.headroom}")
-    if request.precision not in (None, "bf16", "fp16", "fp32"):
-        raise UserError(f"--precision must be bf16, fp16 or fp32, got {request.precision!r}")
-    if request.seq_len is not None and request.seq_len <= 0:
-        raise UserError(f"--seq-len must be positive, got {request.seq_len}")
-    if request.global_batch is not None and request.global_batch <= 0:
-        raise UserError(f"--global-batch must be positive, got {request.global_batch}")
-    if request.max_trials <= 0:
-        raise UserError(f"--max-trials must be positive, got {request.max_trials}")
-    if request.gpu_memory_fraction is not None and not 0 < request.gpu_memory_fraction <= 1:
-        raise UserError(f"--gpu-memory-fraction must be in (0, 1], got {request.gpu_memory_fraction}")
-
-
-def _cpu_target(request: TuneRequest) -> Target:
-    """The CPU backend: each rank is a process; its memory budget plays the role of GPU free memory."""
-    host = probe(request.nvme_path).host
-    ranks = request.gpus or 1
-    budget = (
-        parse_bytes(request.memory_budget, what="--memory-budget")
-        if request.memory_budget
-        else (host.ram_available_bytes // ranks)
-    )
-    cpu = GpuSpec(
-        key="cpu",
-        name=f"CPU rank ({platform.processor() or platform.machine()})",
-        memory_bytes=budget,
-        bf16=True,
-        source="CPU backend (DS_ACCELERATOR=cpu, gloo)",
-    )
-    return Target(cpu, ranks, request.nodes, budget, host.ram_available_bytes, host.nvme_free_bytes, measured=True)
-
-
-def _gpu_target(request: TuneRequest) -> Target:
-    planned = bool(request.gpu_type or request.gpu_memory)
-    probed = probe(request.nvme_path) if not planned or request.nvme_path else None
-    target = resolve_target(probed, request.gpus, request.nodes, request.gpu_type, request.gpu_memory)
-    if request.gpu_memory_fraction and target.measured:
-        emulated = int(request.gpu_memory_fraction * target.gpu.memory_bytes)
-        target = replace(target, free_memory_bytes=min(target.free_memory_bytes, emulated))
-    return target
-
-
-def _default_seq_len(model: ModelSummary) -> int:
-    if model.max_positions:
-        return min(2048, int(model.max_positions))
-    return 512  # relative-position models (T5) were pre-trained at 512
-
-
-def micro_batch_grid(request: TuneRequest, world_size: int) -> list[int]:
-    grid = list(
-        request.micro_batches
-        or [2**i for i in range(request.max_micro_batch.bit_length()) if 2**i <= request.max_micro_batch]
-    )
-    if request.global_batch is None:
-        return sorted(grid)
-    per_rank, remainder = divmod(request.global_batch, world_size)
-    if remainder or per_rank == 0:
-        raise UserError(f"--global-batch {request.global_batch} is not a multiple of the world size {world_size}")
-    if request.micro_batches is None:
-        grid = [d for d in range(1, min(per_rank, request.max_micro_batch) + 1) if per_rank % d == 0]
-    eligible = sorted(m for m in grid if per_rank % m == 0)
-    if not eligible:
-        raise UserError(
-            f"no micro-batch in {grid} gives a whole gradient accumulation for global batch"
-            f" {request.global_batch} at world size {world_size}"
-        )
-    return eligible
-
-
-def _rungs(request: TuneRequest) -> tuple[list[Rung], list[tuple[Rung, str]]]:
-    chosen = list(request.rungs or Rung)
-    unavailable = []
-    if not request.nvme_path:
-        unavailable = [(r, "no --nvme-path given") for r in chosen if r.needs_nvme]
-    return [r for r in chosen if not any(r is u for u, _ in unavailable)], unavailable
-
-
-class _Context:
-    """Everything derived from a request that the steps below share."""
-
-    def __init__(self, request: TuneRequest) -> None:
-        _check_request(request)
-        self.request = request
-        self.model = summarize(resolve_model(request.model, request.trust_remote_code))
-        self.target = _cpu_target(request) if request.device == "cpu" else _gpu_target(request)
-        self.verified = self.target.measured
-        self.precision = request.precision or ("bf16" if self.target.gpu.bf16 else "fp16")
-        self.seq_len = request.seq_len or _default_seq_len(self.model)
-        if self.model.max_positions and self.seq_len > self.model.max_positions:
-            raise UserError(f"--seq-len {self.seq_len} exceeds the model's {self.model.max_positions} positions")
-        self.settings = EstimateSettings(seq_len=self.seq_len, precision=self.precision, device=request.device)
-        self.train = TrainSettings(
-            world_size=self.target.world_size,
-            precision=self.precision,
-            global_batch=request.global_batch,
-            hidden_size=self.model.hidden_size,
-            nvme_path=request.nvme_path,
-        )
-        self.grid = micro_batch_grid(request, self.target.world_size)
-        self.rungs, self.unavailable = _rungs(request)
-        self.key = run_key(
-            {
-                "model": self.model.fingerprint,
-                "gpu": [self.target.gpu.name, self.target.gpu.memory_bytes],
-                "free": self.target.free_memory_bytes // 2**30,
-                "gpus": self.target.gpus_per_node,
-                "nodes": self.target.nodes,
-                "device": request.device,
-                "verified": self.verified,
-                "versions": library_versions(),
-                "seq_len": self.seq_len,
-                "global_batch": request.global_batch,
-                "precision": self.precision,
-                "headroom": request.headroom,
-                "grid": self.grid,
-                "rungs": [r.value for r in self.rungs],
-                "fraction": request.gpu_memory_fraction,
-            }
-        )
-        self.cache = (
-            ResultsCache(Path(request.cache_dir) if request.cache_dir else cache_dir() / "results.sqlite")
-            if request.use_cache
-            else None
-        )
-
-    def spec(self, candidate: Candidate) -> TrialSpec:
-        request = self.request
-        return TrialSpec(
-            model_config=self.model.config,
-            architecture=self.model.architecture,
-            family=self.model.family,
-            ds_config=build_ds_config(candidate, self.train),
-            seq_len=self.seq_len,
-            grad_checkpointing=candidate.grad_checkpointing,
-            device="cpu" if request.device == "cpu" else "cuda",
-            nprocs_per_node=self.target.gpus_per_node,
-            nodes=self.target.nodes,
-            timeout_s=request.trial_timeout_s,
-            gpu_memory_fraction=request.gpu_memory_fraction,
-            host_memory_budget_bytes=int(request.headroom * self.target.free_memory_bytes)
-            if request.device == "cpu"
-            else None,
-            peak_tflops=self.target.gpu.peak_tflops(self.precision),
-            trust_remote_code=self.model.trust_remote_code,
-            smaller_micro_batch=candidate.micro_batch // 2 or None,  # second point of the step-time line
-        )
+def _results_cache(request: TuneRequest) -> ResultsCache | None:
+    if not request.use_cache:
+        return None
+    directory = Path(request.cache_dir) if request.cache_dir else cache_dir()
+    return ResultsCache(directory / RESULTS_FILE)
 
 
 def _prepare_ops(device: str, observe: Callable[[SearchEvent], None]) -> None:
@@ -266,6 +93,7 @@ def _launcher_for(device: str, given: TrialLauncher | None, nodes: int = 1) -> I
         else:
             yield LocalNodesLauncher(env={"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None)
         return
+
     if device != "cpu":
         yield LocalLauncher()
         return
@@ -275,15 +103,18 @@ def _launcher_for(device: str, given: TrialLauncher | None, nodes: int = 1) -> I
         yield pool
 
 
-def _search(ctx: _Context, launcher: TrialLauncher, observe: Callable[[SearchEvent], None]) -> SearchOutcome:
-    cached = ctx.cache.trials(ctx.key) if ctx.cache else {}
+def _search(
+    ctx: TuneContext, cache: ResultsCache | None, launcher: TrialLauncher, observe: Callable[[SearchEvent], None]
+) -> SearchOutcome:
+    key = ctx.key
+    cached = cache.trials(key) if cache else {}
 
     def run(candidate: Candidate) -> tuple[TrialResult, bool]:
         if candidate in cached:
             return cached[candidate], True
         result = launcher.run(ctx.spec(candidate))
-        if ctx.cache and result.status != "timeout":  # a timeout may be the budget, not the config
-            ctx.cache.put_trial(ctx.key, candidate, result)
+        if cache and result.status != "timeout":  # a timeout may be the budget, not the config
+            cache.put_trial(key, candidate, result)
         return result, False
 
     request = ctx.request
@@ -301,19 +132,16 @@ def _search(ctx: _Context, launcher: TrialLauncher, observe: Callable[[SearchEve
     return search.run_search()
 
 
-def _plan_choice(ctx: _Context) -> tuple[Candidate | None, dict]:
-    """Plan-only: among the rows the memory model says fit, the one with the highest prior speed."""
-    result = plan(ctx.model, ctx.target, ctx.settings, ctx.request.headroom, ctx.request.global_batch)
-    candidates = []
-    for row in result.rows:
-        mb = _largest_in_grid(ctx.grid, row.micro_batch) if row.micro_batch else None
-        if mb and row.rung in ctx.rungs:
-            candidates.append(Candidate(row.rung, mb, row.grad_checkpointing))
-    return max(candidates, key=prior_speed, default=None), result.to_dict()
-
-
-def _largest_in_grid(grid: list[int], limit: int) -> int | None:
-    return max((m for m in grid if m <= limit), default=None)
+def _no_trial_completed(outcome: SearchOutcome) -> str | None:
+    """When trials ran but none finished (timeouts, crashes) and none ran out of memory, the answer is not
+    "nothing fits": the message names what went wrong instead."""
+    if outcome.best is not None or not outcome.trials or any(t.memory_failure for t in outcome.trials):
+        return None
+    first = outcome.trials[0].result
+    statuses = sorted({t.result.status for t in outcome.trials})
+    detail = f": {first.error}" if first.error else ""
+    hint = " (raise --trial-timeout?)" if "timeout" in statuses else ""
+    return f"no trial completed ({', '.join(statuses)}){hint}; first: {first.status}{detail}"
 
 
 def _smallest_shortfall(plan_data: dict | None, outcome: SearchOutcome | None) -> str:
@@ -336,7 +164,7 @@ def _smallest_shortfall(plan_data: dict | None, outcome: SearchOutcome | None) -
 
 
 def _report_data(
-    ctx: _Context,
+    ctx: TuneContext,
     candidate: Candidate | None,
     outcome: SearchOutcome | None,
     plan_data: dict | None,
@@ -373,7 +201,9 @@ def _report_data(
         "world_size": ctx.target.world_size,
         "global_batch": request.global_batch,
         "headroom": request.headroom,
-        "limit_bytes": int(request.headroom * ctx.target.free_memory_bytes),
+        "limit_bytes": ctx.limit_bytes,
+        "assumptions": ctx.assumptions(candidate),
+        "notes": ctx.notes,
         "micro_batch_grid": ctx.grid,
         "choice": choice,
         "config_path": str(config_path) if config_path else None,
@@ -382,7 +212,8 @@ def _report_data(
         "trials": [t.to_dict() for t in outcome.trials] if outcome else [],
         "skipped": ([s.to_dict() for s in outcome.skipped] if outcome else []) + skipped,
         "trials_launched": outcome.trials_launched if outcome else 0,
-        "stop_reason": outcome.stop_reason if outcome else "plan only: no trials on this machine",
+        "stop_reason": (outcome.stop_reason if outcome and outcome.stop_reason else StopReason.PLAN_ONLY).value,
+        "stop_message": outcome.stop_message if outcome else "plan only: no trials on this machine",
         "margin": outcome.margin if outcome else None,  # best vs runner-up after re-measuring close calls
         "noise": outcome.noise if outcome else None,
         "calibration": outcome.calibration.to_dict() if outcome else None,
@@ -403,14 +234,23 @@ def tune(
 ) -> TuneResult:
     """Find the fastest config that fits and write it; `tune(model="gpt2", gpus=8)` or `tune(TuneRequest(...))`.
 
-    Raises UserError on bad input and NothingFitsError when no candidate fits.
+    Raises UserError on bad input and NothingFitsError when no candidate fits. The caller's process is left as
+    it was found: os.environ, and DeepSpeed's accelerator choice, are restored on the way out.
     """
-    started = time.monotonic()
     request = request or TuneRequest(**options)  # type: ignore[arg-type]
-    ctx = _Context(request)
-    out_path = Path(request.out)
-    report_dir = Path(request.report_dir) if request.report_dir else out_path.parent
-    if hit := _cached_answer(ctx):
+    with preserved_environment(), deepspeed_accelerator("cpu"):
+        return _tune(request, launcher, observe)
+
+
+def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callable[[SearchEvent], None]) -> TuneResult:
+    started = time.monotonic()
+    ctx = TuneContext.build(request)
+    if ctx.verified:
+        check_host_capacity(request, ctx.target)
+    cache = _results_cache(request)
+    out_path = output_path(request.out)
+    report_dir = Path(request.report_dir) if request.report_dir else Path(request.out).parent
+    if cache and ctx.verified and (hit := cached_answer(ctx, cache)):
         return _from_cache(ctx, hit, out_path, report_dir, started)
     outcome = None
     plan_data = None
@@ -418,21 +258,29 @@ def tune(
         if launcher is None:
             _prepare_ops(request.device, observe)
         with _launcher_for(request.device, launcher, ctx.target.nodes) as chosen:
-            outcome = _search(ctx, chosen, observe)
+            outcome = _search(ctx, cache, chosen, observe)
         candidate = outcome.best.candidate if outcome.best else None
+        if candidate is None and (failed := _no_trial_completed(outcome)):
+            data = _report_data(ctx, None, outcome, None, None, None, None, time.monotonic() - started)
+            write_report(data, report_dir)
+            raise TrialsFailedError(failed)
     else:
-        candidate, plan_data = _plan_choice(ctx)
+        recommendation = recommend(ctx)
+        candidate, plan_data = recommendation.candidate, recommendation.plan.to_dict()
     if candidate is None:
         data = _report_data(ctx, None, outcome, plan_data, None, None, None, time.monotonic() - started)
         write_report(data, report_dir)
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {data['nothing_fits_reason']}")
-    config = build_ds_config(candidate, ctx.train)
+    config = ctx.ds_config(candidate)
     config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, request.hf)
     launch = launch_commands(config_path, candidate, ctx.target.gpus_per_node, ctx.target.nodes, request.script)
     data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
+    write_assumptions(config_path, data)
     report_md, report_json = write_report(data, report_dir)
-    if ctx.cache and ctx.verified:
-        ctx.cache.put_recommendation(ctx.key, {"candidate": candidate.to_dict(), "ds_config": config, "report": data})
+    if cache and outcome is not None:
+        stored = {"candidate": candidate.to_dict(), "ds_config": config, "report": data}
+        stored |= {"limit_bytes": ctx.limit_bytes, "memory_bound": memory_bound(ctx, outcome)}
+        cache.put_recommendation(ctx.answer_key, stored)
     best = outcome.best if outcome else None
     return TuneResult(
         ctx.verified,
@@ -447,6 +295,7 @@ def tune(
         outcome.trials_launched if outcome else 0,
         False,
         time.monotonic() - started,
+        StopReason(data["stop_reason"]),
         data,
     )
 
@@ -457,27 +306,52 @@ def ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
     For callers whose tuning was cut short (the pre-launch hook): the search reports each verified
     trial as it finishes, and this turns the best of them into the config to write.
     """
-    return build_ds_config(candidate, _Context(request).train)
+    return TuneContext.build(request, outputs=False).ds_config(candidate)
 
 
 def world_size_for(request: TuneRequest) -> int:
     """The world size `tune(request)` validates its config at (for callers writing a config themselves)."""
-    return _Context(request).target.world_size
+    return TuneContext.build(request, outputs=False).target.world_size
 
 
-def _cached_answer(ctx: _Context) -> dict | None:
-    """The cached recommendation (already schema-checked by the cache), if its config is exactly the one this
-    version builds for its candidate: a stored config is never written just because it was stored."""
-    hit = ctx.cache.recommendation(ctx.key) if ctx.cache else None
+# A stored answer found under limit L0 still answers a question with limit L when its measured peak fits L and
+# either L is at most 5% above L0 (jitter) or memory did not bind the search at L0. If L < L0, the stored choice
+# was the fastest of a superset of what fits now, so it is still the fastest; if memory did not bind, more
+# memory changes nothing.
+ANSWER_GROWTH_TOLERANCE = 1.05
+
+
+def cached_answer(ctx: TuneContext, cache: ResultsCache) -> dict | None:
+    """A stored answer that still holds for the memory free now (see above); else None, and the search runs
+    (reusing the cached trials of this limit bucket)."""
+    hit = cache.recommendation(ctx.answer_key)
     if hit is None:
         return None
-    if hit["ds_config"] != build_ds_config(Candidate.from_dict(hit["candidate"]), ctx.train):
+    peak = (hit.get("report", {}).get("choice") or {}).get("peak_bytes")
+    found_under = hit.get("limit_bytes")
+    if peak is None or found_under is None or peak > ctx.limit_bytes:
+        return None
+    if ctx.limit_bytes > found_under * ANSWER_GROWTH_TOLERANCE and hit.get("memory_bound", True):
+        return None
+    if hit["ds_config"] != ctx.ds_config(Candidate.from_dict(hit["candidate"])):
+        # a stored config is never written just because it was stored
         log.warning("autotune: the cached config differs from the one built for its candidate; tuning again")
         return None
     return hit
 
 
-def _from_cache(ctx: _Context, hit: dict, out_path: Path, report_dir: Path, started: float) -> TuneResult:
+def memory_bound(ctx: TuneContext, outcome: SearchOutcome) -> bool:
+    """Whether more memory could have changed the answer: a trial ran out of memory (or over the headroom), or
+    the most memory-hungry candidate (first rung, largest micro-batch, no checkpointing) was predicted not to fit."""
+    from autotune.estimate import estimate
+
+    if any(t.memory_failure for t in outcome.trials):
+        return True
+    hungriest = Candidate(ctx.rungs[0], max(ctx.grid), False)
+    return estimate(ctx.model, ctx.target, hungriest, ctx.settings).gpu_peak_bytes > ctx.limit_bytes
+
+
+def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, started: float) -> TuneResult:
     candidate = Candidate.from_dict(hit["candidate"])
     config = hit["ds_config"]
     # Re-validated by DeepSpeed at this world size, as every config read from a cache is (sharing.py).
@@ -490,8 +364,10 @@ def _from_cache(ctx: _Context, hit: dict, out_path: Path, report_dir: Path, star
         "config_path": str(config_path),
         "hf_config_path": str(hf_path) if hf_path else None,
         "launch": launch.to_dict(),
+        "limit_bytes": ctx.limit_bytes,
         "elapsed_s": time.monotonic() - started,
     }
+    write_assumptions(config_path, data)
     report_md, report_json = write_report(data, report_dir)
     choice = data.get("choice") or {}
     return TuneResult(
@@ -507,5 +383,6 @@ def _from_cache(ctx: _Context, hit: dict, out_path: Path, report_dir: Path, star
         0,
         True,
         time.monotonic() - started,
+        StopReason.CACHE_HIT,
         data,
     )

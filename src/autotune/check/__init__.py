@@ -8,10 +8,9 @@ DeepSpeed really does with it, and proposes an edit; --fix applies the edits and
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.atomic import atomic_write_json
 from autotune.check.consumer import Consumer, FillOutcome, detect_consumer, fill_like_consumer, has_auto
@@ -36,8 +35,12 @@ from autotune.check.rules import (
 )
 from autotune.check.values import auto_findings, string_value_findings
 from autotune.check.verdict import deepspeed_findings, deepspeed_rejection
+from autotune.environment import parse_without_device
 from autotune.errors import UserError
 from autotune.models import ModelSummary
+
+if TYPE_CHECKING:
+    from autotune.check.fit import FitAssumptions
 
 __all__ = [
     "CheckContext",
@@ -126,7 +129,7 @@ def config_findings(
     mixed_precision: str | None = None,
 ) -> list[Finding]:
     """Every finding about the config itself, in an order whose fixes compose: keys, stage, values."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # checking needs no device; never touch CUDA
+    parse_without_device()  # checking needs no device; never touch CUDA
     consumer = consumer_of(config, context)
     version = deepspeed_version()
     outcome = fill_like_consumer(config, consumer, context.world_size, mixed_precision)
@@ -227,6 +230,7 @@ def check_config(
     fix_output: str | Path | None = None,
     allow_training_changes: bool = False,
     init_check: bool = False,
+    assumed: FitAssumptions | None = None,
 ) -> CheckReport:
     """Check one config file; raise UserError (exit 2) when it or the env file cannot be read."""
     loaded: LoadedConfig = load_config(config_path)
@@ -258,7 +262,7 @@ def check_config(
     if model is not None:
         from autotune.check.fit import fit_findings
 
-        report.fit, fit_notes = fit_findings(loaded.config, context, model, seq_len, grad_checkpointing)
+        report.fit, fit_notes = fit_findings(loaded.config, context, model, seq_len, grad_checkpointing, assumed)
         report.findings += fit_notes
     if fix_output is not None:
         report.fix = fix_config(

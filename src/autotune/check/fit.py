@@ -6,6 +6,7 @@ stage 3, NVMe optimizer offload run as CPU below stage 3), then sized by autotun
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.check import schema
@@ -16,6 +17,17 @@ from autotune.check.values import batch_keys
 from autotune.ladder import Candidate, Rung
 from autotune.models import ModelSummary
 from autotune.units import format_bytes
+
+
+@dataclass(frozen=True)
+class FitAssumptions:
+    """What the tuning that wrote the config assumed, beyond the model and sequence length."""
+
+    attention: str = "sdpa"
+    device: str = "cuda"
+    headroom: float = 0.9
+    measured_peak_bytes: int | None = None  # the trial's peak, when the config was verified here
+
 
 # (optimizer offload, parameter offload) at stage 3 -> rung, where the ladder has that exact rung.
 _STAGE3_RUNGS = {
@@ -78,7 +90,10 @@ def fit_findings(
     model: ModelSummary,
     seq_len: int,
     grad_checkpointing: bool,
+    assumed: FitAssumptions | None = None,
 ) -> tuple[FitResult | None, list[Finding]]:
+    """The predicted peak of `config` for `model`; `assumed` is what a tuning recorded beside its config
+    (precision, attention, device, headroom, the measured peak), so checking its output asks its question."""
     if context.target is None:
         note = f"Fit not checked: {context.hardware_note or 'no GPU known'}"
         return None, [Finding(Severity.INFO, "", note, "fit")]
@@ -97,10 +112,18 @@ def fit_findings(
         return None, [Finding(Severity.INFO, "", "Fit not checked: the micro-batch cannot be derived.", "fit")]
     candidate = Candidate(rung, micro_batch, grad_checkpointing)
     settings = EstimateSettings(
-        seq_len=seq_len, precision=_precision(config), reduce_bucket_elements=_reduce_bucket_elements(config)
+        seq_len=seq_len,
+        precision=_precision(config),
+        reduce_bucket_elements=_reduce_bucket_elements(config),
+        **({"attention": assumed.attention, "device": assumed.device} if assumed else {}),
     )
     predicted = estimate(model, context.target, candidate, settings)
-    verdict = check_fit(predicted, context.target)
+    verdict = check_fit(predicted, context.target, *((assumed.headroom,) if assumed else ()))
+    if not verdict.fits and assumed and assumed.measured_peak_bytes is not None:
+        limit = int(assumed.headroom * context.target.free_memory_bytes)
+        if assumed.measured_peak_bytes <= limit:  # a trial ran this config here: measured beats predicted
+            verdict = replace(verdict, fits=True, reason="", shortfall_bytes=0)
+            predicted = replace(predicted, gpu_peak_bytes=assumed.measured_peak_bytes)
     notes = tuple(n for n in (note,) if n)
     result = FitResult(
         candidate=candidate.describe(),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import types
 from collections.abc import Iterator, KeysView
 from contextlib import contextmanager, redirect_stdout
@@ -24,6 +23,8 @@ from unittest import mock
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+
+from autotune.environment import parse_without_device
 
 # Read by deepspeed.initialize() (deepspeed/__init__.py, mesh set-up) rather than by DeepSpeedConfig.
 _READ_BY_INITIALIZE = ("data_parallel_size", "sequence_parallel_size")
@@ -94,7 +95,7 @@ def deepspeed_log_captured() -> Iterator[list[logging.LogRecord]]:
     DeepSpeed's logger writes to the stdout it saw at import, past redirect_stdout, which would
     break --json output; its warnings are worth reporting as findings anyway.
     """
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    parse_without_device()
     from deepspeed.utils import logger
 
     records: list[logging.LogRecord] = []
@@ -108,7 +109,7 @@ def deepspeed_log_captured() -> Iterator[list[logging.LogRecord]]:
 
 def _parse_quietly(config: dict[str, Any]) -> bool:
     """Run DeepSpeedConfig on `config` at world size 1; True when it parsed."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # parsing needs no device; never touch CUDA here
+    parse_without_device()  # parsing needs no device; never touch CUDA here
     from deepspeed.runtime import config as ds_config_module
 
     try:
@@ -162,7 +163,7 @@ def plain_section_keys(section: str, value: dict[str, Any]) -> frozenset[str] | 
 @cache
 def section_models() -> dict[str, type[BaseModel]]:
     """Top-level sections that DeepSpeed parses with a pydantic model (extra keys are refused)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    parse_without_device()
     from deepspeed.comm.config import CommsLoggerConfig
     from deepspeed.comm.constants import COMMS_LOGGER
     from deepspeed.compile.config import CompileConfig

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -50,7 +51,11 @@ InitCheckOpt = Annotated[
 ]
 _CONSUMERS = ("auto", "deepspeed", "hf-trainer", "accelerate")
 GradCkptOpt = Annotated[
-    bool, typer.Option("--grad-checkpointing", help="The model uses gradient checkpointing (for the fit check).")
+    bool | None,
+    typer.Option(
+        "--grad-checkpointing/--no-grad-checkpointing",
+        help="The model uses gradient checkpointing (for the fit check; default: as the tuning recorded, else off).",
+    ),
 ]
 
 
@@ -113,8 +118,8 @@ def check_command(
     gpu_type: GpuTypeOpt = None,
     gpu_memory: GpuMemoryOpt = None,
     model: CheckModelOpt = None,
-    seq_len: SeqLenOpt = 2048,
-    grad_checkpointing: GradCkptOpt = False,
+    seq_len: SeqLenOpt = None,
+    grad_checkpointing: GradCkptOpt = None,
     env_file: EnvFileOpt = None,
     fix: FixOpt = None,
     fix_training: FixTrainingOpt = False,
@@ -126,9 +131,14 @@ def check_command(
 ) -> None:
     """Check a DeepSpeed config against what DeepSpeed really does with it.
 
+    A config written by autotune has a `<name>.autotune.json` beside it saying what the tuning assumed (model,
+    sequence length, checkpointing, precision, hardware); options not given here are taken from it, so
+    checking the tuner's own output asks the tuner's question.
+
     Exit code: 0 no errors, 1 errors (with --fix: errors left in the written config, or nothing written),
     2 unreadable input.
     """
+    from autotune.assumptions import read_assumptions
     from autotune.check import load_config
     from autotune.errors import UserError
 
@@ -140,15 +150,24 @@ def check_command(
     if fix is not None:
         _check_fix_output(fix)
     requested = "hf-trainer" if hf else (None if consumer == "auto" else consumer)
-    context = resolve_context(gpus, nodes, gpu_type, gpu_memory, for_hf_trainer=hf, consumer=requested)
-    summary = None
-    if model:
-        from autotune.models import resolve_model, summarize
+    options = CheckOptions(env_file, fix, fix_training, init_check)
+    recorded = read_assumptions(config)
+    hardware_given = gpus is not None or gpu_type is not None or gpu_memory is not None
+    if recorded and not model and not hardware_given:
+        report = _check_as_tuned(config, recorded, seq_len, grad_checkpointing, hf, requested, options)
+    else:
+        context = resolve_context(gpus, nodes, gpu_type, gpu_memory, for_hf_trainer=hf, consumer=requested)
+        summary = None
+        if model:
+            from autotune.models import resolve_model, summarize
+            from autotune.request import default_seq_len
 
-        summary = summarize(resolve_model(model, trust_remote_code))
-    report = check_config(
-        config, context, env_file, summary, seq_len, grad_checkpointing, fix, fix_training, init_check
-    )
+            summary = summarize(resolve_model(model, trust_remote_code))
+            relative = "relative_attention_num_buckets" in summary.config
+            seq_len = seq_len or default_seq_len(None if relative else summary.max_positions)
+        report = check_config(
+            config, context, env_file, summary, seq_len or 0, bool(grad_checkpointing), fix, fix_training, init_check
+        )
     if as_json:
         print_json(report.to_dict())
     else:
@@ -171,6 +190,78 @@ def _check_fix_output(output: Path) -> None:
         raise UserError(f"--fix output's folder is a file: {parent}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"--fix output folder is not writable: {parent}")
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """What the user asked of the check besides the config and the hardware: passed through unchanged."""
+
+    env_file: Path | None
+    fix: Path | None
+    fix_training: bool
+    init_check: bool
+
+
+def _check_as_tuned(
+    config: Path,
+    recorded: dict,
+    seq_len: int | None,
+    grad_checkpointing: bool | None,
+    hf: bool,
+    consumer: str | None,
+    options: CheckOptions,
+) -> CheckReport:
+    """Check against the tuning's own context: the same model, target, precision and sequence length."""
+    from autotune.check import CheckContext
+    from autotune.check.fit import FitAssumptions
+    from autotune.context import TuneContext
+    from autotune.request import TuneRequest
+
+    device = recorded.get("device", "cuda")
+    per_rank = recorded.get("memory_bytes_per_rank")
+    request = TuneRequest(
+        model=recorded["model"],
+        gpus=recorded.get("gpus_per_node"),
+        nodes=recorded.get("nodes", 1),
+        gpu_type=recorded.get("gpu_type"),
+        gpu_memory=recorded.get("gpu_memory"),
+        device=device,
+        memory_budget=f"{per_rank}B" if per_rank and device == "cpu" else None,
+        seq_len=seq_len or recorded.get("seq_len"),
+        precision=recorded.get("precision"),
+        attention=recorded.get("attention", "sdpa"),
+        headroom=recorded.get("headroom", 0.9),
+        trust_remote_code=bool(recorded.get("trust_remote_code")),
+    )
+    ctx = TuneContext.build(request, outputs=False)
+    target = ctx.target
+    context = CheckContext(
+        world_size=target.world_size,
+        world_size_source=f"{target.gpus_per_node} x {target.nodes}, as the tuning recorded",
+        bf16_capable=target.gpu.bf16 if target.gpu.key not in ("custom",) else None,
+        target=target,
+        for_hf_trainer=hf,
+        consumer=consumer,
+    )
+    ckpt = grad_checkpointing if grad_checkpointing is not None else bool(recorded.get("grad_checkpointing"))
+    assumed = FitAssumptions(
+        attention=ctx.request.attention,
+        device=device,
+        headroom=ctx.request.headroom,
+        measured_peak_bytes=recorded.get("measured_peak_bytes") if recorded.get("verified") else None,
+    )
+    return check_config(
+        config,
+        context,
+        options.env_file,
+        ctx.model,
+        ctx.seq_len,
+        ckpt,
+        options.fix,
+        options.fix_training,
+        options.init_check,
+        assumed,
+    )
 
 
 def register(app: typer.Typer) -> None:

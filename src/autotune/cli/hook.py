@@ -9,11 +9,33 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from autotune.cli.options import GlobalBatchOpt, JsonOpt, ModelOpt, NvmePathOpt, PrecisionOpt, TrustRemoteCodeOpt
+from autotune.cli.options import (
+    AttentionOpt,
+    D,
+    DeviceOpt,
+    GlobalBatchOpt,
+    HeadroomOpt,
+    JsonOpt,
+    MaxMicroBatchOpt,
+    MaxTrialsOpt,
+    MemoryBudgetOpt,
+    MicroBatchesOpt,
+    ModelOpt,
+    NvmePathOpt,
+    OutOpt,
+    PrecisionOpt,
+    ReportDirOpt,
+    RungsOpt,
+    SeqLenOpt,
+    TrialTimeoutOpt,
+    TrustRemoteCodeOpt,
+    say_assumed_units,
+)
 from autotune.cli.output import print_json
 from autotune.cli.parsing import parse_int_list, parse_rung_list
 from autotune.errors import UserError
@@ -61,19 +83,17 @@ def _trial_printer(event: SearchEvent) -> None:
 
 def hook_command(
     model: ModelOpt,
-    out: Annotated[str, typer.Option("--out", "-o", help="Where this process writes ds_config.json.")] = (
-        "ds_config.json"
-    ),
+    out: OutOpt = D.out,
     cache_dir: Annotated[
         str | None,
         typer.Option(
             help="Directory every node sees: lock, published result, results cache (default: ~/.cache/autotune)."
         ),
-    ] = None,
+    ] = D.cache_dir,
     time_budget: Annotated[
         float | None,
         typer.Option(help="Seconds of tuning (no trial runs longer); then the best verified config so far is used."),
-    ] = None,
+    ] = D.time_budget_s,
     strict: Annotated[
         bool, typer.Option("--strict", help="Fail instead of writing a fallback (unverified or incomplete) config.")
     ] = False,
@@ -83,31 +103,31 @@ def hook_command(
     print_env: Annotated[
         bool, typer.Option("--print-env", help="Print `export AUTOTUNE_DS_CONFIG=...` for eval.")
     ] = False,
-    device: Annotated[str, typer.Option(help="cuda, or cpu for the CPU backend (tests, demos).")] = "cuda",
+    device: DeviceOpt = D.device,
     gpus: Annotated[int | None, typer.Option("--gpus", "-g", help="GPUs per node, when the job does not say.")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="Nodes, when the job does not say.")] = None,
     nodelist: Annotated[
         str | None, typer.Option(help="Hosts of the job outside SLURM, SLURM syntax allowed: node[01-04].")
     ] = None,
-    memory_budget: Annotated[str | None, typer.Option(help="Per-rank memory cap for --device cpu.")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="Sequence length.")] = None,
-    global_batch: GlobalBatchOpt = None,
-    precision: PrecisionOpt = None,
-    headroom: Annotated[float, typer.Option(help="Peak must stay under this fraction of free memory.")] = 0.9,
-    max_trials: Annotated[int, typer.Option(help="Most trials to launch.")] = 12,
-    micro_batches: Annotated[str | None, typer.Option(help="Explicit micro-batch grid, e.g. 1,2,4,8.")] = None,
-    rungs: Annotated[str | None, typer.Option(help="Restrict the ladder, e.g. z0,z2,z3+offload_opt.")] = None,
-    nvme_path: NvmePathOpt = None,
-    trial_timeout: Annotated[float, typer.Option(help="Seconds before a trial is killed as hung.")] = 900.0,
-    report_dir: Annotated[
-        str | None, typer.Option(help="Where the tuner's report goes (default: beside --out).")
-    ] = None,
-    trust_remote_code: TrustRemoteCodeOpt = False,
+    memory_budget: MemoryBudgetOpt = D.memory_budget,
+    seq_len: SeqLenOpt = D.seq_len,
+    global_batch: GlobalBatchOpt = D.global_batch,
+    precision: PrecisionOpt = D.precision,
+    attention: AttentionOpt = D.attention,
+    headroom: HeadroomOpt = D.headroom,
+    max_trials: MaxTrialsOpt = D.max_trials,
+    max_micro_batch: MaxMicroBatchOpt = D.max_micro_batch,
+    micro_batches: MicroBatchesOpt = None,
+    rungs: RungsOpt = None,
+    nvme_path: NvmePathOpt = D.nvme_path,
+    trial_timeout: TrialTimeoutOpt = D.trial_timeout_s,
+    report_dir: ReportDirOpt = D.report_dir,
+    trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     as_json: JsonOpt = False,
 ) -> None:
     """Pre-launch hook: tune once per job (one process tunes, the others wait) and write ds_config.json."""
     from autotune.hook import HookError, HookRequest, JobOverrides, run_hook
-    from autotune.tuner import TuneRequest
+    from autotune.request import TuneRequest, validate
 
     if print_env and as_json:
         raise UserError("give --print-env or --json, not both")
@@ -118,9 +138,11 @@ def hook_command(
         seq_len=seq_len,
         global_batch=global_batch,
         precision=precision,
+        attention=attention,
         headroom=headroom,
         max_trials=max_trials,
         time_budget_s=time_budget,
+        max_micro_batch=max_micro_batch,
         micro_batches=parse_int_list(micro_batches, "--micro-batches"),
         rungs=parse_rung_list(rungs),
         nvme_path=nvme_path,
@@ -129,6 +151,12 @@ def hook_command(
         report_dir=report_dir,
         trust_remote_code=trust_remote_code,
     )
+    say_assumed_units(memory_budget=memory_budget)
+    validate(tuning)  # bad input is one line and exit 2 here, before any coordination or tuning
+    if wait_timeout is not None and not (wait_timeout > 0 and wait_timeout != float("inf")):
+        raise UserError(f"--wait-timeout must be a positive number of seconds, got {wait_timeout}")
+    if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+        raise UserError(f"--cache-dir {cache_dir} is a file; it names a directory every node sees")
     request = HookRequest(
         tuning=tuning,
         shared_dir=cache_dir,

@@ -1,10 +1,31 @@
-"""Options shared by several commands, declared once."""
+"""Options shared by several commands, declared once; their defaults come from `TuneRequest`.
+
+A command writes `headroom: HeadroomOpt = D.headroom`, so `--headroom` has one meaning and one default
+in `tune`, `plan` and `hook`.
+"""
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Annotated
 
 import typer
+
+from autotune.request import ATTENTIONS, DEVICES, PRECISIONS, TuneRequest
+
+
+def _choices(values: tuple[str, ...]) -> str:
+    return "[" + "|".join(values) + "]"
+
+
+def _gpu_types_help() -> str:
+    from autotune.hardware import gpu_types
+
+    return ", ".join(spec.key for spec in gpu_types())
+
+
+D = TuneRequest(model="")  # the defaults, read by attribute: `= D.headroom`
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Built-in profile, local HF dir / config.json, or cached hub id.")
@@ -12,16 +33,69 @@ ModelOpt = Annotated[
 GpusOpt = Annotated[int | None, typer.Option("--gpus", "-g", help="GPUs per node (default: all visible).")]
 NodesOpt = Annotated[int, typer.Option("--nodes", "-n", help="Number of nodes.")]
 GpuTypeOpt = Annotated[
-    str | None, typer.Option("--gpu-type", help="Plan for this accelerator profile, e.g. a100-80gb.")
+    str | None,
+    typer.Option("--gpu-type", help=f"Plan for this accelerator profile, one of: {_gpu_types_help()}."),
 ]
 GpuMemoryOpt = Annotated[
-    str | None, typer.Option("--gpu-memory", help="Plan for a GPU with this much memory, e.g. 80GiB.")
+    str | None,
+    typer.Option(
+        "--gpu-memory", help="Plan for a GPU with this much memory, e.g. 80GiB or 24GB; a bare number is GiB."
+    ),
 ]
-SeqLenOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Training sequence length in tokens.")]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        metavar=_choices(DEVICES), help="cuda: trials on the GPUs here; cpu: real trials on the CPU backend."
+    ),
+]
+MemoryBudgetOpt = Annotated[
+    str | None,
+    typer.Option(help="Per-rank memory cap for --device cpu, e.g. 2GiB (a bare number is GiB; default: RAM / ranks)."),
+]
+SeqLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--seq-len", "-s", help="Sequence length in tokens (default: the model's, at most 2048; T5: 512)."
+    ),
+]
 GlobalBatchOpt = Annotated[int | None, typer.Option("--global-batch", help="Effective batch to keep fixed (samples).")]
-PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16 or fp16 (default: bf16 where supported).")]
+PrecisionOpt = Annotated[
+    str | None,
+    typer.Option("--precision", metavar=_choices(PRECISIONS), help="Default: bf16 where supported, else fp16."),
+]
+AttentionOpt = Annotated[str, typer.Option(metavar=_choices(ATTENTIONS), help="Attention implementation.")]
+HeadroomOpt = Annotated[float, typer.Option(help="Peak must stay under this fraction of free memory.")]
+MaxTrialsOpt = Annotated[int, typer.Option(help="Most trials to launch.")]
+MaxMicroBatchOpt = Annotated[int, typer.Option(help="Largest micro-batch per GPU to consider.")]
+MicroBatchesOpt = Annotated[str | None, typer.Option(help="Explicit micro-batch grid, e.g. 1,2,4,8.")]
+RungsOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Restrict the ladder, e.g. z0,z2,z3+offload_opt (rungs: z0, z1, z2, z2+offload_opt, z3,"
+        " z3+offload_opt, z3+offload_opt+param, z3+nvme_opt, z3+nvme_opt+param)."
+    ),
+]
 NvmePathOpt = Annotated[str | None, typer.Option("--nvme-path", help="Directory on local NVMe for offload swap files.")]
+GpuMemoryFractionOpt = Annotated[float | None, typer.Option(help="Emulate a smaller GPU (fraction of memory).")]
+TrialTimeoutOpt = Annotated[float, typer.Option(help="Seconds before a trial is killed as hung.")]
+OutOpt = Annotated[str, typer.Option("--out", "-o", help="Where to write ds_config.json.")]
+ReportDirOpt = Annotated[str | None, typer.Option(help="Where to write the report (default: beside --out).")]
+CacheDirOpt = Annotated[
+    str | None,
+    typer.Option(help="Directory for the results cache (results.sqlite; default ~/.cache/autotune)."),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 TrustRemoteCodeOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow custom model code from the HF cache.")
 ]
+
+
+def say_assumed_units(**sizes: str | None) -> None:
+    """A bare number for a memory size is GiB; say so on stderr, so nobody wonders whether 80 meant bytes."""
+    for name, value in sizes.items():
+        try:
+            number = float(value) if value is not None else None
+        except ValueError:
+            continue
+        if number is not None and math.isfinite(number) and number > 0:
+            print(f"autotune: --{name.replace('_', '-')} {value} read as {value} GiB", file=sys.stderr)

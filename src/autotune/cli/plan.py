@@ -2,73 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from autotune.cli.options import (
+    AttentionOpt,
+    D,
     GlobalBatchOpt,
     GpuMemoryOpt,
     GpusOpt,
     GpuTypeOpt,
+    HeadroomOpt,
     JsonOpt,
+    MaxMicroBatchOpt,
+    MicroBatchesOpt,
     ModelOpt,
     NodesOpt,
     NvmePathOpt,
     PrecisionOpt,
+    RungsOpt,
+    SeqLenOpt,
     TrustRemoteCodeOpt,
+    say_assumed_units,
 )
 from autotune.cli.output import console, print_json
-from autotune.errors import UserError
-from autotune.estimate import EstimateSettings, Plan, PlanRow, plan
-from autotune.hardware import Target
-from autotune.models import ModelSummary, resolve_model, summarize
+from autotune.cli.parsing import parse_int_list, parse_rung_list
+from autotune.errors import NothingFitsError
+from autotune.estimate import PlanRow
 from autotune.units import format_bytes
 
-ATTENTION_CHOICES = ("sdpa", "flash", "eager")
-PRECISION_CHOICES = ("bf16", "fp16", "fp32")
-
-
-def default_seq_len(model: ModelSummary) -> int:
-    """The model's context, capped at 2048; relative-position models (T5) were pre-trained at 512."""
-    if model.max_positions:
-        return min(2048, int(model.max_positions))
-    return 512
-
-
-def _check_inputs(
-    seq_len: int | None, headroom: float, attention: str, precision: str | None, global_batch: int | None
-) -> None:
-    if seq_len is not None and seq_len <= 0:
-        raise UserError(f"--seq-len must be positive, got {seq_len}")
-    if not 0 < headroom <= 1:
-        raise UserError(f"--headroom must be a fraction in (0, 1], got {headroom}")
-    if attention not in ATTENTION_CHOICES:
-        raise UserError(f"--attention must be one of {', '.join(ATTENTION_CHOICES)}, got {attention!r}")
-    if precision is not None and precision not in PRECISION_CHOICES:
-        raise UserError(f"--precision must be one of {', '.join(PRECISION_CHOICES)}, got {precision!r}")
-    if global_batch is not None and global_batch <= 0:
-        raise UserError(f"--global-batch must be positive, got {global_batch}")
-
-
-def _target(
-    gpus: int | None, nodes: int, gpu_type: str | None, gpu_memory: str | None, nvme_path: str | None
-) -> Target:
-    """Profile flags plan for elsewhere (this machine is probed only for an NVMe path); else probe here."""
-    from autotune.probe import probe
-    from autotune.target import resolve_target
-
-    planned = bool(gpu_type or gpu_memory)
-    probed = probe(nvme_path) if not planned or nvme_path else None
-    return resolve_target(probed, gpus, nodes, gpu_type, gpu_memory)
-
-
-def fastest_fit(result: Plan) -> PlanRow | None:
-    """Rows are in expected-speed order, checkpointing off first: the first that fits is the pick."""
-    fitting = result.fitting_rows
-    return fitting[0] if fitting else None
-
+if TYPE_CHECKING:
+    from autotune.recommend import Recommendation
 
 _SHORT_LIMITS = {
     "gpu": "over GPU by",
@@ -108,7 +74,8 @@ def _components_line(row: PlanRow) -> str:
     return f"[bold]{row.rung.value}[/bold] {ckpt}, micro-batch {row.estimate.candidate.micro_batch}: {listed}"
 
 
-def _print_table(result: Plan, verbose: bool) -> None:
+def _print_table(recommendation: Recommendation, verbose: bool) -> None:
+    result = recommendation.plan
     settings = result.settings
     target = result.target
     title = (
@@ -124,7 +91,10 @@ def _print_table(result: Plan, verbose: bool) -> None:
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("fits", min_width=16)
     for row in result.rows:
-        table.add_row(*_row_cells(row))
+        cells = _row_cells(row)
+        if row is recommendation.row:
+            cells[-1] += " [bold](recommended)[/bold]"
+        table.add_row(*cells)
     out = console()
     out.print(table)
     if verbose:
@@ -139,8 +109,9 @@ def _print_table(result: Plan, verbose: bool) -> None:
                     f"[bold]{row.rung.value}[/bold] ckpt {'on' if row.grad_checkpointing else 'off'}: "
                     f"{row.verdict.reason}"
                 )
-    best = fastest_fit(result)
-    if best is None:
+    best = recommendation.row
+    candidate = recommendation.candidate
+    if best is None or candidate is None:
         tightest = min(result.rows, key=lambda r: r.verdict.shortfall_bytes)
         out.print(
             f"[bold red]Nothing fits.[/bold red] Closest: {tightest.rung.label}"
@@ -149,9 +120,10 @@ def _print_table(result: Plan, verbose: bool) -> None:
         )
         return
     out.print(
-        f"Fastest predicted to fit: [bold]{best.rung.label}[/bold], micro-batch {best.micro_batch}, "
-        f"gradient checkpointing {'on' if best.grad_checkpointing else 'off'} "
-        f"({format_bytes(best.estimate.gpu_peak_bytes)} per GPU)."
+        f"Fastest predicted to fit (what plan-only `autotune` writes): "
+        f"[bold]{candidate.rung.label}[/bold], micro-batch {candidate.micro_batch}, "
+        f"gradient checkpointing {'on' if candidate.grad_checkpointing else 'off'} "
+        f"(row peak {format_bytes(best.estimate.gpu_peak_bytes)} per GPU at micro-batch {best.micro_batch})."
     )
     if not target.measured:
         out.print(
@@ -162,40 +134,61 @@ def _print_table(result: Plan, verbose: bool) -> None:
 
 def plan_command(
     model: ModelOpt,
-    gpus: GpusOpt = None,
-    nodes: NodesOpt = 1,
-    gpu_type: GpuTypeOpt = None,
-    gpu_memory: GpuMemoryOpt = None,
-    seq_len: Annotated[
-        int | None, typer.Option("--seq-len", "-s", help="Sequence length (default: the model's, at most 2048).")
-    ] = None,
-    global_batch: GlobalBatchOpt = None,
-    precision: PrecisionOpt = None,
-    headroom: Annotated[float, typer.Option(help="Peak must stay under this fraction of free memory.")] = 0.9,
-    attention: Annotated[str, typer.Option(help="Attention implementation: sdpa, flash or eager.")] = "sdpa",
-    nvme_path: NvmePathOpt = None,
-    trust_remote_code: TrustRemoteCodeOpt = False,
+    gpus: GpusOpt = D.gpus,
+    nodes: NodesOpt = D.nodes,
+    gpu_type: GpuTypeOpt = D.gpu_type,
+    gpu_memory: GpuMemoryOpt = D.gpu_memory,
+    seq_len: SeqLenOpt = D.seq_len,
+    global_batch: GlobalBatchOpt = D.global_batch,
+    precision: PrecisionOpt = D.precision,
+    headroom: HeadroomOpt = D.headroom,
+    attention: AttentionOpt = D.attention,
+    max_micro_batch: MaxMicroBatchOpt = D.max_micro_batch,
+    micro_batches: MicroBatchesOpt = None,
+    rungs: RungsOpt = None,
+    nvme_path: NvmePathOpt = D.nvme_path,
+    trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every memory component.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Predict memory for every ZeRO stage / offload rung: no GPU needed, nothing is run."""
-    _check_inputs(seq_len, headroom, attention, precision, global_batch)
-    source = resolve_model(model, trust_remote_code)
-    target = _target(gpus, nodes, gpu_type, gpu_memory, nvme_path)  # before the summary: fail fast without a GPU
-    summary = summarize(source)
-    length = seq_len or default_seq_len(summary)
-    if summary.max_positions and length > summary.max_positions:
-        raise UserError(f"--seq-len {length} exceeds the model's {summary.max_positions} positions")
-    chosen_precision = precision or ("bf16" if target.gpu.bf16 else "fp16")
-    settings = EstimateSettings(seq_len=length, precision=chosen_precision, attention=attention, device="cuda")
-    result = plan(summary, target, settings, headroom, global_batch)
+    """Predict memory for every ZeRO stage / offload rung: no GPU needed, nothing is run.
+
+    Exit codes: 0 something fits, 2 bad input, 3 nothing fits.
+    """
+    from autotune.context import TuneContext
+    from autotune.recommend import recommend
+    from autotune.request import TuneRequest
+
+    request = TuneRequest(
+        model=model,
+        gpus=gpus,
+        nodes=nodes,
+        gpu_type=gpu_type,
+        gpu_memory=gpu_memory,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        precision=precision,
+        attention=attention,
+        headroom=headroom,
+        max_micro_batch=max_micro_batch,
+        micro_batches=parse_int_list(micro_batches, "--micro-batches"),
+        rungs=parse_rung_list(rungs),
+        nvme_path=nvme_path,
+        trust_remote_code=trust_remote_code,
+    )
+    say_assumed_units(gpu_memory=gpu_memory)
+    ctx = TuneContext.build(request, outputs=False)
+    recommendation = recommend(ctx)
     if as_json:
-        data = result.to_dict()
-        best = fastest_fit(result)
-        data["fastest_fit"] = best.to_dict() if best else None
+        data = recommendation.plan.to_dict()
+        row, candidate = recommendation.row, recommendation.candidate
+        data["fastest_fit"] = {**row.to_dict(), "micro_batch": candidate.micro_batch} if row and candidate else None
+        data["recommended"] = candidate.to_dict() if candidate else None
         print_json(data)
-        return
-    _print_table(result, verbose)
+    else:
+        _print_table(recommendation, verbose)
+    if recommendation.candidate is None:
+        raise NothingFitsError(f"nothing fits {ctx.target.describe()} (see the table for the closest rung)")
 
 
 def register(app: typer.Typer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -11,18 +12,34 @@ from rich.console import Console
 from rich.status import Status
 
 from autotune.cli.options import (
+    AttentionOpt,
+    CacheDirOpt,
+    D,
+    DeviceOpt,
     GlobalBatchOpt,
+    GpuMemoryFractionOpt,
     GpuMemoryOpt,
     GpusOpt,
     GpuTypeOpt,
+    HeadroomOpt,
     JsonOpt,
+    MaxMicroBatchOpt,
+    MaxTrialsOpt,
+    MemoryBudgetOpt,
+    MicroBatchesOpt,
     ModelOpt,
     NodesOpt,
     NvmePathOpt,
+    OutOpt,
     PrecisionOpt,
+    ReportDirOpt,
+    RungsOpt,
+    SeqLenOpt,
+    TrialTimeoutOpt,
     TrustRemoteCodeOpt,
+    say_assumed_units,
 )
-from autotune.cli.output import console, err_console, print_json
+from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.parsing import parse_int_list, parse_rung_list
 from autotune.terminate import Terminated, sigterm_raises
 from autotune.units import format_bytes
@@ -33,16 +50,24 @@ if TYPE_CHECKING:
     from autotune.tuner import TuneRequest, TuneResult
 
 
-class _Progress:
-    """Live status on stderr: which trial runs, for how long, how much budget is left."""
+class TrialProgress:
+    """Progress on stderr: a live status on a terminal; plain timestamped lines in a log (SLURM, CI), with a
+    line when each trial starts, so a hung trial is visible as one."""
 
     def __init__(self, err: Console, max_trials: int, enabled: bool) -> None:
         self.err = err
         self.max_trials = max_trials
         self.enabled = enabled
+        self.live = err.is_terminal
         self.count = 0
         self.started = time.monotonic()
         self.status: Status | None = None
+
+    def line(self, message: str) -> None:
+        if self.live:
+            self.err.print(f"  {message}")
+        else:
+            print(stamped(message), file=sys.stderr, flush=True)
 
     def __call__(self, event: SearchEvent) -> None:
         if not self.enabled:
@@ -51,8 +76,11 @@ class _Progress:
         if event.kind == "trial_start" and event.candidate:
             self.count += 1
             text = f"trial {self.count} (budget {self.max_trials}): {event.candidate.describe()}  [{elapsed:.0f} s]"
-            self.status = self.err.status(text)
-            self.status.start()
+            if self.live:
+                self.status = self.err.status(text)
+                self.status.start()
+            else:
+                self.line(f"started {text}")
             return
         if self.status:
             self.status.stop()
@@ -64,14 +92,14 @@ class _Progress:
             cached = " (cached)" if record.from_cache else ""
             status = result.status if record.within_headroom or not result.ok else "over headroom"
             detail = f": {result.error}" if result.error and not result.ok else ""
-            self.err.print(
-                f"  {record.candidate.key}: {status}{detail}, peak {format_bytes(result.peak_memory_bytes)}"
+            self.line(
+                f"{record.candidate.key}: {status}{detail}, peak {format_bytes(result.peak_memory_bytes)}"
                 f" (predicted {format_bytes(record.predicted_peak_bytes)}){speed}{cached}"
             )
         elif event.kind == "prepare":
-            self.err.print(f"  {event.message}")
+            self.line(event.message)
         elif event.kind == "skip":
-            self.err.print(f"  skip {event.candidate.rung.value if event.candidate else ''}: {event.message}")
+            self.line(f"skip {event.candidate.rung.value if event.candidate else ''}: {event.message}")
 
 
 def _print_summary(result: TuneResult) -> None:
@@ -91,44 +119,46 @@ def _print_summary(result: TuneResult) -> None:
     out.print(f"  config: {result.config_path}" + (f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""))
     out.print(f"  report: {result.report_path}")
     out.print(f"  launch: {result.launch.deepspeed if result.launch else '-'}")
+    for note in data.get("notes") or []:
+        out.print(f"  note: {note}")
 
 
 def tune_command(
     model: ModelOpt,
-    gpus: GpusOpt = None,
-    nodes: NodesOpt = 1,
-    gpu_type: GpuTypeOpt = None,
-    gpu_memory: GpuMemoryOpt = None,
-    device: Annotated[
-        str, typer.Option(help="cuda: trials on the GPUs here; cpu: real trials on the CPU backend.")
-    ] = "cuda",
-    memory_budget: Annotated[str | None, typer.Option(help="Per-rank memory cap for --device cpu, e.g. 2GiB.")] = None,
-    seq_len: Annotated[
-        int | None, typer.Option("--seq-len", "-s", help="Sequence length (default: model's, <=2048).")
-    ] = None,
-    global_batch: GlobalBatchOpt = None,
-    precision: PrecisionOpt = None,
-    headroom: Annotated[float, typer.Option(help="Peak must stay under this fraction of free memory.")] = 0.9,
-    max_trials: Annotated[int, typer.Option(help="Most trials to launch.")] = 12,
-    time_budget: Annotated[float | None, typer.Option(help="Stop launching trials after this many seconds.")] = None,
-    max_micro_batch: Annotated[int, typer.Option(help="Largest micro-batch per GPU to consider.")] = 256,
-    micro_batches: Annotated[str | None, typer.Option(help="Explicit micro-batch grid, e.g. 1,2,4,8.")] = None,
-    rungs: Annotated[str | None, typer.Option(help="Restrict the ladder, e.g. z0,z2,z3+offload_opt.")] = None,
-    nvme_path: NvmePathOpt = None,
-    gpu_memory_fraction: Annotated[
-        float | None, typer.Option(help="Emulate a smaller GPU (fraction of memory).")
-    ] = None,
-    trial_timeout: Annotated[float, typer.Option(help="Seconds before a trial is killed as hung.")] = 900.0,
-    out: Annotated[str, typer.Option("--out", "-o", help="Where to write ds_config.json.")] = "ds_config.json",
-    report_dir: Annotated[str | None, typer.Option(help="Where to write the report (default: beside --out).")] = None,
-    hf: Annotated[bool, typer.Option("--hf", help='Also write an HF Trainer variant with "auto" values.')] = False,
+    gpus: GpusOpt = D.gpus,
+    nodes: NodesOpt = D.nodes,
+    gpu_type: GpuTypeOpt = D.gpu_type,
+    gpu_memory: GpuMemoryOpt = D.gpu_memory,
+    device: DeviceOpt = D.device,
+    memory_budget: MemoryBudgetOpt = D.memory_budget,
+    seq_len: SeqLenOpt = D.seq_len,
+    global_batch: GlobalBatchOpt = D.global_batch,
+    precision: PrecisionOpt = D.precision,
+    attention: AttentionOpt = D.attention,
+    headroom: HeadroomOpt = D.headroom,
+    max_trials: MaxTrialsOpt = D.max_trials,
+    time_budget: Annotated[
+        float | None, typer.Option(help="Stop launching trials after this many seconds.")
+    ] = D.time_budget_s,
+    max_micro_batch: MaxMicroBatchOpt = D.max_micro_batch,
+    micro_batches: MicroBatchesOpt = None,
+    rungs: RungsOpt = None,
+    nvme_path: NvmePathOpt = D.nvme_path,
+    gpu_memory_fraction: GpuMemoryFractionOpt = D.gpu_memory_fraction,
+    trial_timeout: TrialTimeoutOpt = D.trial_timeout_s,
+    out: OutOpt = D.out,
+    report_dir: ReportDirOpt = D.report_dir,
+    hf: Annotated[bool, typer.Option("--hf", help='Also write an HF Trainer variant with "auto" values.')] = D.hf,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the results cache.")] = False,
-    cache_dir: Annotated[str | None, typer.Option(help="Results cache file (SQLite).")] = None,
-    script: Annotated[str, typer.Option(help="Training script named in the launch command.")] = "train.py",
-    trust_remote_code: TrustRemoteCodeOpt = False,
+    cache_dir: CacheDirOpt = D.cache_dir,
+    script: Annotated[str, typer.Option(help="Training script named in the launch command.")] = D.script,
+    trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     as_json: JsonOpt = False,
 ) -> None:
-    """Find the fastest DeepSpeed config that fits, with real trials, and write ds_config.json."""
+    """Find the fastest DeepSpeed config that fits, with real trials, and write ds_config.json.
+
+    Exit codes: 0 config written, 2 bad input (or no trial could complete), 3 nothing fits.
+    """
     from autotune.tuner import TuneRequest, tune
 
     request = TuneRequest(
@@ -142,6 +172,7 @@ def tune_command(
         seq_len=seq_len,
         global_batch=global_batch,
         precision=precision,
+        attention=attention,
         headroom=headroom,
         max_trials=max_trials,
         time_budget_s=time_budget,
@@ -161,7 +192,8 @@ def tune_command(
     )
     from autotune.hook.leader import BestVerified
 
-    progress = _Progress(err_console(), max_trials, enabled=not as_json)
+    say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget)
+    progress = TrialProgress(err_console(), max_trials, enabled=not as_json)
     best = BestVerified(progress)
     try:
         with sigterm_raises():

@@ -12,11 +12,12 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib.util
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from autotune.environment import parse_without_device
 
 ZERO2_FUNCTION = "estimate_zero2_model_states_mem_needs"
 ZERO3_FUNCTION = "estimate_zero3_model_states_mem_needs"
@@ -61,7 +62,7 @@ def compile_estimators() -> DeepSpeedEstimators:
 
 def import_estimators() -> DeepSpeedEstimators:
     """The same functions by a normal import (slow: torch and the ZeRO runtime come with them)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # never let the tuner process touch CUDA
+    parse_without_device()  # never let the tuner process touch CUDA
     from deepspeed.runtime.zero import stage3, stage_1_and_2
 
     return DeepSpeedEstimators(

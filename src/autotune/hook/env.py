@@ -272,7 +272,16 @@ def detect_job_env(
         raise UserError(f"--device must be cuda or cpu, got {device!r}")
     src = _Sources(environ, overrides, device, visible_gpus, scontrol)
     if any(environ.get(k) for k in TORCHRUN_KEYS):
-        return _torchrun(src)
-    if environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"):
-        return _slurm(src)
-    return _standalone(src)
+        job = _torchrun(src)
+    elif environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"):
+        job = _slurm(src)
+    else:
+        job = _standalone(src)
+    _check_ranks(job)
+    return job
+
+
+def _check_ranks(job: JobEnv) -> None:
+    """This process's node must lie inside the job: SLURM_NODEID=5 in a one-node job is a bad environment."""
+    if not 0 <= job.node_rank < job.nodes:
+        raise UserError(f"contradictory job environment: node rank {job.node_rank} but the job has {job.nodes} node(s)")

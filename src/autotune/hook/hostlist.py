@@ -8,6 +8,7 @@ same syntax for machines without the SLURM client tools (and for tests), so a jo
 from __future__ import annotations
 
 import itertools
+import math
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -15,6 +16,10 @@ from collections.abc import Callable
 from autotune.errors import UserError
 
 ScontrolRunner = Callable[[str], list[str] | None]
+
+# Far above any job's node count (the largest SLURM clusters have ~10^4 nodes); a bound so that a typo
+# like n[1-100000000] is one line, not minutes of expansion and a MemoryError.
+MAX_HOSTS = 65536
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -55,6 +60,8 @@ def _expand_range(text: str, whole: str) -> list[str]:
             continue
         if int(high) < int(low):
             raise UserError(f"malformed host list {whole!r}: range {item!r} runs backwards")
+        if int(high) - int(low) + 1 + len(values) > MAX_HOSTS:
+            raise UserError(f"host list {whole!r} names more than {MAX_HOSTS} hosts")
         width = len(low)
         values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
     return values
@@ -72,6 +79,8 @@ def _expand_item(item: str, whole: str) -> list[str]:
         pieces.append([prefix])
         pieces.append(_expand_range(body, whole))
     pieces.append([rest])
+    if math.prod(len(piece) for piece in pieces) > MAX_HOSTS:
+        raise UserError(f"host list {whole!r} names more than {MAX_HOSTS} hosts")
     return ["".join(combo) for combo in itertools.product(*pieces)]
 
 
@@ -80,6 +89,8 @@ def parse_hostlist(text: str) -> list[str]:
     hosts: list[str] = []
     for item in _split_top_level(text):
         hosts.extend(_expand_item(item, text))
+        if len(hosts) > MAX_HOSTS:
+            raise UserError(f"host list {text!r} names more than {MAX_HOSTS} hosts")
     if not hosts:
         raise UserError(f"empty host list {text!r}")
     return hosts

@@ -6,101 +6,26 @@
 - several nodes elsewhere, with a node list: the DeepSpeed launcher over a hostfile built from it
   (`host slots=N` lines), which reaches the other nodes with pdsh, as `deepspeed --hostfile` does.
 
-HostfileLauncher can also start one node's share only (`node_rank`, DeepSpeed's `--no_ssh`): one
-launcher per node with the same master address and port, which is how the two-"node" test runs a
-real multi-node trial on one machine, and how nodes without ssh between them can be driven.
+The launchers themselves live in trial/ (HostfileLauncher in trial/hostfile.py); HostfileLauncher can
+also start one node's share only (`node_rank`, DeepSpeed's `--no_ssh`): one launcher per node with the
+same master address and port, which is how the two-"node" test runs a real multi-node trial on one
+machine, and how nodes without ssh between them can be driven.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.errors import UserError
 from autotune.hook.env import JobEnv
-from autotune.hook.hostfile import read_hostfile, write_hostfile
+from autotune.trial.hostfile import TRIAL_MASTER_PORT, HostfileLauncher, write_hostfile
 
 if TYPE_CHECKING:
-    from autotune.trial.launch import LaunchPlan
-    from autotune.trial.types import TrialLauncher, TrialResult, TrialSpec
-
-TRIAL_MASTER_PORT = 29531  # not torchrun's 29500 / 29400: the job's own rendezvous may be listening there
-
-
-class HostfileLauncher:
-    """`python -m deepspeed.launcher.runner --hostfile H ... -m autotune.trial.worker` for one trial.
-
-    The trial directory must be on a filesystem every node sees (ranks write their results there),
-    and every node needs the same Python environment, as with any `deepspeed --hostfile` run.
-    """
-
-    def __init__(
-        self,
-        hostfile: Path,
-        master_addr: str,
-        master_port: int = TRIAL_MASTER_PORT,
-        workdir: Path | None = None,
-        *,
-        node_rank: int | None = None,  # None: every node, through pdsh; else this node only (--no_ssh)
-        python: str = sys.executable,
-        env: Mapping[str, str] | None = None,
-        poll_interval_s: float = 0.2,
-        kill_grace_s: float = 10.0,
-    ) -> None:
-        self.hostfile = Path(hostfile)
-        self.master_addr = master_addr
-        self.master_port = master_port
-        self.workdir = workdir
-        self.node_rank = node_rank
-        self.python = python
-        self.env = dict(env or {})
-        self.poll_interval_s = poll_interval_s
-        self.kill_grace_s = kill_grace_s
-
-    def command(self, spec: TrialSpec, worker: list[str]) -> list[str]:
-        from autotune.trial.launch import WORKER_MODULE
-
-        scope = ["--no_ssh", f"--node_rank={self.node_rank}"] if self.node_rank is not None else []
-        return [
-            self.python, "-u", "-m", "deepspeed.launcher.runner",
-            f"--hostfile={self.hostfile}",
-            f"--num_nodes={spec.nodes}",
-            f"--num_gpus={spec.nprocs_per_node}",
-            f"--master_addr={self.master_addr}",
-            f"--master_port={self.master_port}",
-            *scope,
-            "--no_local_rank",
-            "--module", WORKER_MODULE, *worker,
-        ]  # fmt: skip
-
-    def plan(self, spec: TrialSpec) -> LaunchPlan:
-        from autotune.trial.launch import LaunchPlan, worker_args
-
-        hosts = read_hostfile(self.hostfile)
-        if len(hosts) < spec.nodes:
-            raise UserError(f"hostfile {self.hostfile} lists {len(hosts)} host(s), the trial needs {spec.nodes}")
-        if self.node_rank is None:
-            ranks = range(spec.world_size)
-        elif 0 <= self.node_rank < spec.nodes:
-            ranks = range(self.node_rank * spec.nprocs_per_node, (self.node_rank + 1) * spec.nprocs_per_node)
-        else:
-            raise UserError(f"node_rank {self.node_rank} is outside the trial's {spec.nodes} node(s)")
-        return LaunchPlan(
-            command=lambda spec_path, out, at: self.command(spec, worker_args(spec_path, out, at)),
-            ranks=ranks,
-            env={**os.environ, **self.env},
-            rank_exit_codes=lambda _code, _log: {},  # DeepSpeed's launcher names failed pids, not ranks
-        )
-
-    def run(self, spec: TrialSpec) -> TrialResult:
-        from autotune.trial.launch import launch_trial, trial_directory
-
-        with trial_directory(self.workdir) as trial_dir:
-            return launch_trial(spec, self.plan(spec), trial_dir, self.poll_interval_s, self.kill_grace_s)
+    from autotune.trial.types import TrialLauncher
 
 
 def _outside_torchrun(environ: Mapping[str, str]) -> dict[str, str]:
@@ -132,6 +57,9 @@ def choose_launcher(
     trials = shared_dir / "trials"
     if env.get("SLURM_JOB_ID"):
         from autotune.trial import SlurmLauncher
+
+        if which("srun") is None:
+            raise UserError("multi-node trials inside SLURM run with srun, which is not on PATH")
 
         # SLURM_OVERLAP: when the hook itself runs under srun, its step holds the node's resources, and
         # a trial step must share them or it waits forever; the hook processes use no GPU themselves.

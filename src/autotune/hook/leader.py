@@ -24,14 +24,17 @@ from autotune.errors import NothingFitsError, UserError
 from autotune.hook.coordinate import HookRecord, RecordStatus
 from autotune.hook.env import JobEnv
 from autotune.leftovers import owned_tempdir, sweep
+from autotune.request import memory_size
+from autotune.stop import StopReason
 from autotune.terminate import Terminated
-from autotune.units import format_bytes, parse_bytes
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.ladder import Candidate
+    from autotune.request import TuneRequest
     from autotune.search import SearchEvent, TrialRecord
     from autotune.trial.types import TrialLauncher
-    from autotune.tuner import TuneRequest, TuneResult
+    from autotune.tuner import TuneResult
 
 TuneFn = Callable[..., "TuneResult"]  # tune(request, launcher=..., observe=...)
 
@@ -63,7 +66,7 @@ def probed_plan_memory(tuning: TuneRequest) -> tuple[int, bool] | None:
     if tuning.device == "cpu":
         ranks = tuning.gpus or 1
         budget = tuning.memory_budget
-        per_rank = parse_bytes(budget, what="--memory-budget") if budget else psutil.virtual_memory().available // ranks
+        per_rank = memory_size(budget, "--memory-budget") if budget else psutil.virtual_memory().available // ranks
         return per_rank, True
     from autotune.probe import probe_gpus
 
@@ -117,7 +120,8 @@ def _details(result: TuneResult) -> dict:
     return {
         "trials_launched": result.trials_launched,
         "samples_per_s": result.samples_per_s,
-        "stop_reason": report.get("stop_reason"),
+        "stop_reason": result.stop_reason.value,
+        "stop_message": report.get("stop_message"),
         "choice": (report.get("choice") or {}).get("description"),
         "report_path": str(result.report_path) if result.report_path else None,
         "from_cache": result.from_cache,
@@ -127,12 +131,11 @@ def _details(result: TuneResult) -> dict:
 def _from_result(leader: LeaderJob, result: TuneResult, staged: Path) -> HookRecord:
     text = staged.read_text()
     details = _details(result)
-    stop = details["stop_reason"] or ""
     if not result.verified:
         warning = "plan-only recommendation: no trial verified it"
         return leader.record("fallback", text, "plan only", False, warning=warning, details=details)
-    if stop.startswith("time budget"):
-        warning = f"tuning stopped early ({stop}): this is the best config verified so far"
+    if result.stop_reason is StopReason.TIME_BUDGET:  # the hook's --time-budget: tuning was cut short
+        warning = f"tuning stopped early ({details['stop_message']}): this is the best config verified so far"
         return leader.record("fallback", text, "best verified so far", True, warning=warning, details=details)
     source = "results cache" if result.from_cache else "tuned"
     return leader.record("complete", text, source, True, details=details)
@@ -171,7 +174,9 @@ def _fallback(leader: LeaderJob, reason: str, best: BestVerified, staged: Path) 
         tuning,
         device="cuda",
         gpu_type=None,
-        gpu_memory=str(per_rank),
+        gpu_memory=f"{per_rank}B",  # exact bytes (a bare number would be GiB)
+        memory_budget=None,
+        gpu_memory_fraction=None,
         precision=tuning.precision or ("bf16" if bf16 else "fp16"),
         use_cache=False,
     )

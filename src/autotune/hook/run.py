@@ -30,9 +30,9 @@ from autotune.terminate import Terminated
 
 if TYPE_CHECKING:
     from autotune.probe import GpuInfo
+    from autotune.request import TuneRequest
     from autotune.search import SearchEvent
     from autotune.trial.types import TrialLauncher
-    from autotune.tuner import TuneRequest
 
 LauncherChooser = Callable[[JobEnv, Path, Mapping[str, str]], "TrialLauncher | None"]
 GpuProber = Callable[[], "list[GpuInfo]"]
@@ -198,7 +198,7 @@ def run_hook(
         tuning,
         gpus=job.gpus_per_node,
         nodes=job.nodes,
-        cache_dir=str(shared / "results.sqlite"),
+        cache_dir=str(shared),  # the results cache is results.sqlite in it, as for `autotune --cache-dir`
         report_dir=tuning.report_dir or str(Path(tuning.out).resolve().parent),
         trial_timeout_s=min(tuning.trial_timeout_s, tuning.time_budget_s or tuning.trial_timeout_s),
     )

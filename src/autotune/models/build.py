@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from autotune.errors import UserError
@@ -12,7 +13,10 @@ _ENCODER_HEADS = ("ForMaskedLM", "ForPreTraining", "ForSequenceClassification", 
 def make_config(config: dict, trust_remote_code: bool = False) -> Any:
     import transformers
 
-    values = {k: v for k, v in config.items() if k not in ("transformers_version", "torch_dtype", "dtype")}
+    # A deep copy: transformers normalises nested values in place (rope_scaling, for Llama 3.2), which would
+    # change the caller's config and so its fingerprint after the build.
+    skipped = ("transformers_version", "torch_dtype", "dtype")
+    values = copy.deepcopy({k: v for k, v in config.items() if k not in skipped})
     model_type = values.pop("model_type", None)
     if model_type is None:
         raise UserError("config has no 'model_type'")

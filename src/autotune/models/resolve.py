@@ -25,28 +25,58 @@ class ModelSource:
     trust_remote_code: bool = False
 
 
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; anything this large is not one
+# Size fields a model is built from: each must be a positive integer when present (a negative or string
+# n_embd would otherwise fail deep inside torch, or hang building a huge meta tensor).
+SIZE_FIELDS = (
+    "hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers",
+    "num_attention_heads", "n_head", "num_heads", "num_key_value_heads", "intermediate_size", "n_inner", "d_ff",
+    "ffn_dim", "d_kv", "head_dim", "vocab_size", "max_position_embeddings", "n_positions",
+)  # fmt: skip
+
+
 def _read_config_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        if path.stat().st_size > MAX_CONFIG_BYTES or not path.is_file():
+            raise UserError(f"{path} is not a config.json (not a regular file, or larger than 16 MiB)")
+        data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise UserError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"malformed config.json at {path}: not UTF-8 text") from None
+    except RecursionError:
+        raise UserError(f"malformed config.json at {path}: nested too deeply") from None
     except json.JSONDecodeError as error:
         raise UserError(f"malformed config.json at {path}: {error.msg} (line {error.lineno})") from None
     if not isinstance(data, dict):
         raise UserError(f"malformed config.json at {path}: expected a JSON object")
     if "model_type" not in data:
         raise UserError(f"unsupported config.json at {path}: it has no 'model_type'")
+    check_sizes(data, str(path))
     return data
+
+
+def check_sizes(config: dict, where: str) -> None:
+    """Every size field present is a positive integer (null is allowed: transformers fills a default)."""
+    for name in SIZE_FIELDS:
+        value = config.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise UserError(f"config.json at {where}: {name} must be a positive integer, got {value!r}")
 
 
 def _read_profile_file(path: Path) -> ModelSource | None:
     """A file in the built-in profile format ({"name", "architecture", "config"}) is accepted as a custom profile."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
+            return None  # _read_config_json says why
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # ValueError covers JSONDecodeError and UnicodeDecodeError
         return None
     if not (isinstance(data, dict) and isinstance(data.get("config"), dict) and "model_type" in data["config"]):
         return None
+    check_sizes(data["config"], str(path))
     return ModelSource(
         name=str(data.get("name") or path.stem),
         origin="local",

@@ -2,20 +2,17 @@
 
 The counts are derived by a meta-device build, not measured; tests/test_models.py rebuilds every
 profile and checks its shipped summary is identical. After editing a profile, regenerate with
-`python -m autotune.models.shipped`.
+`python -m autotune.models.regenerate`.
 """
 
 from __future__ import annotations
 
 import json
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 
-from autotune.atomic import atomic_write_json
-from autotune.models.profiles import model_profiles
-from autotune.models.resolve import ModelSource, resolve_model
-from autotune.models.summary import ModelSummary, fingerprint, summarize
+from autotune.models.resolve import ModelSource
+from autotune.models.types import ModelSummary, fingerprint
 from autotune.paths import profiles_dir
 
 
@@ -39,20 +36,3 @@ def shipped_summary(source: ModelSource) -> ModelSummary | None:
     if entry is None:
         return None
     return ModelSummary.from_dict({**entry, "name": source.name, "origin": source.origin})
-
-
-def write_shipped() -> Path:
-    summaries = {}
-    for profile in sorted(model_profiles().values(), key=lambda p: p.name):
-        summary = summarize(resolve_model(profile.name), use_cache=False)
-        summaries[summary.fingerprint] = summary.to_dict()
-    data = {
-        "transformers": metadata.version("transformers"),
-        "generated_by": "python -m autotune.models.shipped",
-        "summaries": summaries,
-    }
-    return atomic_write_json(shipped_path(), data)
-
-
-if __name__ == "__main__":
-    print(write_shipped())

@@ -7,61 +7,18 @@ for importing transformers on every call.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from autotune.atomic import atomic_write_json
+from autotune.errors import UserError
 from autotune.models.resolve import ModelSource
+from autotune.models.types import ModelSummary, fingerprint
 from autotune.paths import cache_dir
 
 SUMMARY_SCHEMA = 1
-
-
-@dataclass(frozen=True)
-class ModelSummary:
-    name: str
-    origin: str
-    architecture: str
-    model_type: str
-    family: str  # "decoder-only" | "encoder-decoder" | "encoder"
-    total_params: int
-    trainable_params: int
-    largest_layer_params: int  # most parameters owned directly by one module (DeepSpeed's definition)
-    embedding_params: int
-    hidden_size: int
-    num_layers: int  # encoder layers for encoder-decoder models
-    num_decoder_layers: int  # 0 for decoder-only and encoder-only models
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    max_positions: int | None
-    tied_embeddings: bool
-    fingerprint: str
-    config: dict = field(repr=False)
-    trust_remote_code: bool = False
-
-    @property
-    def total_layers(self) -> int:
-        return self.num_layers + self.num_decoder_layers
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ModelSummary:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
-
-
-def fingerprint(config: dict, architecture: str | None) -> str:
-    canonical = {k: v for k, v in config.items() if k not in ("transformers_version", "_name_or_path")}
-    blob = json.dumps({"architecture": architecture, "config": canonical}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _first(config: Any, names: tuple[str, ...], default: Any = None) -> Any:
@@ -145,7 +102,13 @@ def summarize(source: ModelSource, use_cache: bool = True) -> ModelSummary:
             return shipped
     from autotune.models.build import build_model
 
-    model, architecture = build_model(source.config, source.architecture, "meta", source.trust_remote_code)
+    try:
+        model, architecture = build_model(source.config, source.architecture, "meta", source.trust_remote_code)
+    except UserError:
+        raise
+    except Exception as error:  # transformers and torch refuse bad configs in many ways; all are the user's input
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"cannot build {source.name} from its config: {type(error).__name__}: {first}") from None
     summary = summarize_model(model, source, architecture)
     if use_cache:
         with contextlib.suppress(OSError):  # a read-only cache dir only costs speed

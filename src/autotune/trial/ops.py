@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from autotune.environment import select_accelerator
+
 # The DeepSpeed op builders a trial loads, per accelerator.
 TRIAL_OPS = {
     "cpu": ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder"),
@@ -113,7 +115,7 @@ def ensure_ops_ready(
 
 def build_ops(device: str) -> dict[str, float]:
     """In this process: load (building if needed) each op; seconds per op."""
-    os.environ["DS_ACCELERATOR"] = device
+    select_accelerator(device)
     from deepspeed.accelerator import get_accelerator
 
     seconds = {}

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.environment import select_accelerator
 from autotune.trial.faults import maybe_inject_fault
 from autotune.trial.memory import MemoryTracker, release_host_memory
 from autotune.trial.outcome import classify_exception
@@ -48,7 +49,7 @@ def import_runtime(device: str, architecture: str | None = None) -> None:
 
     DeepSpeed picks its accelerator once, at import, from DS_ACCELERATOR.
     """
-    os.environ["DS_ACCELERATOR"] = device
+    select_accelerator(device)
     import deepspeed  # noqa: F401
     import torch  # noqa: F401
     import transformers

@@ -1,0 +1,45 @@
+"""What a tuning assumed, written beside the config it emitted (`ds_config.autotune.json`).
+
+A DeepSpeed config does not say the model, the sequence length, or whether gradient checkpointing is on,
+yet whether it fits depends on all three. `autotune check` reads this record, so checking the tuner's own
+output asks the same question the tuner answered; a later `plan` can be given the same values.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from autotune.atomic import atomic_write_json
+
+SUFFIX = ".autotune.json"
+SCHEMA = 1
+
+
+def assumptions_path(config_path: str | Path) -> Path:
+    path = Path(config_path)
+    return path.with_name(path.stem + SUFFIX)
+
+
+def write_assumptions(config_path: Path, report: dict[str, Any]) -> Path:
+    choice = report.get("choice") or {}
+    record = {
+        "schema": SCHEMA,
+        "written_by": "autotune",
+        **(report.get("assumptions") or {}),
+        "verified": bool(report.get("verified")),
+        "measured_peak_bytes": choice.get("peak_bytes"),
+        "limit_bytes": report.get("limit_bytes"),
+    }
+    return atomic_write_json(assumptions_path(config_path), record)
+
+
+def read_assumptions(config_path: str | Path) -> dict[str, Any] | None:
+    """The record beside `config_path`, or None when absent or unreadable (then nothing is assumed)."""
+    path = assumptions_path(config_path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == SCHEMA else None

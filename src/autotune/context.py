@@ -1,0 +1,233 @@
+"""`TuneContext`: one validated request turned into everything the steps share.
+
+`plan`, `tune`, `hook`, `check`'s fit rule and the benchmarks all build this one value, so they answer
+about the same job: the same model summary, target, precision, sequence length, micro-batch grid,
+rungs and run key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from dataclasses import dataclass, field, replace
+
+from autotune.cache import library_versions, run_key
+from autotune.dsconfig import TrainSettings, build_ds_config
+from autotune.errors import UserError
+from autotune.estimate.types import EstimateSettings
+from autotune.hardware import GpuSpec, Target
+from autotune.ladder import Candidate, Rung
+from autotune.models import ModelSummary, resolve_model, summarize
+from autotune.request import TuneRequest, chosen_rungs, default_seq_len, memory_size, micro_batch_grid, validate
+from autotune.trial.types import TrialSpec
+
+# Trial results depend on the memory limit (a CPU trial over its budget is stopped), so the trials' key holds
+# the limit in buckets 5% wide on a log scale: a few percent of jitter in free memory keeps the key. The final
+# answer is keyed without the limit and re-checked against the limit now (tuner.cached_answer).
+LIMIT_BUCKET_RATIO = 1.05
+
+
+def limit_bucket(limit_bytes: int) -> int:
+    return round(math.log(max(limit_bytes, 1)) / math.log(LIMIT_BUCKET_RATIO))
+
+
+def uses_relative_positions(model: ModelSummary) -> bool:
+    """T5-style relative attention has no position table: any length runs (the config's n_positions is a
+    leftover of the pre-training length; transformers' T5Attention buckets distances instead)."""
+    return "relative_attention_num_buckets" in model.config
+
+
+def cpu_target(request: TuneRequest) -> Target:
+    """The CPU backend: each rank is a process; its memory budget plays the role of GPU free memory."""
+    from autotune.probe import probe
+
+    host = probe(request.nvme_path).host
+    ranks = request.gpus or 1
+    budget = (
+        memory_size(request.memory_budget, "--memory-budget")
+        if request.memory_budget
+        else (host.ram_available_bytes // ranks)
+    )
+    cpu = GpuSpec(
+        key="cpu",
+        name=f"CPU rank ({platform.processor() or platform.machine()})",
+        memory_bytes=budget,
+        bf16=True,
+        source="CPU backend (DS_ACCELERATOR=cpu, gloo)",
+    )
+    return Target(cpu, ranks, request.nodes, budget, host.ram_available_bytes, host.nvme_free_bytes, measured=True)
+
+
+def gpu_target(request: TuneRequest) -> Target:
+    from autotune.probe import probe
+    from autotune.target import resolve_target
+
+    planned = bool(request.gpu_type or request.gpu_memory)
+    probed = probe(request.nvme_path) if not planned or request.nvme_path else None
+    memory = f"{memory_size(request.gpu_memory, '--gpu-memory')}B" if request.gpu_memory else None
+    target = resolve_target(probed, request.gpus, request.nodes, request.gpu_type, memory)
+    if request.gpu_memory_fraction and target.measured:
+        emulated = int(request.gpu_memory_fraction * target.gpu.memory_bytes)
+        target = replace(target, free_memory_bytes=min(target.free_memory_bytes, emulated))
+    return target
+
+
+def check_host_capacity(request: TuneRequest, target: Target) -> None:
+    """Before CPU trials: the ranks' budgets must fit in this machine's RAM, and each rank needs a core."""
+    if request.device != "cpu":
+        return
+    from autotune.units import format_bytes
+
+    ranks = target.world_size
+    total = ranks * target.free_memory_bytes
+    if target.host_ram_bytes is not None and total > target.host_ram_bytes:
+        raise UserError(
+            f"{ranks} CPU rank(s) x {format_bytes(target.free_memory_bytes)} = {format_bytes(total)} is more than"
+            f" the {format_bytes(target.host_ram_bytes)} of RAM available here; lower --memory-budget or --gpus"
+        )
+    cores = os.cpu_count() or 1
+    if ranks > cores:
+        raise UserError(f"--gpus {ranks}: more CPU ranks than this machine's {cores} core(s)")
+
+
+def resolve_request_target(request: TuneRequest) -> Target:
+    return cpu_target(request) if request.device == "cpu" else gpu_target(request)
+
+
+@dataclass(frozen=True)
+class TuneContext:
+    """Everything derived from a request that plan, tune, hook, check and the benchmarks share."""
+
+    request: TuneRequest
+    model: ModelSummary
+    target: Target
+    precision: str
+    seq_len: int
+    grid: list[int]
+    rungs: list[Rung]
+    unavailable: list[tuple[Rung, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # assumptions worth telling the user
+    versions: dict[str, str] = field(default_factory=library_versions)  # read once: metadata lookups are slow
+
+    @classmethod
+    def build(
+        cls, request: TuneRequest, model: ModelSummary | None = None, target: Target | None = None, outputs: bool = True
+    ) -> TuneContext:
+        """Validate `request` and resolve it; `model` and `target` may be given to skip resolving them.
+
+        `outputs=False`: the caller writes nothing, so --out and the other output paths are not checked."""
+        validate(request, outputs=outputs)
+        target = target or resolve_request_target(request)  # before the summary: fail fast without a GPU
+        model = model or summarize(resolve_model(request.model, request.trust_remote_code))
+        notes = []
+        relative = uses_relative_positions(model)
+        seq_len = request.seq_len or default_seq_len(None if relative else model.max_positions)
+        if not relative and model.max_positions and seq_len > model.max_positions:
+            raise UserError(f"--seq-len {seq_len} exceeds the model's {model.max_positions} positions")
+        if model.family == "encoder-decoder":
+            notes.append(f"encoder and decoder sequence length both {seq_len} (--seq-len sets both)")
+        precision = request.precision or ("bf16" if target.gpu.bf16 else "fp16")
+        rungs, unavailable = chosen_rungs(request)
+        grid = micro_batch_grid(request, target.world_size)
+        return cls(request, model, target, precision, seq_len, grid, rungs, unavailable, notes)
+
+    @property
+    def verified(self) -> bool:
+        """Trials can run: the target is this machine's hardware, not a profile."""
+        return self.target.measured
+
+    @property
+    def settings(self) -> EstimateSettings:
+        return EstimateSettings(
+            seq_len=self.seq_len, precision=self.precision, attention=self.request.attention, device=self.request.device
+        )
+
+    @property
+    def train(self) -> TrainSettings:
+        return TrainSettings(
+            world_size=self.target.world_size,
+            precision=self.precision,
+            global_batch=self.request.global_batch,
+            hidden_size=self.model.hidden_size,
+            nvme_path=self.request.nvme_path,
+        )
+
+    @property
+    def limit_bytes(self) -> int:
+        """The per-rank memory a config must stay under: headroom x free."""
+        return int(self.request.headroom * self.target.free_memory_bytes)
+
+    def question(self) -> dict:
+        """Everything that decides the answer except the memory limit."""
+        request = self.request
+        return {
+            "model": self.model.fingerprint,
+            # the CPU "GPU" memory is the budget itself, which the limit covers
+            "gpu": [self.target.gpu.name, None if self.target.gpu.key == "cpu" else self.target.gpu.memory_bytes],
+            "gpus": self.target.gpus_per_node,
+            "nodes": self.target.nodes,
+            "device": request.device,
+            "verified": self.verified,
+            "versions": self.versions,
+            "seq_len": self.seq_len,
+            "global_batch": request.global_batch,
+            "precision": self.precision,
+            "attention": request.attention,
+            "grid": self.grid,
+            "rungs": [r.value for r in self.rungs],
+            "fraction": request.gpu_memory_fraction,
+        }
+
+    @property
+    def key(self) -> str:
+        """The trials' key: the question and the memory limit, bucketed (see LIMIT_BUCKET_RATIO)."""
+        return run_key({**self.question(), "limit_bucket": limit_bucket(self.limit_bytes)})
+
+    @property
+    def answer_key(self) -> str:
+        """The final answer's key: the question alone; a stored answer records the limit it was found under."""
+        return run_key({**self.question(), "answer": 1})
+
+    def ds_config(self, candidate: Candidate) -> dict:
+        return build_ds_config(candidate, self.train)
+
+    def spec(self, candidate: Candidate) -> TrialSpec:
+        """The trial `tune()` runs for `candidate`; the benchmarks measure with exactly this."""
+        request = self.request
+        return TrialSpec(
+            model_config=self.model.config,
+            architecture=self.model.architecture,
+            family=self.model.family,
+            ds_config=self.ds_config(candidate),
+            seq_len=self.seq_len,
+            grad_checkpointing=candidate.grad_checkpointing,
+            device="cpu" if request.device == "cpu" else "cuda",
+            nprocs_per_node=self.target.gpus_per_node,
+            nodes=self.target.nodes,
+            timeout_s=request.trial_timeout_s,
+            gpu_memory_fraction=request.gpu_memory_fraction,
+            host_memory_budget_bytes=self.limit_bytes if request.device == "cpu" else None,
+            peak_tflops=self.target.gpu.peak_tflops(self.precision),
+            trust_remote_code=self.model.trust_remote_code,
+            smaller_micro_batch=candidate.micro_batch // 2 or None,  # second point of the step-time line
+        )
+
+    def assumptions(self, candidate: Candidate | None) -> dict:
+        """What the tuning assumed, written beside the config so `check` and a later `plan` ask the same question."""
+        return {
+            "model": self.request.model,
+            "model_fingerprint": self.model.fingerprint,
+            "seq_len": self.seq_len,
+            "precision": self.precision,
+            "attention": self.request.attention,
+            "grad_checkpointing": candidate.grad_checkpointing if candidate else None,
+            "gpus_per_node": self.target.gpus_per_node,
+            "nodes": self.target.nodes,
+            "gpu_type": self.request.gpu_type,
+            "gpu_memory": self.request.gpu_memory,
+            "memory_bytes_per_rank": self.target.free_memory_bytes,  # the CPU budget, or a planned GPU's memory
+            "device": self.request.device,
+            "headroom": self.request.headroom,
+            "trust_remote_code": self.request.trust_remote_code,
+        }

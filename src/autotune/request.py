@@ -1,0 +1,222 @@
+"""The one tuning request every entry point builds (`tune`, `plan`, `hook`, the Python API), and its rules.
+
+Defaults live here and nowhere else: the CLI reads them from `TuneRequest` (see cli/options.py), so
+`--headroom` means the same in every command. `validate()` checks everything that can be checked
+without the model or the hardware, so bad input is one line and exit 2 before anything runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UserError
+from autotune.ladder import Rung
+from autotune.units import parse_bytes
+
+DEVICES = ("cuda", "cpu")
+PRECISIONS = ("bf16", "fp16", "fp32")
+ATTENTIONS = ("sdpa", "flash", "eager")
+MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
+# Relative-position models (T5) have no position table; their pre-training length is the default.
+RELATIVE_POSITION_DEFAULT_SEQ_LEN = 512  # T5 paper, section 3.1.2: "sequence length of 512"
+DEFAULT_SEQ_LEN_CAP = 2048  # a model's context is used up to this; longer contexts are a choice, not a default
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What the user asked for, with the defaults every command shares."""
+
+    model: str
+    gpus: int | None = None
+    nodes: int = 1
+    gpu_type: str | None = None
+    gpu_memory: str | None = None  # "80GiB"; a bare number is GiB (said on stderr by the CLI)
+    device: str = "cuda"  # "cuda" or "cpu" (real trials on the CPU backend)
+    memory_budget: str | None = None  # per-rank cap for --device cpu, e.g. "2GiB"; a bare number is GiB
+    seq_len: int | None = None
+    global_batch: int | None = None
+    precision: str | None = None
+    attention: str = "sdpa"
+    headroom: float = 0.9
+    max_trials: int = 12
+    time_budget_s: float | None = None
+    max_micro_batch: int = 256
+    micro_batches: tuple[int, ...] | None = None  # explicit grid; default powers of two
+    rungs: tuple[Rung, ...] | None = None  # restrict the ladder
+    nvme_path: str | None = None
+    gpu_memory_fraction: float | None = None
+    trial_timeout_s: float = 900.0
+    out: str = "ds_config.json"
+    report_dir: str | None = None  # default: the config's directory
+    hf: bool = False
+    use_cache: bool = True
+    cache_dir: str | None = None  # a directory; the results cache is results.sqlite inside it
+    script: str = "train.py"
+    trust_remote_code: bool = False
+
+
+def default_of(name: str) -> Any:
+    """The default of one TuneRequest field, for the CLI's option declarations."""
+    for item in fields(TuneRequest):
+        if item.name == name:
+            return item.default
+    raise KeyError(name)
+
+
+def memory_size(text: str, what: str) -> int:
+    """Bytes from '80GiB', '24GB' or a bare number, which is GiB: nobody means 80 bytes of GPU memory."""
+    stripped = str(text).strip()
+    try:
+        number = float(stripped)
+    except ValueError:
+        return _finite_bytes(stripped, what)
+    if not math.isfinite(number) or number <= 0:
+        raise UserError(f"invalid {what} {text!r}: must be a positive, finite size, e.g. 80GiB")
+    return _finite_bytes(f"{stripped}GiB", what)
+
+
+def _finite_bytes(text: str, what: str) -> int:
+    try:
+        value = parse_bytes(text, what=what)
+    except OverflowError:
+        raise UserError(f"invalid {what} {text!r}: too large") from None
+    if value >= 1 << 60:
+        raise UserError(f"invalid {what} {text!r}: too large")
+    return value
+
+
+def _positive(value: float | None, flag: str, *, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise UserError(f"{flag} must be a positive number, got {value}")
+
+
+def _fraction(value: float | None, flag: str) -> None:
+    if value is not None and (not math.isfinite(value) or not 0 < value <= 1):
+        raise UserError(f"{flag} must be a fraction in (0, 1], got {value}")
+
+
+def _usable_output_dir(path: Path, flag: str) -> None:
+    """The nearest existing ancestor must be a writable directory: found now, not after the whole tuning."""
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{flag}: {parent} is not a directory")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise UserError(f"{flag}: cannot write under {parent} (permission denied)")
+            return
+
+
+def output_path(out: str) -> Path:
+    """Where the config is written: through a symlink to its target, so a symlinked --out stays a symlink."""
+    path = Path(out)
+    return path.resolve() if path.is_symlink() else path
+
+
+def check_outputs(request: TuneRequest) -> None:
+    """Output paths are checked before any work: a directory for --out, or a parent that is a file, is refused."""
+    out = Path(request.out)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; give a file path such as {out / 'ds_config.json'}")
+    _usable_output_dir(out.resolve().parent, "--out")
+    if request.report_dir:
+        report = Path(request.report_dir)
+        if report.exists() and not report.is_dir():
+            raise UserError(f"--report-dir {report} is a file, not a directory")
+        _usable_output_dir(report, "--report-dir")
+    if request.cache_dir and request.use_cache:
+        cache = Path(request.cache_dir)
+        if cache.exists() and not cache.is_dir():
+            raise UserError(f"--cache-dir {cache} is a file; it names a directory (the cache is results.sqlite in it)")
+        _usable_output_dir(cache, "--cache-dir")
+
+
+def validate(request: TuneRequest, *, outputs: bool = True) -> None:
+    """Every rule that needs neither the model nor the hardware; raises UserError with one line.
+
+    `outputs=False` for callers that write nothing (`check` re-building a tuning's context)."""
+    if request.gpus is not None and request.gpus <= 0:
+        raise UserError(f"--gpus must be positive (GPUs per node), got {request.gpus}")
+    if request.nodes <= 0:
+        raise UserError(f"--nodes must be positive, got {request.nodes}")
+    if request.device not in DEVICES:
+        raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {request.device!r}")
+    if request.precision not in (None, *PRECISIONS):
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {request.precision!r}")
+    if request.attention not in ATTENTIONS:
+        raise UserError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {request.attention!r}")
+    _fraction(request.headroom, "--headroom")
+    _fraction(request.gpu_memory_fraction, "--gpu-memory-fraction")
+    if request.seq_len is not None and request.seq_len <= 0:
+        raise UserError(f"--seq-len must be positive, got {request.seq_len}")
+    if request.global_batch is not None and request.global_batch <= 0:
+        raise UserError(f"--global-batch must be positive, got {request.global_batch}")
+    if request.max_trials <= 0:
+        raise UserError(f"--max-trials must be positive, got {request.max_trials}")
+    if not 0 < request.max_micro_batch <= MAX_MICRO_BATCH_LIMIT:
+        raise UserError(f"--max-micro-batch must be in 1..{MAX_MICRO_BATCH_LIMIT}, got {request.max_micro_batch}")
+    if request.micro_batches is not None and (
+        not request.micro_batches or any(not 0 < m <= MAX_MICRO_BATCH_LIMIT for m in request.micro_batches)
+    ):
+        raise UserError(f"--micro-batches must be positive integers up to {MAX_MICRO_BATCH_LIMIT}")
+    _positive(request.time_budget_s, "--time-budget")
+    _positive(request.trial_timeout_s, "--trial-timeout", allow_none=False)
+    if request.gpu_type and request.gpu_memory:
+        raise UserError("give either --gpu-type or --gpu-memory, not both")
+    if request.device == "cpu":
+        for flag, value in (
+            ("--gpu-type", request.gpu_type),
+            ("--gpu-memory", request.gpu_memory),
+            ("--gpu-memory-fraction", request.gpu_memory_fraction),
+        ):
+            if value is not None:
+                raise UserError(f"{flag} has no meaning with --device cpu (use --memory-budget for the per-rank cap)")
+    elif request.memory_budget is not None:
+        raise UserError("--memory-budget applies to --device cpu; for GPUs use --gpu-memory-fraction or --gpu-memory")
+    if request.memory_budget is not None:
+        memory_size(request.memory_budget, "--memory-budget")
+    if request.gpu_memory is not None:
+        memory_size(request.gpu_memory, "--gpu-memory")
+    if outputs:
+        check_outputs(request)
+
+
+def default_seq_len(max_positions: int | None) -> int:
+    """The model's context, capped at 2048; relative-position models (T5) default to their pre-training 512."""
+    if max_positions:
+        return min(DEFAULT_SEQ_LEN_CAP, int(max_positions))
+    return RELATIVE_POSITION_DEFAULT_SEQ_LEN
+
+
+def micro_batch_grid(request: TuneRequest, world_size: int) -> list[int]:
+    """The micro-batches the search may try, ascending; with --global-batch only whole accumulations."""
+    grid = list(
+        request.micro_batches
+        or [2**i for i in range(request.max_micro_batch.bit_length()) if 2**i <= request.max_micro_batch]
+    )
+    if request.global_batch is None:
+        return sorted(set(grid))
+    per_rank, remainder = divmod(request.global_batch, world_size)
+    if remainder or per_rank == 0:
+        raise UserError(f"--global-batch {request.global_batch} is not a multiple of the world size {world_size}")
+    if request.micro_batches is None:
+        grid = [d for d in range(1, min(per_rank, request.max_micro_batch) + 1) if per_rank % d == 0]
+    eligible = sorted({m for m in grid if per_rank % m == 0})
+    if not eligible:
+        raise UserError(
+            f"no micro-batch in {grid} gives a whole gradient accumulation for global batch"
+            f" {request.global_batch} at world size {world_size}"
+        )
+    return eligible
+
+
+def chosen_rungs(request: TuneRequest) -> tuple[list[Rung], list[tuple[Rung, str]]]:
+    """The rungs to search, and those left out with the reason (NVMe rungs need --nvme-path)."""
+    chosen = list(request.rungs or Rung)
+    unavailable = [(r, "no --nvme-path given") for r in chosen if r.needs_nvme] if not request.nvme_path else []
+    return [r for r in chosen if not any(r is u for u, _ in unavailable)], unavailable

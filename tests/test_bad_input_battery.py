@@ -1,0 +1,173 @@
+"""Bad input through the real CLI: one line on stderr, exit 2, no traceback, and before any trial runs.
+
+The battery is the one a new user's session found (tracebacks, hangs, "nothing fits" for a timeout, silent
+acceptance); every case must now be refused up front. In-process where the CLI allows it (fast), as a
+subprocess where the case is about the process (a hang, the environment, a signal handler).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from tests.conftest import run_cli
+
+from autotune import tune
+from autotune.cli import main
+from autotune.errors import TrialsFailedError
+from autotune.ladder import Rung
+from autotune.trial.types import TrialResult, TrialSpec
+from autotune.tuner import TuneRequest
+
+TINY_CPU = ["--model", "tiny-gpt2", "--device", "cpu", "--seq-len", "32"]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def _gpt2_config(tmp_path: Path, name: str, **fields: object) -> str:
+    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_head": 2, "n_embd": 8}
+    _write(tmp_path / name / "config.json", json.dumps({**config, **fields}).encode())
+    return str(tmp_path / name)
+
+
+def _cases(tmp_path: Path) -> list[tuple[list[str], str]]:
+    a_file = _write(tmp_path / "a_file", b"x")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    _write(tmp_path / "latin" / "config.json", b'{"model_type": "gpt2", "n_embd": "\xff\xfe"}')
+    _write(tmp_path / "deep" / "config.json", b"[" * 100_000 + b"]" * 100_000)
+    plan_t4 = ["--gpu-type", "t4"]
+    return [
+        (["plan", "--model", _gpt2_config(tmp_path, "neg", n_embd=-5), *plan_t4], "n_embd must be a positive integer"),
+        (["plan", "--model", _gpt2_config(tmp_path, "str", n_embd="big"), *plan_t4], "n_embd must be a positive"),
+        (["plan", "--model", str(tmp_path / "latin"), *plan_t4], "not UTF-8"),
+        (["plan", "--model", str(tmp_path / "deep"), *plan_t4], "nested too deeply"),
+        ([*TINY_CPU, "--memory-budget", "1e400"], "--memory-budget"),
+        ([*TINY_CPU, "--memory-budget", "nan"], "--memory-budget"),
+        ([*TINY_CPU, "--memory-budget", "-2GiB"], "--memory-budget"),
+        ([*TINY_CPU, "--max-micro-batch", "0"], "--max-micro-batch"),
+        ([*TINY_CPU, "--micro-batches", "0,2"], "--micro-batches"),
+        ([*TINY_CPU, "--report-dir", str(a_file / "sub")], "--report-dir"),
+        ([*TINY_CPU, "--report-dir", str(a_file)], "--report-dir"),
+        ([*TINY_CPU, "--out", str(a_file / "ds.json")], "--out"),
+        ([*TINY_CPU, "--out", str(tmp_path)], "is a directory"),
+        ([*TINY_CPU, "--cache-dir", str(a_file)], "--cache-dir"),
+        ([*TINY_CPU, "--trial-timeout", "0"], "--trial-timeout"),
+        ([*TINY_CPU, "--time-budget", "-5"], "--time-budget"),
+        ([*TINY_CPU, "--time-budget", "nan"], "--time-budget"),
+        ([*TINY_CPU, "--headroom", "nan"], "--headroom"),
+        ([*TINY_CPU, "--headroom", "1.5"], "--headroom"),
+        ([*TINY_CPU, "--gpu-type", "a100-80gb"], "no meaning with --device cpu"),
+        ([*TINY_CPU, "--gpu-memory-fraction", "0.5"], "no meaning with --device cpu"),
+        ([*TINY_CPU, "--gpu-memory-fraction", "nan"], "--gpu-memory-fraction"),
+        ([*TINY_CPU, "--gpus", "2", "--memory-budget", "100TiB"], "RAM available"),
+        ([*TINY_CPU, "--gpus", "100000"], "core"),
+        ([*TINY_CPU, "--device", "tpu"], "--device"),
+        ([*TINY_CPU, "--precision", "int8"], "--precision"),
+        ([*TINY_CPU, "--attention", "xformers"], "--attention"),
+        ([*TINY_CPU, "--rungs", "z9"], "z9"),
+        (["--model", "gpt2", "--gpu-type", "a100"], "ambiguous"),
+        (["--model", "gpt2", "--gpu-type", "h100"], "h100-80gb, h100-pcie"),
+        (["--model", "gpt2", "--gpu-memory", "80GiB", "--memory-budget", "2GiB"], "--memory-budget applies to"),
+        (["--model", "gpt2", "--gpu-memory", "80GiB", "--gpu-type", "t4"], "not both"),
+        (["--model", "gpt2", "--gpu-memory", "0"], "--gpu-memory"),
+        (["plan", "--model", "gpt2", "--gpu-type", "t4", "--seq-len", "4096"], "exceeds the model's 1024"),
+        (["check", "/dev/zero"], "not a regular file"),
+        (["check", str(fifo)], "not a regular file"),
+        (["check", str(tmp_path / "missing.json")], "cannot read"),
+    ]
+
+
+def test_every_bad_input_is_one_line_and_exit_2_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for args, fragment in _cases(tmp_path):
+        with pytest.raises(SystemExit) as exited:
+            main(args)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exited.value.code == 2, (args, err)
+        assert err and err[-1].startswith("autotune: error: ") and fragment in err[-1], (args, err)
+        assert not any("Traceback" in line for line in err), args
+    assert not list(tmp_path.rglob("ds_config*.json")) and not list(tmp_path.rglob("autotune-report*"))
+
+
+@pytest.mark.parametrize(
+    "args,env,fragment",
+    [
+        (["--cache-dir", "{a_file}"], {}, "--cache-dir"),
+        (["--wait-timeout", "-1"], {}, "--wait-timeout"),
+        (["--wait-timeout", "nan"], {}, "--wait-timeout"),
+        (["--nodelist", "n[1-100000000]", "--nodes", "100000000"], {}, "more than 65536 hosts"),
+        ([], {"SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "5"}, "node rank 5"),
+        (
+            [],
+            {"SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]", "PATH": "/nonexistent"},
+            "srun",
+        ),
+        (["--trial-timeout", "0"], {}, "--trial-timeout"),
+    ],
+)
+def test_hook_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], env: dict, fragment: str) -> None:
+    a_file = _write(tmp_path / "a_file", b"x")
+    argv = [a.format(a_file=a_file) for a in args]
+    done = run_cli("hook", *TINY_CPU, "--memory-budget", "1GiB", "--out", str(tmp_path / "ds.json"), *argv, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines[-1].startswith("autotune: error: ") and fragment in lines[-1], lines
+    assert "Traceback" not in done.stderr and not (tmp_path / "ds.json").exists()
+
+
+def test_numbers_without_a_unit_are_gib_and_say_so(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--model", "gpt2", "--gpu-memory", "80", "--json"])
+    captured = capsys.readouterr()
+    assert exited.value.code == 0
+    assert "--gpu-memory 80 read as 80 GiB" in captured.err
+    assert json.loads(captured.out)["target"]["free_memory_bytes"] == 80 * 2**30
+
+
+def test_t5_takes_longer_sequences_and_says_the_decoder_length(tmp_path: Path) -> None:
+    """T5 has relative positions: 1024 tokens are allowed, and the report says the decoder uses --seq-len too."""
+    out = tmp_path / "ds.json"
+    result = tune(TuneRequest(model="t5-3b", gpus=8, gpu_type="a100-80gb", seq_len=1024, out=str(out)))
+    assert result.report["seq_len"] == 1024
+    assert any("decoder" in note for note in result.report["notes"])
+
+
+class TimingOutLauncher:
+    def __init__(self, status: str) -> None:
+        self.status = status
+        self.specs: list[TrialSpec] = []
+
+    def run(self, spec: TrialSpec) -> TrialResult:
+        self.specs.append(spec)
+        return TrialResult(status=self.status, error=f"trial {self.status}")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("status", ["timeout", "error"])
+def test_trials_that_never_complete_are_not_reported_as_nothing_fits(tmp_path: Path, status: str) -> None:
+    request = TuneRequest(
+        model="tiny-gpt2", device="cpu", memory_budget="1GiB", seq_len=32, rungs=(Rung.Z0, Rung.Z2),
+        out=str(tmp_path / "ds.json"), use_cache=False,
+    )  # fmt: skip
+    launcher = TimingOutLauncher(status)
+    with pytest.raises(TrialsFailedError, match=f"no trial completed.*{status}") as raised:
+        tune(request, launcher=launcher)
+    assert raised.value.exit_code == 2 and launcher.specs
+    assert not (tmp_path / "ds.json").exists()
+
+
+def test_a_symlinked_out_stays_a_symlink(tmp_path: Path) -> None:
+    target = tmp_path / "real" / "ds_config.json"
+    target.parent.mkdir()
+    target.write_text("{}")
+    link = tmp_path / "ds_config.json"
+    link.symlink_to(target)
+    tune(TuneRequest(model="gpt2", gpu_type="t4", out=str(link)))
+    assert link.is_symlink() and json.loads(target.read_text())["train_micro_batch_size_per_gpu"] >= 1
