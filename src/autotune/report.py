@@ -13,6 +13,23 @@ def _speed(value: float | None) -> str:
     return f"{value:.2f}" if value else "-"
 
 
+_LAUNCH_LABELS = (
+    ("deepspeed", "plain DeepSpeed script, `deepspeed` launcher (`--deepspeed` flag, config via `--deepspeed_config`)"),
+    ("torchrun", "the same script under torchrun (OMP threads restored to cores / ranks, as `deepspeed` sets them)"),
+    ("hf_trainer", "HF Trainer script: the .hf.json plus the TrainingArguments flags that match it"),
+    ("accelerate", "HF Trainer script under `accelerate launch` (the accelerate config points at the .hf.json)"),
+)
+
+
+def _launch_lines(launch: dict[str, str]) -> list[str]:
+    """One block per launcher; each was run on the CPU backend in tests/test_launch_paths.py."""
+    lines = ["Launch (pick the one that matches your script and launcher):", ""]
+    for key, label in _LAUNCH_LABELS:
+        if launch.get(key):
+            lines += [f"- {label}:", "  ```", f"  {launch[key]}", "  ```"]
+    return lines
+
+
 def render_markdown(data: dict[str, Any]) -> str:
     """Markdown from the JSON report, so both always say the same thing."""
     lines = [f"# autotune report: {data['model']['name']}", ""]
@@ -53,7 +70,7 @@ def render_markdown(data: dict[str, Any]) -> str:
             + (f" (HF variant: `{data['hf_config_path']}`)" if data.get("hf_config_path") else ""),
             "",
         ]
-        lines += ["Launch:", "```", data["launch"]["deepspeed"], data["launch"]["torchrun"], "```"]
+        lines += _launch_lines(data["launch"])
     else:
         lines.append(f"Nothing fits. {data.get('nothing_fits_reason', '')}")
     if data["trials"]:

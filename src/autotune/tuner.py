@@ -11,7 +11,7 @@ from pathlib import Path
 
 from autotune.cache import ResultsCache, library_versions, run_key
 from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.emit import LaunchCommands, launch_commands, write_configs
+from autotune.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.errors import NothingFitsError, UserError
 from autotune.estimate import plan
 from autotune.estimate.types import EstimateSettings
@@ -409,8 +409,9 @@ def tune(
         write_report(data, report_dir)
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {data['nothing_fits_reason']}")
     config = build_ds_config(candidate, ctx.train)
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, request.hf)
-    launch = launch_commands(config_path, candidate, ctx.target.gpus_per_node, ctx.target.nodes, request.script)
+    # The .hf.json is always written: the HF Trainer and accelerate launch paths read it.
+    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True)
+    launch = _launch(ctx, config, candidate, config_path)
     data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
     report_md, report_json = write_report(data, report_dir)
     if ctx.cache and ctx.verified:
@@ -442,12 +443,18 @@ def ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
     return build_ds_config(candidate, _Context(request).train)
 
 
+def _launch(ctx: _Context, config: dict, candidate: Candidate, config_path: Path) -> LaunchCommands:
+    return emit_launchers(
+        config, candidate, config_path, ctx.target.gpus_per_node, ctx.target.nodes, ctx.request.script or "train.py"
+    )
+
+
 def _from_cache(ctx: _Context, hit: dict, out_path: Path, report_dir: Path, started: float) -> TuneResult:
     candidate = Candidate.from_dict(hit["candidate"])
     config = hit["ds_config"]
     # Validated before it was cached, at this world size and DeepSpeed version (both are in the key).
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, ctx.request.hf, validate=False)
-    launch = launch_commands(config_path, candidate, ctx.target.gpus_per_node, ctx.target.nodes, ctx.request.script)
+    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True, validate=False)
+    launch = _launch(ctx, config, candidate, config_path)
     data = {
         **hit["report"],
         "from_cache": True,
