@@ -83,3 +83,27 @@ def apply_lora(model: Any, settings: LoraSettings, model_type: str) -> Any:
     targets = list(settings.target_modules or default_targets(model_type))
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha or 2 * settings.rank, target_modules=targets)
     return get_peft_model(model, config)
+
+
+def lora_summary(summary: Any, settings: LoraSettings) -> Any:
+    """The model as LoRA trains it: the base frozen, the adapters the only trainable parameters.
+
+    Counted on the meta device (nothing allocated), which also refuses a target module the model lacks.
+    The memory model then gives frozen parameters 16-bit weights only (no gradient, no optimizer state;
+    partitioned at ZeRO-3: estimate/model_states.py) and the adapters the full treatment.
+    """
+    from dataclasses import replace
+
+    from autotune.models.build import build_model
+
+    model, _ = build_model(
+        summary.config, summary.architecture, device="meta", trust_remote_code=summary.trust_remote_code
+    )
+    targets = settings.target_modules or default_targets(summary.model_type)
+    adapters = adapter_parameters(model, tuple(targets), settings.rank)
+    return replace(
+        summary,
+        total_params=summary.total_params + adapters,
+        trainable_params=adapters,
+        fingerprint=f"{summary.fingerprint}+lora-r{settings.rank}-{','.join(targets)}",
+    )

@@ -94,3 +94,43 @@ def adafactor_state_elements(shapes: list[tuple[int, ...]]) -> int:
         else:
             total += shape[0] if shape else 1
     return total
+
+
+# DeepSpeed's estimators count Adam's two fp32 states (8 B per trainable parameter) inside their figure
+# (runtime/zero/stage_1_and_2.py, estimate_zero2_model_states_mem_needs: 16 B = fp32 master, grad, 2 states).
+ADAM_STATE_BYTES = 8
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class OptimizerMemory:
+    """Relative to DeepSpeed's Adam figure, for the optimizer's slice of the parameters on one rank."""
+
+    state_delta_bytes: int  # states held beyond (negative: below) Adam's 8 B per parameter
+    step_temporary_bytes: int  # allocated inside step() and freed when it returns
+
+
+def optimizer_memory(name: str, elements: int, flattened: bool = True, largest_tensor: int = 0) -> OptimizerMemory:
+    """States and step temporaries of `elements` fp32 parameters as the optimizer sees them.
+
+    DeepSpeed hands the optimizer flat fp32 partitions whenever it keeps master weights (ZeRO 1-3, and the
+    bf16/fp16 optimizers at stage 0: `single_partition_of_fp32_groups`, `fp32_groups_flat_partition`), so the
+    optimizer sees one 1-D tensor per group; only fp32 at stage 0 gives it the model's own tensors.
+    - adamw: FusedAdam and DeepSpeedCPUAdam update in place (csrc/adam/multi_tensor_adam.cu,
+      csrc/adam/cpu_adam_impl.cpp): no temporaries.
+    - torch-adamw: torch's single-tensor AdamW builds `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)`
+      (torch/optim/adam.py, `_single_tensor_adam`): two full-size fp32 temporaries for a moment; the foreach
+      path (CUDA) needs one. We count two.
+    - adafactor: a 1-D tensor is not factored (transformers/optimization.py, Adafactor.step,
+      `factored = len(grad_shape) >= 2`), so under DeepSpeed it keeps a full exp_avg_sq (4 B, half of Adam)
+      and builds `update = grad**2 + eps`, `exp_avg_sq.rsqrt().mul_(grad)` and `-update`: two full-size fp32
+      temporaries at once. On the model's own tensors (fp32, stage 0) it keeps only row and column vectors
+      (counted as nothing) and its temporaries are per tensor: two of the largest.
+    """
+    if name == "torch-adamw":
+        return OptimizerMemory(0, 2 * FP32 * elements)
+    if name == "adafactor":
+        if flattened:
+            return OptimizerMemory((FP32 - ADAM_STATE_BYTES) * elements, 2 * FP32 * elements)
+        return OptimizerMemory(-ADAM_STATE_BYTES * elements, 2 * FP32 * largest_tensor)
+    return OptimizerMemory(0, 0)

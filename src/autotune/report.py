@@ -30,6 +30,14 @@ def _launch_lines(launch: dict[str, str]) -> list[str]:
     return lines
 
 
+def _batch_headline(batch: dict[str, Any]) -> str:
+    return (
+        f"Global batch {batch['global_batch']} samples ({batch['tokens_per_step']} tokens) per optimizer step ="
+        f" micro-batch {batch['micro_batch']} x accumulation {batch['accumulation']} x {batch['world_size']} rank(s);"
+        f" {batch['how']}"
+    )
+
+
 def render_markdown(data: dict[str, Any]) -> str:
     """Markdown from the JSON report, so both always say the same thing."""
     lines = [f"# autotune report: {data['model']['name']}", ""]
@@ -58,6 +66,8 @@ def render_markdown(data: dict[str, Any]) -> str:
     if choice:
         lines.append(f"**{choice['description']}**")
         lines.append("")
+        if data.get("batch"):
+            lines += [f"**{_batch_headline(data['batch'])}**", ""]
         if choice.get("samples_per_s"):
             lines.append(
                 f"Measured {choice['samples_per_s']:.2f} samples/s, peak {format_bytes(choice.get('peak_bytes'))}."

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from autotune.batch import describe_global_batch, requested_global_batch
 from autotune.cache import ResultsCache, library_versions, run_key
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.emit import LaunchCommands, emit_launchers, write_configs
@@ -17,6 +18,7 @@ from autotune.estimate import plan
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware import GpuSpec, Target
 from autotune.ladder import Candidate, Rung
+from autotune.lora import LoraSettings, lora_summary
 from autotune.models import ModelSummary, resolve_model, summarize
 from autotune.paths import cache_dir
 from autotune.probe import probe
@@ -24,6 +26,7 @@ from autotune.report import write_report
 from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
 from autotune.speed import prior_speed
 from autotune.target import check_counts, resolve_target
+from autotune.training_choices import check_training_choices
 from autotune.trial.types import TrialLauncher, TrialResult, TrialSpec
 from autotune.units import parse_bytes
 
@@ -54,8 +57,12 @@ class TuneRequest:
     hf: bool = False
     use_cache: bool = True
     cache_dir: str | None = None
-    script: str = "train.py"
+    script: str | None = None  # the user's training script: must exist when given; "train.py" in commands otherwise
     trust_remote_code: bool = False
+    tokens_per_step: int | None = None  # a global batch in tokens (autotune.batch); exclusive with global_batch
+    optimizer: str = "adamw"  # an autotune.optimizers name; trials run it and the config names it
+    lora_rank: int | None = None  # LoRA adapters of this rank through peft on a frozen base
+    lora_targets: tuple[str, ...] | None = None  # default: peft's target modules for the model type
 
 
 @dataclass
@@ -91,6 +98,7 @@ def _check_request(request: TuneRequest) -> None:
         raise UserError(f"--max-trials must be positive, got {request.max_trials}")
     if request.gpu_memory_fraction is not None and not 0 < request.gpu_memory_fraction <= 1:
         raise UserError(f"--gpu-memory-fraction must be in (0, 1], got {request.gpu_memory_fraction}")
+    check_training_choices(request.optimizer, request.lora_rank, request.script)
 
 
 def _cpu_target(request: TuneRequest) -> Target:
@@ -164,19 +172,35 @@ class _Context:
         _check_request(request)
         self.request = request
         self.model = summarize(resolve_model(request.model, request.trust_remote_code))
+        self.lora = LoraSettings(request.lora_rank, request.lora_targets) if request.lora_rank else None
+        if self.lora:
+            self.model = lora_summary(self.model, self.lora)
         self.target = _cpu_target(request) if request.device == "cpu" else _gpu_target(request)
         self.verified = self.target.measured
         self.precision = request.precision or ("bf16" if self.target.gpu.bf16 else "fp16")
         self.seq_len = request.seq_len or _default_seq_len(self.model)
         if self.model.max_positions and self.seq_len > self.model.max_positions:
             raise UserError(f"--seq-len {self.seq_len} exceeds the model's {self.model.max_positions} positions")
-        self.settings = EstimateSettings(seq_len=self.seq_len, precision=self.precision, device=request.device)
+        self.batch_chosen_by = (
+            "tokens_per_step" if request.tokens_per_step else "user" if request.global_batch else None
+        )
+        request = replace(
+            request,
+            global_batch=requested_global_batch(
+                request.global_batch, request.tokens_per_step, self.seq_len, self.target.world_size
+            ),
+        )
+        self.request = request
+        self.settings = EstimateSettings(
+            seq_len=self.seq_len, precision=self.precision, device=request.device, optimizer=request.optimizer
+        )
         self.train = TrainSettings(
             world_size=self.target.world_size,
             precision=self.precision,
             global_batch=request.global_batch,
             hidden_size=self.model.hidden_size,
             nvme_path=request.nvme_path,
+            optimizer=request.optimizer,
         )
         self.grid = micro_batch_grid(request, self.target.world_size)
         self.rungs, self.unavailable = _rungs(request)
@@ -197,6 +221,8 @@ class _Context:
                 "grid": self.grid,
                 "rungs": [r.value for r in self.rungs],
                 "fraction": request.gpu_memory_fraction,
+                "optimizer": request.optimizer,
+                "lora": self.lora.to_dict() if self.lora else None,
             }
         )
         self.cache = (
@@ -224,6 +250,8 @@ class _Context:
             else None,
             peak_tflops=self.target.gpu.peak_tflops(self.precision),
             trust_remote_code=self.model.trust_remote_code,
+            optimizer=request.optimizer,
+            lora={**self.lora.to_dict(), "model_type": self.model.model_type} if self.lora else None,
         )
 
 
@@ -413,6 +441,7 @@ def tune(
     config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True)
     launch = _launch(ctx, config, candidate, config_path)
     data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
+    data["batch"] = describe_global_batch(config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step).to_dict()
     report_md, report_json = write_report(data, report_dir)
     if ctx.cache and ctx.verified:
         ctx.cache.put_recommendation(ctx.key, {"candidate": candidate.to_dict(), "ds_config": config, "report": data})
@@ -445,7 +474,14 @@ def ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
 
 def _launch(ctx: _Context, config: dict, candidate: Candidate, config_path: Path) -> LaunchCommands:
     return emit_launchers(
-        config, candidate, config_path, ctx.target.gpus_per_node, ctx.target.nodes, ctx.request.script or "train.py"
+        config,
+        candidate,
+        config_path,
+        ctx.target.gpus_per_node,
+        ctx.target.nodes,
+        ctx.request.script or "train.py",
+        ctx.request.optimizer,
+        ctx.request.lora_rank,
     )
 
 

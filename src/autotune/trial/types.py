@@ -26,6 +26,8 @@ class TrialSpec:
     host_memory_budget_bytes: int | None = None  # CPU backend: peak RSS per rank above this is over budget
     peak_tflops: float | None = None  # hardware peak for MFU
     trust_remote_code: bool = False
+    optimizer: str = "adamw"  # autotune.optimizers name; a client-side one is built by the trial itself
+    lora: dict | None = None  # autotune.lora.LoraSettings.to_dict() plus "model_type"; None: full fine-tuning
 
     @property
     def world_size(self) -> int:
