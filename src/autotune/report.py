@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.atomic import atomic_write_json, atomic_write_text
+from autotune.report_plot import write_report_plot
 from autotune.units import format_bytes
 
 
@@ -47,6 +48,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         f"- Sequence length {data['seq_len']}, precision {data['precision']}, world size {data['world_size']}"
         + (f", global batch {data['global_batch']}" if data.get("global_batch") else "")
     )
+    if data.get("training"):
+        lines.append(f"- Training: {data['training']['summary']}")
     lines.append(
         f"- Headroom: peak at most {data['headroom']:.0%} of free memory"
         f" ({format_bytes(data['limit_bytes'])} per {'rank' if data['device'] == 'cpu' else 'GPU'})"
@@ -88,6 +91,7 @@ def render_markdown(data: dict[str, Any]) -> str:
             "",
             "## Trials",
             "",
+            *([data["picture"]["markdown"], ""] if data.get("picture") else []),
             "| candidate | status | peak | predicted | samples/s | tokens/s | TFLOP/s | cached |",
             "|---|---|---|---|---|---|---|---|",
         ]
@@ -125,6 +129,12 @@ def render_markdown(data: dict[str, Any]) -> str:
 
 
 def write_report(data: dict[str, Any], out_dir: Path, stem: str = "autotune-report") -> tuple[Path, Path]:
+    """The JSON, the picture (when matplotlib is there) and the markdown that embeds it."""
+    try:
+        picture, line = write_report_plot(data, out_dir / f"{stem}.png")
+    except OSError as error:
+        picture, line = None, f"No picture: could not write it ({error.strerror or error})."
+    data = {**data, "picture": {"path": str(picture) if picture else None, "markdown": line}}
     json_path = atomic_write_json(out_dir / f"{stem}.json", data)
     md_path = atomic_write_text(out_dir / f"{stem}.md", render_markdown(data))
     return md_path, json_path

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.errors import UserError
-from autotune.lora import check_rank
+from autotune.lora import LoraSettings, check_rank, default_targets
+from autotune.models import ModelSummary
 from autotune.optimizers import optimizer_kind
 
 
@@ -15,3 +16,24 @@ def check_training_choices(optimizer: str, lora_rank: int | None, script: str | 
     check_rank(lora_rank)
     if script is not None and not Path(script).is_file():
         raise UserError(f"--script {script}: no such file")
+
+
+def training_choices_report(optimizer: str, lora: LoraSettings | None, model: ModelSummary) -> dict:
+    """What the trials trained and the emitted config names, for the report."""
+    kind = optimizer_kind(optimizer)
+    targets = list(lora.target_modules or default_targets(model.model_type)) if lora else []
+    summary = f"optimizer {kind.name}: {kind.description}"
+    if kind.client_side:
+        summary += " (built by the script: no optimizer section in the config, `--optim`/`--optimizer` flag)"
+    if lora:
+        summary += (
+            f"; LoRA rank {lora.rank} via peft on {', '.join(targets)} ({model.trainable_params:,} trainable of"
+            f" {model.total_params:,} parameters, base frozen)"
+        )
+    else:
+        summary += "; full fine-tuning"
+    return {
+        "optimizer": kind.name,
+        "lora": {**lora.to_dict(), "target_modules": targets} if lora else None,
+        "summary": summary,
+    }

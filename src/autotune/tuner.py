@@ -26,7 +26,7 @@ from autotune.report import write_report
 from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
 from autotune.speed import prior_speed
 from autotune.target import check_counts, resolve_target
-from autotune.training_choices import check_training_choices
+from autotune.training_choices import check_training_choices, training_choices_report
 from autotune.trial.types import TrialLauncher, TrialResult, TrialSpec
 from autotune.units import parse_bytes
 
@@ -442,6 +442,7 @@ def tune(
     launch = _launch(ctx, config, candidate, config_path)
     data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
     data["batch"] = describe_global_batch(config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step).to_dict()
+    data["training"] = training_choices_report(request.optimizer, ctx.lora, ctx.model)
     report_md, report_json = write_report(data, report_dir)
     if ctx.cache and ctx.verified:
         ctx.cache.put_recommendation(ctx.key, {"candidate": candidate.to_dict(), "ds_config": config, "report": data})
