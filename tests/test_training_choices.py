@@ -165,3 +165,16 @@ def test_bad_training_choices_exit_2_with_one_line(tmp_path: Path, args: list[st
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.slow
+def test_lora_tuning_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    """Real trials: peft adapters on a frozen tiny GPT-2 under DeepSpeed, and the prediction holds."""
+    result = tune(_request(tmp_path, lora_rank=4, rungs=(Rung.Z0, Rung.Z3), micro_batches=(4,), max_trials=2))
+    assert result.verified and result.ds_config["train_micro_batch_size_per_gpu"] == 4
+    trials = [t for t in result.report["trials"] if t["result"]["status"] == "ok"]
+    assert trials
+    for trial in trials:
+        measured = max(r["host_rss_peak_bytes"] for r in trial["result"]["ranks"])
+        assert abs(trial["predicted_peak_bytes"] - measured) / measured < 0.10
+    assert result.report["training"]["lora"]["target_modules"] == ["c_attn"]

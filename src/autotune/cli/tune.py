@@ -95,7 +95,10 @@ def _print_summary(result: TuneResult) -> None:
     out.print(f"  trials launched: {result.trials_launched}, {result.elapsed_s:.1f} s")
     out.print(f"  config: {result.config_path}" + (f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""))
     out.print(f"  report: {result.report_path}")
-    out.print(f"  launch: {result.launch.deepspeed if result.launch else '-'}")
+    if result.launch:
+        out.print(f"  launch (DeepSpeed script): {result.launch.deepspeed}", highlight=False)
+        out.print(f"  launch (HF Trainer):       {result.launch.hf_trainer}", highlight=False)
+        out.print("  torchrun and accelerate launch: see the report", highlight=False)
 
 
 def tune_command(
@@ -126,7 +129,7 @@ def tune_command(
     trial_timeout: Annotated[float, typer.Option(help="Seconds before a trial is killed as hung.")] = 900.0,
     out: Annotated[str, typer.Option("--out", "-o", help="Where to write ds_config.json.")] = "ds_config.json",
     report_dir: Annotated[str | None, typer.Option(help="Where to write the report (default: beside --out).")] = None,
-    hf: Annotated[bool, typer.Option("--hf", help='Also write an HF Trainer variant with "auto" values.')] = False,
+    hf: Annotated[bool, typer.Option("--hf", help="No effect: the HF variant is always written.")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the results cache.")] = False,
     cache_dir: Annotated[str | None, typer.Option(help="Results cache file (SQLite).")] = None,
     script: Annotated[
