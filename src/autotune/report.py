@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.atomic import atomic_write_json, atomic_write_text
-from autotune.report_plot import write_report_plot
+from autotune.report_plot import embed_line, write_report_plot
 from autotune.units import format_bytes
 
 
@@ -128,10 +128,20 @@ def render_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(data: dict[str, Any], out_dir: Path, stem: str = "autotune-report") -> tuple[Path, Path]:
-    """The JSON, the picture (when matplotlib is there) and the markdown that embeds it."""
+def write_report(
+    data: dict[str, Any], out_dir: Path, stem: str = "autotune-report", redraw: bool = True
+) -> tuple[Path, Path]:
+    """The JSON, the picture (when matplotlib is there) and the markdown that embeds it.
+
+    redraw=False keeps a picture already there (a cache hit reports the same trials): importing matplotlib
+    and drawing costs about a second, most of a cache hit's time.
+    """
+    existing = out_dir / f"{stem}.png"
     try:
-        picture, line = write_report_plot(data, out_dir / f"{stem}.png")
+        if not redraw and existing.exists():
+            picture, line = existing, embed_line(existing)
+        else:
+            picture, line = write_report_plot(data, existing)
     except OSError as error:
         picture, line = None, f"No picture: could not write it ({error.strerror or error})."
     data = {**data, "picture": {"path": str(picture) if picture else None, "markdown": line}}

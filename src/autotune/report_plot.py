@@ -85,4 +85,9 @@ def write_report_plot(data: dict[str, Any], path: Path) -> tuple[Path | None, st
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    return path, f"![predicted and measured peak per candidate, and speed]({path.name})"
+    return path, embed_line(path)
+
+
+def embed_line(path: Path) -> str:
+    """The markdown that shows the picture from the report beside it."""
+    return f"![predicted and measured peak per candidate, and speed]({path.name})"

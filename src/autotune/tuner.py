@@ -501,7 +501,7 @@ def _from_cache(ctx: _Context, hit: dict, out_path: Path, report_dir: Path, star
         "launch": launch.to_dict(),
         "elapsed_s": time.monotonic() - started,
     }
-    report_md, report_json = write_report(data, report_dir)
+    report_md, report_json = write_report(data, report_dir, redraw=False)
     choice = data.get("choice") or {}
     return TuneResult(
         True,
