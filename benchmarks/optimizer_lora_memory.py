@@ -50,7 +50,7 @@ POINTS = [
 ]
 
 
-def run_point(point: Point) -> dict:
+def run_point(point: Point, precision: str = "bf16") -> dict:
     source = resolve_model(point.model)
     summary = summarize(source)
     lora = LoraSettings(point.lora_rank) if point.lora_rank else None
@@ -58,10 +58,11 @@ def run_point(point: Point) -> dict:
         summary = lora_summary(summary, lora)
     target = Target(generic_gpu(1024 * GiB), gpus_per_node=1, nodes=1, free_memory_bytes=1024 * GiB)
     candidate = Candidate(Rung(point.rung), point.micro_batch, False)
-    settings = EstimateSettings(seq_len=point.seq_len, device="cpu", optimizer=point.optimizer)
+    settings = EstimateSettings(seq_len=point.seq_len, device="cpu", optimizer=point.optimizer, precision=precision)
     predicted = estimate(summary, target, candidate, settings)
     config = build_ds_config(
-        candidate, TrainSettings(world_size=1, hidden_size=summary.hidden_size, optimizer=point.optimizer)
+        candidate,
+        TrainSettings(world_size=1, hidden_size=summary.hidden_size, optimizer=point.optimizer, precision=precision),
     )
     spec = TrialSpec(
         model_config=source.config,
@@ -81,6 +82,7 @@ def run_point(point: Point) -> dict:
     measured = result.peak_memory_bytes
     row = {
         **point.__dict__,
+        "precision": precision,
         "trainable_params": summary.trainable_params,
         "total_params": summary.total_params,
         "status": result.status,
@@ -96,13 +98,42 @@ def run_point(point: Point) -> dict:
     return row
 
 
+def repredict(path: Path) -> None:
+    """Recompute every point's prediction with the current memory model (the measurements stay)."""
+    data = json.loads(path.read_text())
+    for row in data["points"]:
+        point = Point(**{k: row[k] for k in Point.__dataclass_fields__})
+        summary = summarize(resolve_model(point.model))
+        if point.lora_rank:
+            summary = lora_summary(summary, LoraSettings(point.lora_rank))
+        target = Target(generic_gpu(1024 * GiB), gpus_per_node=1, nodes=1, free_memory_bytes=1024 * GiB)
+        settings = EstimateSettings(
+            seq_len=point.seq_len, device="cpu", optimizer=point.optimizer, precision=row["precision"]
+        )
+        predicted = estimate(summary, target, Candidate(Rung(point.rung), point.micro_batch, False), settings)
+        row["predicted_bytes"], row["predicted_components"] = predicted.gpu_peak_bytes, predicted.gpu_components
+        if row.get("measured_bytes"):
+            row["error_pct"] = round(
+                100 * (predicted.gpu_peak_bytes - row["measured_bytes"]) / row["measured_bytes"], 1
+            )
+    atomic_write_json(path, data)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="comma-separated point indices")
+    parser.add_argument("--precision", default="bf16", help="bf16 (default) or fp32 (much faster on CPUs without bf16)")
+    parser.add_argument("--repredict", action="store_true", help="only recompute predictions in the results file")
     args = parser.parse_args()
+    if args.repredict:
+        repredict(RESULTS / f"optimizer_lora_cpu_{args.precision}.json")
+        return
     chosen = [POINTS[int(i)] for i in args.only.split(",")] if args.only else POINTS
-    rows = [run_point(p) for p in chosen]
-    atomic_write_json(RESULTS / "optimizer_lora_cpu.json", {"environment": environment("cpu"), "points": rows})
+    out = RESULTS / f"optimizer_lora_cpu_{args.precision}.json"
+    rows = []
+    for point in chosen:  # written after every point, so an interrupted run keeps what it measured
+        rows.append(run_point(point, args.precision))
+        atomic_write_json(out, {"environment": environment("cpu"), "points": rows})
 
 
 if __name__ == "__main__":
