@@ -119,8 +119,10 @@ def optimizer_memory(name: str, elements: int, flattened: bool = True, largest_t
     - adamw: FusedAdam and DeepSpeedCPUAdam update in place (csrc/adam/multi_tensor_adam.cu,
       csrc/adam/cpu_adam_impl.cpp): no temporaries.
     - torch-adamw: torch's single-tensor AdamW builds `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)`
-      (torch/optim/adam.py, `_single_tensor_adam`): two full-size fp32 temporaries for a moment; the foreach
-      path (CUDA) needs one. We count two.
+      (torch/optim/adam.py, `_single_tensor_adam`): two fp32 temporaries the size of the tensor it updates,
+      for a moment: the whole flat partition, or on the model's own tensors the largest one (measured: no
+      visible step peak for fp32 gpt2 at stage 0, benchmarks/optimizer_lora_memory.py). The foreach path
+      (the default on CUDA) needs one temporary for all tensors of a group at once; not modelled separately.
     - adafactor: a 1-D tensor is not factored (transformers/optimization.py, Adafactor.step,
       `factored = len(grad_shape) >= 2`), so under DeepSpeed it keeps a full exp_avg_sq (4 B, half of Adam)
       and builds `update = grad**2 + eps`, `exp_avg_sq.rsqrt().mul_(grad)` and `-update`: two full-size fp32
@@ -128,7 +130,7 @@ def optimizer_memory(name: str, elements: int, flattened: bool = True, largest_t
       (counted as nothing) and its temporaries are per tensor: two of the largest.
     """
     if name == "torch-adamw":
-        return OptimizerMemory(0, 2 * FP32 * elements)
+        return OptimizerMemory(0, 2 * FP32 * (elements if flattened else largest_tensor))
     if name == "adafactor":
         if flattened:
             return OptimizerMemory((FP32 - ADAM_STATE_BYTES) * elements, 2 * FP32 * elements)
