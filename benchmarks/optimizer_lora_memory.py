@@ -47,6 +47,7 @@ POINTS = [
     Point("gpt2", "z0", 1, 32, optimizer="adamw"),
     Point("gpt2", "z0", 1, 32, optimizer="torch-adamw"),
     Point("gpt2", "z0", 1, 32, optimizer="adafactor"),
+    Point("gpt2", "z2", 1, 32, optimizer="adafactor"),  # flat fp32 partition: not factored
 ]
 
 
@@ -130,7 +131,7 @@ def main() -> None:
         return
     chosen = [POINTS[int(i)] for i in args.only.split(",")] if args.only else POINTS
     out = RESULTS / f"optimizer_lora_cpu_{args.precision}.json"
-    rows = []
+    rows = json.loads(out.read_text())["points"] if args.only and out.exists() else []  # --only appends
     for point in chosen:  # written after every point, so an interrupted run keeps what it measured
         rows.append(run_point(point, args.precision))
         atomic_write_json(out, {"environment": environment("cpu"), "points": rows})
