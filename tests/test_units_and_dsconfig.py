@@ -67,10 +67,11 @@ def test_global_batch_that_does_not_divide_is_refused() -> None:
         build_ds_config(Candidate(Rung.Z0, 3, False), TrainSettings(world_size=2, global_batch=16))
 
 
-def test_hf_variant_uses_auto_where_trainer_fills_values() -> None:
+def test_hf_variant_keeps_tuned_values_and_leaves_only_hyperparameters_to_trainer() -> None:
     config = build_ds_config(Candidate(Rung.Z3, 2, False), TrainSettings(world_size=2, hidden_size=512))
     hf = hf_variant(config)
-    assert hf["train_micro_batch_size_per_gpu"] == "auto" and hf["optimizer"]["params"]["lr"] == "auto"
-    assert hf["zero_optimization"]["stage3_prefetch_bucket_size"] == "auto"
-    assert hf["bf16"]["enabled"] == "auto"
-    assert config["train_micro_batch_size_per_gpu"] == 2  # the original is untouched
+    assert hf["train_micro_batch_size_per_gpu"] == 2 and hf["gradient_accumulation_steps"] == 1
+    assert hf["bf16"]["enabled"] is True and hf["zero_optimization"] == config["zero_optimization"]
+    assert hf["optimizer"]["params"]["lr"] == "auto" and hf["gradient_clipping"] == "auto"
+    assert "scheduler" not in hf
+    assert config["optimizer"]["params"]["lr"] == 1e-4  # the original is untouched

@@ -12,12 +12,14 @@ import os
 import platform
 from dataclasses import dataclass, field, replace
 
+from autotune.batch import requested_global_batch
 from autotune.cache import library_versions, run_key
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.errors import UserError
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware import GpuSpec, Target
 from autotune.ladder import Candidate, Rung
+from autotune.lora import LoraSettings, lora_summary
 from autotune.models import ModelSummary, resolve_model, summarize
 from autotune.request import TuneRequest, chosen_rungs, default_seq_len, memory_size, micro_batch_grid, validate
 from autotune.trial.types import TrialSpec
@@ -108,6 +110,8 @@ class TuneContext:
     rungs: list[Rung]
     unavailable: list[tuple[Rung, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # assumptions worth telling the user
+    lora: LoraSettings | None = None  # peft LoRA on a frozen base; the summary then counts trainable params
+    batch_chosen_by: str | None = None  # "user", "tokens_per_step", or None: autotune chose the global batch
     versions: dict[str, str] = field(default_factory=library_versions)  # read once: metadata lookups are slow
 
     @classmethod
@@ -120,6 +124,9 @@ class TuneContext:
         validate(request, outputs=outputs)
         target = target or resolve_request_target(request)  # before the summary: fail fast without a GPU
         model = model or summarize(resolve_model(request.model, request.trust_remote_code))
+        lora = LoraSettings(request.lora_rank, request.lora_targets) if request.lora_rank else None
+        if lora:
+            model = lora_summary(model, lora)
         notes = []
         relative = uses_relative_positions(model)
         seq_len = request.seq_len or default_seq_len(None if relative else model.max_positions)
@@ -128,9 +135,15 @@ class TuneContext:
         if model.family == "encoder-decoder":
             notes.append(f"encoder and decoder sequence length both {seq_len} (--seq-len sets both)")
         precision = request.precision or ("bf16" if target.gpu.bf16 else "fp16")
+        chosen_by = "tokens_per_step" if request.tokens_per_step else "user" if request.global_batch else None
+        global_batch = requested_global_batch(
+            request.global_batch, request.tokens_per_step, seq_len, target.world_size
+        )
+        request = replace(request, global_batch=global_batch)
         rungs, unavailable = chosen_rungs(request)
         grid = micro_batch_grid(request, target.world_size)
-        return cls(request, model, target, precision, seq_len, grid, rungs, unavailable, notes)
+        return cls(request, model, target, precision, seq_len, grid, rungs, unavailable, notes, lora=lora,
+                   batch_chosen_by=chosen_by)  # fmt: skip
 
     @property
     def verified(self) -> bool:
@@ -140,7 +153,11 @@ class TuneContext:
     @property
     def settings(self) -> EstimateSettings:
         return EstimateSettings(
-            seq_len=self.seq_len, precision=self.precision, attention=self.request.attention, device=self.request.device
+            seq_len=self.seq_len,
+            precision=self.precision,
+            attention=self.request.attention,
+            device=self.request.device,
+            optimizer=self.request.optimizer,
         )
 
     @property
@@ -151,6 +168,7 @@ class TuneContext:
             global_batch=self.request.global_batch,
             hidden_size=self.model.hidden_size,
             nvme_path=self.request.nvme_path,
+            optimizer=self.request.optimizer,
         )
 
     @property
@@ -177,6 +195,8 @@ class TuneContext:
             "grid": self.grid,
             "rungs": [r.value for r in self.rungs],
             "fraction": request.gpu_memory_fraction,
+            "optimizer": request.optimizer,
+            "lora": self.lora.to_dict() if self.lora else None,
         }
 
     @property
@@ -211,6 +231,8 @@ class TuneContext:
             peak_tflops=self.target.gpu.peak_tflops(self.precision),
             trust_remote_code=self.model.trust_remote_code,
             smaller_micro_batch=candidate.micro_batch // 2 or None,  # second point of the step-time line
+            optimizer=request.optimizer,
+            lora={**self.lora.to_dict(), "model_type": self.model.model_type} if self.lora else None,
         )
 
     def assumptions(self, candidate: Candidate | None) -> dict:
@@ -230,4 +252,6 @@ class TuneContext:
             "device": self.request.device,
             "headroom": self.request.headroom,
             "trust_remote_code": self.request.trust_remote_code,
+            "optimizer": self.request.optimizer,
+            "lora_rank": self.request.lora_rank,
         }

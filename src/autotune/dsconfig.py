@@ -12,6 +12,7 @@ from unittest import mock
 from autotune.environment import parse_without_device
 from autotune.errors import UserError
 from autotune.ladder import Candidate
+from autotune.optimizers import ds_optimizer_section, optimizer_kind
 
 # DeepSpeed's default bucket sizes (element counts, not bytes).
 DS_DEFAULT_REDUCE_BUCKET = 500_000_000
@@ -33,6 +34,7 @@ class TrainSettings:
     learning_rate: float = 1e-4
     gradient_clipping: float = 1.0
     bucket_elements: int = 200_000_000  # stages 1-2 reduce/allgather bucket, elements
+    optimizer: str = "adamw"  # an autotune.optimizers name
 
 
 def gradient_accumulation(global_batch: int | None, micro_batch: int, world_size: int) -> int | None:
@@ -98,14 +100,17 @@ def build_ds_config(candidate: Candidate, settings: TrainSettings) -> dict[str, 
         "train_micro_batch_size_per_gpu": candidate.micro_batch,
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": settings.gradient_clipping,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": settings.learning_rate, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0},
-        },
         "zero_optimization": zero_section(candidate, settings),
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
     }
+    kind = optimizer_kind(settings.optimizer)
+    section = ds_optimizer_section(kind, settings.learning_rate)
+    if section is not None:
+        config["optimizer"] = section
+    else:
+        # The script passes its own optimizer; ZeRO refuses untested ones without this (HF Trainer sets it too).
+        config["zero_allow_untested_optimizer"] = True
     if settings.precision == "bf16":
         config["bf16"] = {"enabled": True}
     elif settings.precision == "fp16":
@@ -128,36 +133,20 @@ def build_ds_config(candidate: Candidate, settings: TrainSettings) -> dict[str, 
     return config
 
 
-_HF_AUTO_ZERO_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
-
-
 def hf_variant(config: dict[str, Any]) -> dict[str, Any]:
-    """The same config with "auto" wherever HF Trainer / Accelerate fill the value from TrainingArguments."""
+    """The config for HF Trainer / Accelerate: every tuned value stays concrete, so HF's consistency check
+    (transformers/integrations/deepspeed.py, `trainer_config_process`) holds TrainingArguments to it; only
+    the user's own hyperparameters, which autotune does not tune (learning rate, betas, eps, weight decay,
+    gradient clipping), are "auto" and come from TrainingArguments. No scheduler section: HF Trainer then
+    drives DeepSpeed's optimizer with its own `--lr_scheduler_type` schedule.
+    """
     hf = copy.deepcopy(config)
-    for key in (
-        "train_batch_size",
-        "train_micro_batch_size_per_gpu",
-        "gradient_accumulation_steps",
-        "gradient_clipping",
-    ):
-        hf[key] = "auto"
-    hf["optimizer"]["params"] = {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}
-    hf["scheduler"] = {
-        "type": "WarmupDecayLR",
-        "params": {
-            "warmup_min_lr": "auto",
-            "warmup_max_lr": "auto",
-            "warmup_num_steps": "auto",
-            "total_num_steps": "auto",
-        },
-    }
-    for precision in ("bf16", "fp16"):
-        if precision in hf:
-            hf[precision]["enabled"] = "auto"
-    zero = hf["zero_optimization"]
-    for key in _HF_AUTO_ZERO_KEYS:
-        if key in zero and zero.get("stage") == 3:
-            zero[key] = "auto"
+    hf["gradient_clipping"] = "auto"
+    if "optimizer" in hf:
+        params = hf["optimizer"]["params"]
+        for key in ("lr", "betas", "eps", "weight_decay"):
+            params[key] = "auto"
+    hf.pop("scheduler", None)
     return hf
 
 

@@ -3,7 +3,6 @@ and say how to launch it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,27 +10,49 @@ from autotune.atomic import atomic_write_json
 from autotune.dsconfig import ConfigRejected, hf_variant, validate_with_deepspeed
 from autotune.errors import UserError
 from autotune.ladder import Candidate
+from autotune.launchers import LaunchCommands, TunedRun, launch_commands, write_accelerate_config
+
+__all__ = ["LaunchCommands", "emit_launchers", "write_configs"]
 
 
-@dataclass(frozen=True)
-class LaunchCommands:
-    deepspeed: str
-    torchrun: str
-
-    def to_dict(self) -> dict:
-        return {"deepspeed": self.deepspeed, "torchrun": self.torchrun}
-
-
-def launch_commands(
-    config_path: Path, candidate: Candidate, gpus_per_node: int, nodes: int, script: str = "train.py"
+def emit_launchers(
+    config: dict[str, Any],
+    candidate: Candidate,
+    config_path: Path,
+    gpus_per_node: int,
+    nodes: int,
+    script: str = "train.py",
+    optimizer: str = "adamw",
+    lora_rank: int | None = None,
+    hf_script: str | None = None,
 ) -> LaunchCommands:
-    """Commands for a training script that takes --deepspeed (as HF Trainer scripts do)."""
-    ckpt = " --gradient_checkpointing" if candidate.grad_checkpointing else ""
-    multi = f" --num_nodes {nodes} --hostfile hostfile" if nodes > 1 else ""
-    deepspeed = f"deepspeed{multi} --num_gpus {gpus_per_node} {script} --deepspeed {config_path}{ckpt}"
-    rendezvous = f" --nnodes {nodes} --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500" if nodes > 1 else ""
-    torchrun = f"torchrun{rendezvous} --nproc-per-node {gpus_per_node} {script} --deepspeed {config_path}{ckpt}"
-    return LaunchCommands(deepspeed=deepspeed, torchrun=torchrun)
+    """Write the accelerate config beside `config_path` (the .hf.json is written by write_configs) and
+    return the command for every launcher, all read off the same emitted config."""
+    run = TunedRun(
+        config_path=config_path,
+        hf_config_path=config_path.with_suffix(".hf.json"),
+        accelerate_config_path=config_path.with_suffix(".accelerate.yaml"),
+        micro_batch=int(config["train_micro_batch_size_per_gpu"]),
+        accumulation=int(config["gradient_accumulation_steps"]),
+        precision="bf16"
+        if config.get("bf16", {}).get("enabled")
+        else "fp16"
+        if config.get("fp16", {}).get("enabled")
+        else "fp32",
+        grad_checkpointing=candidate.grad_checkpointing,
+        stage=candidate.rung.stage,
+        optimizer=optimizer,
+        lora_rank=lora_rank,
+        gpus_per_node=gpus_per_node,
+        nodes=nodes,
+        script=script,
+        hf_script=hf_script or script,
+    )
+    try:
+        write_accelerate_config(run)
+    except OSError as error:
+        raise UserError(f"cannot write {run.accelerate_config_path}: {error.strerror or error}") from None
+    return launch_commands(run)
 
 
 def write_configs(

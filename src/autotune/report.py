@@ -6,11 +6,37 @@ from pathlib import Path
 from typing import Any
 
 from autotune.atomic import atomic_write_json, atomic_write_text
+from autotune.report_plot import embed_line, write_report_plot
 from autotune.units import format_bytes
 
 
 def _speed(value: float | None) -> str:
     return f"{value:.2f}" if value else "-"
+
+
+_LAUNCH_LABELS = (
+    ("deepspeed", "plain DeepSpeed script, `deepspeed` launcher (`--deepspeed` flag, config via `--deepspeed_config`)"),
+    ("torchrun", "the same script under torchrun (OMP threads restored to cores / ranks, as `deepspeed` sets them)"),
+    ("hf_trainer", "HF Trainer script: the .hf.json plus the TrainingArguments flags that match it"),
+    ("accelerate", "HF Trainer script under `accelerate launch` (the accelerate config points at the .hf.json)"),
+)
+
+
+def _launch_lines(launch: dict[str, str]) -> list[str]:
+    """One block per launcher; each was run on the CPU backend in tests/test_launch_paths.py."""
+    lines = ["Launch (pick the one that matches your script and launcher):", ""]
+    for key, label in _LAUNCH_LABELS:
+        if launch.get(key):
+            lines += [f"- {label}:", "  ```", f"  {launch[key]}", "  ```"]
+    return lines
+
+
+def _batch_headline(batch: dict[str, Any]) -> str:
+    return (
+        f"Global batch {batch['global_batch']} samples ({batch['tokens_per_step']} tokens) per optimizer step ="
+        f" micro-batch {batch['micro_batch']} x accumulation {batch['accumulation']} x {batch['world_size']} rank(s);"
+        f" {batch['how']}"
+    )
 
 
 def render_markdown(data: dict[str, Any]) -> str:
@@ -22,6 +48,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         f"- Sequence length {data['seq_len']}, precision {data['precision']}, world size {data['world_size']}"
         + (f", global batch {data['global_batch']}" if data.get("global_batch") else "")
     )
+    if data.get("training"):
+        lines.append(f"- Training: {data['training']['summary']}")
     lines.append(
         f"- Headroom: peak at most {data['headroom']:.0%} of free memory"
         f" ({format_bytes(data['limit_bytes'])} per {'rank' if data['device'] == 'cpu' else 'GPU'})"
@@ -41,6 +69,8 @@ def render_markdown(data: dict[str, Any]) -> str:
     if choice:
         lines.append(f"**{choice['description']}**")
         lines.append("")
+        if data.get("batch"):
+            lines += [f"**{_batch_headline(data['batch'])}**", ""]
         if choice.get("samples_per_s"):
             lines.append(
                 f"Measured {choice['samples_per_s']:.2f} samples/s, peak {format_bytes(choice.get('peak_bytes'))}."
@@ -53,7 +83,7 @@ def render_markdown(data: dict[str, Any]) -> str:
             + (f" (HF variant: `{data['hf_config_path']}`)" if data.get("hf_config_path") else ""),
             "",
         ]
-        lines += ["Launch:", "```", data["launch"]["deepspeed"], data["launch"]["torchrun"], "```"]
+        lines += _launch_lines(data["launch"])
     else:
         lines.append(f"Nothing fits. {data.get('nothing_fits_reason', '')}")
     if data["trials"]:
@@ -61,6 +91,7 @@ def render_markdown(data: dict[str, Any]) -> str:
             "",
             "## Trials",
             "",
+            *([data["picture"]["markdown"], ""] if data.get("picture") else []),
             "| candidate | status | peak | predicted | samples/s | tokens/s | TFLOP/s | cached |",
             "|---|---|---|---|---|---|---|---|",
         ]
@@ -97,7 +128,23 @@ def render_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(data: dict[str, Any], out_dir: Path, stem: str = "autotune-report") -> tuple[Path, Path]:
+def write_report(
+    data: dict[str, Any], out_dir: Path, stem: str = "autotune-report", redraw: bool = True
+) -> tuple[Path, Path]:
+    """The JSON, the picture (when matplotlib is there) and the markdown that embeds it.
+
+    redraw=False keeps a picture already there (a cache hit reports the same trials): importing matplotlib
+    and drawing costs about a second, most of a cache hit's time.
+    """
+    existing = out_dir / f"{stem}.png"
+    try:
+        if not redraw and existing.exists():
+            picture, line = existing, embed_line(existing)
+        else:
+            picture, line = write_report_plot(data, existing)
+    except OSError as error:
+        picture, line = None, f"No picture: could not write it ({error.strerror or error})."
+    data = {**data, "picture": {"path": str(picture) if picture else None, "markdown": line}}
     json_path = atomic_write_json(out_dir / f"{stem}.json", data)
     md_path = atomic_write_text(out_dir / f"{stem}.md", render_markdown(data))
     return md_path, json_path

@@ -55,8 +55,12 @@ class TuneRequest:
     hf: bool = False
     use_cache: bool = True
     cache_dir: str | None = None  # a directory; the results cache is results.sqlite inside it
-    script: str = "train.py"
+    script: str | None = None  # the user's training script: must exist when given; "train.py" in commands otherwise
     trust_remote_code: bool = False
+    tokens_per_step: int | None = None  # a global batch in tokens (autotune.batch); exclusive with global_batch
+    optimizer: str = "adamw"  # an autotune.optimizers name; trials run it and the config names it
+    lora_rank: int | None = None  # LoRA adapters of this rank through peft on a frozen base
+    lora_targets: tuple[str, ...] | None = None  # default: peft's target modules for the model type
 
 
 def default_of(name: str) -> Any:
@@ -178,6 +182,13 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
                 raise UserError(f"{flag} has no meaning with --device cpu (use --memory-budget for the per-rank cap)")
     elif request.memory_budget is not None:
         raise UserError("--memory-budget applies to --device cpu; for GPUs use --gpu-memory-fraction or --gpu-memory")
+    if request.tokens_per_step is not None and request.tokens_per_step <= 0:
+        raise UserError(f"--tokens-per-step must be positive, got {request.tokens_per_step}")
+    if request.tokens_per_step is not None and request.global_batch is not None:
+        raise UserError("give --global-batch or --tokens-per-step, not both")
+    from autotune.training_choices import check_training_choices  # imports peft's helpers only when used
+
+    check_training_choices(request.optimizer, request.lora_rank, request.script)
     if request.memory_budget is not None:
         memory_size(request.memory_budget, "--memory-budget")
     if request.gpu_memory is not None:

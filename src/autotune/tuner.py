@@ -12,7 +12,8 @@ from pathlib import Path
 from autotune.assumptions import write_assumptions
 from autotune.cache import ResultsCache, library_versions
 from autotune.context import TuneContext, check_host_capacity
-from autotune.emit import LaunchCommands, launch_commands, write_configs
+from autotune.batch import describe_global_batch
+from autotune.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.environment import deepspeed_accelerator, preserved_environment
 from autotune.errors import NothingFitsError, TrialsFailedError, UserError
 from autotune.ladder import Candidate
@@ -22,6 +23,7 @@ from autotune.report import write_report
 from autotune.request import TuneRequest, output_path
 from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
 from autotune.stop import StopReason
+from autotune.training_choices import training_choices_report
 from autotune.trial.types import TrialLauncher, TrialResult
 
 __all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for"]
@@ -272,9 +274,14 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
         write_report(data, report_dir)
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {data['nothing_fits_reason']}")
     config = ctx.ds_config(candidate)
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, request.hf)
-    launch = launch_commands(config_path, candidate, ctx.target.gpus_per_node, ctx.target.nodes, request.script)
+    # The .hf.json is always written: the HF Trainer and accelerate launch paths read it.
+    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True)
+    launch = _launch(ctx, config, candidate, config_path)
     data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
+    data["batch"] = describe_global_batch(
+        config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step
+    ).to_dict()
+    data["training"] = training_choices_report(request.optimizer, ctx.lora, ctx.model)
     write_assumptions(config_path, data)
     report_md, report_json = write_report(data, report_dir)
     if cache and outcome is not None:
@@ -351,12 +358,25 @@ def memory_bound(ctx: TuneContext, outcome: SearchOutcome) -> bool:
     return estimate(ctx.model, ctx.target, hungriest, ctx.settings).gpu_peak_bytes > ctx.limit_bytes
 
 
+def _launch(ctx: TuneContext, config: dict, candidate: Candidate, config_path: Path) -> LaunchCommands:
+    return emit_launchers(
+        config,
+        candidate,
+        config_path,
+        ctx.target.gpus_per_node,
+        ctx.target.nodes,
+        ctx.request.script or "train.py",
+        ctx.request.optimizer,
+        ctx.request.lora_rank,
+    )
+
+
 def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, started: float) -> TuneResult:
     candidate = Candidate.from_dict(hit["candidate"])
     config = hit["ds_config"]
     # Re-validated by DeepSpeed at this world size, as every config read from a cache is (sharing.py).
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, ctx.request.hf)
-    launch = launch_commands(config_path, candidate, ctx.target.gpus_per_node, ctx.target.nodes, ctx.request.script)
+    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True)
+    launch = _launch(ctx, config, candidate, config_path)
     data = {
         **hit["report"],
         "from_cache": True,
@@ -368,7 +388,7 @@ def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, s
         "elapsed_s": time.monotonic() - started,
     }
     write_assumptions(config_path, data)
-    report_md, report_json = write_report(data, report_dir)
+    report_md, report_json = write_report(data, report_dir, redraw=False)
     choice = data.get("choice") or {}
     return TuneResult(
         True,

@@ -115,10 +115,21 @@ def _print_summary(result: TuneResult) -> None:
         out.print(f"  measured: {result.samples_per_s:.2f} samples/s, peak {format_bytes(choice['peak_bytes'])}")
     else:
         out.print(f"  predicted peak: {format_bytes(choice['predicted_peak_bytes'])}")
+    if data.get("batch"):
+        batch = data["batch"]
+        style = "bold yellow" if batch["chosen_by"] == "autotune" else "bold"
+        out.print(
+            f"  [{style}]global batch {batch['global_batch']}[/{style}] = micro-batch {batch['micro_batch']}"
+            f" x accumulation {batch['accumulation']} x {batch['world_size']} rank(s): {batch['how']}",
+            highlight=False,
+        )
     out.print(f"  trials launched: {result.trials_launched}, {result.elapsed_s:.1f} s")
     out.print(f"  config: {result.config_path}" + (f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""))
     out.print(f"  report: {result.report_path}")
-    out.print(f"  launch: {result.launch.deepspeed if result.launch else '-'}")
+    if result.launch:
+        out.print(f"  launch (DeepSpeed script): {result.launch.deepspeed}", highlight=False)
+        out.print(f"  launch (HF Trainer):       {result.launch.hf_trainer}", highlight=False)
+        out.print("  torchrun and accelerate launch: see the report", highlight=False)
     for note in data.get("notes") or []:
         out.print(f"  note: {note}")
 
@@ -148,10 +159,24 @@ def tune_command(
     trial_timeout: TrialTimeoutOpt = D.trial_timeout_s,
     out: OutOpt = D.out,
     report_dir: ReportDirOpt = D.report_dir,
-    hf: Annotated[bool, typer.Option("--hf", help='Also write an HF Trainer variant with "auto" values.')] = D.hf,
+    hf: Annotated[bool, typer.Option("--hf", help="No effect: the HF variant is always written.")] = D.hf,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the results cache.")] = False,
     cache_dir: CacheDirOpt = D.cache_dir,
-    script: Annotated[str, typer.Option(help="Training script named in the launch command.")] = D.script,
+    script: Annotated[
+        str | None, typer.Option(help="Your training script, named in the launch commands (must exist).")
+    ] = D.script,
+    tokens_per_step: Annotated[
+        int | None, typer.Option(help="Global batch in tokens per optimizer step (instead of --global-batch).")
+    ] = D.tokens_per_step,
+    optimizer: Annotated[
+        str, typer.Option(help="adamw (DeepSpeed's fused AdamW), torch-adamw, or adafactor (memory-saving).")
+    ] = D.optimizer,
+    lora_rank: Annotated[
+        int | None, typer.Option(help="Train LoRA adapters of this rank (peft) on a frozen base.")
+    ] = D.lora_rank,
+    lora_targets: Annotated[
+        str | None, typer.Option(help="LoRA target modules, e.g. q_proj,v_proj (default: peft's for the model).")
+    ] = None,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     as_json: JsonOpt = False,
 ) -> None:
@@ -189,6 +214,10 @@ def tune_command(
         cache_dir=cache_dir,
         script=script,
         trust_remote_code=trust_remote_code,
+        tokens_per_step=tokens_per_step,
+        optimizer=optimizer,
+        lora_rank=lora_rank,
+        lora_targets=tuple(t.strip() for t in lora_targets.split(",") if t.strip()) if lora_targets else None,
     )
     from autotune.hook.leader import BestVerified
 

@@ -121,17 +121,28 @@ def unpartitioned_model_bytes(model: ModelSummary, settings: EstimateSettings) -
     return model.total_params * _element_bytes(settings.precision)
 
 
+def _largest_gradient(model: ModelSummary) -> int:
+    """Elements of the largest weight gradient. A frozen base (LoRA) has none of its own: every gradient
+    belongs to a trainable parameter, so none is larger than all of them together (measured with peft LoRA
+    on gpt2, benchmarks/optimizer_lora_memory.py)."""
+    return min(model.largest_layer_params, model.trainable_params)
+
+
 def _weight_grad_transient(model: ModelSummary, rung: Rung, settings: EstimateSettings) -> int:
     """The largest weight's gradient before DeepSpeed has taken it into its buffers (start of backward)."""
-    transient = model.largest_layer_params * _element_bytes(settings.precision) if rung.stage < 3 else 0
+    largest = _largest_gradient(model)
+    transient = largest * _element_bytes(settings.precision) if rung.stage < 3 else 0
     if rung.offload_optimizer:
-        transient += model.largest_layer_params * 4  # the fp32 copy on its way to the offloaded partition
+        transient += largest * 4  # the fp32 copy on its way to the offloaded partition
     return transient
 
 
 def tied_gradient_bytes(model: ModelSummary, settings: EstimateSettings) -> int:
-    """End of backward, activations gone: a tied embedding's two gradients and their sum, beyond one copy."""
-    return 2 * model.largest_layer_params * _element_bytes(settings.precision) if model.tied_embeddings else 0
+    """End of backward, activations gone: a tied embedding's two gradients and their sum, beyond one copy.
+    None when the embedding cannot be trainable (fewer trainable parameters than it has: a LoRA base)."""
+    if not model.tied_embeddings or model.trainable_params < model.embedding_params:
+        return 0
+    return 2 * model.largest_layer_params * _element_bytes(settings.precision)
 
 
 def _host_pinned(model: ModelSummary, target: Target, rung: Rung) -> dict[str, int]:

@@ -71,7 +71,9 @@ def estimate(
     settings.device == "cpu" predicts the CPU backend instead: one rank's peak RSS, where the offloaded
     states and pinned buffers live in the same process as everything else.
     """
-    states = model_states(model, target, candidate.rung, settings.precision, knobs=settings.knobs)
+    states = model_states(
+        model, target, candidate.rung, settings.precision, knobs=settings.knobs, optimizer=settings.optimizer
+    )
     buffers = deepspeed_buffers(model, target, candidate.rung, settings, candidate.grad_checkpointing)
     device = {**states.device_components, **buffers.device_components}
     raw_activations = _activation_components(model, candidate, settings)

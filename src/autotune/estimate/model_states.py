@@ -13,7 +13,8 @@ host figure for CPU offload; we call them and add what they lack, each addition 
 - they assume mixed precision. In fp32, stage 0 runs the plain torch optimizer (4 B weight + 4 B grad +
   8 B AdamW states, no master copy); stages 1-3 still clone an fp32 partition (`.clone().float()` in
   stage_1_and_2.py / stage3.py), so only the "16-bit" copies widen to 4 bytes.
-- they assume Adam; AdamW, which autotune.dsconfig emits, keeps the same two fp32 states.
+- they assume Adam; AdamW keeps the same two fp32 states. Other optimizers (--optimizer) change the
+  states and add step temporaries: autotune.optimizers.optimizer_memory, applied to this rank's slice.
 DeepSpeed's stage-2 host figure counts a model-loading transient (see OFFLOADED_BYTES_PER_PARAM_STAGE12); we
 use the steady state instead. Its stage-3 host figure (zero_init) is per node; we convert it to per rank.
 We pass additional_buffer_factor=1.0: pinned buffers are counted in buffers.py instead.
@@ -28,6 +29,7 @@ from autotune.estimate.knobs import ZeroKnobs
 from autotune.hardware import Target
 from autotune.ladder import Rung
 from autotune.models import ModelSummary
+from autotune.optimizers import optimizer_memory
 
 BYTES_16BIT = 2
 BYTES_FP32 = 4
@@ -126,6 +128,7 @@ def model_states(
     precision: str,
     estimators: DeepSpeedEstimators | None = None,
     knobs: ZeroKnobs | None = None,
+    optimizer: str = "adamw",
 ) -> ModelStates:
     ds = estimators or deepspeed_estimators()
     knobs = knobs or ZeroKnobs()
@@ -171,6 +174,20 @@ def model_states(
     if precision == "fp32":
         components["fp32_widening"] = _fp32_widening(rung, trainable, world)
     step_only, step_temporary = _step_phase(rung, trainable, world, precision, knobs)
+    flattened = not (rung.stage == 0 and precision == "fp32")  # see optimizer_memory
+    chosen = optimizer_memory(
+        optimizer, trainable if rung.stage == 0 else trainable // world, flattened, model.largest_layer_params
+    )
+    if rung.offload_optimizer is None:
+        if chosen.state_delta_bytes:
+            components["optimizer_states_vs_adam"] = chosen.state_delta_bytes
+        step_temporary += chosen.step_temporary_bytes
+    else:  # the optimizer and its step run where its states live
+        if rung.offload_optimizer == "nvme":
+            nvme += chosen.state_delta_bytes
+        else:
+            host += chosen.state_delta_bytes
+        host += chosen.step_temporary_bytes
     return ModelStates(
         device_bytes=sum(components.values()),
         host_bytes=host,

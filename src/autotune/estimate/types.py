@@ -18,6 +18,7 @@ class EstimateSettings:
     reduce_bucket_elements: int = 200_000_000  # what autotune.dsconfig emits for stages 1-2
     knobs: ZeroKnobs = field(default_factory=ZeroKnobs)  # ds_config values that size buffers (default: dsconfig's)
     stack: RuntimeStack = field(default_factory=RuntimeStack)  # as probed; unknown fields widen the margin
+    optimizer: str = "adamw"  # an autotune.optimizers name: its states and step temporaries
 
 
 @dataclass

@@ -181,6 +181,15 @@ def _build_partitioned(spec: TrialSpec, device: Any) -> Any:
     return model
 
 
+def add_lora_adapters(model: Any, lora: dict) -> Any:
+    """Freeze the base and add peft LoRA adapters, as the user's peft script does (autotune.lora)."""
+    from autotune.lora import LoraSettings, apply_lora
+
+    targets = tuple(lora.get("target_modules") or ()) or None
+    settings = LoraSettings(rank=int(lora["rank"]), target_modules=targets, alpha=lora.get("alpha"))
+    return apply_lora(model, settings, lora["model_type"])
+
+
 def enable_grad_checkpointing(model: Any) -> None:
     if getattr(model.config, "use_cache", None) is not None:
         model.config.use_cache = False
@@ -197,14 +206,17 @@ def check_precision_supported(ds_config: dict) -> None:
         raise ValueError(f"bf16 is not supported by DeepSpeed's {accelerator.device_name()} accelerator here")
 
 
-def initialize_engine(model: Any, ds_config: dict) -> Any:
+def initialize_engine(model: Any, ds_config: dict, optimizer_name: str = "adamw") -> Any:
+    """DeepSpeed builds the optimizer the config names; otherwise the trial builds the one the user's
+    script will pass (autotune.optimizers.build_client_optimizer: AdamW as HF Trainer does, or Adafactor)."""
     import deepspeed
-    import torch
+
+    from autotune.optimizers import build_client_optimizer
 
     config = copy.deepcopy(ds_config)  # DeepSpeed edits the dict it is given
     check_precision_supported(config)
     parameters = [p for p in model.parameters() if p.requires_grad]
-    optimizer = None if "optimizer" in config else torch.optim.AdamW(parameters)  # as HF Trainer does
+    optimizer = None if "optimizer" in config else build_client_optimizer(optimizer_name, parameters, lr=1e-4)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters, config=config)
     return engine
 
@@ -378,10 +390,12 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
         model = build_trial_model(spec, device)
         parameters = count_parameters(model)
         layers, width = layers_and_width(model.config)
+        if spec.lora:
+            model = add_lora_adapters(model, spec.lora)
         if spec.grad_checkpointing:
             enable_grad_checkpointing(model)
         clock.mark("model_build")
-        engine = initialize_engine(model, spec.ds_config)
+        engine = initialize_engine(model, spec.ds_config, spec.optimizer)
         engine.train()
         clock.mark("engine_init")
         micro_batch = engine.train_micro_batch_size_per_gpu()

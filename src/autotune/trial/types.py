@@ -27,6 +27,8 @@ class TrialSpec:
     peak_tflops: float | None = None  # hardware peak for MFU
     trust_remote_code: bool = False
     smaller_micro_batch: int | None = None  # also time this micro-batch in the same process (second point)
+    optimizer: str = "adamw"  # autotune.optimizers name; a client-side one is built by the trial itself
+    lora: dict | None = None  # autotune.lora.LoraSettings.to_dict() plus "model_type"; None: full fine-tuning
 
     @property
     def world_size(self) -> int:

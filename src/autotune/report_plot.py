@@ -1,0 +1,93 @@
+"""autotune-report.png: predicted and measured peak per tried candidate against the limit, and the
+measured speed, so the search can be read at a glance.
+
+matplotlib is optional (`pip install 'autotune[plot]'`); without it the report says the picture was skipped.
+The figure is drawn on a bare `matplotlib.figure.Figure` with the Agg canvas: no pyplot, so no global
+state and no display is touched in the caller's process.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+MIB = 2**20
+
+
+def _trial_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for trial in data.get("trials", []):
+        cand, result = trial["candidate"], trial["result"]
+        peaks = [
+            rank.get("device_used_bytes") or rank.get("max_reserved_bytes") or rank.get("host_rss_peak_bytes")
+            for rank in result.get("ranks", [])
+        ]
+        peaks = [p for p in peaks if p]
+        rows.append(
+            {
+                "label": f"{cand['rung']}\nmb{cand['micro_batch']}{' ckpt' if cand['grad_checkpointing'] else ''}",
+                "predicted": trial.get("predicted_peak_bytes") or 0,
+                "measured": max(peaks) if peaks else 0,
+                "status": result["status"],
+                "speed": result.get("samples_per_s") or 0.0,
+            }
+        )
+    return rows
+
+
+def write_report_plot(data: dict[str, Any], path: Path) -> tuple[Path | None, str]:
+    """Draw the picture at `path` (atomically); returns (path or None, a line for the report)."""
+    rows = _trial_rows(data)
+    if not rows:
+        return None, "No picture: no trial ran (plan only or answered from the cache)."
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None, "No picture: matplotlib is not installed (pip install 'autotune[plot]')."
+    figure = Figure(figsize=(max(6.0, 1.1 * len(rows) + 2), 6.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    memory, speed = figure.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    positions = list(range(len(rows)))
+    width = 0.38
+    memory.bar([x - width / 2 for x in positions], [r["predicted"] / MIB for r in rows], width, label="predicted peak")
+    measured = memory.bar(
+        [x + width / 2 for x in positions], [r["measured"] / MIB for r in rows], width, label="measured peak"
+    )
+    for bar, row in zip(measured, rows, strict=True):
+        if row["status"] != "ok":
+            bar.set_hatch("//")
+            memory.annotate(
+                row["status"],
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+    limit = data.get("limit_bytes")
+    if limit:
+        memory.axhline(limit / MIB, color="red", linestyle="--", label=f"limit ({data['headroom']:.0%} of free)")
+    unit = "per-rank RSS" if data.get("device") == "cpu" else "GPU memory"
+    memory.set_ylabel(f"peak {unit} (MiB)")
+    memory.set_title(f"autotune: {data['model']['name']} on {data['target_description']}")
+    memory.legend(loc="upper left", fontsize=8)
+    speed.bar(positions, [r["speed"] for r in rows], 0.5, color="tab:green")
+    speed.set_ylabel("measured samples/s")
+    speed.set_xticks(positions, [r["label"] for r in rows], fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(handle)
+    try:
+        figure.savefig(temporary, dpi=110)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path, embed_line(path)
+
+
+def embed_line(path: Path) -> str:
+    """The markdown that shows the picture from the report beside it."""
+    return f"![predicted and measured peak per candidate, and speed]({path.name})"
