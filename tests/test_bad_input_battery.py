@@ -80,7 +80,7 @@ def _cases(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["plan", "--model", "gpt2", "--gpu-type", "t4", "--seq-len", "4096"], "exceeds the model's 1024"),
         (["check", "/dev/zero"], "not a regular file"),
         (["check", str(fifo)], "not a regular file"),
-        (["check", str(tmp_path / "missing.json")], "cannot read"),
+        (["check", str(tmp_path / "missing.json")], "not found"),
     ]
 
 

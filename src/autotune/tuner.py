@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.assumptions import write_assumptions
+from autotune.batch import describe_global_batch
 from autotune.cache import ResultsCache, library_versions
 from autotune.context import TuneContext, check_host_capacity
-from autotune.batch import describe_global_batch
 from autotune.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.environment import deepspeed_accelerator, preserved_environment
 from autotune.errors import NothingFitsError, TrialsFailedError, UserError
