@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from tests.conftest import run_cli
@@ -94,12 +93,11 @@ def test_70b_plan_is_fast_and_imports_neither_torch_nor_deepspeed():
         "except SystemExit: pass\n"
         "print('HEAVY', [m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules], file=sys.stderr)"
     )
-    started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-c", probe_imports], capture_output=True, text=True, env=dict(os.environ), timeout=60
     )
-    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
+    # What makes a plan fast is that it imports none of the heavy libraries; its latency is measured by
+    # benchmarks/plan_latency.py, not asserted here (a timed test fails on a loaded machine).
     assert "HEAVY []" in result.stderr
     assert json.loads(result.stdout)["fastest_fit"]["rung"].startswith("z3")
-    assert elapsed < 5.0

@@ -1,7 +1,6 @@
 """The tuner end to end: real CPU trials where it matters, an injected launcher where only logic is tested."""
 
 import json
-import time
 from dataclasses import replace
 
 import pytest
@@ -82,9 +81,8 @@ def test_interrupted_run_resumes_from_finished_trials(tmp_path) -> None:
     assert first.specs[0] not in second.specs  # the finished trial came from the cache
     assert any(t["from_cache"] for t in result.report["trials"])
     third = CountingLauncher(mib_per_sample=40)
-    started = time.monotonic()
     hit = tune(request, launcher=third)
-    assert hit.from_cache and not third.specs and time.monotonic() - started < 1.0
+    assert hit.from_cache and not third.specs  # latency: benchmarks/cache_hit.py
     assert hit.config_path.read_bytes() == result.config_path.read_bytes()
     assert tune(replace(request, use_cache=False), launcher=CountingLauncher()).from_cache is False
 
@@ -151,4 +149,4 @@ def test_real_cache_hit_answers_without_trials(tmp_path) -> None:
     first = tune(request)
     assert first.trials_launched == 1 and first.verified
     second = tune(request)
-    assert second.from_cache and second.trials_launched == 0 and second.elapsed_s < 1.0
+    assert second.from_cache and second.trials_launched == 0
