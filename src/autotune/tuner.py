@@ -374,8 +374,11 @@ def _launch(ctx: TuneContext, config: dict, candidate: Candidate, config_path: P
 def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, started: float) -> TuneResult:
     candidate = Candidate.from_dict(hit["candidate"])
     config = hit["ds_config"]
-    # Re-validated by DeepSpeed at this world size, as every config read from a cache is (sharing.py).
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True)
+    # Not the stored bytes: cached_answer accepted the hit only because its config equals the one this version
+    # builds for the candidate now, and that same build was validated by this DeepSpeed version at this world
+    # size when the answer was stored (both are in the key). Re-validating would import DeepSpeed (~4 s) to
+    # re-check a config that was re-derived, not trusted. Configs published by a hook are re-validated (sharing.py).
+    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True, validate=False)
     launch = _launch(ctx, config, candidate, config_path)
     data = {
         **hit["report"],
