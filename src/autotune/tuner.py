@@ -56,6 +56,7 @@ class TuneRequest:
     cache_dir: str | None = None
     script: str = "train.py"
     trust_remote_code: bool = False
+    command: tuple[str, ...] | None = None  # the user's launch command: trials run it (trial/script_mode.py)
 
 
 @dataclass
@@ -91,6 +92,10 @@ def _check_request(request: TuneRequest) -> None:
         raise UserError(f"--max-trials must be positive, got {request.max_trials}")
     if request.gpu_memory_fraction is not None and not 0 < request.gpu_memory_fraction <= 1:
         raise UserError(f"--gpu-memory-fraction must be in (0, 1], got {request.gpu_memory_fraction}")
+    if request.command is not None:
+        from autotune.trial.script_mode import check_command
+
+        check_command(request)
 
 
 def _cpu_target(request: TuneRequest) -> Target:
@@ -197,6 +202,7 @@ class _Context:
                 "grid": self.grid,
                 "rungs": [r.value for r in self.rungs],
                 "fraction": request.gpu_memory_fraction,
+                **({"command": list(request.command)} if request.command else {}),
             }
         )
         self.cache = (
@@ -258,6 +264,15 @@ def _launcher_for(device: str, given: TrialLauncher | None) -> Iterator[TrialLau
     # model predicts (about 20% lower than default glibc on CPU trials; benchmarks/results/estimate.md).
     with WarmWorkerPool(env={"MALLOC_MMAP_THRESHOLD_": "65536"}) as pool:
         yield pool
+
+
+def _script_launcher(request: TuneRequest) -> TrialLauncher | None:
+    """Own-command mode: every trial runs the user's launch command (trial/script.py)."""
+    if request.command is None:
+        return None
+    from autotune.trial.script import ScriptLauncher
+
+    return ScriptLauncher(request.command)
 
 
 def _search(ctx: _Context, launcher: TrialLauncher, observe: Callable[[SearchEvent], None]) -> SearchOutcome:
@@ -399,7 +414,7 @@ def tune(
     if ctx.verified:
         if launcher is None:
             _prepare_ops(request.device, observe)
-        with _launcher_for(request.device, launcher) as chosen:
+        with _launcher_for(request.device, launcher or _script_launcher(request)) as chosen:
             outcome = _search(ctx, chosen, observe)
         candidate = outcome.best.candidate if outcome.best else None
     else:
@@ -409,9 +424,17 @@ def tune(
         write_report(data, report_dir)
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {data['nothing_fits_reason']}")
     config = build_ds_config(candidate, ctx.train)
+    if request.command:
+        from autotune.trial.script_mode import emitted_config
+
+        config = emitted_config(request, config)
     config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, request.hf)
     launch = launch_commands(config_path, candidate, ctx.target.gpus_per_node, ctx.target.nodes, request.script)
     data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
+    if request.command and config_path:
+        from autotune.trial.script_mode import command_report
+
+        data["own_command"] = command_report(request, ctx.spec(candidate), config_path)
     report_md, report_json = write_report(data, report_dir)
     if ctx.cache and ctx.verified:
         ctx.cache.put_recommendation(ctx.key, {"candidate": candidate.to_dict(), "ds_config": config, "report": data})

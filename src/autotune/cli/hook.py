@@ -17,6 +17,7 @@ import typer
 from autotune.cli.options import GlobalBatchOpt, JsonOpt, ModelOpt, NvmePathOpt, PrecisionOpt, TrustRemoteCodeOpt
 from autotune.cli.output import print_json
 from autotune.cli.parsing import parse_int_list, parse_rung_list
+from autotune.cli.script_option import UserCommandArg
 from autotune.errors import UserError
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ def hook_command(
     ] = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
     as_json: JsonOpt = False,
+    command: UserCommandArg = None,
 ) -> None:
     """Pre-launch hook: tune once per job (one process tunes, the others wait) and write ds_config.json."""
     from autotune.hook import HookError, HookRequest, JobOverrides, run_hook
@@ -139,6 +141,7 @@ def hook_command(
         out=out,
         report_dir=report_dir,
         trust_remote_code=trust_remote_code,
+        command=tuple(command) if command else None,
     )
     request = HookRequest(
         tuning=tuning,

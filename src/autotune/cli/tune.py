@@ -23,6 +23,7 @@ from autotune.cli.options import (
 )
 from autotune.cli.output import console, err_console, print_json
 from autotune.cli.parsing import parse_int_list, parse_rung_list
+from autotune.cli.script_option import UserCommandArg
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ def tune_command(
     script: Annotated[str, typer.Option(help="Training script named in the launch command.")] = "train.py",
     trust_remote_code: TrustRemoteCodeOpt = False,
     as_json: JsonOpt = False,
+    command: UserCommandArg = None,
 ) -> None:
     """Find the fastest DeepSpeed config that fits, with real trials, and write ds_config.json."""
     from autotune.tuner import TuneRequest, tune
@@ -155,6 +157,7 @@ def tune_command(
         cache_dir=cache_dir,
         script=script,
         trust_remote_code=trust_remote_code,
+        command=tuple(command) if command else None,
     )
     progress = _Progress(err_console(), max_trials, enabled=not as_json)
     result = tune(request, observe=progress)

@@ -215,7 +215,7 @@ def _read_user_config(path_text: str) -> dict[str, Any]:
     except OSError as error:
         raise UserError(f"cannot read the DeepSpeed config named in the command ({path}): {error.strerror}") from None
     except hjson.HjsonDecodeError as error:
-        raise UserError(f"the DeepSpeed config named in the command ({path}) is not valid JSON/hjson: {error}") from None
+        raise UserError(f"the DeepSpeed config named in the command ({path}) is not JSON/hjson: {error}") from None
     if not isinstance(data, Mapping):
         raise UserError(f"the DeepSpeed config named in the command ({path}) is not a JSON object")
     return _plain(data)

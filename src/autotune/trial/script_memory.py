@@ -101,9 +101,9 @@ class TreeMemorySampler:
         found = []
         for process in psutil.process_iter():
             try:
-                if process.pid in self._ranks_by_pid or process.environ().get(TRIAL_TAG_ENV) == self.tag:
-                    if process.status() != psutil.STATUS_ZOMBIE:
-                        found.append(process)
+                ours = process.pid in self._ranks_by_pid or process.environ().get(TRIAL_TAG_ENV) == self.tag
+                if ours and process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         return found
