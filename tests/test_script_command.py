@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.conftest import run_cli
 
 from autotune.errors import UserError
 from autotune.trial.outcome import BudgetBreach
@@ -18,7 +19,6 @@ from autotune.trial.script import ScriptOutcome, classify, placeholder_values
 from autotune.trial.script_command import parse_command
 from autotune.trial.script_memory import TreeMemorySampler, visible_gpu_indices
 from autotune.trial.types import TrialSpec
-from tests.conftest import run_cli
 
 CONFIG = {
     "train_batch_size": 16,
@@ -180,3 +180,21 @@ def test_cli_rejects_a_bad_command_in_one_line(tmp_path: Path) -> None:
                    "python", "train.py", "--deepspeed", "{ds_config}")  # fmt: skip
     assert done.returncode == 2 and "needs a launcher" in done.stderr
     assert not json.dumps(done.stderr).count("Traceback")
+
+
+def test_hook_takes_the_same_command_form_and_keys_on_it(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from autotune.hook.env import JobEnv
+    from autotune.hook.run import job_key
+    from autotune.tuner import TuneRequest
+
+    job = JobEnv("none", None, 1, 1, 0, 0, 0, (), None)
+    plain = TuneRequest(model="tiny-gpt2", device="cpu")
+    own = replace(plain, command=("python", "train.py", "--deepspeed", "{ds_config}"))
+    assert job_key(plain, job) != job_key(own, job)  # a published synthetic answer is not reused for a script
+    command = ["python", "train.py", "--deepspeed", "{ds_config}", "{nope}"]
+    out = str(tmp_path / "c.json")
+    options = ["--model", "tiny-gpt2", "--device", "cpu", "--cache-dir", str(tmp_path), "-o", out]
+    done = run_cli("hook", *options, "--", *command)
+    assert done.returncode == 2 and "unknown placeholder(s) {nope}" in done.stderr and "Traceback" not in done.stderr
