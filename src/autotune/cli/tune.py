@@ -88,7 +88,8 @@ def _print_summary(result: TuneResult) -> None:
     out.print(f"  trials launched: {result.trials_launched}, {result.elapsed_s:.1f} s")
     out.print(f"  config: {result.config_path}" + (f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""))
     out.print(f"  report: {result.report_path}")
-    out.print(f"  launch: {result.launch.deepspeed if result.launch else '-'}")
+    own = data.get("own_command")
+    out.print(f"  launch: {own['train_command'] if own else result.launch.deepspeed if result.launch else '-'}")
 
 
 def tune_command(
