@@ -18,6 +18,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def main() -> None:
         "--gradient-checkpointing",
         "{grad_checkpointing}",
     ]
-    work = args.out.parent / "own_script_work"
+    work = Path(tempfile.mkdtemp(prefix="own-script-bench-"))  # configs and reports; the JSON keeps what matters
     results = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_start": os.getloadavg()},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -13,12 +13,13 @@ import pytest
 from tests.conftest import run_cli
 
 from autotune.errors import UserError
+from autotune.ladder import Rung
 from autotune.trial.outcome import BudgetBreach
 from autotune.trial.processes import TRIAL_TAG_ENV, new_tag, stop_processes
 from autotune.trial.script import ScriptOutcome, classify, placeholder_values
 from autotune.trial.script_command import parse_command
 from autotune.trial.script_memory import TreeMemorySampler, visible_gpu_indices
-from autotune.trial.types import TrialSpec
+from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
 
 CONFIG = {
     "train_batch_size": 16,
@@ -198,3 +199,47 @@ def test_hook_takes_the_same_command_form_and_keys_on_it(tmp_path: Path) -> None
     options = ["--model", "tiny-gpt2", "--device", "cpu", "--cache-dir", str(tmp_path), "-o", out]
     done = run_cli("hook", *options, "--", *command)
     assert done.returncode == 2 and "unknown placeholder(s) {nope}" in done.stderr and "Traceback" not in done.stderr
+
+
+class _RecordingScriptLauncher:
+    """Stands in for ScriptLauncher inside tune(): answers like an own-command trial, without running one."""
+
+    def __init__(self) -> None:
+        self.specs: list[TrialSpec] = []
+
+    def run(self, spec: TrialSpec) -> TrialResult:
+        self.specs.append(spec)
+        mb = spec.ds_config["train_micro_batch_size_per_gpu"]
+        step = 0.1 + 0.01 * mb
+        ranks = [RankMetrics(0, host_rss_peak_bytes=(400 + mb) * 2**20)]
+        command = ["python", "train.py", f"--mb={mb}"]
+        return TrialResult(status="ok", ranks=ranks, step_times_s=[step], samples_per_s=mb / step, command=command,
+                           metric_source="deepspeed_autotuning")  # fmt: skip
+
+
+def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_reports_the_commands(
+    tmp_path: Path,
+) -> None:
+    from autotune.trial.script import ScriptLauncher
+    from autotune.tuner import TuneRequest, _script_launcher, tune
+
+    user_config = tmp_path / "ds.json"
+    user_config.write_text(json.dumps({"scheduler": {"type": "WarmupLR"}, "autotuning": {"enabled": True,
+                                       "arg_mappings": {"train_micro_batch_size_per_gpu": "--bs"}}}))  # fmt: skip
+    command = ("python", "train.py", "--deepspeed", str(user_config), "--bs", "1")
+    request = TuneRequest(model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=64, micro_batches=(2, 4),
+                          rungs=(Rung.Z0,), out=str(tmp_path / "out" / "ds_config.json"), use_cache=False,
+                          command=command)  # fmt: skip
+    assert isinstance(_script_launcher(request), ScriptLauncher)
+    assert _script_launcher(TuneRequest(model="tiny-gpt2")) is None
+    hooks = _script_launcher(request).trial_config(_spec(), tmp_path / "m.json")["autotuning"]  # type: ignore[union-attr]
+    assert hooks == {"enabled": True, "start_profile_step": 3, "end_profile_step": 5,
+                     "metric_path": str(tmp_path / "m.json")}  # fmt: skip
+    result = tune(request, launcher=_RecordingScriptLauncher())
+    config = json.loads(Path(result.config_path).read_text())  # type: ignore[arg-type]
+    assert config["scheduler"] == {"type": "WarmupLR"} and "autotuning" not in config
+    own = result.report["own_command"]
+    assert own["train_command"].endswith(f"--deepspeed {result.config_path} --bs 4")
+    assert all(t["result"]["command"] for t in result.report["trials"])
+    markdown = Path(result.report_path).read_text()  # type: ignore[arg-type]
+    assert "## Your command" in markdown and "`python train.py --mb=4`" in markdown
