@@ -124,6 +124,10 @@ def test_classification_names_the_root_line_and_the_missing_steps() -> None:
     breach = BudgetBreach(0, 3 * 2**30, 2**30)
     assert classify(_outcome(breach=breach, exit_code=None), 60, 5) == ("over_budget", breach.message())
     assert classify(_outcome(exit_code=0, metric={"throughput": 3.0}), 60, 5) == ("ok", None)
+    caught = "OutOfMemoryError: CUDA out of memory. (retrying with a smaller batch)"
+    assert classify(_outcome(exit_code=0, log_text=caught, metric={"throughput": 3.0}), 60, 5) == ("ok", None)
+    failed_after = "x\nRuntimeError: NCCL communicator was aborted"
+    assert classify(_outcome(exit_code=1, log_text=failed_after, metric={}), 60, 5)[0] == "error"
 
 
 def test_visible_gpu_indices_follow_cuda_visible_devices() -> None:

@@ -95,16 +95,17 @@ def classify(outcome: ScriptOutcome, timeout_s: float, end_profile_step: int) ->
         )
     if outcome.breach:
         return "over_budget", outcome.breach.message()
+    if outcome.metric is not None and outcome.exit_code == 0:
+        # Every rank reached the hook's exit; an OOM the script caught itself (auto_find_batch_size) is no failure.
+        return "ok", None
     oom = _oom_line(outcome.log_text)
     if oom:
         return oom
     if is_sigkill(outcome.exit_code) or _sigkilled_rank(outcome.log_text):
         return "oom_host", "a process of the job was killed by SIGKILL (exit 137): most likely the host OOM killer"
     error_line = first_error_line(outcome.log_text)
-    if outcome.metric is not None:
-        if outcome.exit_code in (0, None) or not error_line:
-            return "ok", None
-        return "error", error_line
+    if outcome.metric is not None:  # rank 0 wrote the metric, yet the job did not exit cleanly
+        return ("error", error_line) if error_line else ("ok", None)
     if outcome.exit_code == 0:
         return "incomplete", (
             f"the command exited (code 0) without reaching the profiled steps: DeepSpeed's autotuning hook"
