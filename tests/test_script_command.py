@@ -247,3 +247,23 @@ def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_repor
     assert all(t["result"]["command"] for t in result.report["trials"])
     markdown = Path(result.report_path).read_text()  # type: ignore[arg-type]
     assert "## Your command" in markdown and "`python train.py --mb=4`" in markdown
+
+
+def test_hook_leaves_own_command_trials_to_the_tuner(tmp_path: Path) -> None:
+    """The hook's launcher choice (synthetic workers) must not replace the user's command."""
+    from tests.test_hook_run import FakeTune, hook_request
+
+    from autotune.hook import run_hook
+
+    launchers: list[object] = []
+
+    class RecordingTune(FakeTune):
+        def __call__(self, request, launcher=None, observe=lambda event: None):  # type: ignore[no-untyped-def]
+            launchers.append(launcher)
+            return super().__call__(request, launcher, observe)
+
+    fake = RecordingTune()
+    command = ("python", "train.py", "--deepspeed", "{ds_config}")
+    request = hook_request(tmp_path / "c.json", tmp_path / "shared", command=command)
+    run_hook(request, environ={}, tune_fn=fake, launcher_chooser=lambda *args: "synthetic launcher")
+    assert launchers == [None] and fake.requests[0].command == command

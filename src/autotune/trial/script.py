@@ -295,7 +295,11 @@ class ScriptLauncher:
         return False, None
 
     def _environment(self, spec: TrialSpec, port: int) -> dict[str, str]:
-        env = {k: v for k, v in {**os.environ, **self.env}.items() if k not in _RANK_VARIABLES}
+        env = {
+            k: v
+            for k, v in {**os.environ, **self.env}.items()
+            if k not in _RANK_VARIABLES and not k.startswith("TORCHELASTIC_")  # e.g. the agent store of an outer job
+        }
         if not self.template.starts_ranks():
             env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
