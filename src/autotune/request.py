@@ -57,6 +57,9 @@ class TuneRequest:
     cache_dir: str | None = None  # a directory; the results cache is results.sqlite inside it
     script: str = "train.py"
     trust_remote_code: bool = False
+    # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
+    # substituted in (trial/script_mode.py); None: our synthetic worker.
+    command: tuple[str, ...] | None = None
 
 
 def default_of(name: str) -> Any:
@@ -182,6 +185,10 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
         memory_size(request.memory_budget, "--memory-budget")
     if request.gpu_memory is not None:
         memory_size(request.gpu_memory, "--gpu-memory")
+    if request.command is not None:
+        from autotune.trial.script_mode import check_command  # imported only in own-command mode
+
+        check_command(request)
     if outputs:
         check_outputs(request)
 

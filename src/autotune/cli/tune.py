@@ -37,6 +37,7 @@ from autotune.cli.options import (
     SeqLenOpt,
     TrialTimeoutOpt,
     TrustRemoteCodeOpt,
+    UserCommandArg,
     say_assumed_units,
 )
 from autotune.cli.output import console, err_console, print_json, stamped
@@ -118,7 +119,8 @@ def _print_summary(result: TuneResult) -> None:
     out.print(f"  trials launched: {result.trials_launched}, {result.elapsed_s:.1f} s")
     out.print(f"  config: {result.config_path}" + (f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""))
     out.print(f"  report: {result.report_path}")
-    out.print(f"  launch: {result.launch.deepspeed if result.launch else '-'}")
+    own = data.get("own_command")
+    out.print(f"  launch: {own['train_command'] if own else result.launch.deepspeed if result.launch else '-'}")
     for note in data.get("notes") or []:
         out.print(f"  note: {note}")
 
@@ -154,6 +156,7 @@ def tune_command(
     script: Annotated[str, typer.Option(help="Training script named in the launch command.")] = D.script,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     as_json: JsonOpt = False,
+    command: UserCommandArg = None,
 ) -> None:
     """Find the fastest DeepSpeed config that fits, with real trials, and write ds_config.json.
 
@@ -189,6 +192,7 @@ def tune_command(
         cache_dir=cache_dir,
         script=script,
         trust_remote_code=trust_remote_code,
+        command=tuple(command) if command else None,
     )
     from autotune.hook.leader import BestVerified
 
