@@ -197,6 +197,8 @@ class TuneContext:
             "fraction": request.gpu_memory_fraction,
             "optimizer": request.optimizer,
             "lora": self.lora.to_dict() if self.lora else None,
+            # own-command trials measure the user's job, not our worker: never the same answer
+            **({"command": list(request.command)} if request.command else {}),
         }
 
     @property
@@ -210,7 +212,18 @@ class TuneContext:
         return run_key({**self.question(), "answer": 1})
 
     def ds_config(self, candidate: Candidate) -> dict:
+        """The candidate's config as a trial gets it (own-command trials merge it into the user's file)."""
         return build_ds_config(candidate, self.train)
+
+    def emitted_config(self, candidate: Candidate) -> dict:
+        """The config written for the user: the trial's, and in own-command mode the user's base config with the
+        candidate's keys, without the autotuning hooks the trials ran with (trial/script_mode.py)."""
+        config = self.ds_config(candidate)
+        if self.request.command is None:
+            return config
+        from autotune.trial.script_mode import emitted_config
+
+        return emitted_config(self.request, config)
 
     def spec(self, candidate: Candidate) -> TrialSpec:
         """The trial `tune()` runs for `candidate`; the benchmarks measure with exactly this."""

@@ -125,7 +125,23 @@ def render_markdown(data: dict[str, Any]) -> str:
         lines += ["", "## Skipped", ""]
         for s in data["skipped"]:
             lines.append(f"- {s['rung']}{' + grad checkpointing' if s['grad_checkpointing'] else ''}: {s['reason']}")
+    if data.get("own_command"):
+        lines += _own_command_lines(data["own_command"], data["trials"])
     return "\n".join(lines) + "\n"
+
+
+def _own_command_lines(own: dict[str, Any], trials: list[dict[str, Any]]) -> list[str]:
+    """Own-command mode: which trials ran the user's command, with which arguments, and what was measured."""
+    lines = ["", "## Your command", "", f"Template ({own['form']}): `{' '.join(own['template'])}`", ""]
+    lines += [f"Speed: {own['metric']}.", "", "Train with the answer:", "```", own["train_command"], "```", ""]
+    for t in trials:
+        result = t["result"]
+        cand = t["candidate"]
+        label = f"{cand['rung']} mb{cand['micro_batch']}{' ckpt' if cand['grad_checkpointing'] else ''}"
+        ran = f"`{' '.join(result['command'])}`" if result.get("command") else "not launched"
+        reason = f" ({result['error']})" if result.get("error") else ""
+        lines.append(f"- {label}: {result['status']}{reason}: {ran}")
+    return lines
 
 
 def write_report(

@@ -61,6 +61,9 @@ class TuneRequest:
     optimizer: str = "adamw"  # an autotune.optimizers name; trials run it and the config names it
     lora_rank: int | None = None  # LoRA adapters of this rank through peft on a frozen base
     lora_targets: tuple[str, ...] | None = None  # default: peft's target modules for the model type
+    # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
+    # substituted in (trial/script_mode.py); None: our synthetic worker.
+    command: tuple[str, ...] | None = None
 
 
 def default_of(name: str) -> Any:
@@ -193,6 +196,10 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
         memory_size(request.memory_budget, "--memory-budget")
     if request.gpu_memory is not None:
         memory_size(request.gpu_memory, "--gpu-memory")
+    if request.command is not None:
+        from autotune.trial.script_mode import check_command  # imported only in own-command mode
+
+        check_command(request)
     if outputs:
         check_outputs(request)
 

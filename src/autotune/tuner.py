@@ -105,6 +105,15 @@ def _launcher_for(device: str, given: TrialLauncher | None, nodes: int = 1) -> I
         yield pool
 
 
+def script_launcher(request: TuneRequest) -> TrialLauncher | None:
+    """Own-command mode: every trial runs the user's launch command (trial/script.py)."""
+    if request.command is None:
+        return None
+    from autotune.trial.script import ScriptLauncher
+
+    return ScriptLauncher(request.command)
+
+
 def _search(
     ctx: TuneContext, cache: ResultsCache | None, launcher: TrialLauncher, observe: Callable[[SearchEvent], None]
 ) -> SearchOutcome:
@@ -259,7 +268,8 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
     if ctx.verified:
         if launcher is None:
             _prepare_ops(request.device, observe)
-        with _launcher_for(request.device, launcher, ctx.target.nodes) as chosen:
+        # one selection point: the caller's launcher, else the user's command (own-command mode), else ours
+        with _launcher_for(request.device, launcher or script_launcher(request), ctx.target.nodes) as chosen:
             outcome = _search(ctx, cache, chosen, observe)
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := _no_trial_completed(outcome)):
@@ -273,7 +283,7 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
         data = _report_data(ctx, None, outcome, plan_data, None, None, None, time.monotonic() - started)
         write_report(data, report_dir)
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {data['nothing_fits_reason']}")
-    config = ctx.ds_config(candidate)
+    config = ctx.emitted_config(candidate)
     # The .hf.json is always written: the HF Trainer and accelerate launch paths read it.
     config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True)
     launch = _launch(ctx, config, candidate, config_path)
@@ -282,6 +292,10 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
         config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step
     ).to_dict()
     data["training"] = training_choices_report(request.optimizer, ctx.lora, ctx.model)
+    if request.command and config_path:
+        from autotune.trial.script_mode import command_report
+
+        data["own_command"] = command_report(request, ctx.spec(candidate), config_path)
     write_assumptions(config_path, data)
     report_md, report_json = write_report(data, report_dir)
     if cache and outcome is not None:
@@ -313,7 +327,7 @@ def ds_config_for(request: TuneRequest, candidate: Candidate) -> dict:
     For callers whose tuning was cut short (the pre-launch hook): the search reports each verified
     trial as it finishes, and this turns the best of them into the config to write.
     """
-    return TuneContext.build(request, outputs=False).ds_config(candidate)
+    return TuneContext.build(request, outputs=False).emitted_config(candidate)
 
 
 def world_size_for(request: TuneRequest) -> int:
@@ -340,7 +354,7 @@ def cached_answer(ctx: TuneContext, cache: ResultsCache) -> dict | None:
         return None
     if ctx.limit_bytes > found_under * ANSWER_GROWTH_TOLERANCE and hit.get("memory_bound", True):
         return None
-    if hit["ds_config"] != ctx.ds_config(Candidate.from_dict(hit["candidate"])):
+    if hit["ds_config"] != ctx.emitted_config(Candidate.from_dict(hit["candidate"])):
         # a stored config is never written just because it was stored
         log.warning("autotune: the cached config differs from the one built for its candidate; tuning again")
         return None
@@ -390,6 +404,10 @@ def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, s
         "limit_bytes": ctx.limit_bytes,
         "elapsed_s": time.monotonic() - started,
     }
+    if ctx.request.command:  # the command to train with names this run's config path
+        from autotune.trial.script_mode import command_report
+
+        data["own_command"] = command_report(ctx.request, ctx.spec(candidate), config_path)
     write_assumptions(config_path, data)
     report_md, report_json = write_report(data, report_dir, redraw=False)
     choice = data.get("choice") or {}

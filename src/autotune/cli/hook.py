@@ -34,6 +34,7 @@ from autotune.cli.options import (
     SeqLenOpt,
     TrialTimeoutOpt,
     TrustRemoteCodeOpt,
+    UserCommandArg,
     say_assumed_units,
 )
 from autotune.cli.output import print_json
@@ -124,6 +125,7 @@ def hook_command(
     report_dir: ReportDirOpt = D.report_dir,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     as_json: JsonOpt = False,
+    command: UserCommandArg = None,
 ) -> None:
     """Pre-launch hook: tune once per job (one process tunes, the others wait) and write ds_config.json."""
     from autotune.hook import HookError, HookRequest, JobOverrides, run_hook
@@ -150,6 +152,7 @@ def hook_command(
         out=out,
         report_dir=report_dir,
         trust_remote_code=trust_remote_code,
+        command=tuple(command) if command else None,
     )
     say_assumed_units(memory_budget=memory_budget)
     validate(tuning)  # bad input is one line and exit 2 here, before any coordination or tuning

@@ -90,6 +90,21 @@ TrustRemoteCodeOpt = Annotated[
 ]
 
 
+UserCommandArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help=(
+            "After `--`: your launch command (own-command mode); each trial runs it with the candidate"
+            " substituted in. Placeholders: {ds_config} {micro_batch} {grad_accum} {train_batch} {zero_stage}"
+            " {grad_checkpointing} {precision} {bf16} {fp16} {seq_len} {gpus} {nodes} {world_size} {master_port}"
+            " {trial_dir}; or keep `--deepspeed <file>` with autotuning.arg_mappings in that file (DeepSpeed"
+            " Autotuning's convention)."
+        ),
+        show_default=False,
+    ),
+]
+
+
 def say_assumed_units(**sizes: str | None) -> None:
     """A bare number for a memory size is GiB; say so on stderr, so nobody wonders whether 80 meant bytes."""
     for name, value in sizes.items():

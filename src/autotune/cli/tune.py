@@ -37,6 +37,7 @@ from autotune.cli.options import (
     SeqLenOpt,
     TrialTimeoutOpt,
     TrustRemoteCodeOpt,
+    UserCommandArg,
     say_assumed_units,
 )
 from autotune.cli.output import console, err_console, print_json, stamped
@@ -126,7 +127,10 @@ def _print_summary(result: TuneResult) -> None:
     out.print(f"  trials launched: {result.trials_launched}, {result.elapsed_s:.1f} s")
     out.print(f"  config: {result.config_path}" + (f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""))
     out.print(f"  report: {result.report_path}")
-    if result.launch:
+    own = data.get("own_command")
+    if own:
+        out.print(f"  launch (your command): {own['train_command']}", highlight=False)
+    elif result.launch:
         out.print(f"  launch (DeepSpeed script): {result.launch.deepspeed}", highlight=False)
         out.print(f"  launch (HF Trainer):       {result.launch.hf_trainer}", highlight=False)
         out.print("  torchrun and accelerate launch: see the report", highlight=False)
@@ -179,6 +183,7 @@ def tune_command(
     ] = None,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     as_json: JsonOpt = False,
+    command: UserCommandArg = None,
 ) -> None:
     """Find the fastest DeepSpeed config that fits, with real trials, and write ds_config.json.
 
@@ -218,6 +223,7 @@ def tune_command(
         optimizer=optimizer,
         lora_rank=lora_rank,
         lora_targets=tuple(t.strip() for t in lora_targets.split(",") if t.strip()) if lora_targets else None,
+        command=tuple(command) if command else None,
     )
     from autotune.hook.leader import BestVerified
 

@@ -207,7 +207,8 @@ def run_hook(
     slot = SharedSlot(shared / "hook", key)
 
     def produce() -> HookRecord:
-        choose = lambda: launcher_chooser(job, shared, environ)  # noqa: E731 - only the tuner chooses
+        # Own-command mode: tune() runs the user's command itself (trial/script.py), on this node.
+        choose = lambda: None if tuning.command else launcher_chooser(job, shared, environ)  # noqa: E731
         leader = LeaderJob(key, job, hardware, tuning, choose, observe, tune_fn)
         return tune_and_record(leader, slot.directory / "staging")
 

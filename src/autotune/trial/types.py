@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol
 
-TrialStatus = Literal["ok", "oom_gpu", "oom_host", "over_budget", "timeout", "error"]
+# "incomplete": an own-command trial (trial/script.py) that exited before the profiled steps
+TrialStatus = Literal["ok", "oom_gpu", "oom_host", "over_budget", "timeout", "error", "incomplete"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class TrialResult:
     accumulation: int = 1
     smaller_micro_batch: int | None = None
     smaller_micro_step_s: float | None = None
+    command: list[str] | None = None  # own-command trials (trial/script.py): the argv the trial ran
+    metric_source: str | None = None  # None: our worker's wall-clock steps; "deepspeed_autotuning": the engine's
 
     @property
     def ok(self) -> bool:

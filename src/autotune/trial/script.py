@@ -1,0 +1,325 @@
+"""Trials that run the user's own training command instead of our synthetic worker.
+
+Each trial writes the candidate's ds_config with DeepSpeed's engine-side autotuning hooks switched on,
+`"autotuning": {"enabled": true, "start_profile_step": a, "end_profile_step": b, "metric_path": p}`, runs
+the user's command with the candidate substituted in (trial/script_command.py), samples peak memory from
+outside (trial/script_memory.py) and classifies the outcome as synthetic trials are classified.
+
+What the engine's metric measures (deepspeed 0.19.8, runtime/engine.py):
+- With autotuning enabled the flops profiler is on (`flops_profiler_enabled`, :1462) and runs during step
+  `a` (`flops_profiler_profile_step`, :1469); the global forward/backward/step timers are therefore active,
+  and `step()` logs *and resets* them at every accumulation boundary (`timers.log(global_timers)`, :3680,
+  reset defaults to True in utils/timer.py:141).
+- `step()` calls `_autotuning_exit` (:3657) once `global_steps == b + 1`, before that reset. So the timers
+  then hold only the micro-steps of the last optimizer step, step b+1 (1-based); `a` only picks the
+  flops-profiled step. `_autotuning_exit` (:3705) sums the trimmed means of forward, backward and step
+  (microseconds: timer records are ms, `get_mean` multiplies by 1000, utils/timer.py:159), multiplies by
+  the accumulation steps to get `latency` (one optimizer step), and writes `throughput = train_batch_size
+  * 1e6 / latency` (samples/s for the whole job), `FLOPS_per_gpu` (profiled forward flops x 3 over that
+  latency) and the raw means to `metric_path` on rank 0 (`print_json_dist`), then calls `exit()` on every
+  rank: the process ends with code 0 at step b+1.
+
+How it differs from wall-clock samples/s (what synthetic trials report):
+- It times only the engine's forward, backward and step calls: the user's data loading, collation,
+  host-to-device copies, logging, callbacks and anything else between engine calls are left out, so it
+  reads higher than the job's real rate whenever those cost time.
+- It is one optimizer step, not an average of several (a trimmed mean over its micro-steps only), so it
+  is noisier than our median of stable steps.
+- On CUDA the timers are CUDA events (`use_host_timers()` is False), i.e. GPU-stream time between the
+  events; on the CPU backend they are host `time.time()` stamps.
+- It is rank 0's view only.
+The report labels these figures as the engine's metric (`"metric_source": "deepspeed_autotuning"`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.atomic import atomic_write_json
+from autotune.errors import UserError
+from autotune.trial.gpus import nvml_used_bytes, wait_for_release
+from autotune.trial.launch import trial_directory
+from autotune.trial.outcome import BudgetBreach, describe_exit, first_error_line, is_sigkill
+from autotune.trial.processes import free_port, new_tag, spawn, stop_processes, trial_env
+from autotune.trial.script_command import CommandTemplate, parse_command
+from autotune.trial.script_memory import GpuReader, TreeMemorySampler, visible_gpu_indices
+from autotune.trial.types import RankMetrics, TrialResult, TrialSpec, TrialStatus
+
+# DeepSpeed's own defaults (autotuning/constants.py:59,62): profile from step 3, exit after step 6.
+START_PROFILE_STEP = 3
+END_PROFILE_STEP = 5
+METRIC_FILE = "autotuning_metric.json"
+CONFIG_FILE = "ds_config.json"
+# Environment a job launcher sets per rank; removed before a trial so an outer job's values (the hook runs
+# inside torchrun or SLURM jobs) do not leak into the user's command.
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                   "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")  # fmt: skip
+# Out-of-memory texts found anywhere in the job's output (any rank): torch, CUDA runtime, cuBLAS, cuDNN, NCCL.
+GPU_OOM_TEXTS = (
+    "outofmemoryerror",
+    "cuda out of memory",
+    "cuda error: out of memory",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "cudaerrormemoryallocation",
+    "hip out of memory",
+    "failed to cuda calloc",  # NCCL's allocation failure (NCCL WARN ... Failed to CUDA calloc)
+)
+HOST_OOM_TEXTS = ("memoryerror", "defaultcpuallocator: can't allocate memory", "std::bad_alloc")
+
+
+@dataclass(frozen=True)
+class ScriptOutcome:
+    """What the parent saw of one run of the user's command."""
+
+    exit_code: int | None
+    log_text: str
+    metric: dict[str, Any] | None  # the engine's metric file, when rank 0 wrote one
+    wall_s: float
+    timed_out: bool = False
+    breach: BudgetBreach | None = None
+
+
+def classify(outcome: ScriptOutcome, timeout_s: float, end_profile_step: int) -> tuple[TrialStatus, str | None]:
+    """Status and reason of one run; the order puts root causes first (an OOM makes peers fail too)."""
+    if outcome.timed_out:
+        return "timeout", (
+            f"no metric within the {timeout_s:g} s trial timeout (the job hung or is too slow to reach step"
+            f" {end_profile_step + 1}); all trial processes killed"
+        )
+    if outcome.breach:
+        return "over_budget", outcome.breach.message()
+    if outcome.metric is not None and outcome.exit_code == 0:
+        # Every rank reached the hook's exit; an OOM the script caught itself (auto_find_batch_size) is no failure.
+        return "ok", None
+    oom = _oom_line(outcome.log_text)
+    if oom:
+        return oom
+    if is_sigkill(outcome.exit_code) or _sigkilled_rank(outcome.log_text):
+        return "oom_host", "a process of the job was killed by SIGKILL (exit 137): most likely the host OOM killer"
+    error_line = first_error_line(outcome.log_text)
+    if outcome.metric is not None:  # rank 0 wrote the metric, yet the job did not exit cleanly
+        return ("error", error_line) if error_line else ("ok", None)
+    if outcome.exit_code == 0:
+        return "incomplete", (
+            f"the command exited (code 0) without reaching the profiled steps: DeepSpeed's autotuning hook"
+            f" writes its metric after optimizer step {end_profile_step + 1}, so the job ran fewer steps"
+            " through a DeepSpeed engine configured with the trial's config (finished early, too few"
+            " --max_steps, or never called deepspeed.initialize with it)"
+        )
+    if error_line:
+        return "error", error_line
+    how = describe_exit(outcome.exit_code) if outcome.exit_code is not None else "ended"
+    return "error", f"the command {how} before the profiled steps, with no error message"
+
+
+def _oom_line(log_text: str) -> tuple[TrialStatus, str] | None:
+    for raw in log_text.splitlines():
+        line = raw.strip()
+        lowered = line.lower()
+        if any(text in lowered for text in GPU_OOM_TEXTS) or ("nccl" in lowered and "out of memory" in lowered):
+            return "oom_gpu", line
+        if lowered.startswith(HOST_OOM_TEXTS) or any(text in lowered for text in HOST_OOM_TEXTS[1:]):
+            return "oom_host", line
+    return None
+
+
+def _sigkilled_rank(log_text: str) -> bool:
+    """A rank killed by SIGKILL as torchrun (`exitcode : -9`) or the deepspeed launcher reports it."""
+    lowered = log_text.lower()
+    return any(
+        marker in lowered for marker in ("exitcode  : -9", "exitcode : -9", "return code = -9", "signal 9 (sigkill)")
+    )
+
+
+def metric_result(
+    metric: Mapping[str, Any], spec: TrialSpec, ranks: list[RankMetrics], wall_s: float, command: list[str]
+) -> TrialResult:
+    """A successful trial from the engine's metric (see the module docstring for what it measures)."""
+    latency_s = float(metric.get("latency", 0.0)) / 1e6
+    throughput = float(metric.get("throughput", 0.0)) or None
+    flops = float(metric.get("FLOPS_per_gpu", 0.0) or 0.0)
+    tflops = flops / 1e12 if flops > 0 else None
+    return TrialResult(
+        status="ok",
+        ranks=ranks,
+        step_times_s=[latency_s] if latency_s > 0 else [],
+        samples_per_s=throughput,
+        tokens_per_s=throughput * spec.seq_len if throughput else None,
+        tflops_per_gpu=tflops,
+        mfu=tflops / spec.peak_tflops if tflops and spec.peak_tflops else None,
+        wall_s=wall_s,
+        command=command,
+        metric_source="deepspeed_autotuning",
+    )
+
+
+def placeholder_values(spec: TrialSpec, trial_dir: Path, master_port: int) -> dict[str, str]:
+    config = spec.ds_config
+    precision = "bf16" if (config.get("bf16") or {}).get("enabled") else "fp16" if (
+        config.get("fp16") or {}).get("enabled") else "fp32"  # fmt: skip
+    return {
+        "micro_batch": str(config["train_micro_batch_size_per_gpu"]),
+        "grad_accum": str(config.get("gradient_accumulation_steps", 1)),
+        "train_batch": str(config["train_batch_size"]),
+        "zero_stage": str((config.get("zero_optimization") or {}).get("stage", 0)),
+        "grad_checkpointing": "true" if spec.grad_checkpointing else "false",
+        "precision": precision,
+        "bf16": "true" if precision == "bf16" else "false",
+        "fp16": "true" if precision == "fp16" else "false",
+        "seq_len": str(spec.seq_len),
+        "gpus": str(spec.nprocs_per_node),
+        "nodes": str(spec.nodes),
+        "world_size": str(spec.world_size),
+        "master_port": str(master_port),
+        "trial_dir": str(trial_dir / "work"),
+    }
+
+
+class ScriptLauncher:
+    """Runs each trial as the user's own command; a TrialLauncher, so the search does not know the difference.
+
+    Every process the command starts carries the trial's tag and is killed afterwards, launcher and ranks
+    alike (trial/processes.py). A command that is not a launcher (torchrun, deepspeed, ...) is one rank:
+    it gets RANK=0, WORLD_SIZE=1 and a free MASTER_PORT, as the synthetic worker does.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str] | CommandTemplate,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: Path | None = None,
+        *,
+        start_profile_step: int = START_PROFILE_STEP,
+        end_profile_step: int = END_PROFILE_STEP,
+        poll_interval_s: float = 0.2,
+        kill_grace_s: float = 5.0,
+        read_gpus: GpuReader = nvml_used_bytes,
+    ) -> None:
+        self.template = command if isinstance(command, CommandTemplate) else parse_command(command)
+        if not 0 < start_profile_step <= end_profile_step:
+            raise UserError("profile steps must satisfy 0 < start <= end")
+        self.cwd = Path(cwd or os.getcwd())
+        self.env = dict(env or {})
+        self.workdir = workdir
+        self.start_profile_step = start_profile_step
+        self.end_profile_step = end_profile_step
+        self.poll_interval_s = poll_interval_s
+        self.kill_grace_s = kill_grace_s
+        self.read_gpus = read_gpus
+
+    def trial_config(self, spec: TrialSpec, metric_path: Path) -> dict[str, Any]:
+        config = self.template.trial_config(spec.ds_config)
+        config["autotuning"] = {
+            "enabled": True,
+            "start_profile_step": self.start_profile_step,
+            "end_profile_step": self.end_profile_step,
+            "metric_path": str(metric_path),
+        }
+        return config
+
+    def run(self, spec: TrialSpec) -> TrialResult:
+        refusal = self._refusal(spec)
+        if refusal:
+            return TrialResult(status="error", error=refusal)
+        with trial_directory(self.workdir) as trial_dir:
+            return self._run_in(spec, trial_dir)
+
+    def _refusal(self, spec: TrialSpec) -> str | None:
+        """Candidates this command cannot express: refused without a launch, with the reason."""
+        if spec.nodes > 1:
+            return "own-command trials run on this node only (multi-node trials use the synthetic worker)"
+        if spec.world_size > 1 and not self.template.starts_ranks():
+            return f"{spec.world_size} ranks need a launcher command (torchrun/deepspeed ... with {{gpus}})"
+        if spec.grad_checkpointing and not self.template.accepts_grad_checkpointing():
+            return "the command has no {grad_checkpointing} placeholder, so checkpointing cannot be tried"
+        return None
+
+    def _run_in(self, spec: TrialSpec, trial_dir: Path) -> TrialResult:
+        metric_path = trial_dir / METRIC_FILE
+        config = self.trial_config(spec, metric_path)
+        config_path = atomic_write_json(trial_dir / CONFIG_FILE, config)
+        (trial_dir / "work").mkdir()
+        port = free_port()
+        argv = self.template.render(placeholder_values(spec, trial_dir, port), config_path, config)
+        env = self._environment(spec, port)
+        tag = new_tag()
+        sampler = TreeMemorySampler(tag, spec.device, visible_gpu_indices(env, spec.nprocs_per_node), self.read_gpus)
+        sampler.start()
+        gpus_before = self.read_gpus() if spec.device == "cuda" else None
+        log = trial_dir / "command.log"
+        started = time.monotonic()
+        process = spawn(argv, trial_env(env, tag, spec.device, spec.nprocs_per_node), log, self.cwd)
+        timed_out, breach = False, None
+        try:
+            timed_out, breach = self._watch(process, spec, sampler, started + spec.timeout_s)
+        finally:
+            stop_processes(process, tag, self.kill_grace_s)
+            wait_for_release(gpus_before, read_used=self.read_gpus)
+        outcome = ScriptOutcome(
+            exit_code=None if timed_out or breach else process.returncode,
+            log_text=log.read_text(errors="replace"),
+            metric=_read_metric(metric_path),
+            wall_s=time.monotonic() - started,
+            timed_out=timed_out,
+            breach=breach,
+        )
+        ranks = sampler.metrics(range(spec.world_size))
+        status, error = classify(outcome, spec.timeout_s, self.end_profile_step)
+        if status == "ok" and outcome.metric is not None:
+            return metric_result(outcome.metric, spec, ranks, outcome.wall_s, argv)
+        return TrialResult(status=status, error=error, ranks=ranks, wall_s=outcome.wall_s, command=argv)
+
+    def _watch(
+        self, process: Any, spec: TrialSpec, sampler: TreeMemorySampler, deadline: float
+    ) -> tuple[bool, BudgetBreach | None]:
+        """Sample memory until the command exits; stop early on timeout or a crossed host budget."""
+        budget = spec.host_memory_budget_bytes if spec.device == "cpu" else None
+        while process.poll() is None:
+            sampler.sample()
+            if budget:
+                over = {rank: peak for rank, peak in sampler.rank_peaks.items() if peak > budget}
+                if over:
+                    rank = min(over)
+                    return False, BudgetBreach(rank, over[rank], budget)
+            if time.monotonic() >= deadline:
+                return True, None
+            time.sleep(self.poll_interval_s)
+        return False, None
+
+    def _environment(self, spec: TrialSpec, port: int) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in {**os.environ, **self.env}.items()
+            if k not in _RANK_VARIABLES and not k.startswith("TORCHELASTIC_")  # e.g. the agent store of an outer job
+        }
+        if not self.template.starts_ranks():
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+        return env
+
+
+def _read_metric(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def final_command(template: CommandTemplate, spec: TrialSpec, config_path: Path) -> list[str]:
+    """The user's command with the chosen config, for the report: how to train with the answer."""
+    values = placeholder_values(spec, config_path.parent, 29500)  # torchrun's and DeepSpeed's default port
+    values["trial_dir"] = "output"
+    values["master_port"] = "29500"
+    return template.render(values, config_path, spec.ds_config)
+
+
+__all__ = ["ScriptLauncher", "classify", "final_command"]

@@ -1,0 +1,241 @@
+"""The user's launch command as a template: what each trial substitutes into it, and how.
+
+Two forms, so an existing setup moves over unchanged:
+
+1. Placeholders (ours). Any argument may contain `{name}`; `{{` and `}}` are literal braces:
+
+   | placeholder            | value for the candidate being tried                                     |
+   |------------------------|-------------------------------------------------------------------------|
+   | `{ds_config}`          | path of the trial's DeepSpeed config file (JSON)                        |
+   | `{micro_batch}`        | `train_micro_batch_size_per_gpu`                                        |
+   | `{grad_accum}`         | `gradient_accumulation_steps`                                           |
+   | `{train_batch}`        | `train_batch_size` (micro-batch x accumulation x world size)            |
+   | `{zero_stage}`         | ZeRO stage, 0-3                                                         |
+   | `{grad_checkpointing}` | `true` / `false`: activation (gradient) checkpointing for this candidate |
+   | `{precision}`          | `bf16`, `fp16` or `fp32`                                                |
+   | `{bf16}`, `{fp16}`     | `true` / `false` (HF TrainingArguments flags must match the config)     |
+   | `{seq_len}`            | the sequence length the memory model assumes (`--seq-len`)              |
+   | `{gpus}`               | ranks per node; `{nodes}` nodes; `{world_size}` all ranks               |
+   | `{master_port}`        | a free TCP port for this trial's rendezvous                             |
+   | `{trial_dir}`          | a fresh scratch directory for this trial (e.g. HF `--output_dir`)        |
+
+2. DeepSpeed Autotuning's convention (deepspeed 0.19.8 autotuning/scheduler.py:96-105 and 356-366): the
+   command keeps `--deepspeed <file>` or `--deepspeed_config <file>`; each trial puts its own config file
+   there, and for every `ds_key -> flag` in that file's `autotuning.arg_mappings` it sets the value after
+   `flag` (appending `flag value` when absent) to the candidate's value of `ds_key`, looked up at any depth
+   as DeepSpeed's `get_val_by_key` does (autotuning/utils.py:133). Keys are stripped, as scheduler.py:52-55
+   does (DeepSpeed's own HF example writes `"gradient_accumulation_steps "`).
+
+   In this form the user's file is also the base of every trial's config: the keys the tuner decides
+   (batch sizes, ZeRO section, precision, aio) are replaced, the rest (optimizer, scheduler, clipping, ...)
+   are kept, and its `autotuning` section is replaced by the engine hooks the trial needs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UserError
+
+PLACEHOLDERS: dict[str, str] = {
+    "ds_config": "path of the trial's DeepSpeed config file",
+    "micro_batch": "train_micro_batch_size_per_gpu",
+    "grad_accum": "gradient_accumulation_steps",
+    "train_batch": "train_batch_size",
+    "zero_stage": "ZeRO stage (0-3)",
+    "grad_checkpointing": "true/false: activation checkpointing",
+    "precision": "bf16, fp16 or fp32",
+    "bf16": "true/false",
+    "fp16": "true/false",
+    "seq_len": "sequence length the memory model assumes",
+    "gpus": "ranks per node",
+    "nodes": "nodes",
+    "world_size": "all ranks",
+    "master_port": "a free port for this trial",
+    "trial_dir": "a fresh scratch directory for this trial",
+}
+CONFIG_FLAGS = ("--deepspeed", "--deepspeed_config")  # the flags DeepSpeed's autotuner rewrites
+# Keys the tuner decides; the rest of a user's base config is kept (see the module docstring).
+TUNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+              "zero_optimization", "bf16", "fp16", "aio")  # fmt: skip
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_]\w*)\}")
+# Commands that start ranks themselves; anything else is one process, i.e. world size 1.
+_LAUNCHER_PROGRAMS = ("deepspeed", "torchrun", "accelerate", "srun", "mpirun", "mpiexec")
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.runner",
+                     "accelerate.commands.launch")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CommandTemplate:
+    """A validated launch command; `render` gives one trial's argv."""
+
+    argv: tuple[str, ...]
+    config_flag_index: int | None  # the argument after which the user's config path sits (convention form)
+    base_config: dict[str, Any] | None  # the user's own config file, convention form only
+    arg_mappings: dict[str, str]  # ds key -> flag
+
+    @property
+    def uses_placeholders(self) -> bool:
+        return self.config_flag_index is None
+
+    def placeholders(self) -> set[str]:
+        names = set()
+        for argument in self.argv:
+            names.update(m.group(1) for m in _PLACEHOLDER.finditer(argument) if m.group(1))
+        return names
+
+    def accepts_grad_checkpointing(self) -> bool:
+        """Whether a candidate's checkpointing reaches the script; without it, such trials would lie."""
+        return "grad_checkpointing" in self.placeholders() or any(
+            flag.strip() in ("--gradient_checkpointing", "--gradient-checkpointing")
+            for flag in self.arg_mappings.values()
+        )
+
+    def starts_ranks(self) -> bool:
+        """True when the command is a launcher (torchrun, deepspeed, ...) that starts the ranks itself."""
+        if not self.argv:
+            return False
+        if Path(self.argv[0]).name in _LAUNCHER_PROGRAMS:
+            return True
+        return any(a == "-m" and b in _LAUNCHER_MODULES for a, b in zip(self.argv, self.argv[1:], strict=False))
+
+    def render(self, values: Mapping[str, str], config_path: Path, ds_config: Mapping[str, Any]) -> list[str]:
+        argv = [_substitute(argument, {**values, "ds_config": str(config_path)}) for argument in self.argv]
+        if self.config_flag_index is not None:
+            _set_flag_value(argv, self.config_flag_index, str(config_path))
+            for ds_key, flag in self.arg_mappings.items():
+                value = find_value(ds_config, ds_key)
+                if value is not None and str(value) != "auto":
+                    _set_or_append(argv, flag, _format(value))
+        return argv
+
+    def trial_config(self, candidate_config: Mapping[str, Any]) -> dict[str, Any]:
+        """The config a trial (and the final answer) uses: the candidate's, on top of the user's base."""
+        if self.base_config is None:
+            return dict(candidate_config)
+        merged = {k: v for k, v in self.base_config.items() if k not in ("autotuning", *TUNED_KEYS)}
+        for key, value in candidate_config.items():
+            if key in TUNED_KEYS or key not in merged:
+                merged[key] = value
+        return merged
+
+
+def parse_command(argv: Sequence[str], read_config: bool = True) -> CommandTemplate:
+    """Validate a launch command; UserError (one line) on anything a trial could not run."""
+    argv = tuple(argv)
+    if not argv:
+        raise UserError("the command after `--` is empty")
+    unknown = sorted({m.group(1) for a in argv for m in _PLACEHOLDER.finditer(a) if m.group(1)} - set(PLACEHOLDERS))
+    if unknown:
+        raise UserError(
+            f"unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)} in the command;"
+            f" known: {', '.join('{' + k + '}' for k in PLACEHOLDERS)} ({{{{ and }}}} for literal braces)"
+        )
+    if any("{ds_config}" in a for a in argv):
+        return CommandTemplate(argv, None, None, {})
+    index = _config_flag_index(argv)
+    if index is None:
+        raise UserError(
+            "the command must take the trial's DeepSpeed config: put {ds_config} where the config path goes,"
+            " or keep `--deepspeed <file>` / `--deepspeed_config <file>` (DeepSpeed Autotuning's convention)"
+        )
+    base = _read_user_config(_flag_value(argv, index)) if read_config else None
+    mappings = _arg_mappings(base or {})
+    return CommandTemplate(argv, index, base, mappings)
+
+
+def find_value(config: Mapping[str, Any], key: str) -> Any:
+    """DeepSpeed's get_val_by_key: the key at top level, else the first match in nested dicts."""
+    if key in config:
+        return config[key]
+    for value in config.values():
+        if isinstance(value, Mapping):
+            found = find_value(value, key)
+            if found is not None:
+                return found
+    return None
+
+
+def _substitute(argument: str, values: Mapping[str, str]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "{{":
+            return "{"
+        if match.group(0) == "}}":
+            return "}"
+        return values[match.group(1)]
+
+    return _PLACEHOLDER.sub(replace, argument)
+
+
+def _format(value: Any) -> str:
+    return "true" if value is True else "false" if value is False else str(value)
+
+
+def _config_flag_index(argv: tuple[str, ...]) -> int | None:
+    for index, argument in enumerate(argv):
+        name = argument.split("=", 1)[0]
+        if name in CONFIG_FLAGS and ("=" in argument or index + 1 < len(argv)):
+            return index
+    return None
+
+
+def _flag_value(argv: Sequence[str], index: int) -> str:
+    argument = argv[index]
+    return argument.split("=", 1)[1] if "=" in argument else argv[index + 1]
+
+
+def _set_flag_value(argv: list[str], index: int, value: str) -> None:
+    if "=" in argv[index]:
+        argv[index] = f"{argv[index].split('=', 1)[0]}={value}"
+    else:
+        argv[index + 1] = value
+
+
+def _set_or_append(argv: list[str], flag: str, value: str) -> None:
+    for index, argument in enumerate(argv):
+        if argument == flag and index + 1 < len(argv):
+            argv[index + 1] = value
+            return
+        if argument.startswith(flag + "="):
+            argv[index] = f"{flag}={value}"
+            return
+    argv.extend([flag, value])
+
+
+def _read_user_config(path_text: str) -> dict[str, Any]:
+    import hjson  # DeepSpeed reads config files with hjson (runtime/config.py); so do we
+
+    path = Path(path_text)
+    try:
+        data = hjson.loads(path.read_text())
+    except OSError as error:
+        raise UserError(f"cannot read the DeepSpeed config named in the command ({path}): {error.strerror}") from None
+    except hjson.HjsonDecodeError as error:
+        raise UserError(f"the DeepSpeed config named in the command ({path}) is not JSON/hjson: {error}") from None
+    if not isinstance(data, Mapping):
+        raise UserError(f"the DeepSpeed config named in the command ({path}) is not a JSON object")
+    return _plain(data)
+
+
+def _plain(value: Any) -> Any:
+    """hjson's OrderedDicts as plain dicts, so the config serialises and compares like any other."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _arg_mappings(config: Mapping[str, Any]) -> dict[str, str]:
+    section = config.get("autotuning") or {}
+    raw = section.get("arg_mappings") if isinstance(section, Mapping) else None
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or not all(isinstance(v, str) for v in raw.values()):
+        raise UserError('autotuning.arg_mappings must map DeepSpeed keys to flags, e.g. {"gradient_accumulation_steps":'
+                        ' "--gradient_accumulation_steps"}')  # fmt: skip
+    return {str(k).strip(): v.strip() for k, v in raw.items()}

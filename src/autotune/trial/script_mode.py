@@ -1,0 +1,56 @@
+"""The tuner's side of own-command mode (`autotune --model M --gpus N -- <command>`): checks, the emitted
+config and the report section. Kept apart from tuner.py so the mode stays one selection point there."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import UserError
+from autotune.trial.script import END_PROFILE_STEP, START_PROFILE_STEP, final_command
+from autotune.trial.script_command import CommandTemplate, parse_command
+
+if TYPE_CHECKING:
+    from autotune.request import TuneRequest
+    from autotune.trial.types import TrialSpec
+
+
+def _template(request: TuneRequest) -> CommandTemplate:
+    return parse_command(request.command or ())
+
+
+def check_command(request: TuneRequest) -> None:
+    """Fail before any trial on a command no trial could run."""
+    template = _template(request)
+    if request.nodes > 1:
+        raise UserError("own-command trials run on one node; tune with --nodes 1 (the config holds per rank)")
+    if (request.gpus or 1) > 1 and not template.starts_ranks():
+        raise UserError(
+            f"--gpus {request.gpus} needs a launcher in the command (torchrun --nproc-per-node {{gpus}} ... or"
+            " deepspeed --num_gpus {gpus} ...)"
+        )
+
+
+def emitted_config(request: TuneRequest, candidate_config: dict[str, Any]) -> dict[str, Any]:
+    """What the user trains with: the trial's config without the autotuning hooks (DeepSpeed's own
+    `ds_config_optimal.json` keeps them enabled, so the job would exit after a few steps)."""
+    config = _template(request).trial_config(candidate_config)
+    config.pop("autotuning", None)
+    return config
+
+
+def command_report(request: TuneRequest, spec: TrialSpec, config_path: Path) -> dict[str, Any]:
+    template = _template(request)
+    return {
+        "template": list(template.argv),
+        "form": "placeholders" if template.uses_placeholders else "arg_mappings (DeepSpeed Autotuning convention)",
+        "placeholders": sorted(template.placeholders()),
+        "arg_mappings": template.arg_mappings,
+        "metric": (
+            f"DeepSpeed engine autotuning hook: forward+backward+step time of optimizer step {END_PROFILE_STEP + 1}"
+            f" (flops profiled at step {START_PROFILE_STEP}), rank 0; excludes data loading and the script's"
+            " own work between engine calls"
+        ),
+        "train_command": shlex.join(final_command(template, spec, config_path)),
+    }
