@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from tests.test_hook_run import TUNED, FakeTune, hook_request
-from tests.test_tune import CountingLauncher, _request
+from tests.test_tune import CountingLauncher, tune_request
 
 from autotune import tune
 from autotune.atomic import atomic_write_text
@@ -74,9 +74,10 @@ def test_a_record_whose_config_deepspeed_rejects_is_not_written(tmp_path: Path) 
 def test_a_checksummed_record_of_the_wrong_shape_is_ignored(tmp_path: Path, body_change: dict) -> None:
     slot = SharedSlot(tmp_path, "k1")
     body = {**planted("k1", TUNED).to_dict(), **body_change}
-    from autotune.hook.coordinate import RECORD_FORMAT, _digest
+    from autotune.hook.coordinate import RECORD_FORMAT, record_digest
 
-    atomic_write_text(slot.record_path, json.dumps({"format": RECORD_FORMAT, "record": body, "sha256": _digest(body)}))
+    planted = {"format": RECORD_FORMAT, "record": body, "sha256": record_digest(body)}
+    atomic_write_text(slot.record_path, json.dumps(planted))
     record, why = read_record(slot)
     assert record is None and why and why.startswith("malformed")
 
@@ -196,12 +197,12 @@ def test_a_malformed_trial_row_is_skipped_with_a_warning(tmp_path: Path, payload
 
 
 def _store_recommendation(cache_path: Path, data: object) -> None:
-    from autotune.cache import _checksum
+    from autotune.cache import payload_checksum
 
     payload = json.dumps(data)
     with sqlite3.connect(cache_path) as db:
         key = db.execute("SELECT run_key FROM recommendations").fetchone()[0]
-        db.execute("UPDATE recommendations SET payload = ?, checksum = ?", (payload, _checksum(payload)))
+        db.execute("UPDATE recommendations SET payload = ?, checksum = ?", (payload, payload_checksum(payload)))
     assert key
 
 
@@ -222,7 +223,7 @@ def _stored(cache_path: Path) -> dict:
     ids=["missing-candidate", "string-micro-batch", "config-not-object", "config-not-what-we-build", "list"],
 )
 def test_a_malformed_cached_recommendation_is_tuned_again_without_a_crash(tmp_path: Path, tamper, caplog) -> None:
-    request = _request(tmp_path, micro_batches=(1, 2, 4))
+    request = tune_request(tmp_path, micro_batches=(1, 2, 4))
     first = tune(request, launcher=CountingLauncher())
     database = tmp_path / "cache.sqlite" / "results.sqlite"  # --cache-dir names a directory (tests/test_tune.py)
     _store_recommendation(database, tamper(_stored(database)))
@@ -237,9 +238,9 @@ def test_tuning_over_a_garbage_database_measures_and_verifies(tmp_path: Path) ->
     (tmp_path / "cache.sqlite").mkdir()  # --cache-dir names a directory; the database is results.sqlite in it
     (tmp_path / "cache.sqlite" / "results.sqlite").write_bytes(b"SQLite format 3\0" + os.urandom(4000))
     launcher = CountingLauncher()
-    result = tune(_request(tmp_path, micro_batches=(1, 2, 4)), launcher=launcher)
+    result = tune(tune_request(tmp_path, micro_batches=(1, 2, 4)), launcher=launcher)
     assert result.verified and launcher.specs
-    assert tune(_request(tmp_path, micro_batches=(1, 2, 4)), launcher=CountingLauncher()).from_cache
+    assert tune(tune_request(tmp_path, micro_batches=(1, 2, 4)), launcher=CountingLauncher()).from_cache
 
 
 def test_the_hook_over_a_corrupt_shared_cache_still_tunes_for_real(tmp_path: Path) -> None:

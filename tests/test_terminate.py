@@ -74,7 +74,7 @@ HOOK_UNDER_SIGTERM = """
 import sys
 from tests.test_hook_run import FakeTune, hook_request
 from tests.test_terminate import MB4
-from autotune.cli import _fail
+from autotune.cli import fail_with
 from autotune.hook import run_hook
 from autotune.terminate import Terminated, sigterm_raises
 
@@ -83,7 +83,7 @@ try:
         print("started", flush=True)
         run_hook(hook_request(sys.argv[1], sys.argv[2]), environ={}, tune_fn=FakeTune(trials=(MB4,), delay_s=60))
 except Terminated as error:
-    _fail(str(error), error.exit_code)
+    fail_with(str(error), error.exit_code)
 """
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import run_cli
-from tests.test_tune import CountingLauncher, _request
+from tests.test_tune import CountingLauncher, tune_request
 
 from autotune import tune
 from autotune.batch import describe_global_batch, requested_global_batch
@@ -104,14 +104,14 @@ def test_global_batch_from_tokens_and_who_chose_it() -> None:
 
 
 def test_tune_states_the_global_batch_and_draws_the_picture(tmp_path: Path) -> None:
-    result = tune(_request(tmp_path, micro_batches=(1, 2, 4)), launcher=CountingLauncher())
+    result = tune(tune_request(tmp_path, micro_batches=(1, 2, 4)), launcher=CountingLauncher())
     batch = result.report["batch"]
     assert batch["chosen_by"] == "autotune" and batch["global_batch"] == result.candidate.micro_batch
     markdown = Path(result.report_path).read_text()
     assert f"pin it with --global-batch {batch['global_batch']}" in markdown
     assert "![predicted and measured peak" in markdown and (tmp_path / "autotune-report.png").stat().st_size > 0
     pinned = tune(
-        _request(tmp_path, global_batch=4, micro_batches=(1, 2, 4), use_cache=False), launcher=CountingLauncher()
+        tune_request(tmp_path, global_batch=4, micro_batches=(1, 2, 4), use_cache=False), launcher=CountingLauncher()
     )
     assert pinned.report["batch"]["chosen_by"] == "user"
     assert "(--global-batch)" in Path(pinned.report_path).read_text()
@@ -119,7 +119,7 @@ def test_tune_states_the_global_batch_and_draws_the_picture(tmp_path: Path) -> N
 
 def test_tune_passes_optimizer_and_lora_to_trials_and_launchers(tmp_path: Path) -> None:
     launcher = CountingLauncher()
-    result = tune(_request(tmp_path, optimizer="adafactor", lora_rank=4, micro_batches=(1, 2)), launcher=launcher)
+    result = tune(tune_request(tmp_path, optimizer="adafactor", lora_rank=4, micro_batches=(1, 2)), launcher=launcher)
     spec = launcher.specs[0]
     assert spec.optimizer == "adafactor" and spec.lora["rank"] == 4 and spec.lora["model_type"] == "gpt2"
     assert "optimizer" not in result.ds_config
@@ -170,7 +170,7 @@ def test_bad_training_choices_exit_2_with_one_line(tmp_path: Path, args: list[st
 @pytest.mark.slow
 def test_lora_tuning_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     """Real trials: peft adapters on a frozen tiny GPT-2 under DeepSpeed, and the prediction holds."""
-    result = tune(_request(tmp_path, lora_rank=4, rungs=(Rung.Z0, Rung.Z3), micro_batches=(4,), max_trials=2))
+    result = tune(tune_request(tmp_path, lora_rank=4, rungs=(Rung.Z0, Rung.Z3), micro_batches=(4,), max_trials=2))
     assert result.verified and result.ds_config["train_micro_batch_size_per_gpu"] == 4
     trials = [t for t in result.report["trials"] if t["result"]["status"] == "ok"]
     assert trials

@@ -38,7 +38,7 @@ class CountingLauncher:
         )
 
 
-def _request(tmp_path, **overrides) -> TuneRequest:
+def tune_request(tmp_path, **overrides) -> TuneRequest:
     base = dict(
         model="tiny-gpt2",
         device="cpu",
@@ -54,7 +54,7 @@ def _request(tmp_path, **overrides) -> TuneRequest:
 def test_global_batch_is_kept_and_the_config_is_valid(tmp_path) -> None:
     launcher = CountingLauncher()
     result = tune(
-        _request(tmp_path, global_batch=12, gpus=2, micro_batches=None, max_micro_batch=16), launcher=launcher
+        tune_request(tmp_path, global_batch=12, gpus=2, micro_batches=None, max_micro_batch=16), launcher=launcher
     )
     config = json.loads(result.config_path.read_text())
     assert config["train_batch_size"] == 12
@@ -65,13 +65,13 @@ def test_global_batch_is_kept_and_the_config_is_valid(tmp_path) -> None:
 
 def test_global_batch_that_no_micro_batch_divides_is_bad_input(tmp_path) -> None:
     with pytest.raises(UserError, match="not a multiple of the world size"):
-        tune(_request(tmp_path, global_batch=7, gpus=2), launcher=CountingLauncher())
+        tune(tune_request(tmp_path, global_batch=7, gpus=2), launcher=CountingLauncher())
     with pytest.raises(UserError, match="no micro-batch"):
-        tune(_request(tmp_path, global_batch=12, micro_batches=(5, 7)), launcher=CountingLauncher())
+        tune(tune_request(tmp_path, global_batch=12, micro_batches=(5, 7)), launcher=CountingLauncher())
 
 
 def test_interrupted_run_resumes_from_finished_trials(tmp_path) -> None:
-    request = _request(tmp_path, micro_batches=(1, 2, 4, 8, 16, 32), memory_budget="1GiB")
+    request = tune_request(tmp_path, micro_batches=(1, 2, 4, 8, 16, 32), memory_budget="1GiB")
     first = CountingLauncher(interrupt_after=1, mib_per_sample=40)  # heavier than predicted: several trials
     with pytest.raises(KeyboardInterrupt):
         tune(request, launcher=first)
@@ -122,7 +122,7 @@ def test_real_search_decides_from_what_it_measured_with_fewer_trials(tmp_path) -
     fastest trial the search itself measured within headroom, the largest micro-batch that fitted in its group,
     every group of the grid is accounted for (tried, or skipped with a reason), and fewer trials ran than the grid.
     """
-    request = _request(tmp_path, micro_batches=(1, 8, 32), use_cache=False)
+    request = tune_request(tmp_path, micro_batches=(1, 8, 32), use_cache=False)
     result = tune(request)
     assert result.verified and result.candidate is not None
     trials = result.report["trials"]
@@ -145,7 +145,7 @@ def test_real_search_decides_from_what_it_measured_with_fewer_trials(tmp_path) -
 
 @pytest.mark.slow
 def test_real_cache_hit_answers_without_trials(tmp_path) -> None:
-    request = _request(tmp_path, micro_batches=(2,), rungs=(Rung.Z0,))
+    request = tune_request(tmp_path, micro_batches=(2,), rungs=(Rung.Z0,))
     first = tune(request)
     assert first.trials_launched == 1 and first.verified
     second = tune(request)

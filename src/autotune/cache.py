@@ -64,7 +64,7 @@ def run_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def _checksum(payload: str) -> str:
+def payload_checksum(payload: str) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -229,7 +229,7 @@ class ResultsCache:
             return None
         payload, checksum = row
         try:
-            if not isinstance(payload, str) or _checksum(payload) != checksum:
+            if not isinstance(payload, str) or payload_checksum(payload) != checksum:
                 raise MalformedRecord("checksum mismatch")
             return parse_recommendation(payload)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -244,7 +244,7 @@ class ResultsCache:
             with closing(self._connect()) as db, db:
                 db.execute(
                     "INSERT OR REPLACE INTO recommendations VALUES (?, ?, ?, ?)",
-                    (key, payload, _checksum(payload), time.time()),
+                    (key, payload, payload_checksum(payload), time.time()),
                 )
 
         self._guard(write, None)

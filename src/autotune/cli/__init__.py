@@ -64,7 +64,7 @@ def _route_default(argv: list[str]) -> list[str]:
     return argv
 
 
-def _fail(message: str, code: int) -> None:
+def fail_with(message: str, code: int) -> None:
     print(f"autotune: error: {message}", file=sys.stderr)
     raise SystemExit(code)
 
@@ -85,15 +85,15 @@ def main(argv: list[str] | None = None) -> None:
         print(error.ctx.get_help() if error.ctx else "", file=sys.stderr)
         raise SystemExit(2) from None
     except click_errors.ClickException as error:
-        _fail(error.format_message().replace("\n", " "), 2)
+        fail_with(error.format_message().replace("\n", " "), 2)
     except typer.Abort:
-        _fail("aborted", 130)
+        fail_with("aborted", 130)
     except UserError as error:
-        _fail(str(error), error.exit_code)
+        fail_with(str(error), error.exit_code)
     except NothingFitsError as error:
-        _fail(str(error), error.exit_code)
+        fail_with(str(error), error.exit_code)
     except KeyboardInterrupt:
-        _fail("interrupted", 130)
+        fail_with("interrupted", 130)
     except Terminated as error:  # SIGTERM, after cleanup (terminate.py)
-        _fail(str(error), error.exit_code)
+        fail_with(str(error), error.exit_code)
     raise SystemExit(code if isinstance(code, int) else 0)

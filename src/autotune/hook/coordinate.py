@@ -80,7 +80,7 @@ class HookRecord:
         return hashlib.sha256(self.config_text.encode()).hexdigest() if self.config_text is not None else None
 
 
-def _digest(record: dict) -> str:
+def record_digest(record: dict) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
@@ -106,7 +106,7 @@ class SharedSlot:
 
 def publish(slot: SharedSlot, record: HookRecord) -> None:
     body = record.to_dict()
-    atomic_write_json(slot.record_path, {"format": RECORD_FORMAT, "record": body, "sha256": _digest(body)})
+    atomic_write_json(slot.record_path, {"format": RECORD_FORMAT, "record": body, "sha256": record_digest(body)})
 
 
 _RECORD_SCHEMA = TypeAdapter(HookRecord)
@@ -137,7 +137,7 @@ def read_record(slot: SharedSlot) -> tuple[HookRecord | None, str | None]:
         body = data["record"]
         if data.get("format") != RECORD_FORMAT:
             return None, f"format {data.get('format')!r}, expected {RECORD_FORMAT}"
-        if _digest(body) != data["sha256"]:
+        if record_digest(body) != data["sha256"]:
             return None, "checksum mismatch"
         try:
             record = _RECORD_SCHEMA.validate_json(json.dumps(body), strict=True)
