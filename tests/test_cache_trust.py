@@ -76,8 +76,8 @@ def test_a_checksummed_record_of_the_wrong_shape_is_ignored(tmp_path: Path, body
     body = {**planted("k1", TUNED).to_dict(), **body_change}
     from autotune.hook.coordinate import RECORD_FORMAT, record_digest
 
-    planted = {"format": RECORD_FORMAT, "record": body, "sha256": record_digest(body)}
-    atomic_write_text(slot.record_path, json.dumps(planted))
+    record_file = {"format": RECORD_FORMAT, "record": body, "sha256": record_digest(body)}
+    atomic_write_text(slot.record_path, json.dumps(record_file))
     record, why = read_record(slot)
     assert record is None and why and why.startswith("malformed")
 
