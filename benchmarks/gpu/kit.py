@@ -15,20 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: estimate_accuracy's environment()
 
 from points import (  # noqa: E402
     DRY_MEMORY_POINTS,
@@ -99,27 +98,15 @@ def log(message: str) -> None:
     print(f"[kit {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def environment(device: str) -> dict:
-    """Machine, GPU and versions, read without creating a CUDA context in this process."""
-    import psutil
+    """Machine, versions (as the CPU accuracy benchmark records them) and the GPUs NVML sees: no CUDA context."""
+    from estimate_accuracy import environment as machine_and_versions
 
-    info: dict = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": device,
-        "host": {
-            "cores": os.cpu_count(),
-            "ram_bytes": psutil.virtual_memory().total,
-            "python": platform.python_version(),
-        },
-        "versions": {p: _version(p) for p in ("torch", "deepspeed", "transformers", "accelerate", "nvidia-ml-py")},
-    }
+    info = machine_and_versions(device)
+    try:
+        info["versions"]["nvidia-ml-py"] = metadata.version("nvidia-ml-py")
+    except metadata.PackageNotFoundError:
+        info["versions"]["nvidia-ml-py"] = "not installed"
     if device == "cuda":
         info["gpus"] = _nvml_gpus()
     return info
