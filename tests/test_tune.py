@@ -147,6 +147,8 @@ def test_real_search_decides_from_what_it_measured_with_fewer_trials(tmp_path) -
 def test_real_cache_hit_answers_without_trials(tmp_path) -> None:
     request = tune_request(tmp_path, micro_batches=(2,), rungs=(Rung.Z0,))
     first = tune(request)
-    assert first.trials_launched == 1 and first.verified
+    # with and without checkpointing, plus any close-call re-measurement: how many is the search's business
+    assert first.trials_launched >= 1 and first.verified
     second = tune(request)
     assert second.from_cache and second.trials_launched == 0
+    assert second.config_path.read_bytes() == first.config_path.read_bytes()
