@@ -31,6 +31,7 @@ from pathlib import Path
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.estimate import EstimateSettings, estimate
 from autotune.estimate.ds_estimators import deepspeed_estimators
+from autotune.estimate.types import MemoryEstimate
 from autotune.hardware import Target, generic_gpu
 from autotune.ladder import Candidate, Rung
 from autotune.models import ModelSummary, resolve_model, summarize
@@ -188,28 +189,37 @@ def _accelerate_cli(hf_id: str) -> str:
     return f"exit {run.returncode}: {lines[-1][:200] if lines else ''}"
 
 
-def run_point(point: Point, device: str, precision: str) -> dict:
-    source = resolve_model(point.model)
+def predicted_trial(
+    model: str, candidate: Candidate, seq_len: int, target: Target, device: str, precision: str, **trial: object
+) -> tuple[ModelSummary, MemoryEstimate, TrialSpec]:
+    """The prediction for one config and the trial that measures exactly that config (one node).
+
+    `trial` sets the TrialSpec's measurement fields (steps, timeout, memory caps); the GPU kit uses this too.
+    """
+    source = resolve_model(model)
     summary = summarize(source)
-    target = _target(point.ranks, device)
-    candidate = Candidate(point.rung, point.micro_batch, point.grad_checkpointing)
-    settings = EstimateSettings(seq_len=point.seq_len, precision=precision, device=device)
+    settings = EstimateSettings(seq_len=seq_len, precision=precision, device=device)
     predicted = estimate(summary, target, candidate, settings)
-    config = build_ds_config(
-        candidate, TrainSettings(world_size=point.ranks, precision=precision, hidden_size=summary.hidden_size)
-    )
+    train = TrainSettings(world_size=target.gpus_per_node, precision=precision, hidden_size=summary.hidden_size)
     spec = TrialSpec(
         model_config=source.config,
         architecture=summary.architecture,
         family=summary.family,
-        ds_config=config,
-        seq_len=point.seq_len,
-        grad_checkpointing=point.grad_checkpointing,
-        device=device,
-        nprocs_per_node=point.ranks,
-        warmup_steps=1,
-        max_steps=3,
-        timeout_s=600,
+        ds_config=build_ds_config(candidate, train),
+        seq_len=seq_len,
+        grad_checkpointing=candidate.grad_checkpointing,
+        device=device,  # type: ignore[arg-type]
+        nprocs_per_node=target.gpus_per_node,
+        **trial,  # type: ignore[arg-type]
+    )
+    return summary, predicted, spec
+
+
+def run_point(point: Point, device: str, precision: str) -> dict:
+    target = _target(point.ranks, device)
+    candidate = Candidate(point.rung, point.micro_batch, point.grad_checkpointing)
+    summary, predicted, spec = predicted_trial(
+        point.model, candidate, point.seq_len, target, device, precision, warmup_steps=1, max_steps=3, timeout_s=600
     )
     started = time.monotonic()
     result = run_trial(spec, LocalLauncher(env=MALLOC_ENV[point.malloc]) if device == "cpu" else None)

@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))  # benchmarks/: estimate_accuracy's environment()
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: estimate_accuracy's environment() and predicted_trial()
 
 from points import (  # noqa: E402
     DRY_MEMORY_POINTS,
@@ -44,13 +44,12 @@ from points import (  # noqa: E402
 )
 
 from autotune.atomic import atomic_write_json  # noqa: E402
-from autotune.dsconfig import TrainSettings, build_ds_config  # noqa: E402
-from autotune.estimate import EstimateSettings, estimate  # noqa: E402
 from autotune.hardware import Target, generic_gpu  # noqa: E402
 from autotune.ladder import Candidate, Rung  # noqa: E402
-from autotune.models import resolve_model, summarize  # noqa: E402
 from autotune.trial import LocalLauncher, TrialResult, TrialSpec  # noqa: E402
 from autotune.units import GiB  # noqa: E402
+from estimate_accuracy import environment as machine_and_versions  # noqa: E402
+from estimate_accuracy import predicted_trial  # noqa: E402
 
 STAGES = ("setup", "memory", "oom", "tune", "grid", "side_by_side")
 DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "gpu" / "validation.json"
@@ -100,7 +99,6 @@ def log(message: str) -> None:
 
 def environment(device: str) -> dict:
     """Machine, versions (as the CPU accuracy benchmark records them) and the GPUs NVML sees: no CUDA context."""
-    from estimate_accuracy import environment as machine_and_versions
 
     info = machine_and_versions(device)
     try:
@@ -210,10 +208,6 @@ def _probe_json() -> dict:
 # ---------------------------------------------------------------- memory
 
 
-def _settings(point: MemoryPoint, device: str) -> EstimateSettings:
-    return EstimateSettings(seq_len=point.seq_len, precision="bf16", device=device)
-
-
 def trial_for(
     point: MemoryPoint, kit: Kit, *, fraction: float | None, steps: int = 3, budget: int | None = None
 ) -> dict:
@@ -222,8 +216,6 @@ def trial_for(
     fraction emulates a smaller card on the GPU; budget caps each rank's RSS on the CPU backend; with
     neither, the limit is unbounded (the point is measured, not judged).
     """
-    source = resolve_model(point.model)
-    summary = summarize(source)
     if budget:
         limit = budget
     elif fraction:
@@ -232,16 +224,13 @@ def trial_for(
         limit = 1024 * GiB
     target = Target(generic_gpu(limit), gpus_per_node=1, nodes=1, free_memory_bytes=limit)
     candidate = Candidate(point.rung, point.micro_batch, point.grad_checkpointing)
-    predicted = estimate(summary, target, candidate, _settings(point, kit.device))
-    config = build_ds_config(candidate, TrainSettings(world_size=1, precision="bf16", hidden_size=summary.hidden_size))
-    spec = TrialSpec(
-        model_config=source.config,
-        architecture=summary.architecture,
-        family=summary.family,
-        ds_config=config,
-        seq_len=point.seq_len,
-        grad_checkpointing=point.grad_checkpointing,
-        device=kit.device,  # type: ignore[arg-type]
+    summary, predicted, spec = predicted_trial(
+        point.model,
+        candidate,
+        point.seq_len,
+        target,
+        kit.device,
+        "bf16",
         warmup_steps=1,
         max_steps=steps,
         timeout_s=max(60.0, min(600.0, kit.time_left())),
