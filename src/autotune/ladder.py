@@ -65,24 +65,118 @@ def parse_rung(text: str) -> Rung:
 
 
 @dataclass(frozen=True, order=True)
+class Mode:
+    """Memory modes beyond the classic ladder that DeepSpeed 0.19.8 offers on some rungs (issue 19).
+
+    The default value is the classic rung, so a Candidate without a mode means exactly what it meant before, and its
+    key and dict are unchanged (cache entries written before modes existed stay valid). Which mode applies to which
+    rung, node count and hardware is decided in `autotune.modes`, not here; this is only the value.
+    """
+
+    # zero_optimization.offload_optimizer.ratio: fraction of optimizer states offloaded (stage 3 + cpu offload only;
+    # deepspeed/runtime/zero/offload_config.py `ratio`, runtime/zero/stage3.py `partial_offload`). 1.0 = classic.
+    offload_ratio: float = 1.0
+    # zero_optimization.zenflow: stages 1-2 with optimizer offload (deepspeed/runtime/zenflow/).
+    zenflow: bool = False
+    # ZeRO++ (stage 3): zero_hpz_partition_size (1 = off), zero_quantized_weights, zero_quantized_gradients.
+    hpz_partition_size: int = 1
+    quantized_weights: bool = False
+    quantized_gradients: bool = False
+    # offload_optimizer.super_offload: stage 3 offload for superchips (GH200-class).
+    super_offload: bool = False
+
+    @property
+    def is_classic(self) -> bool:
+        return self == Mode()
+
+    @property
+    def parts(self) -> list[str]:
+        """Short names of what differs from the classic rung, in a fixed order (keys and labels use them)."""
+        parts = []
+        if self.offload_ratio != 1.0:
+            parts.append(f"ratio{self.offload_ratio:g}")
+        if self.zenflow:
+            parts.append("zenflow")
+        if self.hpz_partition_size != 1:
+            parts.append(f"hpz{self.hpz_partition_size}")
+        if self.quantized_weights:
+            parts.append("qw")
+        if self.quantized_gradients:
+            parts.append("qg")
+        if self.super_offload:
+            parts.append("superoffload")
+        return parts
+
+    @property
+    def label(self) -> str:
+        words = {
+            "zenflow": "ZenFlow",
+            "qw": "quantized weights",
+            "qg": "quantized gradients",
+            "superoffload": "SuperOffload",
+        }
+        out = []
+        for part in self.parts:
+            if part.startswith("ratio"):
+                out.append(f"offload ratio {self.offload_ratio:g}")
+            elif part.startswith("hpz"):
+                out.append(f"hpZ partition {self.hpz_partition_size}")
+            else:
+                out.append(words[part])
+        return ", ".join(out)
+
+    def to_dict(self) -> dict:
+        return {
+            "offload_ratio": self.offload_ratio,
+            "zenflow": self.zenflow,
+            "hpz_partition_size": self.hpz_partition_size,
+            "quantized_weights": self.quantized_weights,
+            "quantized_gradients": self.quantized_gradients,
+            "super_offload": self.super_offload,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Mode:
+        return cls(
+            offload_ratio=float(data.get("offload_ratio", 1.0)),
+            zenflow=bool(data.get("zenflow", False)),
+            hpz_partition_size=int(data.get("hpz_partition_size", 1)),
+            quantized_weights=bool(data.get("quantized_weights", False)),
+            quantized_gradients=bool(data.get("quantized_gradients", False)),
+            super_offload=bool(data.get("super_offload", False)),
+        )
+
+
+@dataclass(frozen=True, order=True)
 class Candidate:
-    """One configuration to predict or try: a rung, a micro-batch per GPU, and gradient checkpointing."""
+    """One configuration to predict or try: a rung, a micro-batch per GPU, gradient checkpointing, and a mode."""
 
     rung: Rung
     micro_batch: int
     grad_checkpointing: bool = False
+    mode: Mode = Mode()
 
     @property
     def key(self) -> str:
-        return f"{self.rung.value}/mb{self.micro_batch}/{'ckpt' if self.grad_checkpointing else 'nockpt'}"
+        base = f"{self.rung.value}/mb{self.micro_batch}/{'ckpt' if self.grad_checkpointing else 'nockpt'}"
+        return base if self.mode.is_classic else f"{base}/{'+'.join(self.mode.parts)}"
 
     def describe(self) -> str:
         ckpt = ", grad checkpointing" if self.grad_checkpointing else ""
-        return f"{self.rung.label}, micro-batch {self.micro_batch}{ckpt}"
+        mode = "" if self.mode.is_classic else f" ({self.mode.label})"
+        return f"{self.rung.label}{mode}, micro-batch {self.micro_batch}{ckpt}"
 
     def to_dict(self) -> dict:
-        return {"rung": self.rung.value, "micro_batch": self.micro_batch, "grad_checkpointing": self.grad_checkpointing}
+        data: dict = {
+            "rung": self.rung.value,
+            "micro_batch": self.micro_batch,
+            "grad_checkpointing": self.grad_checkpointing,
+        }
+        if not self.mode.is_classic:
+            data["mode"] = self.mode.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> Candidate:
-        return cls(parse_rung(data["rung"]), int(data["micro_batch"]), bool(data["grad_checkpointing"]))
+        mode = Mode.from_dict(data["mode"]) if data.get("mode") else Mode()
+        return cls(parse_rung(data["rung"]), int(data["micro_batch"]), bool(data["grad_checkpointing"]), mode)
