@@ -97,3 +97,26 @@ def test_planned_target_from_profile_or_memory() -> None:
         resolve_target(None, gpus=0, gpu_type="a100-80gb")
     with pytest.raises(UserError, match="no GPU visible"):
         resolve_target(None, gpus=1)
+
+
+def test_native_bf16_read_from_cpu_flags() -> None:
+    from autotune.probe import cpu_has_native_bf16
+
+    assert cpu_has_native_bf16("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n")
+    assert cpu_has_native_bf16("flags\t\t: fpu sse2 amx_bf16 amx_tile\n")
+    assert cpu_has_native_bf16("Features\t: fp asimd sve bf16 i8mm\n")  # arm64 (Neoverse V1/V2, Graviton3)
+    assert not cpu_has_native_bf16("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n")  # Zen 3: no bf16 flag
+    assert cpu_has_native_bf16("")  # unknown: torch's default, bf16 allowed
+
+
+def test_cpu_tune_defaults_to_fp32_without_native_bf16(monkeypatch) -> None:
+    from autotune import context, probe
+    from autotune.request import TuneRequest
+
+    for native, expected in ((False, "fp32"), (True, "bf16")):
+        monkeypatch.setattr(probe, "cpu_has_native_bf16", lambda native=native: native)
+        ctx = context.TuneContext.build(TuneRequest(model="tiny-gpt2", device="cpu", memory_budget="2GiB"))
+        assert ctx.precision == expected
+        assert any("no native bf16" in note for note in ctx.notes) == (not native)
+        explicit = TuneRequest(model="tiny-gpt2", device="cpu", memory_budget="2GiB", precision="bf16")
+        assert context.TuneContext.build(explicit).precision == "bf16"

@@ -201,6 +201,26 @@ def probe_nvme(path: str) -> int:
     return shutil.disk_usage(target).free
 
 
+# CPU flags meaning the cores compute in bf16 natively (Linux /proc/cpuinfo names): x86 AVX512-BF16 and AMX-BF16,
+# arm64 "bf16" (FEAT_BF16). Without them torch emulates bf16 matmuls: on this project's AMD EPYC (Zen 3) CI machine one
+# DeepSpeed step of gpt2-small-demo at micro-batch 8 took 18 s in bf16 and 1.3 s in fp32 (README, "Try it").
+_NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this host's CPU computes bf16 natively; unknown (no /proc/cpuinfo) counts as yes, torch's default."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return True
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return bool(_NATIVE_BF16_FLAGS & set(value.split()))
+    return True
+
+
 def probe_host(nvme_path: str | None = None) -> HostInfo:
     memory = psutil.virtual_memory()
     return HostInfo(
