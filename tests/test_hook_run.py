@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.assumptions import assumptions_path, read_assumptions, write_assumptions
 from autotune.atomic import atomic_write_json
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook import HookError, HookRequest, JobOverrides, run_hook
@@ -67,7 +68,13 @@ class FakeTune:
     def _finish(self, request: TuneRequest, config: dict, verified: bool) -> TuneResult:
         path = atomic_write_json(request.out, config)
         message = "time budget spent (5 s)" if self.stop_reason is StopReason.TIME_BUDGET else "no better candidate"
-        report = {"stop_message": message, "choice": {"description": "fake choice"}}
+        report = {
+            "stop_message": message,
+            "choice": {"description": "fake choice"},
+            "assumptions": {"model": request.model, "seq_len": request.seq_len},
+            "verified": verified,
+        }
+        write_assumptions(path, report)  # as tune() does beside every config it emits
         return TuneResult(
             verified, None, config, path, None, None, None, None, 10.0, len(self.trials), False, 0.0, self.stop_reason,
             report,
@@ -104,6 +111,14 @@ def test_one_tunes_then_every_later_call_is_a_hit_with_identical_bytes(tmp_path:
     assert (tuned_with.gpus, tuned_with.nodes) == (1, 1)
     assert tuned_with.cache_dir == str(tmp_path / "shared")  # a directory, as for `autotune --cache-dir`
     assert tuned_with.out != str(tmp_path / "a/ds_config.json")  # staged privately, then copied
+    # what `autotune check` reads lies beside every process's --out, leader's and hit's alike
+    for out in ("a", "b"):
+        record = read_assumptions(tmp_path / out / "ds_config.json")
+        assert record is not None
+        assert (record["model"], record["seq_len"], record["verified"]) == ("tiny-gpt2", 32, True)
+    assert assumptions_path(tmp_path / "a/ds_config.json").read_bytes() == assumptions_path(
+        tmp_path / "b/ds_config.json"
+    ).read_bytes()
 
 
 def test_the_job_shape_comes_from_slurm_and_changes_the_key(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from autotune.assumptions import read_assumptions
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook.coordinate import HookRecord, RecordStatus
 from autotune.hook.env import JobEnv
@@ -191,36 +192,44 @@ def _fallback(leader: LeaderJob, reason: str, best: BestVerified, staged: Path) 
 
 
 def tune_and_record(leader: LeaderJob, staging_parent: Path) -> HookRecord:
-    """Tune for the job (config staged in a private directory) and turn any outcome into a record."""
+    """Tune for the job (config staged in a private directory) and turn any outcome into a record.
+
+    The record carries the `ds_config.autotune.json` the tuner wrote beside the staged config, so every process
+    writes it beside its own --out and `autotune check` there asks the question the tuner answered."""
     sweep(staging_parent, "")  # staging dirs of tuners that were SIGKILLed on this host
     staging = owned_tempdir(f"{leader.key}.", staging_parent)
     staged = staging / "ds_config.json"
-    leader = replace(leader, tuning=replace(leader.tuning, out=str(staged)))
+    try:
+        record = _record_outcome(replace(leader, tuning=replace(leader.tuning, out=str(staged))), staged)
+        assumptions = read_assumptions(staged) if record.config_text is not None else None
+        return replace(record, details={**record.details, "assumptions": assumptions}) if assumptions else record
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _record_outcome(leader: LeaderJob, staged: Path) -> HookRecord:
     best = BestVerified(leader.observe)
     started = time.monotonic()
     try:
-        try:
-            launcher = leader.launcher_factory()
-            result = leader.tune_fn(leader.tuning, launcher=launcher, observe=best)
-            return _from_result(leader, result, staged)
-        except UserError as error:
-            return leader.record("failed", None, "none", False, error_kind="user", error=str(error))
-        except NothingFitsError as error:
-            if not _budget_ran_out(leader.tuning, started, best):
-                return leader.record("failed", None, "none", False, error_kind="nothing_fits", error=str(error))
-            reason = f"the budget ran out before any config was verified ({error})"
-        except Terminated:
-            # SIGTERM (scancel, time limit, preemption): trials are stopped by now (the launcher's finally).
-            # Publish the best verified config, marked so that only this job's processes take it; with
-            # none, publish nothing: a resubmitted job resumes from the finished trials in the cache.
-            if best.record is None:
-                raise
-            return _best_verified(leader, "terminated by SIGTERM", best, staged, validate=False, terminated=True)
-        except Exception as error:  # a crashed tuner must still leave the job a config, or a clear failure
-            reason = f"tuning failed: {type(error).__name__}: {error}"
-        try:
-            return _fallback(leader, reason, best, staged)
-        except Exception as error:
-            return leader.record("failed", None, "none", False, error_kind="failed", error=f"{reason}; {error}")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        launcher = leader.launcher_factory()
+        result = leader.tune_fn(leader.tuning, launcher=launcher, observe=best)
+        return _from_result(leader, result, staged)
+    except UserError as error:
+        return leader.record("failed", None, "none", False, error_kind="user", error=str(error))
+    except NothingFitsError as error:
+        if not _budget_ran_out(leader.tuning, started, best):
+            return leader.record("failed", None, "none", False, error_kind="nothing_fits", error=str(error))
+        reason = f"the budget ran out before any config was verified ({error})"
+    except Terminated:
+        # SIGTERM (scancel, time limit, preemption): trials are stopped by now (the launcher's finally).
+        # Publish the best verified config, marked so that only this job's processes take it; with
+        # none, publish nothing: a resubmitted job resumes from the finished trials in the cache.
+        if best.record is None:
+            raise
+        return _best_verified(leader, "terminated by SIGTERM", best, staged, validate=False, terminated=True)
+    except Exception as error:  # a crashed tuner must still leave the job a config, or a clear failure
+        reason = f"tuning failed: {type(error).__name__}: {error}"
+    try:
+        return _fallback(leader, reason, best, staged)
+    except Exception as error:
+        return leader.record("failed", None, "none", False, error_kind="failed", error=f"{reason}; {error}")

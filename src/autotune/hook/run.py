@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from autotune.atomic import atomic_write_text
+from autotune.assumptions import assumptions_path
+from autotune.atomic import atomic_write_json, atomic_write_text
 from autotune.cache import library_versions, run_key
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook.coordinate import HookError, HookRecord, Role, SharedSlot, coordinate
@@ -227,6 +228,8 @@ def run_hook(
         raise HookError(f"--strict: no config written, because {record.warning}")
     try:
         path = atomic_write_text(request.tuning.out, record.config_text or "")
+        if isinstance(record.details.get("assumptions"), dict):  # what `autotune check` reads beside the config
+            atomic_write_json(assumptions_path(path), record.details["assumptions"])
     except OSError as error:
         raise UserError(f"cannot write {request.tuning.out}: {error.strerror or error}") from None
     if outcome.role == "leader" and record.details.get("terminated"):
