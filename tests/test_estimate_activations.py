@@ -8,6 +8,8 @@ activation peak (not the end-of-backward weight-gradient transient, which is a s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,16 +17,33 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from autotune.estimate.activations import activation_breakdown
 from autotune.estimate.constants import CPU_MATH_SDPA_BYTES_WITH_DROPOUT
+from autotune.estimate.runtime import RuntimeStack
 from autotune.estimate.types import EstimateSettings
 from autotune.models import resolve_model, summarize
 from autotune.models.build import build_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# A 2-layer BLOOM (ALiBi, eager-only attention with an fp32 softmax) built from its config.
+TINY_BLOOM = str(Path(__file__).parent / "data" / "models" / "tiny-bloom.json")
 # MemTracker's module hooks warn when checkpointing re-enters a module during backward; harmless here.
 pytestmark = pytest.mark.filterwarnings("ignore:Module is None:UserWarning")
 
 
-def measured_activation_peak(name: str, precision: str, micro_batch: int, seq_len: int, checkpointing: bool) -> int:
+def _hf_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids).loss  # like the trial runner: only .loss is kept
+
+
+def _16bit_shifted_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The causal-LM loss of transformers before 4.46 for BLOOM / GPT-NeoX / GPT-2 (and of loops that compute
+    their own loss on `output.logits`): CrossEntropyLoss on the 16-bit shifted logits, no upcast."""
+    logits = model(input_ids=ids).logits
+    shifted = logits[..., :-1, :].contiguous()
+    return F.cross_entropy(shifted.view(-1, shifted.size(-1)), ids[..., 1:].reshape(-1))
+
+
+def measured_activation_peak(
+    name: str, precision: str, micro_batch: int, seq_len: int, checkpointing: bool, loss=_hf_loss
+) -> int:
     source = resolve_model(name)
     torch.manual_seed(0)
     model, _ = build_model(source.config, source.architecture, "cpu")
@@ -32,12 +51,12 @@ def measured_activation_peak(name: str, precision: str, micro_batch: int, seq_le
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(0, 1000, (micro_batch, seq_len))
-    model(input_ids=ids, labels=ids).loss.backward()  # warm-up: lazy buffers, first-call allocations
+    loss(model, ids).backward()  # warm-up: lazy buffers, first-call allocations
     model.zero_grad(set_to_none=True)
     tracker = MemTracker()
     tracker.track_external(model)
     with tracker:
-        model(input_ids=ids, labels=ids).loss.backward()  # like the trial runner: only .loss is kept
+        loss(model, ids).backward()
     peak = {str(k).split(".")[-1]: v for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items()}
     return peak["Total"] - peak.get("PARAM", 0) - peak.get("GRAD", 0)
 
@@ -53,6 +72,10 @@ CASES = [
     ("tiny-llama", "bf16", 2, 256, True, 0.10),
     ("tiny-t5", "bf16", 2, 128, False, 0.10),
     ("tiny-t5", "fp32", 1, 256, True, 0.25),
+    # BLOOM runs eager attention even when sdpa is asked for (no fused path in transformers): fp32 softmax kept.
+    (TINY_BLOOM, "bf16", 2, 256, False, 0.10),
+    (TINY_BLOOM, "fp32", 1, 256, False, 0.10),
+    (TINY_BLOOM, "bf16", 2, 256, True, 0.10),
 ]
 
 
@@ -63,6 +86,18 @@ def test_activation_model_matches_autograd(name, precision, micro_batch, seq_len
     predicted = activation_breakdown(summary, settings, checkpointing).total(micro_batch)
     measured = measured_activation_peak(name, precision, micro_batch, seq_len, checkpointing)
     assert predicted == pytest.approx(measured, rel=tolerance), f"predicted {predicted}, measured {measured}"
+
+
+@pytest.mark.parametrize("micro_batch,seq_len", [(2, 256), (4, 128)])
+def test_16bit_causal_loss_of_older_transformers(micro_batch, seq_len):
+    """transformers < 4.46 ran BLOOM's loss on 16-bit logits: 3*d per token and vocabulary entry, not the 12 B of
+    the fp32 path (which would over-predict this case by 25-35%)."""
+    summary = summarize(resolve_model(TINY_BLOOM))
+    old_stack = RuntimeStack(transformers_version="4.29.0")
+    settings = EstimateSettings(seq_len=seq_len, precision="bf16", attention="sdpa", device="cpu", stack=old_stack)
+    predicted = activation_breakdown(summary, settings, False).total(micro_batch)
+    measured = measured_activation_peak(TINY_BLOOM, "bf16", micro_batch, seq_len, False, loss=_16bit_shifted_loss)
+    assert predicted == pytest.approx(measured, rel=0.15), f"predicted {predicted}, measured {measured}"
 
 
 def test_cpu_math_attention_constant():

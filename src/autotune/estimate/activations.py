@@ -11,9 +11,10 @@ tests/test_estimate_activations.py checks the result against MemTracker on real 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.estimate.constants import CPU_MATH_SDPA_BYTES_NO_DROPOUT, CPU_MATH_SDPA_BYTES_WITH_DROPOUT
+from autotune.estimate.runtime import version_tuple
 from autotune.estimate.traits import ArchTraits, traits_of
 from autotune.estimate.types import EstimateSettings
 from autotune.models import ModelSummary
@@ -46,6 +47,13 @@ class ActivationBreakdown:
 
     def total(self, micro_batch: int) -> int:
         return self.saved(micro_batch) + self.logits(micro_batch) + self.layer_window_excess(micro_batch)
+
+
+def _as_run(model: ModelSummary, settings: EstimateSettings) -> EstimateSettings:
+    """The attention transformers really runs: eager for families without a fused path (traits._EAGER_ONLY_TYPES)."""
+    if settings.attention != "eager" and traits_of(model).eager_only:
+        return replace(settings, attention="eager")
+    return settings
 
 
 def activation_bytes_per_element(precision: str) -> int:
@@ -126,6 +134,7 @@ def _mlp_block(model: ModelSummary, traits: ArchTraits, settings: EstimateSettin
 
 def layer_bytes(model: ModelSummary, settings: EstimateSettings, decoder_with_cross: bool = False) -> int:
     """One transformer layer's saved activations per sample."""
+    settings = _as_run(model, settings)
     traits = traits_of(model)
     total = _attention_block(model, traits, settings, cross=False) + _mlp_block(model, traits, settings)
     if decoder_with_cross:
@@ -135,6 +144,7 @@ def layer_bytes(model: ModelSummary, settings: EstimateSettings, decoder_with_cr
 
 def layer_backward_transient(model: ModelSummary, settings: EstimateSettings, decoder_with_cross: bool) -> int:
     """Gradients alive while one layer runs backward: score gradients and a few hidden-sized ones."""
+    settings = _as_run(model, settings)
     traits = traits_of(model)
     d = activation_bytes_per_element(settings.precision)
     _, transient_per_score = _scores_bytes_per_element(traits, settings, d)
@@ -153,18 +163,37 @@ def _outside_layers_bytes(model: ModelSummary, traits: ArchTraits, settings: Est
     return stacks * per_stack * settings.seq_len
 
 
+# transformers 4.46 moved every causal LM's loss into loss/loss_utils.py `ForCausalLMLoss`, which starts with
+# `logits = logits.float()` (the upcast named in transformers PR #34147 and issue #38452). Before it, only the
+# Llama-style forwards upcast (`logits = logits.float()` in LlamaForCausalLM.forward, as in 4.37); BLOOM, GPT-NeoX,
+# GPT-2 and OPT called CrossEntropyLoss on the 16-bit shifted logits (`shift_logits = lm_logits[..., :-1, :]
+# .contiguous()`), and so do training loops that compute their own loss on `output.logits` (h2o LLM Studio).
+LOSS_UTILS_VERSION = (4, 46)
+_FP32_LOGITS_BEFORE_LOSS_UTILS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3")
+
+
+def causal_loss_upcasts(model: ModelSummary, settings: EstimateSettings) -> bool:
+    """Whether a causal LM's loss runs on fp32 logits. An unknown transformers version counts the upcast (the
+    larger figure, and what every version since 4.46 does)."""
+    version = version_tuple(settings.stack.transformers_version)
+    if version is None or version >= LOSS_UTILS_VERSION:
+        return True
+    return model.model_type in _FP32_LOGITS_BEFORE_LOSS_UTILS
+
+
 def logits_bytes_per_sample(model: ModelSummary, settings: EstimateSettings) -> int:
     """Logits and loss at their peak, at the start of backward, per sample.
 
     The trial runner (like HF Trainer) keeps only `.loss` of the model output, so the logits tensor is
-    gone before backward; what remains is the loss's own graph. Causal LMs use transformers'
-    ForCausalLMLoss, which upcasts to fp32: the saved fp32 log-softmax and two fp32 gradients coexist,
-    12 bytes per token per vocabulary entry in bf16 and fp32 alike. T5 and BERT-style heads call
-    CrossEntropyLoss on the 16-bit logits: log-softmax and two gradients, 3*d. Both measured with
-    MemTracker (tests/test_estimate_activations.py).
+    gone before backward; what remains is the loss's own graph. Causal LMs on an fp32 loss path
+    (causal_loss_upcasts) keep the fp32 log-softmax and two fp32 gradients at once: 12 bytes per token per
+    vocabulary entry in bf16 and fp32 alike. A 16-bit loss path (older transformers, T5 and BERT-style heads)
+    keeps the 16-bit log-softmax and two gradients: 3*d. Both measured with MemTracker
+    (tests/test_estimate_activations.py).
     """
     d = activation_bytes_per_element(settings.precision)
-    per_token = 12 if model.family == "decoder-only" else 3 * d
+    upcast = model.family == "decoder-only" and causal_loss_upcasts(model, settings)
+    per_token = 12 if upcast else 3 * d
     return per_token * model.vocab_size * settings.seq_len
 
 
@@ -184,6 +213,7 @@ def _shared_bytes(model: ModelSummary, traits: ArchTraits, settings: EstimateSet
 def activation_breakdown(
     model: ModelSummary, settings: EstimateSettings, grad_checkpointing: bool
 ) -> ActivationBreakdown:
+    settings = _as_run(model, settings)
     traits = traits_of(model)
     d = activation_bytes_per_element(settings.precision)
     encoder_decoder = model.family == "encoder-decoder"

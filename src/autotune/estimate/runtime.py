@@ -20,6 +20,7 @@ class RuntimeStack:
     cuda_version: str | None = None
     nccl_version: str | None = None
     compute_capability: str | None = None
+    transformers_version: str | None = None  # decides the causal-LM loss path (estimate/activations.py)
 
 
 # pip packages that carry NCCL with the CUDA builds of torch, newest first.
@@ -46,7 +47,7 @@ def local_stack(compute_capability: str | None = None) -> RuntimeStack:
         if digits.isdigit() and len(digits) >= 3:
             cuda = f"{int(digits[:-1])}.{digits[-1]}"
     nccl = next((version for version in map(_installed, _NCCL_PACKAGES) if version), None)
-    return RuntimeStack(torch_version, cuda, nccl, compute_capability)
+    return RuntimeStack(torch_version, cuda, nccl, compute_capability, _installed("transformers"))
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,11 @@ class Overhead:
     central: int
     uncertainty: int
     source: str
+
+
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    """Parse "2.5.1+cu124" as (2, 5, 1); None or unparsable gives None."""
+    return _version(text)
 
 
 def _version(text: str | None) -> tuple[int, ...] | None:

@@ -43,8 +43,13 @@ _ACTIVATION_SAVED_TENSORS = {
 # Families whose norm is a python RMSNorm that upcasts to fp32 (Llama, Mistral, Qwen2, T5 ...).
 _RMSNORM_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "t5", "mt5", "mixtral", "phi3")
 _ROTARY_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt_neox", "falcon", "mixtral", "phi3")
-_RELATIVE_BIAS_TYPES = ("t5", "mt5", "bloom")  # additive learned bias / alibi handed to attention as a mask
-_FP32_SOFTMAX_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3")
+_RELATIVE_BIAS_TYPES = ("t5", "mt5")  # learned (heads, s, s) position bias handed to attention as a mask
+# Families transformers runs only with its own eager attention, whatever attn_implementation asks: BLOOM has no
+# `_supports_sdpa` (transformers 5.23 models/bloom/modeling_bloom.py; the same code in the 4.2x releases of 2023):
+# `alibi.baddbmm(q, k)` scores, then `F.softmax(..., dtype=torch.float32).to(dtype)` (modeling_bloom.py:270-283),
+# so the fp32 probabilities and their 16-bit copy are kept per score. ALiBi itself is (heads, 1, s), not s^2.
+_EAGER_ONLY_TYPES = ("bloom",)
+_FP32_SOFTMAX_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3", "bloom")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class ArchTraits:
     rotary: bool
     relative_bias: bool  # learned position bias added to the scores (T5); breaks fused attention kernels
     fp32_softmax: bool  # eager attention computes softmax in fp32 (Llama-style eager_attention_forward)
+    eager_only: bool = False  # transformers has no fused (sdpa / flash) path for it: see _EAGER_ONLY_TYPES
 
 
 def _first(config: dict[str, Any], defaults: dict[str, float], keys: tuple[str, ...]) -> float:
@@ -99,6 +105,7 @@ def traits_of(model: ModelSummary) -> ArchTraits:
         mlp_dropout=(model_type in ("t5", "mt5") and _first(config, defaults, ("dropout_rate",)) > 0)
         or float(config.get("activation_dropout") or 0.0) > 0,
         rotary=model_type in _ROTARY_TYPES,
-        relative_bias=model_type in _RELATIVE_BIAS_TYPES or bool(config.get("alibi")),
+        relative_bias=model_type in _RELATIVE_BIAS_TYPES or bool(config.get("alibi")),  # Falcon: alibi as an s^2 mask
         fp32_softmax=model_type in _FP32_SOFTMAX_TYPES,
+        eager_only=model_type in _EAGER_ONLY_TYPES,
     )
