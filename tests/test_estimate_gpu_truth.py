@@ -22,6 +22,7 @@ from autotune.estimate import (
     estimate,
     largest_micro_batch,
 )
+from autotune.estimate.activations import layer_bytes, logits_bytes_per_sample
 from autotune.estimate.knobs import DS_DEFAULT_BUCKET, DS_DEFAULT_PREFETCH, ZeroKnobs
 from autotune.estimate.model_states import model_states
 from autotune.estimate.runtime import (
@@ -188,6 +189,40 @@ def test_estimate_uses_the_stack_it_is_given():
     a = estimate(model, where, Candidate(Rung.Z2, 1), old).gpu_components["cuda_context"]
     b = estimate(model, where, Candidate(Rung.Z2, 1), new).gpu_components["cuda_context"]
     assert (a, b) == (CONTEXT_EAGER, CONTEXT_LAZY)
+
+
+# --- what transformers runs: attention kernel and loss path ----------------------------------------------
+
+BLOOM = summary(
+    name="hand-bloom",
+    architecture="BloomForCausalLM",
+    model_type="bloom",
+    vocab_size=250880,
+    config={"model_type": "bloom", "hidden_dropout": 0.0, "attention_dropout": 0.0},
+)
+
+
+def test_bloom_runs_eager_attention_with_an_fp32_softmax_whatever_is_asked():
+    def layer(seq_len, attention="sdpa"):
+        return layer_bytes(BLOOM, EstimateSettings(seq_len=seq_len, precision="fp16", attention=attention))
+
+    assert layer(512) == layer(512, "eager")
+    # layer(s) = a*s + b*s^2 with b = heads x (4 B fp32 probabilities + their 2 B fp16 copy)
+    quadratic = (layer(1024) - 2 * layer(512)) // (1024**2 - 2 * 512**2)
+    assert quadratic == BLOOM.num_heads * (4 + 2)
+
+
+def test_causal_loss_path_follows_the_transformers_version():
+    def per_token(model, version):
+        stack = RuntimeStack(transformers_version=version)
+        settings = EstimateSettings(seq_len=1024, precision="fp16", stack=stack)
+        return logits_bytes_per_sample(model, settings) // (model.vocab_size * 1024)
+
+    llama = replace(BLOOM, model_type="llama", architecture="LlamaForCausalLM")
+    assert per_token(BLOOM, "4.29.0") == 6  # CrossEntropyLoss on the 16-bit shifted logits
+    assert per_token(BLOOM, "4.46.1") == 12  # loss_utils.ForCausalLMLoss upcasts to fp32
+    assert per_token(BLOOM, None) == 12  # unknown: the larger, current path
+    assert per_token(llama, "4.37.2") == 12  # Llama's forward upcast before 4.46
 
 
 # --- the margin ------------------------------------------------------------------------------------------
