@@ -125,6 +125,20 @@ def test_large_model_keeps_the_last_reuse_distance_worth_of_parameters():
     assert "live_params" not in parts and parts["prefetched_params"] > 0
 
 
+def test_one_rank_at_zero3_gathers_nothing_unless_parameters_are_offloaded():
+    model = summary()
+    one, two = target(1), target(2)
+    settings = EstimateSettings(seq_len=512)
+
+    def gathered(where, rung):
+        parts = estimate(model, where, Candidate(rung, 1), settings).gpu_components
+        return sum(parts.get(name, 0) for name in ("live_params", "prefetched_params", "persistent_params"))
+
+    assert gathered(one, Rung.Z3) == 0  # the gathered parameter is the partition itself (NoGatherHandle)
+    assert gathered(two, Rung.Z3) > 0
+    assert gathered(one, Rung("z3+offload_opt+param")) > 0  # the partition lives in host RAM: copied to the GPU
+
+
 def test_unknown_zero_init_widens_the_stage3_margin_by_the_whole_16bit_model():
     model, where = summary(), target(8)
     known = EstimateSettings(seq_len=512, knobs=ZeroKnobs(zero_init=True))

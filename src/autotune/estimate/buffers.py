@@ -15,6 +15,10 @@ Sizes come from settings.knobs (a user's ds_config, or what autotune.dsconfig em
   the forward/backward turn the last max_reuse_distance / 2 (/ 3 with checkpointing) elements of the model stay
   gathered: with the default 1e9 a model under 0.5B parameters stays whole on every GPU (why small models
   measure the same or more at ZeRO-3 than at ZeRO-1/2, benchmarks/published: BELLE 560M).
+- a single rank gathers nothing: `all_gather_coalesced` (partition_parameters.py:1559-1560) takes the
+  `_no_gather_coalesced` path when the partition world size is 1, and NoGatherHandle (line 74) sets
+  `param.data = param.ds_tensor.data.to(device)`, the partition itself when it already lives on that device (no
+  parameter offload, or the CPU backend where "offloaded" is the same memory): no retained or prefetched copies.
 - NVMe (swap_tensor/): the optimizer swapper pins buffer_count (4) buffers of the largest sub-group
   (min(sub_group_size = 1e9, the rank's partition) fp32 elements); the parameter swapper pins
   buffer_count (5) x buffer_size (1e8) 16-bit elements.
@@ -94,7 +98,14 @@ def live_param_elements(model: ModelSummary, settings: EstimateSettings, grad_ch
     return min(model.total_params, retained)
 
 
-def _stage3(model: ModelSummary, rung: Rung, settings: EstimateSettings, grad_checkpointing: bool) -> dict[str, int]:
+def gathers_alias_partitions(target: Target, rung: Rung, settings: EstimateSettings) -> bool:
+    """Stage 3 on one rank with the partition on the compute device: gathered parameters are the partitions."""
+    return target.world_size == 1 and (rung.offload_param is None or settings.device == "cpu")
+
+
+def _stage3(
+    model: ModelSummary, target: Target, rung: Rung, settings: EstimateSettings, grad_checkpointing: bool
+) -> dict[str, int]:
     knobs = settings.knobs
     sizes = stage3_buckets(model.hidden_size)
     element = _element_bytes(settings.precision)
@@ -104,12 +115,14 @@ def _stage3(model: ModelSummary, rung: Rung, settings: EstimateSettings, grad_ch
     live = live_param_elements(model, settings, grad_checkpointing)
     components = {
         "reduce_buckets": _reduce_buffer_bytes(reduce, 1, model, settings) if knobs.contiguous_gradients else 0,
-        "persistent_params": persistent * element,
     }
-    # The prefetch window is part of the retained set when the retained set is larger.
-    if live > prefetch:
+    if gathers_alias_partitions(target, rung, settings):
+        pass  # persistent, retained and prefetched parameters are the rank's own partitions
+    elif live > prefetch:  # the prefetch window is part of the retained set when the retained set is larger
+        components["persistent_params"] = persistent * element
         components["live_params"] = live * element
     else:
+        components["persistent_params"] = persistent * element
         components["prefetched_params"] = prefetch * element
     if knobs.zero_init is False:
         components["unpartitioned_model_reserve"] = unpartitioned_model_bytes(model, settings)
@@ -173,6 +186,6 @@ def deepspeed_buffers(
     elif rung.stage in (1, 2):
         components = _stage12(model, settings)
     else:
-        components = _stage3(model, rung, settings, grad_checkpointing)
+        components = _stage3(model, target, rung, settings, grad_checkpointing)
     components["weight_grad_transient"] = _weight_grad_transient(model, rung, settings)
     return Buffers(device_components=components, host_components=_host_pinned(model, target, rung))
