@@ -227,6 +227,24 @@ def test_optimizer_step_and_activations_do_not_coexist():
     assert long.gpu_components["phase_overlap"] == -4 * params  # the fp32 gradient copy
 
 
+def test_fp32_stage0_gradients_are_made_during_backward():
+    """fp32 without ZeRO: the engine sets param.grad = None after each step, so in backward the activations
+    coexist with the output layer's gradient, not with all of them (engine.py:3529-3530, measured gpt2)."""
+    model = summary()
+    grads, first = 4 * model.trainable_params, 4 * model.largest_layer_params
+    fp32 = EstimateSettings(seq_len=2048, precision="fp32")
+    long = estimate(model, target(), Candidate(Rung.Z0, 8), fp32)
+    activations = long.gpu_components["activations"] + long.gpu_components["logits"]
+    assert activations > grads  # backward dominates: all gradients but the first overlap the activations
+    assert long.gpu_components["phase_overlap"] == -(grads - first)
+    # ZeRO keeps its gradient partitions across steps: no such overlap at stage 2
+    stage2 = estimate(model, target(), Candidate(Rung.Z2, 8), fp32)
+    assert stage2.gpu_components.get("phase_overlap", 0) > -(grads - first)
+    # bf16 goes through BF16_Optimizer, whose fp32 gradient accumulators persist: unchanged by this rule
+    bf16 = estimate(model, target(), Candidate(Rung.Z0, 8), EstimateSettings(seq_len=2048))
+    assert bf16.gpu_components["phase_overlap"] == -4 * model.trainable_params
+
+
 def test_components_add_up_and_deepspeed_alone_is_reported():
     model = summary()
     predicted = estimate(model, target(8), Candidate(Rung.Z2, 2), EstimateSettings(seq_len=1024))

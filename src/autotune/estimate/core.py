@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from autotune.estimate.activations import activation_breakdown
-from autotune.estimate.buffers import deepspeed_buffers, tied_gradient_bytes, unpartitioned_model_bytes
+from autotune.estimate.buffers import (
+    deepspeed_buffers,
+    lazy_gradient_bytes,
+    tied_gradient_bytes,
+    unpartitioned_model_bytes,
+)
 from autotune.estimate.constants import CPU_PROCESS_BASELINE_BYTES
 from autotune.estimate.margin import gpu_margins
 from autotune.estimate.model_states import model_states
@@ -79,11 +84,20 @@ def estimate(
     raw_activations = _activation_components(model, candidate, settings)
     activations = _scaled(raw_activations, calibration)
     device.update(activations)
-    device["phase_overlap"] = phase_overlap(
-        sum(activations.values()),
-        states.step_only_bytes,
-        states.step_temporary_bytes,
-        tied_gradient_bytes(model, settings),
+    backward = sum(activations.values())
+    lazy, made_first = lazy_gradient_bytes(model, candidate.rung, settings)
+    # gradients made during backward (counted resident in the states): the backward moment holds the
+    # activations plus the first gradient, or all gradients at its end, whichever is more
+    backward_beyond_gradients = max(backward + made_first, lazy) - lazy
+    device["phase_overlap"] = (
+        phase_overlap(
+            backward_beyond_gradients,
+            states.step_only_bytes,
+            states.step_temporary_bytes,
+            tied_gradient_bytes(model, settings),
+        )
+        + backward_beyond_gradients
+        - backward
     )
     per_rank_host = {"offloaded_states": states.host_bytes, **buffers.host_components}
     margins: dict[str, int] = {}
