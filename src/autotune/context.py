@@ -153,6 +153,7 @@ class TuneContext:
     versions: dict[str, str] = field(default_factory=library_versions)  # read once: metadata lookups are slow
     stack: RuntimeStack = field(default_factory=RuntimeStack)  # runtime_stack(): read once, at build
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (seq_len is the encoder's)
+    user_config: dict | None = None  # request.config as read (check/loading.py, the reader `check` uses)
 
     @classmethod
     def build(
@@ -162,6 +163,13 @@ class TuneContext:
 
         `outputs=False`: the caller writes nothing, so --out and the other output paths are not checked."""
         validate(request, outputs=outputs)
+        user_config = None
+        if request.config is not None:  # read before any probing: an unreadable file is one line, exit 2
+            from autotune.check.loading import load_config
+
+            if request.rungs or request.micro_batches:
+                raise UserError("--config fixes the stage and offload: --rungs and --micro-batches do not apply")
+            user_config = load_config(request.config).config
         target = target or resolve_request_target(request)  # before the summary: fail fast without a GPU
         model = model or summarize(resolve_model(request.model, request.trust_remote_code))
         lora = LoraSettings(request.lora_rank, request.lora_targets) if request.lora_rank else None
@@ -194,7 +202,8 @@ class TuneContext:
         grid = micro_batch_grid(request, target.world_size)
         stack = runtime_stack(target, request.device)
         return cls(request, model, target, precision, seq_len, grid, rungs, unavailable, notes, lora=lora,
-                   batch_chosen_by=chosen_by, stack=stack, decoder_seq_len=decoder_seq_len)  # fmt: skip
+                   batch_chosen_by=chosen_by, stack=stack, decoder_seq_len=decoder_seq_len,
+                   user_config=user_config)  # fmt: skip
 
     @property
     def verified(self) -> bool:

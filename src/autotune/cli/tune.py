@@ -23,6 +23,8 @@ from autotune.cli.options import (
     GpuTypeOpt,
     HeadroomOpt,
     JsonOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
     MaxMicroBatchOpt,
     MaxTrialsOpt,
     MemoryBudgetOpt,
@@ -30,6 +32,7 @@ from autotune.cli.options import (
     ModelOpt,
     NodesOpt,
     NvmePathOpt,
+    OptimizerOpt,
     OutOpt,
     PrecisionOpt,
     ReportDirOpt,
@@ -41,7 +44,7 @@ from autotune.cli.options import (
     say_assumed_units,
 )
 from autotune.cli.output import console, err_console, print_json, stamped
-from autotune.cli.parsing import parse_int_list, parse_rung_list
+from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
 from autotune.terminate import Terminated, sigterm_raises
 from autotune.units import format_bytes
 
@@ -172,15 +175,9 @@ def tune_command(
     tokens_per_step: Annotated[
         int | None, typer.Option(help="Global batch in tokens per optimizer step (instead of --global-batch).")
     ] = D.tokens_per_step,
-    optimizer: Annotated[
-        str, typer.Option(help="adamw (DeepSpeed's fused AdamW), torch-adamw, or adafactor (memory-saving).")
-    ] = D.optimizer,
-    lora_rank: Annotated[
-        int | None, typer.Option(help="Train LoRA adapters of this rank (peft) on a frozen base.")
-    ] = D.lora_rank,
-    lora_targets: Annotated[
-        str | None, typer.Option(help="LoRA target modules, e.g. q_proj,v_proj (default: peft's for the model).")
-    ] = None,
+    optimizer: OptimizerOpt = D.optimizer,
+    lora_rank: LoraRankOpt = D.lora_rank,
+    lora_targets: LoraTargetsOpt = None,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     as_json: JsonOpt = False,
     command: UserCommandArg = None,
@@ -222,7 +219,7 @@ def tune_command(
         tokens_per_step=tokens_per_step,
         optimizer=optimizer,
         lora_rank=lora_rank,
-        lora_targets=tuple(t.strip() for t in lora_targets.split(",") if t.strip()) if lora_targets else None,
+        lora_targets=parse_name_list(lora_targets),
         command=tuple(command) if command else None,
     )
     from autotune.hook.leader import BestVerified
