@@ -119,12 +119,6 @@ def runtime_stack(target: Target, device: str) -> RuntimeStack:
     return RuntimeStack()
 
 
-# How each --optimizer steps on the GPU (estimate/knobs.py OPTIMIZER_STEP_TEMPORARY_BYTES): DeepSpeed's AdamW is
-# FusedAdam (engine.py `_configure_basic_optimizer`); with torch_adam DeepSpeed builds torch.optim.AdamW with
-# torch's default foreach implementation on CUDA; Adafactor updates in place per parameter (no flat temporaries).
-STEP_KIND = {"adamw": "fused", "torch-adamw": "torch_foreach", "adafactor": "fused"}
-
-
 def known_accumulation(global_batch: int | None, micro_batch: int | None, world_size: int) -> int | None:
     """Gradient accumulation where the request fixes it: 1 when autotune chooses the batch (dsconfig emits
     accumulation 1 then), global / (micro x world) for a fixed micro-batch; None while the search varies it."""
@@ -212,14 +206,15 @@ class TuneContext:
 
     @property
     def settings(self) -> EstimateSettings:
-        """What the memory model needs: the stack as probed, the optimizer's step kind, and the gradient
-        accumulation where the request fixes it (ZeRO-1's full-gradient rule depends on it)."""
+        """What the memory model needs: the stack as probed and the gradient accumulation where the request fixes
+        it (ZeRO-1's full-gradient rule depends on it). The optimizer's states and step temporaries come from
+        `optimizer` (autotune.optimizers.optimizer_memory); the knobs' step kind stays "fused" (no temporaries),
+        so they are not counted twice."""
         request = self.request
         knobs = ZeroKnobs(
             gradient_accumulation_steps=known_accumulation(
                 request.global_batch, request.micro_batch, self.target.world_size
             ),
-            optimizer=STEP_KIND.get(request.optimizer, "fused"),
         )
         return EstimateSettings(
             seq_len=self.seq_len,

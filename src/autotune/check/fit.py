@@ -175,7 +175,6 @@ def predict_config(
     """Size `config` for `model` on `target`: its stage, offload, buckets, live-parameter limits, batch,
     precision and optimizer as written; `base` supplies what a config does not say (sequence length, attention,
     device, the stack, the precision HF fills for "auto"). Raises ConfigNotModelled when it cannot be sized."""
-    from autotune.context import STEP_KIND
     from autotune.estimate import check_fit, estimate
     from autotune.estimate.knobs import ZeroKnobs
 
@@ -187,7 +186,8 @@ def predict_config(
     optimizer, optimizer_note = _optimizer(config, base.optimizer)
     stage = int(zero.stage)
     section = config.get(ZERO) if isinstance(config.get(ZERO), dict) else {}
-    knobs = ZeroKnobs.from_ds_config(section, model.hidden_size, stage, accumulation, STEP_KIND.get(optimizer, "fused"))
+    # the optimizer's temporaries are counted by name (settings.optimizer -> optimizers.optimizer_memory)
+    knobs = ZeroKnobs.from_ds_config(section, model.hidden_size, stage, accumulation)
     settings = replace(
         base,
         precision=_precision(config, base.precision),
