@@ -201,7 +201,7 @@ def predict_config(
     notes = [n for n in (note, optimizer_note) if n]
     if stage == 3:
         notes.append("assumes the model is built under deepspeed.zero.Init (HF Trainer and accelerate do)")
-    if accumulation is None:
+    if accumulation is None and stage == 1:
         notes.append("gradient accumulation not known: ZeRO-1's full-gradient buffer is counted")
     return ConfigFit(
         candidate, settings, predicted, verdict, int(headroom * target.free_memory_bytes), _pinned(zero, predicted),
