@@ -273,3 +273,16 @@ def test_plan_only_tune_notes_the_host_need(tmp_path):
     result = tune(request)
     assert not result.verified
     assert any("needs host RAM" in note for note in result.report["notes"])
+
+
+def test_plan_only_tune_holds_host_memory(tmp_path):
+    from autotune.errors import NothingFitsError
+    from autotune.tuner import tune
+
+    request = TuneRequest(
+        model="mistral-7b", gpus=1, gpu_type="rtx-4090", host_memory="64", out=str(tmp_path / "ds.json"),
+        use_cache=False,
+    )  # fmt: skip
+    with pytest.raises(NothingFitsError):
+        tune(request)
+    assert not (tmp_path / "ds.json").exists()

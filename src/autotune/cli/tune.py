@@ -22,6 +22,7 @@ from autotune.cli.options import (
     GpusOpt,
     GpuTypeOpt,
     HeadroomOpt,
+    HostMemoryOpt,
     JsonOpt,
     LoraRankOpt,
     LoraTargetsOpt,
@@ -178,6 +179,7 @@ def tune_command(
     optimizer: OptimizerOpt = D.optimizer,
     lora_rank: LoraRankOpt = D.lora_rank,
     lora_targets: LoraTargetsOpt = None,
+    host_memory: HostMemoryOpt = D.host_memory,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     as_json: JsonOpt = False,
     command: UserCommandArg = None,
@@ -220,11 +222,12 @@ def tune_command(
         optimizer=optimizer,
         lora_rank=lora_rank,
         lora_targets=parse_name_list(lora_targets),
+        host_memory=host_memory,
         command=tuple(command) if command else None,
     )
     from autotune.hook.leader import BestVerified
 
-    say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget)
+    say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget, host_memory=host_memory)
     progress = TrialProgress(err_console(), max_trials, enabled=not as_json)
     best = BestVerified(progress)
     try:
