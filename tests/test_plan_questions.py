@@ -99,6 +99,10 @@ def test_hf_auto_config_needs_a_micro_batch_and_takes_it(capsys, tmp_path):
     assert code == 2 and "--micro-batch" in err and len(err.strip().splitlines()) == 1
     code, data = plan_json(capsys, *GPT2_ON_24G, "--config", path, "--micro-batch", "4")
     assert code == 0 and data["candidate"]["micro_batch"] == 4 and data["candidate"]["rung"] == "z3"
+    assert data["settings"]["precision"] == "bf16"  # "auto": what --precision (default bf16 here) fills
+    assert data["settings"]["knobs"]["gradient_accumulation_steps"] is None
+    _, data = plan_json(capsys, *GPT2_ON_24G, "--config", path, "--micro-batch", "4", "--global-batch", "32")
+    assert data["settings"]["knobs"]["gradient_accumulation_steps"] == 8
 
 
 @pytest.mark.parametrize(

@@ -128,9 +128,12 @@ def _validated_zero(config: dict[str, Any]) -> Any:
         raise ConfigNotModelled(f"DeepSpeed refuses {ZERO}: {error}") from None
 
 
-def _batch(config: dict[str, Any], world_size: int, micro_batch: int | None) -> tuple[int, int | None]:
+def _batch(
+    config: dict[str, Any], world_size: int, micro_batch: int | None, global_batch: int | None = None
+) -> tuple[int, int | None]:
     """(micro-batch, gradient accumulation or None when not known) as DeepSpeed derives them;
-    `micro_batch` overrides the config's (plan --micro-batch). "auto" is what HF Trainer fills in."""
+    `micro_batch` overrides the config's (plan --micro-batch), `global_batch` (plan --global-batch) gives the
+    accumulation when the config leaves it to HF ("auto"). "auto" is what HF Trainer fills in."""
     given = [config.get(name) for name in batch_keys()]
     numbers = [v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None for v in given]
     pairs = zip(batch_keys(), given, numbers, strict=True)
@@ -139,8 +142,8 @@ def _batch(config: dict[str, Any], world_size: int, micro_batch: int | None) -> 
         raise ConfigNotModelled(f"{bad[0]} is {config.get(bad[0])!r}, not a positive integer")
     train, micro, accumulation = numbers
     if micro_batch is not None:
-        if accumulation is None and train is not None:
-            accumulation = train // (micro_batch * world_size) or None
+        if accumulation is None and (train or global_batch):
+            accumulation = (train or global_batch or 0) // (micro_batch * world_size) or None
         return micro_batch, accumulation
     if not any(numbers):
         raise ConfigNotModelled('the batch keys are "auto" or absent, so the micro-batch is not known')
@@ -171,6 +174,7 @@ def predict_config(
     grad_checkpointing: bool,
     headroom: float = 0.9,
     micro_batch: int | None = None,
+    global_batch: int | None = None,
 ) -> ConfigFit:
     """Size `config` for `model` on `target`: its stage, offload, buckets, live-parameter limits, batch,
     precision and optimizer as written; `base` supplies what a config does not say (sequence length, attention,
@@ -182,7 +186,7 @@ def predict_config(
     rung, note = effective_rung(config)
     if rung is None:
         raise ConfigNotModelled(note)
-    micro, accumulation = _batch(config, target.world_size, micro_batch)
+    micro, accumulation = _batch(config, target.world_size, micro_batch, global_batch)
     optimizer, optimizer_note = _optimizer(config, base.optimizer)
     stage = int(zero.stage)
     section = config.get(ZERO) if isinstance(config.get(ZERO), dict) else {}
@@ -199,6 +203,11 @@ def predict_config(
     predicted = estimate(model, target, candidate, settings)
     verdict = check_fit(predicted, target, headroom)
     notes = [n for n in (note, optimizer_note) if n]
+    if isinstance(config.get("activation_checkpointing"), dict):
+        notes.append(
+            "the activation_checkpointing section acts only on models that call deepspeed.checkpointing;"
+            " HF models checkpoint through gradient_checkpointing (--grad-checkpointing)"
+        )
     if stage == 3:
         notes.append("assumes the model is built under deepspeed.zero.Init (HF Trainer and accelerate do)")
     if accumulation is None and stage == 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -127,7 +128,8 @@ def _print_table(recommendation: Recommendation, verbose: bool) -> None:
         out.print(
             f"[bold red]Nothing fits.[/bold red] Closest: {tightest.rung.label}"
             f"{' with checkpointing' if tightest.grad_checkpointing else ''}: {tightest.verdict.reason}. "
-            "Try more GPUs or nodes, a shorter --seq-len, or an --nvme-path for the NVMe rungs."
+            "Try more GPUs or nodes, a shorter --seq-len, or an --nvme-path for the NVMe rungs"
+            f"{' (or a machine with more host RAM)' if any(r.verdict.limit == 'host' for r in result.rows) else ''}."
         )
         return
     from autotune.recommend import host_line
@@ -164,8 +166,9 @@ def _config_answer(ctx: TuneContext, config: dict, grad_checkpointing: bool) -> 
     request = ctx.request
     try:
         return predict_config(
-            config, ctx.model, ctx.target, ctx.settings, grad_checkpointing, request.headroom, request.micro_batch
-        )
+            config, ctx.model, ctx.target, ctx.settings, grad_checkpointing, request.headroom, request.micro_batch,
+            request.global_batch,
+        )  # fmt: skip
     except ConfigNotModelled as why:
         hint = "; give --micro-batch" if "micro-batch" in str(why) else ""
         raise UserError(f"--config {request.config}: {why}{hint}") from None
@@ -205,8 +208,19 @@ def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
     out.print(host, highlight=False)
     if not verdict.fits:
         out.print(f"  why: {verdict.reason}", highlight=False)
-    for note in fitted.notes:
+    for note in (*fitted.notes, *_overridden(ctx, fitted)):
         out.print(f"  note: {note}", highlight=False)
+
+
+def _overridden(ctx: TuneContext, fitted: ConfigFit) -> list[str]:
+    """Options the config's own values win over, said rather than silently ignored."""
+    request, settings = ctx.request, fitted.settings
+    notes = []
+    if request.precision and request.precision != settings.precision:
+        notes.append(f"the config's precision {settings.precision} is used, not --precision {request.precision}")
+    if request.optimizer != settings.optimizer and "optimizer" in (ctx.user_config or {}):
+        notes.append(f"the config's optimizer ({settings.optimizer}) is used, not --optimizer {request.optimizer}")
+    return notes
 
 
 def plan_command(
@@ -307,7 +321,8 @@ def _config_json(ctx: TuneContext, fitted: ConfigFit) -> dict:
         "pinned_host_bytes": fitted.pinned_host_bytes,
         "estimate": fitted.estimate.to_dict(),
         "verdict": {"fits": fitted.verdict.fits, "reason": fitted.verdict.reason, "limit": fitted.verdict.limit},
-        "notes": list(fitted.notes),
+        "settings": asdict(fitted.settings),
+        "notes": [*fitted.notes, *_overridden(ctx, fitted)],
     }
 
 
