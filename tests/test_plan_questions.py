@@ -226,14 +226,16 @@ def test_host_memory_is_for_planning_elsewhere():
 
 
 def test_unknown_host_prefers_a_config_without_host_offload():
-    """When a no-offload rung fits too, the pick is one whose host need is only the processes'."""
-    model = summarize(resolve_model("gpt2-large", False))
-    target = Target(resolve_gpu_type("a100-40gb"), 1, 1, 40 * GIB)
-    request = TuneRequest(model="gpt2-large", gpu_type="a100-40gb", gpus=1)
+    """mistral-7b on 2 x A100-80GB: with the host RAM known, ZeRO-2 + optimizer offload at a large micro-batch is
+    the fastest fit; with it unknown, the pick is a fit that needs no host offload, and its estimate is its own."""
+    model = summarize(resolve_model("mistral-7b", False))
+    target = Target(resolve_gpu_type("a100-80gb"), 2, 1, 80 * GIB)
+    request = TuneRequest(model="mistral-7b", gpu_type="a100-80gb", gpus=2)
     unknown = recommend(TuneContext.build(request, model=model, target=target, outputs=False))
     known = recommend(
-        TuneContext.build(request, model=model, target=replace(target, host_ram_bytes=512 * GIB), outputs=False)
+        TuneContext.build(request, model=model, target=replace(target, host_ram_bytes=1024 * GIB), outputs=False)
     )
+    assert known.candidate is not None and known.candidate.rung.offload_optimizer == "cpu"
     assert unknown.candidate is not None and not unknown.candidate.rung.offload_optimizer
     assert unknown.host_unknown and not known.host_unknown
     assert unknown.estimate is not None and unknown.estimate.candidate == unknown.candidate
