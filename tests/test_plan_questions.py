@@ -239,6 +239,8 @@ def test_unknown_host_prefers_a_config_without_host_offload():
     assert unknown.candidate is not None and not unknown.candidate.rung.offload_optimizer
     assert unknown.host_unknown and not known.host_unknown
     assert unknown.estimate is not None and unknown.estimate.candidate == unknown.candidate
+    assert unknown.passed_over is not None and unknown.passed_over.rung.offload_optimizer == "cpu"
+    assert known.passed_over is None
 
 
 def test_probed_target_passes_the_local_stack_and_profiles_do_not():

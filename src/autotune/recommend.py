@@ -27,6 +27,7 @@ class Recommendation:
     row: PlanRow | None  # the plan row the candidate comes from
     estimate: MemoryEstimate | None = None  # at the candidate's micro-batch (the row's may be larger)
     host_unknown: bool = False  # no host RAM limit was known: the pick's host need could not be checked
+    passed_over: PlanRow | None = None  # a faster fit left out because its host offload could not be checked
 
     @property
     def grid_note(self) -> str:
@@ -84,10 +85,12 @@ def recommend(ctx: TuneContext) -> Recommendation:
         return (not unchecked, prior_speed(option[0]))
 
     candidate, row = max(options, key=preference)
+    fastest, fastest_row = max(options, key=lambda option: prior_speed(option[0]))
     at_pick = row.estimate
     if candidate.micro_batch != row.estimate.candidate.micro_batch:
         at_pick = estimate(ctx.model, ctx.target, candidate, ctx.settings)
-    return Recommendation(result, candidate, row, at_pick, host_unknown)
+    passed_over = fastest_row if fastest != candidate else None
+    return Recommendation(result, candidate, row, at_pick, host_unknown, passed_over)
 
 
 def pinned_host_bytes(predicted: MemoryEstimate) -> int:
@@ -114,3 +117,17 @@ def host_line(recommendation: Recommendation) -> str:
         return f"needs {need}; not checked: host RAM of the nodes not known (pass --host-memory)"
     origin = "available here" if target.measured else "given by --host-memory"
     return f"needs {need}, within the {format_bytes(target.host_ram_bytes)} {origin}"
+
+
+def passed_over_line(recommendation: Recommendation) -> str:
+    """Why a faster fit was not picked (its host offload could not be checked), or ""."""
+    from autotune.units import format_bytes
+
+    passed = recommendation.passed_over
+    if passed is None:
+        return ""
+    return (
+        f"{passed.rung.label} (micro-batch {passed.micro_batch}) is predicted faster but needs host RAM"
+        f" {format_bytes(passed.estimate.host_ram_bytes)} per node, which is not known here: preferred a config"
+        " without host offload (--host-memory lets it be checked)"
+    )

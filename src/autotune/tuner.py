@@ -18,7 +18,7 @@ from autotune.environment import deepspeed_accelerator, preserved_environment
 from autotune.errors import NothingFitsError, TrialsFailedError, UserError
 from autotune.ladder import Candidate
 from autotune.paths import cache_dir
-from autotune.recommend import host_line, recommend
+from autotune.recommend import host_line, passed_over_line, recommend
 from autotune.report import write_report
 from autotune.request import TuneRequest, output_path
 from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
@@ -280,7 +280,8 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
     else:
         recommendation = recommend(ctx)
         candidate, plan_data = recommendation.candidate, recommendation.plan.to_dict()
-        plan_notes = [line for line in (host_line(recommendation), recommendation.grid_note) if line]
+        lines = (host_line(recommendation), passed_over_line(recommendation), recommendation.grid_note)
+        plan_notes = [line for line in lines if line]
     if candidate is None:
         data = _report_data(ctx, None, outcome, plan_data, None, None, None, time.monotonic() - started)
         write_report(data, report_dir)

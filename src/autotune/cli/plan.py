@@ -132,7 +132,7 @@ def _print_table(recommendation: Recommendation, verbose: bool) -> None:
             f"{' (or a machine with more host RAM)' if any(r.verdict.limit == 'host' for r in result.rows) else ''}."
         )
         return
-    from autotune.recommend import host_line
+    from autotune.recommend import host_line, passed_over_line
 
     picked = recommendation.estimate or best.estimate
     out.print(
@@ -142,10 +142,8 @@ def _print_table(recommendation: Recommendation, verbose: bool) -> None:
         f"peak {format_bytes(picked.gpu_peak_bytes)} + margin {format_bytes(picked.gpu_margin_bytes)} per GPU."
     )
     out.print(f"  {host_line(recommendation)}.", highlight=False)
-    if recommendation.host_unknown and any(
-        row.micro_batch and row.rung.offload_optimizer == "cpu" for row in result.rows
-    ):
-        out.print("  (with host RAM unknown, a config that needs no host offload is preferred when one fits)")
+    if recommendation.passed_over is not None:
+        out.print(f"  {passed_over_line(recommendation)}.", highlight=False)
     if recommendation.grid_note:
         out.print(f"  {recommendation.grid_note} (--micro-batches sets the grid).", highlight=False)
     if not target.measured:
