@@ -16,6 +16,8 @@ from autotune.batch import requested_global_batch
 from autotune.cache import library_versions, run_key
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.errors import UserError
+from autotune.estimate.knobs import ZeroKnobs
+from autotune.estimate.runtime import RuntimeStack, local_stack
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware import GpuSpec, Target
 from autotune.ladder import Candidate, Rung
@@ -69,6 +71,11 @@ def gpu_target(request: TuneRequest) -> Target:
     probed = probe(request.nvme_path) if not planned or request.nvme_path else None
     memory = f"{memory_size(request.gpu_memory, '--gpu-memory')}B" if request.gpu_memory else None
     target = resolve_target(probed, request.gpus, request.nodes, request.gpu_type, memory)
+    if planned:  # another machine: this one's RAM says nothing of its host; --host-memory does, else unknown
+        host = memory_size(request.host_memory, "--host-memory") if request.host_memory else None
+        target = replace(target, host_ram_bytes=host)
+    elif request.host_memory:
+        raise UserError("--host-memory plans for another machine (with --gpu-type or --gpu-memory); here it is probed")
     if request.gpu_memory_fraction and target.measured:
         emulated = int(request.gpu_memory_fraction * target.gpu.memory_bytes)
         target = replace(target, free_memory_bytes=min(target.free_memory_bytes, emulated))
@@ -104,6 +111,24 @@ def resolve_request_target(request: TuneRequest) -> Target:
     return cpu_target(request) if request.device == "cpu" else gpu_target(request)
 
 
+def runtime_stack(target: Target, device: str) -> RuntimeStack:
+    """The torch/CUDA/NCCL stack the job runs with: this machine's when the GPUs are probed here, else unknown
+    (an unknown stack widens the margin: estimate/runtime.py)."""
+    if device == "cuda" and target.measured:
+        return local_stack(target.gpu.compute_capability)
+    return RuntimeStack()
+
+
+def known_accumulation(global_batch: int | None, micro_batch: int | None, world_size: int) -> int | None:
+    """Gradient accumulation where the request fixes it: 1 when autotune chooses the batch (dsconfig emits
+    accumulation 1 then), global / (micro x world) for a fixed micro-batch; None while the search varies it."""
+    if global_batch is None:
+        return 1
+    if micro_batch is None:
+        return None
+    return global_batch // (micro_batch * world_size)
+
+
 @dataclass(frozen=True)
 class TuneContext:
     """Everything derived from a request that plan, tune, hook, check and the benchmarks share."""
@@ -120,6 +145,9 @@ class TuneContext:
     lora: LoraSettings | None = None  # peft LoRA on a frozen base; the summary then counts trainable params
     batch_chosen_by: str | None = None  # "user", "tokens_per_step", or None: autotune chose the global batch
     versions: dict[str, str] = field(default_factory=library_versions)  # read once: metadata lookups are slow
+    stack: RuntimeStack = field(default_factory=RuntimeStack)  # runtime_stack(): read once, at build
+    decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (seq_len is the encoder's)
+    user_config: dict | None = None  # request.config as read (check/loading.py, the reader `check` uses)
 
     @classmethod
     def build(
@@ -129,6 +157,13 @@ class TuneContext:
 
         `outputs=False`: the caller writes nothing, so --out and the other output paths are not checked."""
         validate(request, outputs=outputs)
+        user_config = None
+        if request.config is not None:  # read before any probing: an unreadable file is one line, exit 2
+            from autotune.check.loading import load_config
+
+            if request.rungs or request.micro_batches:
+                raise UserError("--config fixes the stage and offload: --rungs and --micro-batches do not apply")
+            user_config = load_config(request.config).config
         target = target or resolve_request_target(request)  # before the summary: fail fast without a GPU
         model = model or summarize(resolve_model(request.model, request.trust_remote_code))
         lora = LoraSettings(request.lora_rank, request.lora_targets) if request.lora_rank else None
@@ -139,8 +174,13 @@ class TuneContext:
         seq_len = request.seq_len or default_seq_len(None if relative else model.max_positions)
         if not relative and model.max_positions and seq_len > model.max_positions:
             raise UserError(f"--seq-len {seq_len} exceeds the model's {model.max_positions} positions")
+        decoder_seq_len = None
         if model.family == "encoder-decoder":
-            notes.append(f"encoder and decoder sequence length both {seq_len} (--seq-len sets both)")
+            decoder_seq_len = request.decoder_seq_len or seq_len
+            if request.decoder_seq_len is None:
+                notes.append(f"encoder and decoder sequence length both {seq_len} (--decoder-seq-len sets the decoder)")
+        elif request.decoder_seq_len is not None:
+            raise UserError(f"--decoder-seq-len applies to encoder-decoder models; {model.name} is {model.family}")
         precision = request.precision or default_precision(target)
         if not request.precision and target.gpu.key == "cpu" and precision == "fp32":
             notes.append(
@@ -154,8 +194,10 @@ class TuneContext:
         request = replace(request, global_batch=global_batch)
         rungs, unavailable = chosen_rungs(request)
         grid = micro_batch_grid(request, target.world_size)
+        stack = runtime_stack(target, request.device)
         return cls(request, model, target, precision, seq_len, grid, rungs, unavailable, notes, lora=lora,
-                   batch_chosen_by=chosen_by)  # fmt: skip
+                   batch_chosen_by=chosen_by, stack=stack, decoder_seq_len=decoder_seq_len,
+                   user_config=user_config)  # fmt: skip
 
     @property
     def verified(self) -> bool:
@@ -164,12 +206,25 @@ class TuneContext:
 
     @property
     def settings(self) -> EstimateSettings:
+        """What the memory model needs: the stack as probed and the gradient accumulation where the request fixes
+        it (ZeRO-1's full-gradient rule depends on it). The optimizer's states and step temporaries come from
+        `optimizer` (autotune.optimizers.optimizer_memory); the knobs' step kind stays "fused" (no temporaries),
+        so they are not counted twice."""
+        request = self.request
+        knobs = ZeroKnobs(
+            gradient_accumulation_steps=known_accumulation(
+                request.global_batch, request.micro_batch, self.target.world_size
+            ),
+        )
         return EstimateSettings(
             seq_len=self.seq_len,
             precision=self.precision,
-            attention=self.request.attention,
-            device=self.request.device,
-            optimizer=self.request.optimizer,
+            attention=request.attention,
+            device=request.device,
+            optimizer=request.optimizer,
+            knobs=knobs,
+            stack=self.stack,
+            decoder_seq_len=self.decoder_seq_len,
         )
 
     @property
@@ -209,6 +264,7 @@ class TuneContext:
             "fraction": request.gpu_memory_fraction,
             "optimizer": request.optimizer,
             "lora": self.lora.to_dict() if self.lora else None,
+            **({"decoder_seq_len": self.decoder_seq_len} if self.decoder_seq_len not in (None, self.seq_len) else {}),
             # own-command trials measure the user's job, not our worker: never the same answer
             **({"command": list(request.command)} if request.command else {}),
         }

@@ -61,6 +61,10 @@ class TuneRequest:
     optimizer: str = "adamw"  # an autotune.optimizers name; trials run it and the config names it
     lora_rank: int | None = None  # LoRA adapters of this rank through peft on a frozen base
     lora_targets: tuple[str, ...] | None = None  # default: peft's target modules for the model type
+    micro_batch: int | None = None  # fixed micro-batch per GPU: the grid is [micro_batch], nothing searched
+    host_memory: str | None = None  # host RAM per node when planning for another machine, e.g. "64GiB"; bare = GiB
+    decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (default: seq_len)
+    config: str | None = None  # a user's ds_config (JSON/hjson) whose fit `plan` answers (autotune.config_question)
     # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
     # substituted in (trial/script_mode.py); None: our synthetic worker.
     command: tuple[str, ...] | None = None
@@ -161,6 +165,12 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
     _fraction(request.gpu_memory_fraction, "--gpu-memory-fraction")
     if request.seq_len is not None and request.seq_len <= 0:
         raise UserError(f"--seq-len must be positive, got {request.seq_len}")
+    if request.decoder_seq_len is not None and request.decoder_seq_len <= 0:
+        raise UserError(f"--decoder-seq-len must be positive, got {request.decoder_seq_len}")
+    if request.micro_batch is not None and not 0 < request.micro_batch <= MAX_MICRO_BATCH_LIMIT:
+        raise UserError(f"--micro-batch must be in 1..{MAX_MICRO_BATCH_LIMIT}, got {request.micro_batch}")
+    if request.micro_batch is not None and request.micro_batches is not None:
+        raise UserError("give --micro-batch (one, fixed) or --micro-batches (a grid), not both")
     if request.global_batch is not None and request.global_batch <= 0:
         raise UserError(f"--global-batch must be positive, got {request.global_batch}")
     if request.max_trials <= 0:
@@ -196,6 +206,10 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
         memory_size(request.memory_budget, "--memory-budget")
     if request.gpu_memory is not None:
         memory_size(request.gpu_memory, "--gpu-memory")
+    if request.host_memory is not None:
+        if request.device == "cpu":
+            raise UserError("--host-memory plans for another machine's GPUs; --device cpu uses this machine's RAM")
+        memory_size(request.host_memory, "--host-memory")
     if request.command is not None:
         from autotune.trial.script_mode import check_command  # imported only in own-command mode
 
@@ -213,8 +227,10 @@ def default_seq_len(max_positions: int | None) -> int:
 
 def micro_batch_grid(request: TuneRequest, world_size: int) -> list[int]:
     """The micro-batches the search may try, ascending; with --global-batch only whole accumulations."""
+    fixed = (request.micro_batch,) if request.micro_batch is not None else None
     grid = list(
-        request.micro_batches
+        fixed
+        or request.micro_batches
         or [2**i for i in range(request.max_micro_batch.bit_length()) if 2**i <= request.max_micro_batch]
     )
     if request.global_batch is None:
@@ -222,7 +238,7 @@ def micro_batch_grid(request: TuneRequest, world_size: int) -> list[int]:
     per_rank, remainder = divmod(request.global_batch, world_size)
     if remainder or per_rank == 0:
         raise UserError(f"--global-batch {request.global_batch} is not a multiple of the world size {world_size}")
-    if request.micro_batches is None:
+    if fixed is None and request.micro_batches is None:
         grid = [d for d in range(1, min(per_rank, request.max_micro_batch) + 1) if per_rank % d == 0]
     eligible = sorted({m for m in grid if per_rank % m == 0})
     if not eligible:

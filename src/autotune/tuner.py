@@ -18,7 +18,7 @@ from autotune.environment import deepspeed_accelerator, preserved_environment
 from autotune.errors import NothingFitsError, TrialsFailedError, UserError
 from autotune.ladder import Candidate
 from autotune.paths import cache_dir
-from autotune.recommend import recommend
+from autotune.recommend import host_line, passed_over_line, recommend
 from autotune.report import write_report
 from autotune.request import TuneRequest, output_path
 from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
@@ -265,6 +265,7 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
         return _from_cache(ctx, hit, out_path, report_dir, started)
     outcome = None
     plan_data = None
+    plan_notes: list[str] = []  # plan-only: the pick's host need and micro-batch, beside the recommendation
     if ctx.verified:
         if launcher is None:
             _prepare_ops(request.device, observe)
@@ -279,6 +280,8 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
     else:
         recommendation = recommend(ctx)
         candidate, plan_data = recommendation.candidate, recommendation.plan.to_dict()
+        lines = (host_line(recommendation), passed_over_line(recommendation), recommendation.grid_note)
+        plan_notes = [line for line in lines if line]
     if candidate is None:
         data = _report_data(ctx, None, outcome, plan_data, None, None, None, time.monotonic() - started)
         write_report(data, report_dir)
@@ -288,6 +291,8 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
     config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True)
     launch = _launch(ctx, config, candidate, config_path)
     data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
+    if not ctx.verified:
+        data["notes"] = [*data["notes"], *plan_notes]
     data["batch"] = describe_global_batch(
         config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step
     ).to_dict()

@@ -14,6 +14,8 @@ from autotune.check.context import CheckContext
 from autotune.check.findings import Finding, FitResult, Severity
 from autotune.check.rules import ZERO, resolve_batch, zero_stage
 from autotune.check.values import batch_keys
+from autotune.estimate.types import EstimateSettings, MemoryEstimate, Verdict
+from autotune.hardware import Target
 from autotune.ladder import Candidate, Rung
 from autotune.models import ModelSummary
 from autotune.units import format_bytes
@@ -76,12 +78,155 @@ def _reduce_bucket_elements(config: dict[str, Any]) -> int:
     return int(schema.field_default(schema.section_models()[ZERO].model_fields["reduce_bucket_size"]))
 
 
-def _precision(config: dict[str, Any]) -> str:
+def _precision(config: dict[str, Any], when_auto: str) -> str:
+    """bf16 / fp16 when the config enables one; `when_auto` when one is "auto" (HF Trainer fills it from its
+    --bf16 / --fp16 flags); fp32 when neither is on."""
+    auto = False
     for name in ("bf16", "fp16"):
         section = config.get(name)
         if isinstance(section, dict) and section.get("enabled") is True:
             return name
-    return "fp32"
+        auto = auto or (isinstance(section, dict) and section.get("enabled") == "auto")
+    return when_auto if auto else "fp32"
+
+
+class ConfigNotModelled(Exception):
+    """The config cannot be sized (its micro-batch or stage is not a number...): `check` says so as a finding,
+    `plan --config` as bad input."""
+
+
+def _optimizer(config: dict[str, Any], fallback: str) -> tuple[str, str]:
+    """(autotune.optimizers name, note) for the config's optimizer section. DeepSpeed builds Adam/AdamW itself,
+    as torch.optim.AdamW with "torch_adam" (runtime/engine.py `_configure_basic_optimizer`); without a section
+    the script's own optimizer runs (HF Trainer: its --optim), which the caller's `fallback` names."""
+    section = config.get("optimizer")
+    if not isinstance(section, dict):
+        return fallback, f"no optimizer section: the script's optimizer runs; sized as {fallback}"
+    kind = str(section.get("type", "")).lower()
+    params = section.get("params") if isinstance(section.get("params"), dict) else {}
+    if kind in ("adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam"):
+        return ("torch-adamw" if params.get("torch_adam") is True else "adamw"), ""
+    return "adamw", f"optimizer {section.get('type')!r} is sized as AdamW (8 bytes of states per parameter)"
+
+
+def _validated_zero(config: dict[str, Any]) -> Any:
+    """The zero_optimization section through DeepSpeed's own DeepSpeedZeroConfig: what DeepSpeed refuses
+    (stage 7, unknown keys, a device that is not none/cpu/nvme) cannot be sized."""
+    from pydantic import ValidationError
+
+    zero = config.get(ZERO, {})
+    if not isinstance(zero, dict):
+        raise ConfigNotModelled(f"{ZERO} is not a JSON object")
+    model = schema.section_models()[ZERO]
+    try:
+        return model(**zero)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or ZERO
+        raise ConfigNotModelled(f"DeepSpeed refuses {ZERO}.{where}: {first.get('msg')}") from None
+    except (TypeError, ValueError) as error:
+        raise ConfigNotModelled(f"DeepSpeed refuses {ZERO}: {error}") from None
+
+
+def _batch(
+    config: dict[str, Any], world_size: int, micro_batch: int | None, global_batch: int | None = None
+) -> tuple[int, int | None]:
+    """(micro-batch, gradient accumulation or None when not known) as DeepSpeed derives them;
+    `micro_batch` overrides the config's (plan --micro-batch), `global_batch` (plan --global-batch) gives the
+    accumulation when the config leaves it to HF ("auto"). "auto" is what HF Trainer fills in."""
+    given = [config.get(name) for name in batch_keys()]
+    numbers = [v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None for v in given]
+    pairs = zip(batch_keys(), given, numbers, strict=True)
+    bad = [name for name, value, number in pairs if value not in (None, "auto") and number is None]
+    if bad:
+        raise ConfigNotModelled(f"{bad[0]} is {config.get(bad[0])!r}, not a positive integer")
+    train, micro, accumulation = numbers
+    if micro_batch is not None:
+        if accumulation is None and (train or global_batch):
+            accumulation = (train or global_batch or 0) // (micro_batch * world_size) or None
+        return micro_batch, accumulation
+    if not any(numbers):
+        raise ConfigNotModelled('the batch keys are "auto" or absent, so the micro-batch is not known')
+    train, micro, accumulation, problem = resolve_batch(train, micro, accumulation, world_size)
+    if problem or not micro:
+        raise ConfigNotModelled(f"the micro-batch cannot be derived: {problem or 'not given'}")
+    return micro, accumulation
+
+
+@dataclass(frozen=True)
+class ConfigFit:
+    """A config as DeepSpeed will run it, sized: the one answer `check` and `plan --config` give."""
+
+    candidate: Candidate
+    settings: EstimateSettings
+    estimate: MemoryEstimate
+    verdict: Verdict
+    limit_bytes: int  # headroom x free: what peak + margin must stay under
+    pinned_host_bytes: int  # of estimate.host_ram_bytes, page-locked (pin_memory, swap buffers)
+    notes: tuple[str, ...] = ()
+
+
+def predict_config(
+    config: dict[str, Any],
+    model: ModelSummary,
+    target: Target,
+    base: EstimateSettings,
+    grad_checkpointing: bool,
+    headroom: float = 0.9,
+    micro_batch: int | None = None,
+    global_batch: int | None = None,
+) -> ConfigFit:
+    """Size `config` for `model` on `target`: its stage, offload, buckets, live-parameter limits, batch,
+    precision and optimizer as written; `base` supplies what a config does not say (sequence length, attention,
+    device, the stack, the precision HF fills for "auto"). Raises ConfigNotModelled when it cannot be sized."""
+    from autotune.estimate import check_fit, estimate
+    from autotune.estimate.knobs import ZeroKnobs
+
+    zero = _validated_zero(config)
+    rung, note = effective_rung(config)
+    if rung is None:
+        raise ConfigNotModelled(note)
+    micro, accumulation = _batch(config, target.world_size, micro_batch, global_batch)
+    optimizer, optimizer_note = _optimizer(config, base.optimizer)
+    stage = int(zero.stage)
+    section = config.get(ZERO) if isinstance(config.get(ZERO), dict) else {}
+    # the optimizer's temporaries are counted by name (settings.optimizer -> optimizers.optimizer_memory)
+    knobs = ZeroKnobs.from_ds_config(section, model.hidden_size, stage, accumulation)
+    settings = replace(
+        base,
+        precision=_precision(config, base.precision),
+        reduce_bucket_elements=_reduce_bucket_elements(config),
+        optimizer=optimizer,
+        knobs=knobs,
+    )
+    candidate = Candidate(rung, micro, grad_checkpointing)
+    predicted = estimate(model, target, candidate, settings)
+    verdict = check_fit(predicted, target, headroom)
+    notes = [n for n in (note, optimizer_note) if n]
+    if isinstance(config.get("activation_checkpointing"), dict):
+        notes.append(
+            "the activation_checkpointing section acts only on models that call deepspeed.checkpointing;"
+            " HF models checkpoint through gradient_checkpointing (--grad-checkpointing)"
+        )
+    if stage == 3:
+        notes.append("assumes the model is built under deepspeed.zero.Init (HF Trainer and accelerate do)")
+    if accumulation is None and stage == 1:
+        notes.append("gradient accumulation not known: ZeRO-1's full-gradient buffer is counted")
+    return ConfigFit(
+        candidate, settings, predicted, verdict, int(headroom * target.free_memory_bytes), _pinned(zero, predicted),
+        tuple(notes),
+    )  # fmt: skip
+
+
+def _pinned(zero: Any, predicted: MemoryEstimate) -> int:
+    """Page-locked host bytes: offloaded states where the offload section sets pin_memory (DeepSpeed pins them,
+    runtime/zero/offload_config.py), and the NVMe swap buffers, which are always pinned (swap_tensor/)."""
+    host = predicted.host_components
+    pinned = host.get("optimizer_swap_buffers", 0) + host.get("param_swap_buffers", 0)
+    sections = [s for s in (zero.offload_optimizer, zero.offload_param) if s is not None and str(s.device) != "none"]
+    if any(getattr(s, "pin_memory", False) for s in sections):
+        pinned += host.get("offloaded_states", 0)
+    return pinned
 
 
 def fit_findings(
@@ -97,34 +242,27 @@ def fit_findings(
     if context.target is None:
         note = f"Fit not checked: {context.hardware_note or 'no GPU known'}"
         return None, [Finding(Severity.INFO, "", note, "fit")]
-    try:
-        from autotune.estimate import check_fit, estimate
-        from autotune.estimate.types import EstimateSettings
-    except ImportError:
-        return None, [Finding(Severity.INFO, "", "Fit not checked: the memory model is not available.", "fit")]
-    rung, note = effective_rung(config)
-    given = [config.get(name) for name in batch_keys()]
-    if rung is None or any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in given):
-        why = note or "the batch keys are not numbers"
-        return None, [Finding(Severity.INFO, "", f"Fit not checked: {why}.", "fit")]
-    _, micro_batch, _, problem = resolve_batch(*given, context.world_size)
-    if problem or not micro_batch:
-        return None, [Finding(Severity.INFO, "", "Fit not checked: the micro-batch cannot be derived.", "fit")]
-    candidate = Candidate(rung, micro_batch, grad_checkpointing)
-    settings = EstimateSettings(
+    from autotune.context import runtime_stack
+
+    base = EstimateSettings(
         seq_len=seq_len,
-        precision=_precision(config),
-        reduce_bucket_elements=_reduce_bucket_elements(config),
+        precision="fp32",  # a bf16/fp16 section set to "auto" is sized as fp32 here, as before
         **({"attention": assumed.attention, "device": assumed.device} if assumed else {}),
+        stack=runtime_stack(context.target, assumed.device if assumed else "cuda"),
     )
-    predicted = estimate(model, context.target, candidate, settings)
-    verdict = check_fit(predicted, context.target, *((assumed.headroom,) if assumed else ()))
+    try:
+        fitted = predict_config(
+            config, model, context.target, base, grad_checkpointing, assumed.headroom if assumed else 0.9
+        )
+    except ConfigNotModelled as why:
+        return None, [Finding(Severity.INFO, "", f"Fit not checked: {why}.", "fit")]
+    candidate, predicted, verdict = fitted.candidate, fitted.estimate, fitted.verdict
     if not verdict.fits and assumed and assumed.measured_peak_bytes is not None:
         limit = int(assumed.headroom * context.target.free_memory_bytes)
         if assumed.measured_peak_bytes <= limit:  # a trial ran this config here: measured beats predicted
             verdict = replace(verdict, fits=True, reason="", shortfall_bytes=0)
             predicted = replace(predicted, gpu_peak_bytes=assumed.measured_peak_bytes)
-    notes = tuple(n for n in (note,) if n)
+    notes = fitted.notes
     result = FitResult(
         candidate=candidate.describe(),
         gpu_peak_bytes=predicted.gpu_peak_bytes,

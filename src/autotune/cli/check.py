@@ -10,7 +10,16 @@ import typer
 from rich.table import Table
 
 from autotune.check import CheckReport, Severity, check_config, resolve_context
-from autotune.cli.options import GpuMemoryOpt, GpusOpt, GpuTypeOpt, JsonOpt, NodesOpt, SeqLenOpt, TrustRemoteCodeOpt
+from autotune.cli.options import (
+    GpuMemoryOpt,
+    GpusOpt,
+    GpuTypeOpt,
+    GradCkptOpt,
+    JsonOpt,
+    NodesOpt,
+    SeqLenOpt,
+    TrustRemoteCodeOpt,
+)
 from autotune.cli.output import console, print_json
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -50,13 +59,6 @@ InitCheckOpt = Annotated[
     ),
 ]
 _CONSUMERS = ("auto", "deepspeed", "hf-trainer", "accelerate")
-GradCkptOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--grad-checkpointing/--no-grad-checkpointing",
-        help="The model uses gradient checkpointing (for the fit check; default: as the tuning recorded, else off).",
-    ),
-]
 
 
 def _counted(count: int, severity: Severity) -> str:

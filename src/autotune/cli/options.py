@@ -85,6 +85,44 @@ CacheDirOpt = Annotated[
     typer.Option(help="Directory for the results cache (results.sqlite; default ~/.cache/autotune)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+OptimizerOpt = Annotated[
+    str, typer.Option(help="adamw (DeepSpeed's fused AdamW), torch-adamw, or adafactor (memory-saving).")
+]
+LoraRankOpt = Annotated[int | None, typer.Option(help="Train LoRA adapters of this rank (peft) on a frozen base.")]
+LoraTargetsOpt = Annotated[
+    str | None, typer.Option(help="LoRA target modules, e.g. q_proj,v_proj (default: peft's for the model).")
+]
+MicroBatchOpt = Annotated[
+    int | None, typer.Option("--micro-batch", help="Fixed micro-batch per GPU: every rung is evaluated at it.")
+]
+HostMemoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--host-memory",
+        help="Host RAM per node of the machine planned for (with --gpu-type/--gpu-memory), e.g. 512GiB;"
+        " a bare number is GiB. Default: probed when the GPUs are this machine's, else not known.",
+    ),
+]
+DecoderSeqLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--decoder-seq-len", help="Encoder-decoder models (T5): the decoder's length; --seq-len is the encoder's."
+    ),
+]
+UserConfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--config",
+        help='Your ds_config (JSON or hjson, "auto" allowed): answer whether it fits, as DeepSpeed would run it.',
+    ),
+]
+GradCkptOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--grad-checkpointing/--no-grad-checkpointing",
+        help="The model uses gradient checkpointing (for a config's fit; default: as the tuning recorded, else off).",
+    ),
+]
 TrustRemoteCodeOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow custom model code from the HF cache.")
 ]

@@ -25,3 +25,9 @@ def parse_rung_list(text: str | None) -> tuple[Rung, ...] | None:
         return tuple(parse_rung(v.strip()) for v in text.split(",") if v.strip())
     except ValueError as error:
         raise UserError(str(error)) from None
+
+
+def parse_name_list(text: str | None) -> tuple[str, ...] | None:
+    """'q_proj, v_proj' -> ('q_proj', 'v_proj'); None or blanks -> None."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip()) if text else ()
+    return names or None

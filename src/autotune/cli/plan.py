@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -10,30 +11,40 @@ from rich.table import Table
 from autotune.cli.options import (
     AttentionOpt,
     D,
+    DecoderSeqLenOpt,
     GlobalBatchOpt,
     GpuMemoryOpt,
     GpusOpt,
     GpuTypeOpt,
+    GradCkptOpt,
     HeadroomOpt,
+    HostMemoryOpt,
     JsonOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
     MaxMicroBatchOpt,
     MicroBatchesOpt,
+    MicroBatchOpt,
     ModelOpt,
     NodesOpt,
     NvmePathOpt,
+    OptimizerOpt,
     PrecisionOpt,
     RungsOpt,
     SeqLenOpt,
     TrustRemoteCodeOpt,
+    UserConfigOpt,
     say_assumed_units,
 )
 from autotune.cli.output import console, print_json
-from autotune.cli.parsing import parse_int_list, parse_rung_list
-from autotune.errors import NothingFitsError
+from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
+from autotune.errors import NothingFitsError, UserError
 from autotune.estimate import PlanRow
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
+    from autotune.check.fit import ConfigFit
+    from autotune.context import TuneContext
     from autotune.recommend import Recommendation
 
 _SHORT_LIMITS = {
@@ -80,7 +91,8 @@ def _print_table(recommendation: Recommendation, verbose: bool) -> None:
     target = result.target
     title = (
         f"{result.model.name} ({result.model.total_params / 1e9:.2f}B params) on {target.describe()}: "
-        f"seq {settings.seq_len}, {settings.precision}, {settings.attention} attention, "
+        f"seq {settings.seq_len}{_decoder(settings.decoder_seq_len)}, {settings.precision}, "
+        f"{settings.attention} attention, optimizer {settings.optimizer}, "
         f"peak <= {result.headroom:.0%} of free"
     )
     table = Table(title=title, title_justify="left")
@@ -116,20 +128,97 @@ def _print_table(recommendation: Recommendation, verbose: bool) -> None:
         out.print(
             f"[bold red]Nothing fits.[/bold red] Closest: {tightest.rung.label}"
             f"{' with checkpointing' if tightest.grad_checkpointing else ''}: {tightest.verdict.reason}. "
-            "Try more GPUs or nodes, a shorter --seq-len, or an --nvme-path for the NVMe rungs."
+            "Try more GPUs or nodes, a shorter --seq-len, or an --nvme-path for the NVMe rungs"
+            f"{' (or a machine with more host RAM)' if any(r.verdict.limit == 'host' for r in result.rows) else ''}."
         )
         return
+    from autotune.recommend import host_line, passed_over_line
+
+    picked = recommendation.estimate or best.estimate
     out.print(
         f"Fastest predicted to fit (what plan-only `autotune` writes): "
         f"[bold]{candidate.rung.label}[/bold], micro-batch {candidate.micro_batch}, "
-        f"gradient checkpointing {'on' if candidate.grad_checkpointing else 'off'} "
-        f"(row peak {format_bytes(best.estimate.gpu_peak_bytes)} per GPU at micro-batch {best.micro_batch})."
+        f"gradient checkpointing {'on' if candidate.grad_checkpointing else 'off'}: "
+        f"peak {format_bytes(picked.gpu_peak_bytes)} + margin {format_bytes(picked.gpu_margin_bytes)} per GPU."
     )
+    out.print(f"  {host_line(recommendation)}.", highlight=False)
+    if recommendation.passed_over is not None:
+        out.print(f"  {passed_over_line(recommendation)}.", highlight=False)
+    if recommendation.grid_note:
+        out.print(f"  {recommendation.grid_note} (--micro-batches sets the grid).", highlight=False)
     if not target.measured:
         out.print(
             "[dim]CUDA context, NCCL and allocator figures are published defaults; a tuning run calibrates "
             "them on the real GPUs.[/dim]"
         )
+
+
+def _decoder(length: int | None) -> str:
+    return f" (decoder {length})" if length else ""
+
+
+def _config_answer(ctx: TuneContext, config: dict, grad_checkpointing: bool) -> ConfigFit:
+    from autotune.check.fit import ConfigNotModelled, predict_config
+    from autotune.errors import UserError
+
+    request = ctx.request
+    try:
+        return predict_config(
+            config, ctx.model, ctx.target, ctx.settings, grad_checkpointing, request.headroom, request.micro_batch,
+            request.global_batch,
+        )  # fmt: skip
+    except ConfigNotModelled as why:
+        hint = "; give --micro-batch" if "micro-batch" in str(why) else ""
+        raise UserError(f"--config {request.config}: {why}{hint}") from None
+
+
+def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
+    out = console()
+    predicted, verdict, target = fitted.estimate, fitted.verdict, ctx.target
+    verdict_text = "[bold green]fits[/bold green]" if verdict.fits else "[bold red]does not fit[/bold red]"
+    settings = fitted.settings
+    out.print(
+        f"{ctx.request.config}: {fitted.candidate.describe()} for {ctx.model.name}, seq {settings.seq_len}"
+        f"{_decoder(settings.decoder_seq_len)}, {settings.precision}, optimizer {settings.optimizer}, "
+        f"on {target.describe()}: {verdict_text}",
+        highlight=False,
+    )
+    needed = predicted.gpu_peak_bytes + predicted.gpu_margin_bytes
+    sign = "<=" if needed <= fitted.limit_bytes else ">"
+    out.print(
+        f"  GPU: peak {format_bytes(predicted.gpu_peak_bytes)} + margin {format_bytes(predicted.gpu_margin_bytes)}"
+        f" = {format_bytes(needed)} {sign} limit {format_bytes(fitted.limit_bytes)}"
+        f" ({ctx.request.headroom:.0%} of {format_bytes(target.free_memory_bytes)} free)",
+        highlight=False,
+    )
+    top = sorted((item for item in predicted.gpu_components.items() if item[1] > 0), key=lambda item: -item[1])[:4]
+    out.print("  largest: " + ", ".join(f"{n.replace('_', ' ')} {format_bytes(v)}" for n, v in top), highlight=False)
+    host = f"  host RAM: {format_bytes(predicted.host_ram_bytes)} per node"
+    if fitted.pinned_host_bytes:
+        host += f" ({format_bytes(fitted.pinned_host_bytes)} of it pinned)"
+    if target.host_ram_bytes is None:
+        host += ", not checked: host RAM not known (pass --host-memory)"
+    else:
+        host += f", limit {format_bytes(target.host_ram_bytes)}"
+    if predicted.nvme_bytes:
+        free = format_bytes(target.nvme_free_bytes) if target.nvme_free_bytes is not None else "unknown"
+        host += f"; NVMe {format_bytes(predicted.nvme_bytes)} per node (free: {free})"
+    out.print(host, highlight=False)
+    if not verdict.fits:
+        out.print(f"  why: {verdict.reason}", highlight=False)
+    for note in (*fitted.notes, *_overridden(ctx, fitted)):
+        out.print(f"  note: {note}", highlight=False)
+
+
+def _overridden(ctx: TuneContext, fitted: ConfigFit) -> list[str]:
+    """Options the config's own values win over, said rather than silently ignored."""
+    request, settings = ctx.request, fitted.settings
+    notes = []
+    if request.precision and request.precision != settings.precision:
+        notes.append(f"the config's precision {settings.precision} is used, not --precision {request.precision}")
+    if request.optimizer != settings.optimizer and "optimizer" in (ctx.user_config or {}):
+        notes.append(f"the config's optimizer ({settings.optimizer}) is used, not --optimizer {request.optimizer}")
+    return notes
 
 
 def plan_command(
@@ -148,12 +237,21 @@ def plan_command(
     rungs: RungsOpt = None,
     nvme_path: NvmePathOpt = D.nvme_path,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
+    config: UserConfigOpt = D.config,
+    micro_batch: MicroBatchOpt = D.micro_batch,
+    optimizer: OptimizerOpt = D.optimizer,
+    lora_rank: LoraRankOpt = D.lora_rank,
+    lora_targets: LoraTargetsOpt = None,
+    host_memory: HostMemoryOpt = D.host_memory,
+    decoder_seq_len: DecoderSeqLenOpt = D.decoder_seq_len,
+    grad_checkpointing: GradCkptOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every memory component.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict memory for every ZeRO stage / offload rung: no GPU needed, nothing is run.
 
-    Exit codes: 0 something fits, 2 bad input, 3 nothing fits.
+    With --config: whether that ds_config fits, as DeepSpeed would run it (the rule `check --model` uses).
+    Exit codes: 0 something fits (--config: it fits), 2 bad input, 3 nothing fits (--config: it does not).
     """
     from autotune.context import TuneContext
     from autotune.recommend import recommend
@@ -175,20 +273,55 @@ def plan_command(
         rungs=parse_rung_list(rungs),
         nvme_path=nvme_path,
         trust_remote_code=trust_remote_code,
+        optimizer=optimizer,
+        lora_rank=lora_rank,
+        lora_targets=parse_name_list(lora_targets),
+        micro_batch=micro_batch,
+        host_memory=host_memory,
+        decoder_seq_len=decoder_seq_len,
+        config=config,
     )
-    say_assumed_units(gpu_memory=gpu_memory)
+    say_assumed_units(gpu_memory=gpu_memory, host_memory=host_memory)
+    if grad_checkpointing is not None and not config:
+        raise UserError("--grad-checkpointing/--no-grad-checkpointing apply to --config (the plan shows both)")
     ctx = TuneContext.build(request, outputs=False)
+    if ctx.user_config is not None:
+        fitted = _config_answer(ctx, ctx.user_config, bool(grad_checkpointing))
+        if as_json:
+            print_json(_config_json(ctx, fitted))
+        else:
+            _print_config_answer(ctx, fitted)
+        if not fitted.verdict.fits:
+            raise NothingFitsError(f"{config} does not fit {ctx.target.describe()}: {fitted.verdict.reason}")
+        return
     recommendation = recommend(ctx)
     if as_json:
         data = recommendation.plan.to_dict()
         row, candidate = recommendation.row, recommendation.candidate
         data["fastest_fit"] = {**row.to_dict(), "micro_batch": candidate.micro_batch} if row and candidate else None
         data["recommended"] = candidate.to_dict() if candidate else None
+        data["recommended_estimate"] = recommendation.estimate.to_dict() if recommendation.estimate else None
+        data["host_ram_known"] = not recommendation.host_unknown
         print_json(data)
     else:
         _print_table(recommendation, verbose)
     if recommendation.candidate is None:
         raise NothingFitsError(f"nothing fits {ctx.target.describe()} (see the table for the closest rung)")
+
+
+def _config_json(ctx: TuneContext, fitted: ConfigFit) -> dict:
+    return {
+        "config": ctx.request.config,
+        "fits": fitted.verdict.fits,
+        "candidate": fitted.candidate.to_dict(),
+        "target": ctx.target.to_dict(),
+        "limit_bytes": fitted.limit_bytes,
+        "pinned_host_bytes": fitted.pinned_host_bytes,
+        "estimate": fitted.estimate.to_dict(),
+        "verdict": {"fits": fitted.verdict.fits, "reason": fitted.verdict.reason, "limit": fitted.verdict.limit},
+        "settings": asdict(fitted.settings),
+        "notes": [*fitted.notes, *_overridden(ctx, fitted)],
+    }
 
 
 def register(app: typer.Typer) -> None:

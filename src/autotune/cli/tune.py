@@ -22,7 +22,10 @@ from autotune.cli.options import (
     GpusOpt,
     GpuTypeOpt,
     HeadroomOpt,
+    HostMemoryOpt,
     JsonOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
     MaxMicroBatchOpt,
     MaxTrialsOpt,
     MemoryBudgetOpt,
@@ -30,6 +33,7 @@ from autotune.cli.options import (
     ModelOpt,
     NodesOpt,
     NvmePathOpt,
+    OptimizerOpt,
     OutOpt,
     PrecisionOpt,
     ReportDirOpt,
@@ -41,7 +45,7 @@ from autotune.cli.options import (
     say_assumed_units,
 )
 from autotune.cli.output import console, err_console, print_json, stamped
-from autotune.cli.parsing import parse_int_list, parse_rung_list
+from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
 from autotune.terminate import Terminated, sigterm_raises
 from autotune.units import format_bytes
 
@@ -172,15 +176,10 @@ def tune_command(
     tokens_per_step: Annotated[
         int | None, typer.Option(help="Global batch in tokens per optimizer step (instead of --global-batch).")
     ] = D.tokens_per_step,
-    optimizer: Annotated[
-        str, typer.Option(help="adamw (DeepSpeed's fused AdamW), torch-adamw, or adafactor (memory-saving).")
-    ] = D.optimizer,
-    lora_rank: Annotated[
-        int | None, typer.Option(help="Train LoRA adapters of this rank (peft) on a frozen base.")
-    ] = D.lora_rank,
-    lora_targets: Annotated[
-        str | None, typer.Option(help="LoRA target modules, e.g. q_proj,v_proj (default: peft's for the model).")
-    ] = None,
+    optimizer: OptimizerOpt = D.optimizer,
+    lora_rank: LoraRankOpt = D.lora_rank,
+    lora_targets: LoraTargetsOpt = None,
+    host_memory: HostMemoryOpt = D.host_memory,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     as_json: JsonOpt = False,
     command: UserCommandArg = None,
@@ -222,12 +221,13 @@ def tune_command(
         tokens_per_step=tokens_per_step,
         optimizer=optimizer,
         lora_rank=lora_rank,
-        lora_targets=tuple(t.strip() for t in lora_targets.split(",") if t.strip()) if lora_targets else None,
+        lora_targets=parse_name_list(lora_targets),
+        host_memory=host_memory,
         command=tuple(command) if command else None,
     )
     from autotune.hook.leader import BestVerified
 
-    say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget)
+    say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget, host_memory=host_memory)
     progress = TrialProgress(err_console(), max_trials, enabled=not as_json)
     best = BestVerified(progress)
     try:

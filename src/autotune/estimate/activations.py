@@ -210,10 +210,51 @@ def _shared_bytes(model: ModelSummary, traits: ArchTraits, settings: EstimateSet
     return stacks * bias_bytes * model.num_heads * settings.seq_len * settings.seq_len
 
 
+def _cross_attention_excess(
+    model: ModelSummary, traits: ArchTraits, decoder: EstimateSettings, encoder_len: int
+) -> int:
+    """Cross-attention per sample when the encoder is longer (or shorter) than the decoder: _attention_block counts
+    its K/V and score matrix at the decoder's length; they are (encoder length) and (decoder x encoder)."""
+    d = activation_bytes_per_element(decoder.precision)
+    extra = encoder_len - decoder.seq_len
+    kept_per_score, _ = _scores_bytes_per_element(traits, decoder, d)
+    kv = 2 * d * model.num_kv_heads * model.head_dim * extra
+    return kv + kept_per_score * model.num_heads * decoder.seq_len * extra
+
+
+def _encoder_decoder_breakdown(
+    model: ModelSummary, settings: EstimateSettings, grad_checkpointing: bool
+) -> ActivationBreakdown:
+    """Encoder stack at settings.seq_len, decoder stack at settings.decoder_seq_len: each term of
+    activation_breakdown counted at the length of the stack it belongs to (the loss at the decoder's)."""
+    traits = traits_of(model)
+    d = activation_bytes_per_element(settings.precision)
+    decoder = replace(settings, seq_len=settings.decoder_seq_len or settings.seq_len)
+    encoder_layer = layer_bytes(model, settings)
+    decoder_layer = layer_bytes(model, decoder, decoder_with_cross=True)
+    decoder_layer += _cross_attention_excess(model, traits, decoder, settings.seq_len)
+    all_layers = model.num_layers * encoder_layer + model.num_decoder_layers * decoder_layer
+    # the two-stack terms below count both stacks at one length: half of each is one stack
+    outside = (_outside_layers_bytes(model, traits, settings) + _outside_layers_bytes(model, traits, decoder)) // 2
+    shared = (_shared_bytes(model, traits, settings) + _shared_bytes(model, traits, decoder)) // 2
+    logits_peak = logits_bytes_per_sample(model, decoder)
+    window = max(
+        layer_backward_transient(model, settings, decoder_with_cross=False),
+        layer_backward_transient(model, decoder, decoder_with_cross=True),
+    )
+    if not grad_checkpointing:
+        return ActivationBreakdown(all_layers + outside, shared, logits_peak, window)
+    tokens = model.num_layers * settings.seq_len + model.num_decoder_layers * decoder.seq_len
+    kept_inputs = d * model.hidden_size * tokens
+    return ActivationBreakdown(kept_inputs + outside, shared, logits_peak, window + max(encoder_layer, decoder_layer))
+
+
 def activation_breakdown(
     model: ModelSummary, settings: EstimateSettings, grad_checkpointing: bool
 ) -> ActivationBreakdown:
     settings = _as_run(model, settings)
+    if model.family == "encoder-decoder" and settings.decoder_seq_len not in (None, settings.seq_len):
+        return _encoder_decoder_breakdown(model, settings, grad_checkpointing)
     traits = traits_of(model)
     d = activation_bytes_per_element(settings.precision)
     encoder_decoder = model.family == "encoder-decoder"

@@ -19,6 +19,7 @@ class EstimateSettings:
     knobs: ZeroKnobs = field(default_factory=ZeroKnobs)  # ds_config values that size buffers (default: dsconfig's)
     stack: RuntimeStack = field(default_factory=RuntimeStack)  # as probed; unknown fields widen the margin
     optimizer: str = "adamw"  # an autotune.optimizers name: its states and step temporaries
+    decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length; None: seq_len for both
 
 
 @dataclass

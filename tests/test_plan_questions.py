@@ -1,0 +1,326 @@
+"""`autotune plan` answering what users ask: their own ds_config, a fixed micro-batch, an optimizer and LoRA,
+encoder/decoder lengths, and host RAM held to a limit. Memory-model only: nothing is launched."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autotune.check import check_config, resolve_context
+from autotune.cli import main
+from autotune.context import TuneContext, known_accumulation
+from autotune.estimate import estimate
+from autotune.estimate.activations import _encoder_decoder_breakdown, activation_breakdown
+from autotune.estimate.runtime import RuntimeStack, local_stack
+from autotune.estimate.types import EstimateSettings
+from autotune.hardware import Target, resolve_gpu_type
+from autotune.ladder import Candidate, Rung
+from autotune.models import resolve_model, summarize
+from autotune.recommend import recommend
+from autotune.request import TuneRequest
+
+GIB = 1 << 30
+
+
+def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", *args])
+    captured = capsys.readouterr()
+    return int(exited.value.code or 0), captured.out, captured.err
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    code, out, err = plan(capsys, *args, "--json")
+    assert out, err
+    return code, json.loads(out)
+
+
+def write(tmp_path: Path, name: str, data: dict | str) -> str:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def stage2(offload: bool, micro_batch: int | str = 2) -> dict:
+    zero: dict = {"stage": 2, "overlap_comm": True}
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": zero,
+    }
+
+
+GPT2_ON_24G = ("--model", "gpt2", "--gpu-memory", "24GiB", "--host-memory", "256GiB")
+
+
+def test_config_with_optimizer_offload_moves_memory_from_gpu_to_host(capsys, tmp_path):
+    _, plain = plan_json(capsys, *GPT2_ON_24G, "--config", write(tmp_path, "a.json", stage2(False)))
+    _, offloaded = plan_json(capsys, *GPT2_ON_24G, "--config", write(tmp_path, "b.json", stage2(True)))
+    assert plain["fits"] and offloaded["fits"]
+    assert offloaded["candidate"]["rung"] == "z2+offload_opt" and plain["candidate"]["rung"] == "z2"
+    assert offloaded["estimate"]["gpu_peak_bytes"] < plain["estimate"]["gpu_peak_bytes"]
+    assert offloaded["estimate"]["host_ram_bytes"] > plain["estimate"]["host_ram_bytes"]
+    assert offloaded["pinned_host_bytes"] > 0 and plain["pinned_host_bytes"] == 0
+
+
+def test_config_knobs_as_written_change_the_answer(capsys, tmp_path):
+    """Buckets as written: a 2e9-element reduce bucket costs more GPU memory than 5e7."""
+    small, large = stage2(False), stage2(False)
+    small["zero_optimization"]["reduce_bucket_size"] = 5e7
+    large["zero_optimization"]["reduce_bucket_size"] = 2e9
+    _, a = plan_json(capsys, *GPT2_ON_24G, "--config", write(tmp_path, "s.json", small))
+    _, b = plan_json(capsys, *GPT2_ON_24G, "--config", write(tmp_path, "l.json", large))
+    assert b["estimate"]["gpu_peak_bytes"] > a["estimate"]["gpu_peak_bytes"]
+
+
+def test_config_that_does_not_fit_exits_3_with_the_reason(capsys, tmp_path):
+    config = write(tmp_path, "big.json", stage2(False, micro_batch=64))
+    code, out, err = plan(capsys, "--model", "gpt2-xl", "--gpu-memory", "8GiB", "--config", config)
+    assert code == 3
+    assert "does not fit" in out and "limit" in out and "margin" in out and "host RAM" in out
+    assert "does not fit" in err
+
+
+def test_hf_auto_config_needs_a_micro_batch_and_takes_it(capsys, tmp_path):
+    auto = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"},
+    }
+    path = write(tmp_path, "auto.json", auto)
+    code, _, err = plan(capsys, *GPT2_ON_24G, "--config", path)
+    assert code == 2 and "--micro-batch" in err and len(err.strip().splitlines()) == 1
+    code, data = plan_json(capsys, *GPT2_ON_24G, "--config", path, "--micro-batch", "4")
+    assert code == 0 and data["candidate"]["micro_batch"] == 4 and data["candidate"]["rung"] == "z3"
+    assert data["settings"]["precision"] == "bf16"  # "auto": what --precision (default bf16 here) fills
+    assert data["settings"]["knobs"]["gradient_accumulation_steps"] is None
+    _, data = plan_json(capsys, *GPT2_ON_24G, "--config", path, "--micro-batch", "4", "--global-batch", "32")
+    assert data["settings"]["knobs"]["gradient_accumulation_steps"] == 8
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "not found"),
+        ("{not json", "not valid JSON"),
+        ({"zero_optimization": {"stage": 7}, "train_micro_batch_size_per_gpu": 1}, "stage"),
+        ({"zero_optimization": {"stage": 2, "nonsense": 1}, "train_micro_batch_size_per_gpu": 1}, "nonsense"),
+        ({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "many"}, "train_micro_batch"),
+    ],
+)
+def test_bad_config_is_one_line_exit_2(capsys, tmp_path, content, expected):
+    path = str(tmp_path / "missing.json") if content is None else write(tmp_path, "bad.json", content)
+    code, out, err = plan(capsys, *GPT2_ON_24G, "--config", path)
+    assert code == 2
+    assert expected in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert out == ""
+
+
+def test_plan_config_and_check_give_the_same_verdict(capsys, tmp_path):
+    """One fit rule: `check --model` and `plan --config` call check.fit.predict_config on the same inputs."""
+    for offload, micro in ((False, 2), (True, 2), (False, 48)):
+        path = write(tmp_path, f"c{offload}{micro}.json", stage2(offload, micro))
+        _, planned = plan_json(capsys, "--model", "gpt2", "--gpu-memory", "12GiB", "--config", path)
+        model = summarize(resolve_model("gpt2", False))
+        report = check_config(Path(path), resolve_context(None, 1, None, "12GiB"), None, model, 1024, False)
+        assert report.fit is not None
+        assert report.fit.fits == planned["fits"]
+        assert report.fit.gpu_peak_bytes == planned["estimate"]["gpu_peak_bytes"]
+
+
+def test_fixed_micro_batch_evaluates_every_row_at_it(capsys):
+    code, data = plan_json(capsys, "--model", "gpt2", "--gpu-type", "a100-80gb", "--micro-batch", "4")
+    assert code == 0
+    assert {row["estimate"]["candidate"]["micro_batch"] for row in data["rows"]} == {4}
+    assert {row["micro_batch"] for row in data["rows"]} <= {4, None}
+    assert data["recommended"]["micro_batch"] == 4
+
+
+def test_fixed_micro_batch_must_divide_the_global_batch(capsys):
+    code, _, err = plan(capsys, "--model", "gpt2", "--gpu-type", "a100-80gb", "--gpus", "2", "--micro-batch", "3",
+                        "--global-batch", "16")  # fmt: skip
+    assert code == 2 and "global batch" in err
+
+
+def test_lora_lowers_optimizer_states(capsys):
+    _, full = plan_json(capsys, "--model", "gpt2", "--gpu-type", "a100-80gb", "--micro-batch", "1")
+    _, lora = plan_json(capsys, "--model", "gpt2", "--gpu-type", "a100-80gb", "--micro-batch", "1", "--lora-rank", "8")
+    full_states = full["rows"][0]["estimate"]["gpu_components"]["model_states"]
+    lora_states = lora["rows"][0]["estimate"]["gpu_components"]["model_states"]
+    assert lora_states < full_states / 2
+
+
+def test_optimizer_reaches_the_estimate(capsys):
+    """torch.optim.AdamW (torch_adam) builds step temporaries that DeepSpeed's FusedAdam does not
+    (optimizers.optimizer_memory); Adafactor keeps other states: each --optimizer gives its own peak."""
+    peaks = {}
+    for name in ("adamw", "torch-adamw", "adafactor"):
+        args = ("--model", "gpt2", "--gpu-type", "a100-80gb", "--micro-batch", "1", "--optimizer", name)
+        _, data = plan_json(capsys, *args)
+        assert data["settings"]["optimizer"] == name
+        peaks[name] = data["rows"][0]["estimate"]["gpu_peak_bytes"]
+    assert peaks["torch-adamw"] > peaks["adamw"]
+    assert peaks["adafactor"] != peaks["adamw"]
+
+
+def test_encoder_decoder_lengths_change_activations(capsys):
+    base = ("--model", "t5-small", "--gpu-memory", "16", "--micro-batch", "2", "--seq-len", "512")
+    _, short = plan_json(capsys, *base, "--decoder-seq-len", "64")
+    _, same = plan_json(capsys, *base)
+    _, long = plan_json(capsys, *base, "--decoder-seq-len", "1024")
+    acts = [d["rows"][0]["estimate"]["gpu_components"]["activations"] for d in (short, same, long)]
+    assert acts[0] < acts[1] < acts[2]
+    assert short["settings"]["decoder_seq_len"] == 64
+
+
+def test_decoder_length_is_refused_for_decoder_only_models(capsys):
+    code, _, err = plan(capsys, "--model", "gpt2", "--gpu-memory", "16", "--decoder-seq-len", "64")
+    assert code == 2 and "encoder-decoder" in err
+
+
+def test_split_lengths_reduce_to_the_single_length_formula():
+    model = summarize(resolve_model("t5-small", False))
+    for checkpointing in (False, True):
+        settings = EstimateSettings(seq_len=256, decoder_seq_len=256)
+        assert _encoder_decoder_breakdown(model, settings, checkpointing) == activation_breakdown(
+            model, replace(settings, decoder_seq_len=None), checkpointing
+        )
+
+
+MISTRAL_4090 = ("--model", "mistral-7b", "--gpus", "1", "--gpu-type", "rtx-4090")
+
+
+def test_host_memory_excludes_an_offload_pick_it_cannot_hold(capsys):
+    code, data = plan_json(capsys, *MISTRAL_4090, "--host-memory", "64")
+    for row in data["rows"]:
+        if row["micro_batch"]:
+            assert row["estimate"]["host_ram_bytes"] <= 64 * GIB
+    assert code == 3 or data["recommended_estimate"]["host_ram_bytes"] <= 64 * GIB
+    offloads = [r for r in data["rows"] if r["rung"] in ("z2+offload_opt", "z3+offload_opt")]
+    assert all(r["verdict"]["limit"] == "host" for r in offloads if not r["micro_batch"] and r["grad_checkpointing"])
+    code, data = plan_json(capsys, *MISTRAL_4090, "--host-memory", "256")
+    assert code == 0 and "offload" in data["recommended"]["rung"] and data["host_ram_known"]
+
+
+def test_unknown_host_memory_is_printed_beside_the_pick(capsys):
+    code, out, _ = plan(capsys, *MISTRAL_4090)
+    assert code == 0
+    pick = out[out.index("Fastest predicted to fit"):]
+    assert "needs host RAM" in pick and "pass --host-memory" in pick and "pinned" in pick
+    assert "row peak" not in out  # the pick's own peak, not another micro-batch's
+
+
+def test_host_memory_is_for_planning_elsewhere():
+    from autotune.errors import UserError
+    from autotune.request import validate
+
+    with pytest.raises(UserError, match="--host-memory"):
+        validate(TuneRequest(model="gpt2", device="cpu", host_memory="64"), outputs=False)
+
+
+def test_unknown_host_prefers_a_config_without_host_offload():
+    """mistral-7b on 2 x A100-80GB: with the host RAM known, ZeRO-2 + optimizer offload at a large micro-batch is
+    the fastest fit; with it unknown, the pick is a fit that needs no host offload, and its estimate is its own."""
+    model = summarize(resolve_model("mistral-7b", False))
+    target = Target(resolve_gpu_type("a100-80gb"), 2, 1, 80 * GIB)
+    request = TuneRequest(model="mistral-7b", gpu_type="a100-80gb", gpus=2)
+    unknown = recommend(TuneContext.build(request, model=model, target=target, outputs=False))
+    known = recommend(
+        TuneContext.build(request, model=model, target=replace(target, host_ram_bytes=1024 * GIB), outputs=False)
+    )
+    assert known.candidate is not None and known.candidate.rung.offload_optimizer == "cpu"
+    assert unknown.candidate is not None and not unknown.candidate.rung.offload_optimizer
+    assert unknown.host_unknown and not known.host_unknown
+    assert unknown.estimate is not None and unknown.estimate.candidate == unknown.candidate
+    assert unknown.passed_over is not None and unknown.passed_over.rung.offload_optimizer == "cpu"
+    assert known.passed_over is None
+
+
+def test_probed_target_passes_the_local_stack_and_profiles_do_not():
+    model = summarize(resolve_model("gpt2", False))
+    spec = resolve_gpu_type("a100-80gb")
+    request = TuneRequest(model="gpt2")
+    probed = TuneContext.build(request, model=model, target=Target(spec, 1, 1, 80 * GIB, measured=True), outputs=False)
+    planned = TuneContext.build(request, model=model, target=Target(spec, 1, 1, 80 * GIB), outputs=False)
+    assert probed.settings.stack == local_stack(spec.compute_capability)
+    assert planned.settings.stack == RuntimeStack()
+
+
+def test_known_gradient_accumulation_reaches_the_knobs():
+    assert known_accumulation(None, None, 4) == 1  # autotune chooses the batch: accumulation 1 (dsconfig)
+    assert known_accumulation(64, 2, 4) == 8
+    assert known_accumulation(64, None, 4) is None  # the search varies it
+    model = summarize(resolve_model("gpt2", False))
+    target = Target(resolve_gpu_type("a100-80gb"), 2, 1, 80 * GIB)
+    free = TuneContext.build(TuneRequest(model="gpt2", gpus=2), model=model, target=target, outputs=False)
+    pinned = TuneContext.build(
+        TuneRequest(model="gpt2", gpus=2, global_batch=64), model=model, target=target, outputs=False
+    )
+    assert free.settings.knobs.gradient_accumulation_steps == 1
+    assert pinned.settings.knobs.gradient_accumulation_steps is None
+    candidate = Candidate(Rung.Z1, 1, False)
+    # ZeRO-1 keeps the full 16-bit gradient only with accumulation (stage_1_and_2.py:2290-2295)
+    assert estimate(model, target, candidate, free.settings).gpu_peak_bytes < estimate(
+        model, target, candidate, pinned.settings
+    ).gpu_peak_bytes
+
+
+def test_plan_only_tune_notes_the_host_need(tmp_path):
+    from autotune.tuner import tune
+
+    request = TuneRequest(
+        model="mistral-7b", gpus=1, gpu_type="rtx-4090", out=str(tmp_path / "ds.json"), use_cache=False
+    )
+    result = tune(request)
+    assert not result.verified
+    assert any("needs host RAM" in note for note in result.report["notes"])
+
+
+def test_plan_only_tune_holds_host_memory(tmp_path):
+    from autotune.errors import NothingFitsError
+    from autotune.tuner import tune
+
+    request = TuneRequest(
+        model="mistral-7b", gpus=1, gpu_type="rtx-4090", host_memory="64", out=str(tmp_path / "ds.json"),
+        use_cache=False,
+    )  # fmt: skip
+    with pytest.raises(NothingFitsError):
+        tune(request)
+    assert not (tmp_path / "ds.json").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Module is None:UserWarning")
+@pytest.mark.parametrize(("encoder_len", "decoder_len"), [(256, 64), (64, 256)])
+def test_split_lengths_match_autograd_on_tiny_t5(encoder_len, decoder_len):
+    """Encoder and decoder at different lengths, measured with MemTracker as tests/test_estimate_activations.py
+    does for equal ones (same 10% tolerance for T5 in bf16 without checkpointing)."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from autotune.models.build import build_model
+
+    source = resolve_model("tiny-t5")
+    torch.manual_seed(0)
+    model, _ = build_model(source.config, source.architecture, "cpu")
+    model.to(torch.bfloat16).train()
+    inputs, labels = torch.randint(0, 1000, (2, encoder_len)), torch.randint(0, 1000, (2, decoder_len))
+    model(input_ids=inputs, labels=labels).loss.backward()  # warm-up
+    model.zero_grad(set_to_none=True)
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        model(input_ids=inputs, labels=labels).loss.backward()
+    peak = {str(k).split(".")[-1]: v for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items()}
+    measured = peak["Total"] - peak.get("PARAM", 0) - peak.get("GRAD", 0)
+    settings = EstimateSettings(
+        seq_len=encoder_len, decoder_seq_len=decoder_len, precision="bf16", attention="sdpa", device="cpu"
+    )
+    predicted = activation_breakdown(summarize(source), settings, False).total(2)
+    assert predicted == pytest.approx(measured, rel=0.10), f"predicted {predicted}, measured {measured}"
