@@ -309,14 +309,39 @@ def _published_module():
     return module
 
 
+# Held-out points the frozen model (commit 80def53) says "fits" although the run ran out of memory. Kept in the
+# set and listed here so the failure stays visible; the test fails if one is fixed (remove it then) or a new one
+# appears.
+KNOWN_FALSE_FITS = {
+    "dszero-dsmath7b-case5-z2-offload-gc": (
+        "deepseek-math-7b, ZeRO-2 + optimizer offload + checkpointing, 2 x RTX 4090, micro-batch 1 x 512: predicted "
+        "peak 19.1 GiB + 1.9 GiB margin, the author reports an OOM 1.56 GB short (added held-out after the freeze; "
+        "what is missing is open, see /work/wt/notes/issue14-heldout.md)"
+    ),
+}
+
+
 def test_published_points_quote_a_source_and_list_assumptions():
+    module = _published_module()
     points = json.loads((REPO / "benchmarks" / "published" / "points.json").read_text())["points"]
-    assert len(points) >= 20
+    assert len(points) >= 30
+    assert sum(point.get("held_out", False) for point in points) >= 10
     for point in points:
         assert point["source"].startswith("https://") and point["quote"]
-        assert point["measurement"]["kind"] in ("nvidia-smi", "oom", "ran")
-        assert point["measurement"]["kind"] != "nvidia-smi" or point["measurement"]["value_gib"] > 0
+        kind = point["measurement"]["kind"]
+        assert kind in module.MEASUREMENT_KINDS
+        assert kind not in module.FIGURE_KINDS or point["measurement"]["value_gib"] > 0
         assert isinstance(point["assumed"], list) and isinstance(point["stated"], list)
+        assert set(point["unspecified"]) <= set(module.FULLY_SPECIFIED_SETTINGS)
+
+
+def test_fully_specified_rule_reads_the_unspecified_list():
+    module = _published_module()
+    assert module.is_fully_specified({"id": "a", "unspecified": []})
+    assert not module.is_fully_specified({"id": "b", "unspecified": ["seq_len"]})
+    assert not module.is_fully_specified({"id": "c"})  # unclassified points never count as fully specified
+    with pytest.raises(ValueError, match="unknown setting"):
+        module.is_fully_specified({"id": "d", "unspecified": ["vibes"]})
 
 
 @pytest.mark.slow
@@ -324,6 +349,7 @@ def test_no_false_fits_on_the_published_set():
     module = _published_module()
     points = json.loads(module.POINTS.read_text())["points"]
     outcomes = [module.run_point(point) for point in points]
-    false_fits = [o.point_id for o in outcomes if o.fits and not o.truth_fits]
-    assert false_fits == []
+    false_fits = sorted(o.point_id for o in outcomes if o.fits and not o.truth_fits)
+    assert false_fits == sorted(KNOWN_FALSE_FITS)  # known failures, see KNOWN_FALSE_FITS for why
+    assert not [o for o in outcomes if o.point_id in KNOWN_FALSE_FITS and not o.held_out]  # in-sample: none
     assert sum(o.fits for o in outcomes if o.truth_fits) >= 12  # the margin does not refuse everything
