@@ -195,13 +195,15 @@ def _compared_peak(predicted, kind: str) -> int:
 def _shown(predicted, kind: str, card_bytes: int) -> int:
     """What the measurement would read if the model were right.
 
-    nvidia-smi: the peak plus the unpressured cache, capped by the card (near the card the allocator gives its
-    cache back); max_memory_reserved: the same without context and NCCL; max_memory_allocated: tensors only.
+    nvidia-smi (and the OOM / ran rows, shown for reading only): the peak plus the unpressured cache, capped by
+    the card (near the card the allocator gives its cache back); max_memory_reserved: the same without context
+    and NCCL; max_memory_allocated: tensors only.
     """
     extra = getattr(predicted, "gpu_unpressured_extra_bytes", 0)
     if kind == "max_memory_allocated":
         return _tensor_peak(predicted)
-    outside = sum(predicted.gpu_components.get(name, 0) for name in OUTSIDE_TORCH) if kind != "nvidia-smi" else 0
+    torch_only = kind == "max_memory_reserved"  # nvidia-smi, and the OOM / ran verdict rows, see the device
+    outside = sum(predicted.gpu_components.get(name, 0) for name in OUTSIDE_TORCH) if torch_only else 0
     peak = predicted.gpu_peak_bytes - outside
     return max(peak, min(peak + extra, card_bytes - outside))
 
