@@ -315,8 +315,8 @@ def _published_module():
 KNOWN_FALSE_FITS = {
     "dszero-dsmath7b-case5-z2-offload-gc": (
         "deepseek-math-7b, ZeRO-2 + optimizer offload + checkpointing, 2 x RTX 4090, micro-batch 1 x 512: predicted "
-        "peak 19.1 GiB + 1.9 GiB margin, the author reports an OOM 1.56 GB short (added held-out after the freeze; "
-        "what is missing is open, see /work/wt/notes/issue14-heldout.md)"
+        "peak 19.1 GiB + 1.9 GiB margin; the run failed allocating 1.56 GB (= the fp32 copy of one 102400 x 4096 "
+        "gradient) in backward. Added held-out after the freeze; what is missing is open"
     ),
 }
 
