@@ -206,4 +206,13 @@ def deepspeed_buffers(
     else:
         components = _stage3(model, target, rung, settings, grad_checkpointing)
     components["weight_grad_transient"] = _weight_grad_transient(model, rung, settings)
-    return Buffers(device_components=components, host_components=_host_pinned(model, target, rung))
+    host = _host_pinned(model, target, rung)
+    if rung.stage in (1, 2) and rung.offload_optimizer:
+        # Stages 1-2 with optimizer offload allocate, at init and for the whole run, one 16-bit buffer of the
+        # largest parameter's size on the device (temp_grad_buffer_for_gpu_offload) and one on the host, pinned
+        # with pin_memory (temp_grad_buffer_for_cpu_offload): deepspeed 0.19.8 runtime/zero/stage_1_and_2.py:653-661.
+        # Found by reading DeepSpeed's code around the held-out false fit (deepseek-math-7b, published set).
+        staging = _largest_gradient(model) * _element_bytes(settings.precision)
+        components["offload_grad_staging"] = staging
+        host["offload_grad_staging"] = staging
+    return Buffers(device_components=components, host_components=host)

@@ -35,6 +35,7 @@ _BUFFER_COMPONENTS = (
     "prefetched_params",
     "allreduce_flat_grads",
     "weight_grad_transient",
+    "offload_grad_staging",
 )
 _ACTIVATION_COMPONENTS = ("activations", "logits", "backward_window")
 
