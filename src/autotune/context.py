@@ -236,6 +236,7 @@ class TuneContext:
             hidden_size=self.model.hidden_size,
             nvme_path=self.request.nvme_path,
             optimizer=self.request.optimizer,
+            trainable_params=self.model.trainable_params,
         )
 
     @property

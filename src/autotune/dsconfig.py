@@ -12,6 +12,7 @@ from unittest import mock
 from autotune.environment import parse_without_device
 from autotune.errors import UserError
 from autotune.ladder import Candidate
+from autotune.modes import ratio_sub_group_size
 from autotune.optimizers import ds_optimizer_section, optimizer_kind
 
 # DeepSpeed's default bucket sizes (element counts, not bytes).
@@ -20,6 +21,19 @@ DS_DEFAULT_ALLGATHER_BUCKET = 500_000_000
 DS_DEFAULT_PREFETCH_BUCKET = 50_000_000
 DS_DEFAULT_PERSISTENCE_THRESHOLD = 100_000
 DS_DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
+
+# ZenFlow's documented defaults, written out so the emitted config says what runs (deepspeed/runtime/zenflow/
+# zenflow_config.py, ZenFlowConfig field defaults; the same values as DeepSpeed's ZenFlow tutorial config).
+ZENFLOW_DEFAULTS: dict[str, Any] = {
+    "topk_ratio": 0.1,
+    "select_strategy": "auto",
+    "select_interval": "auto",
+    "update_interval": "auto",
+    "full_warm_up_rounds": 0,
+    "overlap_step": False,
+}
+# DeepSpeed's default share of cores for SuperOffload's CPU Adam (runtime/zero/offload_config.py:105).
+SUPER_OFFLOAD_CPUADAM_CORES_PERC = 0.8
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,8 @@ class TrainSettings:
     gradient_clipping: float = 1.0
     bucket_elements: int = 200_000_000  # stages 1-2 reduce/allgather bucket, elements
     optimizer: str = "adamw"  # an autotune.optimizers name
+    # Sizes sub_group_size for a partial offload ratio (autotune.modes.ratio_sub_group_size); needed only then.
+    trainable_params: int | None = None
 
 
 def gradient_accumulation(global_batch: int | None, micro_batch: int, world_size: int) -> int | None:
@@ -84,7 +100,57 @@ def zero_section(candidate: Candidate, settings: TrainSettings) -> dict[str, Any
         zero[section] = {"device": device, "pin_memory": True}
         if device == "nvme":
             zero[section]["nvme_path"] = settings.nvme_path or "/local_nvme"
+    zero.update(mode_fields(candidate, settings))
+    offload_extra = zero.pop("offload_optimizer_extra", None)
+    if offload_extra:
+        zero["offload_optimizer"].update(offload_extra)
     return zero
+
+
+def mode_fields(candidate: Candidate, settings: TrainSettings) -> dict[str, Any]:
+    """The zero_optimization fields of the candidate's modern mode (issue 19); {} for the classic mode.
+
+    Keys under offload_optimizer come back under "offload_optimizer_extra" for zero_section to merge. Whether the
+    mode applies to the rung is `autotune.modes`' question; here a mode on a rung that lacks what it needs is a
+    programming error and raises ValueError, so no config silently drops a mode.
+    """
+    mode = candidate.mode
+    rung = candidate.rung
+    fields: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if mode.offload_ratio != 1.0:
+        if rung.stage != 3 or rung.offload_optimizer != "cpu":
+            raise ValueError(f"offload ratio {mode.offload_ratio:g} needs ZeRO-3 with CPU optimizer offload")
+        if not settings.trainable_params:
+            raise ValueError("an offload ratio needs TrainSettings.trainable_params to size sub_group_size")
+        extra["ratio"] = mode.offload_ratio
+        # DeepSpeed applies the ratio per sub-group (runtime/zero/stage3.py:1105): without this a model under 1e9
+        # params per rank is one sub-group and any ratio > 0 offloads everything.
+        fields["sub_group_size"] = ratio_sub_group_size(settings.trainable_params, settings.world_size)
+    if mode.zenflow:
+        if rung.stage not in (1, 2) or rung.offload_optimizer != "cpu":
+            raise ValueError("ZenFlow needs ZeRO-1/2 with CPU optimizer offload")
+        fields["zenflow"] = dict(ZENFLOW_DEFAULTS)
+    if mode.hpz_partition_size != 1 or mode.quantized_weights or mode.quantized_gradients:
+        if rung.stage != 3:
+            raise ValueError("ZeRO++ (hpZ, qwZ, qgZ) needs ZeRO-3")
+        if mode.hpz_partition_size != 1:
+            if settings.world_size % mode.hpz_partition_size:
+                raise ValueError(
+                    f"hpZ partition {mode.hpz_partition_size} does not divide world size {settings.world_size}"
+                )
+            fields["zero_hpz_partition_size"] = mode.hpz_partition_size
+        if mode.quantized_weights:
+            fields["zero_quantized_weights"] = True
+        if mode.quantized_gradients:
+            fields["zero_quantized_gradients"] = True
+    if mode.super_offload:
+        if rung.stage != 3 or rung.offload_optimizer != "cpu":
+            raise ValueError("SuperOffload needs ZeRO-3 with CPU optimizer offload")
+        extra.update(super_offload=True, cpuadam_cores_perc=SUPER_OFFLOAD_CPUADAM_CORES_PERC)
+    if extra:
+        fields["offload_optimizer_extra"] = extra
+    return fields
 
 
 def build_ds_config(candidate: Candidate, settings: TrainSettings) -> dict[str, Any]:

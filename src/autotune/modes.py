@@ -1,0 +1,285 @@
+"""Which memory modes beyond the classic ladder apply where (issue 19), read from DeepSpeed 0.19.8's own code.
+
+The `Mode` value lives in `autotune.ladder`; this module decides, for one rung and one machine, which modes are
+worth considering, whether each applies, why not, and whether a trial on this backend can verify it. The search
+(`autotune.search`) asks `considered_modes` and reports the answer; the config writer (`autotune.dsconfig`) asks
+`ratio_sub_group_size` so an offload ratio means what it says.
+
+Sources (paths relative to the installed `deepspeed` package, 0.19.8):
+- Partial optimizer offload: `runtime/zero/offload_config.py:99` (`ratio`, 0..1, default 1.0);
+  `runtime/zero/config.py:396-400` asserts stage 3 for ratio < 1; `runtime/zero/stage3.py:313-317` builds a
+  torch AdamW "backup optimizer" for the device part and asserts the offloaded optimizer is DeepSpeedCPUAdam
+  ('Hybrid Optimizer Only Supports DeepSpeedCPUAdam'); `stage3.py:1099-1108` puts sub-group i on the CPU when
+  `i >= int((1 - ratio) * n_sub_groups)`, else on the accelerator. The ratio therefore acts per sub-group, and
+  sub-groups are cut by `sub_group_size` (elements per rank, default 1e9, `runtime/zero/config.py:182`;
+  `stage3.py:1210-1233` closes a sub-group once it reaches sub_group_size, per optimizer param group). With the
+  default 1e9 a model under 1e9 parameters per rank is ONE sub-group, and `int((1 - r) * 1)` is 0 for every r > 0:
+  any ratio above 0 offloads everything. So the emitted config sets sub_group_size to params_per_rank /
+  RATIO_STEPS (see `ratio_sub_group_size`). The NVMe path swaps sub-groups instead (`stage3.py:1121`,
+  `_swappable_optimizer_subgroup`) and ignores `subgroup_to_device`: the ratio is a CPU-offload knob only.
+- ZenFlow: `runtime/zenflow/zenflow_stage_1_and_2.py:111-115` ('Zenflow must be used with cpu offload');
+  `runtime/engine.py:2386-2398` builds ZenFlowCPUAdam from the config's optimizer section (a client optimizer is
+  not wrapped); `runtime/zenflow/zenflow_config.py` holds the defaults (topk_ratio 0.1, select/update "auto").
+- ZeRO++: `runtime/zero/config.py:324-340` (`zero_hpz_partition_size`, `zero_quantized_weights`,
+  `zero_quantized_gradients`); `runtime/zero/partition_parameters.py:1905-1925` keeps a secondary 16-bit copy of
+  each parameter partitioned over `hpz_partition_size` ranks (on `remote_device`: the host when params are
+  offloaded), so the all-gather in forward/backward stays inside a node. Useful only across nodes: on one node the
+  secondary group is the whole world and saves no traffic (ZeRO++ paper, arXiv:2306.10209, section 3.2).
+- SuperOffload: `runtime/zero/offload_config.py:102-106` (`super_offload`, `cpuadam_cores_perc`);
+  `runtime/engine.py:2749` swaps in `SuperOffloadOptimizer_Stage3` at stage 3; `runtime/superoffload/
+  superoffload_stage3.py:23` asserts the accelerator is CUDA. Built for superchips (GH200: NVLink-C2C host link).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.ladder import Mode, Rung
+
+# The ratio is searched in steps of 1/RATIO_STEPS, and the emitted sub_group_size cuts each rank's parameters into
+# about RATIO_STEPS sub-groups so each step moves one sub-group (stage3.py:1105). 20 steps = 5% granularity;
+# more sub-groups only add optimizer-step calls (one per sub-group, stage3.py `_optimizer_step`).
+RATIO_STEPS = 20
+
+# Families of modes, the names the report and the CPU-backend table use.
+PARTIAL_OFFLOAD = "partial_offload"
+ZENFLOW = "zenflow"
+HPZ = "hpz"
+QUANTIZED_WEIGHTS = "quantized_weights"
+QUANTIZED_GRADIENTS = "quantized_gradients"
+SUPER_OFFLOAD = "super_offload"
+FAMILIES = (PARTIAL_OFFLOAD, ZENFLOW, HPZ, QUANTIZED_WEIGHTS, QUANTIZED_GRADIENTS, SUPER_OFFLOAD)
+
+
+@dataclass(frozen=True)
+class CpuBackendResult:
+    """What a real DeepSpeed step did for one mode on the CPU backend (DS_ACCELERATOR=cpu, gloo)."""
+
+    runs: bool
+    error: str  # the first line of DeepSpeed's error when it does not run; "" when it does
+
+
+# MEASURED, not assumed: tests/test_modes_cpu.py runs one gpt2-tiny DeepSpeed step per mode through
+# autotune.trial.run_trial (DeepSpeed 0.19.8, torch 2.13 CPU, 2 ranks where the mode needs them) and asserts this
+# table still matches; benchmarks/results/modes_cpu_backend.json holds the run's full record.
+CPU_BACKEND: dict[str, CpuBackendResult] = {
+    PARTIAL_OFFLOAD: CpuBackendResult(True, ""),
+    ZENFLOW: CpuBackendResult(True, ""),
+    HPZ: CpuBackendResult(True, ""),
+    QUANTIZED_WEIGHTS: CpuBackendResult(True, ""),
+    QUANTIZED_GRADIENTS: CpuBackendResult(True, ""),
+    SUPER_OFFLOAD: CpuBackendResult(
+        False, "AssertionError: SuperOffload only supports NVIDIA CUDA GPUs (superoffload_stage3.py:23)"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModeFacts:
+    """What decides whether a mode applies: the layout, the backend, the hardware and the optimizer."""
+
+    nodes: int = 1
+    gpus_per_node: int = 1
+    device: str = "cuda"  # 'cuda' | 'cpu' (the CPU backend, DS_ACCELERATOR=cpu)
+    superchip: bool = False  # host and GPU share a fast coherent link (GH200-class); hardware profile's flag
+    ds_optimizer: bool = True  # the config has a DeepSpeed optimizer section (adamw / torch-adamw), not a client one
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class ModeOption:
+    """One mode considered for one rung: whether it applies, why (not), and whether a trial here can verify it."""
+
+    mode: Mode
+    family: str
+    applies: bool
+    reason: str
+    trial_verifiable: bool
+
+    def to_dict(self) -> dict:
+        return {
+            "mode": self.mode.to_dict(),
+            "family": self.family,
+            "label": self.mode.label,
+            "applies": self.applies,
+            "reason": self.reason,
+            "trial_verifiable": self.trial_verifiable,
+        }
+
+
+def ratio_mode(ratio: float) -> Mode:
+    """The partial-offload Mode for `ratio`, rounded to the searched 1/RATIO_STEPS grid (1.0 = classic offload)."""
+    if not 0.0 <= ratio <= 1.0 or math.isnan(ratio):
+        raise ValueError(f"offload ratio must be within 0..1, got {ratio}")
+    return Mode(offload_ratio=round(ratio * RATIO_STEPS) / RATIO_STEPS)
+
+
+def ratio_grid() -> list[float]:
+    """Every ratio the search may try, 0 .. 1 in 1/RATIO_STEPS steps."""
+    return [step / RATIO_STEPS for step in range(RATIO_STEPS + 1)]
+
+
+def ratio_sub_group_size(trainable_params: int, world_size: int, steps: int = RATIO_STEPS) -> int:
+    """The sub_group_size (elements per rank) that cuts each rank's share into about `steps` sub-groups.
+
+    DeepSpeed partitions every parameter over all ranks (`param.partition_numel()`, ceil(numel / world)) and cuts
+    sub-groups from that per-rank share (stage3.py:1212-1226), so the per-rank share divided by `steps` gives
+    `steps` sub-groups, each of which then holds about 1/steps of the optimizer states.
+    """
+    per_rank = math.ceil(trainable_params / max(1, world_size))
+    return max(1, math.ceil(per_rank / steps))
+
+
+def offloaded_fraction(ratio: float, sub_groups: int = RATIO_STEPS) -> float:
+    """The fraction of sub-groups DeepSpeed really puts on the CPU for `ratio` (stage3.py:1105).
+
+    Sub-group i stays on the device when i < int((1 - ratio) * n): the device share is rounded DOWN, so the host
+    share is at least `ratio`. With one sub-group (DeepSpeed's default size on models < 1e9 params per rank) any
+    ratio > 0 offloads everything.
+    """
+    sub_groups = max(1, sub_groups)
+    on_device = int((1.0 - ratio) * sub_groups)
+    return 1.0 - on_device / sub_groups
+
+
+def cpu_backend_result(family: str) -> CpuBackendResult:
+    return CPU_BACKEND[family]
+
+
+def _verifiable(family: str, facts: ModeFacts) -> bool:
+    """A trial on this backend can run the mode: on a GPU every mode can; on the CPU backend only measured ones."""
+    return facts.device != "cpu" or CPU_BACKEND[family].runs
+
+
+def _option(mode: Mode, family: str, facts: ModeFacts, why_not: str | None, why: str) -> ModeOption:
+    applies = why_not is None
+    return ModeOption(mode, family, applies, why if applies else why_not, applies and _verifiable(family, facts))
+
+
+def _partial_offload(rung: Rung, facts: ModeFacts) -> ModeOption:
+    mode = ratio_mode(0.5)  # a representative point; the search bisects the ratio itself
+    why_not = None
+    if rung.stage != 3:
+        why_not = "partial offload (offload_optimizer.ratio < 1) is ZeRO-3 only (runtime/zero/config.py:396-400)"
+    elif rung.offload_optimizer != "cpu":
+        why_not = (
+            "the ratio splits CPU-offloaded optimizer states; the NVMe swap path ignores it (stage3.py:1121)"
+            if rung.offload_optimizer == "nvme"
+            else "needs optimizer offload to the CPU: it is the knob between this rung's neighbours"
+        )
+    elif rung.offload_param is not None:
+        why_not = "considered on ZeRO-3 + optimizer offload only: with parameters offloaded the rung is memory-bound"
+    elif not facts.ds_optimizer:
+        why_not = "needs DeepSpeed's own Adam (stage3.py:317: 'Hybrid Optimizer Only Supports DeepSpeedCPUAdam')"
+    why = "offloads only a fraction of the optimizer states: between ZeRO-3 and ZeRO-3 + optimizer offload"
+    return _option(mode, PARTIAL_OFFLOAD, facts, why_not, why)
+
+
+def _zenflow(rung: Rung, facts: ModeFacts) -> ModeOption:
+    why_not = None
+    if rung.stage not in (1, 2) or rung.offload_optimizer != "cpu":
+        why_not = "ZenFlow is built for stages 1-2 with CPU optimizer offload (zenflow_stage_1_and_2.py:111-115)"
+    elif not facts.ds_optimizer:
+        why_not = "ZenFlow wraps DeepSpeed's own CPU Adam (engine.py:2386-2398), not a client optimizer"
+    why = "updates the top-k gradient columns on the GPU, the rest asynchronously on the CPU"
+    return _option(Mode(zenflow=True), ZENFLOW, facts, why_not, why)
+
+
+def _zero_plus_plus(rung: Rung, facts: ModeFacts) -> list[ModeOption]:
+    why_not = None
+    if rung.stage != 3:
+        why_not = "ZeRO++ partitions and quantizes ZeRO-3 parameter traffic (runtime/zero/config.py:324-340)"
+    elif facts.nodes < 2:
+        why_not = "ZeRO++ cuts inter-node traffic; on one node there is none to cut (arXiv:2306.10209 section 3)"
+    elif facts.gpus_per_node < 2:
+        why_not = "hpZ needs more than one GPU per node to hold the secondary partition"
+    elif rung.offload_param is not None:
+        why_not = "with parameters offloaded the hpZ copy lives on the host (partition_parameters.py:1915)"
+    per_node = max(2, facts.gpus_per_node)
+    choices = [
+        (
+            Mode(hpz_partition_size=per_node),
+            HPZ,
+            f"keeps a secondary 16-bit parameter partition per node ({per_node} ranks): all-gathers stay in the node",
+        ),
+        (
+            Mode(quantized_weights=True, quantized_gradients=True),
+            QUANTIZED_WEIGHTS,
+            "int8 weight all-gather and int4 gradient reduce-scatter: half/quarter the inter-node bytes",
+        ),
+        (
+            Mode(hpz_partition_size=per_node, quantized_weights=True, quantized_gradients=True),
+            HPZ,
+            "full ZeRO++ (hpZ + qwZ + qgZ), as DeepSpeed's ZeRO++ tutorial configures it",
+        ),
+    ]
+    applies = why_not is None
+    return [
+        ModeOption(mode, family, applies, why if applies else why_not, applies and _zpp_verifiable(mode, facts))
+        for mode, family, why in choices
+    ]
+
+
+def _zpp_verifiable(mode: Mode, facts: ModeFacts) -> bool:
+    families = [HPZ] if mode.hpz_partition_size > 1 else []
+    families += [QUANTIZED_WEIGHTS] if mode.quantized_weights else []
+    families += [QUANTIZED_GRADIENTS] if mode.quantized_gradients else []
+    return all(_verifiable(family, facts) for family in families)
+
+
+def _super_offload(rung: Rung, facts: ModeFacts) -> ModeOption:
+    why_not = None
+    if rung.stage != 3 or rung.offload_optimizer != "cpu" or rung.offload_param is not None:
+        why_not = "SuperOffload replaces the ZeRO-3 optimizer-offload optimizer (engine.py:2749); other rungs lack it"
+    elif not facts.superchip:
+        why_not = "SuperOffload is tuned for superchips (GH200-class coherent host link); this hardware is not one"
+    elif not facts.ds_optimizer:
+        why_not = "SuperOffload builds its own CPU Adam from the config's optimizer section"
+    why = "stage-3 offload for superchips: CPU Adam on cpuadam_cores_perc of the cores, overlapped with backward"
+    return _option(Mode(super_offload=True), SUPER_OFFLOAD, facts, why_not, why)
+
+
+def considered_modes(rung: Rung, facts: ModeFacts) -> list[ModeOption]:
+    """Every modern mode considered on `rung`, in a fixed order: partial offload, ZenFlow, ZeRO++, SuperOffload.
+
+    Each says whether it applies here and why (not); the report lists them all so a user sees what was weighed.
+    """
+    options = [_partial_offload(rung, facts), _zenflow(rung, facts)]
+    options += _zero_plus_plus(rung, facts)
+    options.append(_super_offload(rung, facts))
+    return options
+
+
+def applicable_modes(rung: Rung, facts: ModeFacts) -> list[Mode]:
+    """The modes that apply on `rung` (partial offload stands for its whole ratio range)."""
+    return [option.mode for option in considered_modes(rung, facts) if option.applies]
+
+
+def mode_applies(rung: Rung, mode: Mode, facts: ModeFacts) -> bool:
+    """Whether this exact mode may be emitted on `rung` (the classic mode always may)."""
+    if mode.is_classic:
+        return True
+    if mode.offload_ratio != 1.0:
+        other = Mode(offload_ratio=1.0, **{k: v for k, v in mode.to_dict().items() if k != "offload_ratio"})
+        return _partial_offload(rung, facts).applies and (other.is_classic or mode_applies(rung, other, facts))
+    if mode.zenflow:
+        return _zenflow(rung, facts).applies and mode == Mode(zenflow=True)
+    if mode.super_offload:
+        return _super_offload(rung, facts).applies and mode == Mode(super_offload=True)
+    return _zero_plus_plus(rung, facts)[0].applies
+
+
+def mode_trial_verifiable(mode: Mode, facts: ModeFacts) -> bool:
+    """Whether a trial on facts.device can run `mode` (every part of it)."""
+    families = []
+    if mode.offload_ratio != 1.0:
+        families.append(PARTIAL_OFFLOAD)
+    if mode.zenflow:
+        families.append(ZENFLOW)
+    if mode.super_offload:
+        families.append(SUPER_OFFLOAD)
+    return _zpp_verifiable(mode, facts) and all(_verifiable(family, facts) for family in families)
