@@ -12,6 +12,7 @@ from autotune.estimate.buffers import (
 from autotune.estimate.constants import CPU_PROCESS_BASELINE_BYTES
 from autotune.estimate.margin import gpu_margins
 from autotune.estimate.model_states import model_states
+from autotune.estimate.modes import mode_memory
 from autotune.estimate.runtime import (
     Overhead,
     allocator_reserve_fraction,
@@ -80,7 +81,9 @@ def estimate(
         model, target, candidate.rung, settings.precision, knobs=settings.knobs, optimizer=settings.optimizer
     )
     buffers = deepspeed_buffers(model, target, candidate.rung, settings, candidate.grad_checkpointing)
-    device = {**states.device_components, **buffers.device_components}
+    # issue 19: a modern mode's own terms on top of the classic rung (estimate/modes.py)
+    modes = mode_memory(model, target, candidate, settings.precision, settings.knobs, settings.reduce_bucket_elements)
+    device = {**states.device_components, **buffers.device_components, **modes.device_components}
     raw_activations = _activation_components(model, candidate, settings)
     activations = _scaled(raw_activations, calibration)
     device.update(activations)
@@ -93,13 +96,13 @@ def estimate(
         phase_overlap(
             backward_beyond_gradients,
             states.step_only_bytes,
-            states.step_temporary_bytes,
+            states.step_temporary_bytes + modes.step_temporary_bytes,
             tied_gradient_bytes(model, settings),
         )
         + backward_beyond_gradients
         - backward
     )
-    per_rank_host = {"offloaded_states": states.host_bytes, **buffers.host_components}
+    per_rank_host = {"offloaded_states": states.host_bytes, **buffers.host_components, **modes.host_components}
     margins: dict[str, int] = {}
     cache_excess = 0
     if settings.device == "cpu":

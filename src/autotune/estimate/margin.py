@@ -9,6 +9,7 @@ benchmarks/published_accuracy.py reports what this margin costs in true fits on 
 
 from __future__ import annotations
 
+from autotune.estimate.modes import MODE_MARGINS
 from autotune.estimate.runtime import Overhead, allocator_reserve_margin_fraction
 from autotune.estimate.types import Calibration
 from autotune.models import ModelSummary
@@ -60,6 +61,7 @@ def gpu_margins(
     relative.update(dict.fromkeys(_BUFFER_COMPONENTS, BUFFER_RELATIVE))
     relative.update(dict.fromkeys(_ACTIVATION_COMPONENTS, activation_relative))
     relative["live_params"] = LIVE_PARAMS_RELATIVE
+    relative.update(MODE_MARGINS)  # issue 19's mode terms (estimate/modes.py)
     calibrated = calibration is not None and calibration.samples > 0
     relative["unpartitioned_model_reserve"] = BUFFER_RELATIVE
     shrink = CALIBRATED_SHRINK if calibrated else 1.0

@@ -242,5 +242,6 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
         tokens_per_s=rates.tokens_per_s,
         tflops_per_gpu=rates.tflops_per_gpu,
         mfu=rates.mfu,
+        engine_facts=dict(first.engine_facts),
         **common,
     )

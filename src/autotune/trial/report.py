@@ -30,6 +30,7 @@ class RankReport:
     train_batch_size: int | None = None
     hardware_flops_per_token: float | None = None  # includes activation recompute
     model_flops_per_token: float | None = None  # excludes it: the MFU numerator
+    engine_facts: dict = field(default_factory=dict)  # what the engine really runs (training.engine_mode_facts)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -379,6 +379,36 @@ def limit_gpu_memory(spec: TrialSpec, local_rank: int) -> None:
     torch.cuda.set_per_process_memory_fraction(spec.gpu_memory_fraction or 1.0, local_rank)
 
 
+def engine_mode_facts(engine: Any) -> dict:
+    """What the engine runs for the modes of issue 19, read from its parsed config and its optimizer.
+
+    For a partial optimizer offload the device-side share is read, not recomputed: DeepSpeed steps the sub-groups
+    it keeps on the accelerator with its backup torch AdamW (runtime/zero/stage3.py:1249-1258), so the fp32
+    partitions that optimizer holds state for are the ones that stayed.
+    """
+    zero = engine._config.zero_config
+    facts: dict = {
+        "zero_stage": int(zero.stage),
+        "sub_group_size": int(zero.sub_group_size),
+        "zenflow": zero.zenflow is not None,
+        "hpz_partition_size": int(zero.zero_hpz_partition_size),
+        "quantized_weights": bool(zero.zero_quantized_weights),
+        "quantized_gradients": bool(zero.zero_quantized_gradients),
+        "optimizer": type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__,
+    }
+    offload = zero.offload_optimizer
+    if offload is not None:
+        facts.update(offload_ratio=float(offload.ratio), super_offload=bool(offload.super_offload))
+    groups = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
+    if groups:
+        backup = getattr(engine.optimizer, "backup_optimizer", None)
+        stepped_on_device = backup.state if backup is not None else {}
+        facts["sub_groups"] = len(groups)
+        facts["elements"] = sum(int(group.numel()) for group in groups)
+        facts["device_stepped_elements"] = sum(int(group.numel()) for group in groups if group in stepped_on_device)
+    return facts
+
+
 def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: MemoryTracker) -> RankReport:
     """The trial on this rank, in an already initialised process group; failures become the report."""
     import torch
@@ -421,6 +451,7 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
             train_batch_size=engine.train_batch_size(),
             hardware_flops_per_token=flops.hardware,
             model_flops_per_token=flops.model,
+            engine_facts=engine_mode_facts(engine),
         )
     except Exception as error:
         status, line = classify_exception(error)

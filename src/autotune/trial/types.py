@@ -72,6 +72,9 @@ class TrialResult:
     smaller_micro_step_s: float | None = None
     command: list[str] | None = None  # own-command trials (trial/script.py): the argv the trial ran
     metric_source: str | None = None  # None: our worker's wall-clock steps; "deepspeed_autotuning": the engine's
+    # Read from the engine after the steps (trial/training.py engine_mode_facts): the ZeRO stage, offload ratio,
+    # sub-groups and how many elements the device-side optimizer stepped, so a test sees the mode really ran.
+    engine_facts: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,144 @@
+"""What each modern mode (issue 19) adds to or moves out of one rank's memory, read from DeepSpeed 0.19.8's code.
+
+The classic rung's figure (model_states.py, buffers.py) stays as it is; `mode_memory` returns the mode's terms on
+top, named, so the report shows them and margin.py gives each its own spread (MODE_MARGINS). Paths are relative
+to the installed `deepspeed` package.
+
+Partial optimizer offload (ZeRO-3 + CPU optimizer offload, offload_optimizer.ratio = r):
+  stage3.py:1099-1108 puts sub-group i on the accelerator when i < int((1 - r) * n), on the CPU otherwise.
+  A sub-group on the accelerator keeps its fp32 master partition there (stage3.py:1157-1160, `.to(
+  subgroup_to_device[i])`), its fp32 gradient (stage3.py:1337-1342, pinned host buffer moved to the device;
+  the host copy is dropped) and the AdamW moments, which the backup torch.optim.AdamW (stage3.py:313-322)
+  creates next to the master weights: 4 + 4 + 8 = 16 bytes per element, resident. The same 16 bytes per element
+  leave the host: DeepSpeed's own ZeRO-3 host figure for optimizer offload is 16 bytes per parameter
+  (stage3.py:4042, `estimate_zero3_model_states_mem_needs`), and its device figure without offload is 18 against
+  2 with it (stage3.py:4039/4046). The device share is int((1 - r) * n) / n (autotune.modes.offloaded_fraction),
+  n = the sub-groups that dsconfig's sub_group_size gives (modes.RATIO_STEPS). The backup optimizer steps one
+  sub-group at a time (stage3.py:1235-1258) with torch's default foreach AdamW on CUDA: one fp32 temporary per
+  element of that sub-group (knobs.OPTIMIZER_STEP_TEMPORARY_BYTES["torch_foreach"]).
+ZenFlow (ZeRO-1/2 + CPU optimizer offload):
+  every rank keeps, for each matrix, the top-k columns' gradient (`param.selected_grad`,
+  zenflow_stage_1_and_2.py:380-392, the parameter dtype) and the selective AdamW's two moments, zeros_like the
+  selected columns (ops/adam/zenflow_torch_adam.py:123-127, also the parameter dtype): 3 x dtype bytes x
+  topk_ratio per parameter, on the device, not partitioned (every rank updates the selected columns of every
+  parameter). Per reduce bucket it builds an index buffer (int32) and a selected-gradient buffer (dtype) of the
+  bucket's selected size (zenflow_stage_1_and_2.py:187, 292): topk_ratio x bucket x (4 + dtype bytes), transient.
+  Vectors (biases, norms) are selected whole (zenflow_torch_adam.py:119); counted at topk_ratio like matrices,
+  which undercounts by (1 - topk_ratio) x their size, under 1% of a transformer's parameters.
+ZeRO++ (ZeRO-3):
+  hpZ keeps a secondary copy of each parameter partitioned over hpz_partition_size ranks instead of the world
+  (partition_parameters.py:1905-1925, dtype = the parameter's), on the device unless parameters are offloaded
+  (`remote_device`): params x dtype bytes / hpz per rank, resident.
+  qwZ all-gathers int8 weights with fp32 scales, per prefetch bucket (partition_parameters.py:1352-1360 quantize
+  before all-gather): 1 byte per element of the bucket, transient, on top of the 16-bit gather buffer.
+  qgZ reduce-scatters int4/int8 gradients through all_to_all_quant_reduce (runtime/comm/coalesced_collectives.py),
+  which holds the quantized intra-node and inter-node copies of the reduce bucket: about 2 bytes per element of
+  the reduce bucket, transient.
+SuperOffload (ZeRO-3 + CPU optimizer offload, superchips):
+  superoffload_stage3.py:145-155 accumulates each sub-group's gradient on the device (`cuda_grad_buffer`, the
+  gradient accumulation dtype, fp32) before copying it to the host buffer: 4 bytes per element of one sub-group,
+  transient. Host states are the classic offload's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autotune.estimate.knobs import OPTIMIZER_STEP_TEMPORARY_BYTES, ZeroKnobs
+from autotune.hardware import Target
+from autotune.ladder import Candidate
+from autotune.models import ModelSummary
+from autotune.modes import RATIO_STEPS, offloaded_fraction
+
+BYTES_FP32 = 4
+BYTES_INT32 = 4
+BYTES_INT8 = 1
+# fp32 master + fp32 gradient + AdamW's two fp32 moments, per element of a sub-group on the device (see above)
+PARTIAL_OFFLOAD_DEVICE_BYTES = 16
+# ZenFlow's topk_ratio as autotune emits it (dsconfig.ZENFLOW_DEFAULTS, zenflow_config.py default 0.1)
+ZENFLOW_TOPK_RATIO = 0.1
+# qgZ: quantized intra- and inter-node copies of the reduce bucket (see above)
+QGZ_BYTES_PER_BUCKET_ELEMENT = 2
+
+# How far above prediction each mode term may be, as margin.py's relative figures. The partial-offload and hpZ
+# terms are arithmetic on parameter counts like the model states (margin.MODEL_STATE_RELATIVE, 2%), but the
+# sub-group cut moves whole parameters (stage3.py:1221-1226), so the device share can exceed the nominal one by a
+# parameter: 10%. ZenFlow's and ZeRO++'s buffers are read, not measured on a GPU here: 50%.
+MODE_MARGINS = {
+    "partial_offload_states": 0.10,
+    "partial_offload_host_saving": 0.0,
+    "zenflow_selected_states": 0.50,
+    "zenflow_buffers": 0.50,
+    "hpz_secondary_params": 0.05,
+    "qwz_buffers": 0.50,
+    "qgz_buffers": 0.50,
+    "superoffload_grad_buffer": 0.50,
+}
+
+
+@dataclass(frozen=True)
+class ModeMemory:
+    """A mode's terms on top of the classic rung, per rank. Host terms may be negative (moved to the device)."""
+
+    device_components: dict[str, int] = field(default_factory=dict)
+    host_components: dict[str, int] = field(default_factory=dict)
+    step_temporary_bytes: int = 0  # what the mode's optimizer step adds on the device, freed when it ends
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(self.device_components.values())
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(self.host_components.values())
+
+
+def partial_offload_device_share(ratio: float, steps: int = RATIO_STEPS) -> float:
+    """The share of the optimizer states that stays on the device for `ratio`, as DeepSpeed cuts it."""
+    return 1.0 - offloaded_fraction(ratio, steps)
+
+
+def mode_memory(
+    model: ModelSummary,
+    target: Target,
+    candidate: Candidate,
+    precision: str,
+    knobs: ZeroKnobs | None = None,
+    bucket_elements: int = 200_000_000,
+) -> ModeMemory:
+    """The candidate's mode terms; empty for the classic mode. `bucket_elements`: the stage 1-2 bucket emitted."""
+    mode = candidate.mode
+    if mode.is_classic:
+        return ModeMemory()
+    knobs = knobs or ZeroKnobs()
+    rung = candidate.rung
+    trainable = model.trainable_params
+    world = target.world_size
+    per_rank = math.ceil(trainable / world)
+    weight_bytes = BYTES_FP32 if precision == "fp32" else 2
+    device: dict[str, int] = {}
+    host: dict[str, int] = {}
+    step_temporary = 0
+    if mode.offload_ratio != 1.0:
+        share = partial_offload_device_share(mode.offload_ratio)
+        moved = round(PARTIAL_OFFLOAD_DEVICE_BYTES * share * per_rank)
+        device["partial_offload_states"] = moved
+        host["partial_offload_host_saving"] = -moved
+        if share > 0:
+            sub_group = math.ceil(per_rank / RATIO_STEPS)
+            step_temporary += OPTIMIZER_STEP_TEMPORARY_BYTES["torch_foreach"] * sub_group
+    if mode.zenflow:
+        device["zenflow_selected_states"] = round(3 * weight_bytes * ZENFLOW_TOPK_RATIO * trainable)
+        device["zenflow_buffers"] = round(ZENFLOW_TOPK_RATIO * bucket_elements * (BYTES_INT32 + weight_bytes))
+    if mode.hpz_partition_size > 1 and rung.offload_param is None:
+        device["hpz_secondary_params"] = math.ceil(model.total_params / mode.hpz_partition_size) * weight_bytes
+    if mode.quantized_weights:
+        prefetch = knobs.stage3_prefetch_bucket_size or int(0.9 * model.hidden_size * model.hidden_size)
+        device["qwz_buffers"] = BYTES_INT8 * prefetch
+    if mode.quantized_gradients:
+        reduce_bucket = knobs.reduce_bucket_size or model.hidden_size * model.hidden_size
+        device["qgz_buffers"] = QGZ_BYTES_PER_BUCKET_ELEMENT * reduce_bucket
+    if mode.super_offload:
+        device["superoffload_grad_buffer"] = BYTES_FP32 * min(per_rank, knobs.sub_group_size)
+    return ModeMemory(device, host, step_temporary)
