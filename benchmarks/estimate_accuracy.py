@@ -33,10 +33,11 @@ from autotune.estimate import EstimateSettings, estimate
 from autotune.estimate.ds_estimators import deepspeed_estimators
 from autotune.estimate.types import MemoryEstimate
 from autotune.hardware import Target, generic_gpu
-from autotune.ladder import Candidate, Rung
+from autotune.ladder import Candidate, Mode, Rung
 from autotune.models import ModelSummary, resolve_model, summarize
 from autotune.models.build import build_model
 from autotune.models.profiles import find_profile
+from autotune.modes import ratio_mode
 from autotune.trial import LocalLauncher, TrialSpec, run_trial
 from autotune.units import GiB
 
@@ -59,35 +60,53 @@ class Point:
     grad_checkpointing: bool = False
     ranks: int = 1
     malloc: str = "mmap64k"
+    offload_ratio: float = 1.0  # partial optimizer offload (issue 19, autotune.modes); 1.0 = the classic rung
+
+    @property
+    def candidate(self) -> Candidate:
+        mode = ratio_mode(self.offload_ratio) if self.offload_ratio != 1.0 else Mode()
+        return Candidate(self.rung, self.micro_batch, self.grad_checkpointing, mode)
 
 
 def _points(malloc: str, *rows: tuple) -> list[Point]:
     return [Point(m, Rung(r), mb, s, ck, n, malloc) for m, r, mb, s, ck, n in rows]
 
 
+# Partial optimizer offload (issue 19) between ZeRO-3 and ZeRO-3 + offload, ratios 0 and 0.5 beside the classic
+# z3+offload_opt rows above (ratio 1). On the CPU backend the "GPU" and the host are one process, so the ratio
+# moves bytes within the same RSS; what these rows check is that the memory model's mode terms keep the sum right.
+PARTIAL_OFFLOAD_POINTS = [
+    Point("gpt2-small-demo", Rung.Z3_OFFLOAD_OPT, 4, 256, False, 1, "mmap64k", ratio) for ratio in (0.0, 0.5, 1.0)
+] + [Point("gpt2", Rung.Z3_OFFLOAD_OPT, 2, 128, True, 2, "mmap64k", ratio) for ratio in (0.0, 0.5)]
+
+
 # About 20 trials: 10-15 minutes on two (shared) cores.
-CPU_POINTS = _points(
-    "mmap64k",
-    ("tiny-gpt2", "z0", 1, 128, False, 1),
-    ("gpt2-small-demo", "z0", 8, 256, False, 1),
-    ("gpt2-small-demo", "z0", 8, 256, True, 1),
-    ("gpt2-small-demo", "z1", 4, 256, False, 2),
-    ("gpt2-small-demo", "z2", 4, 256, False, 2),
-    ("gpt2-small-demo", "z2+offload_opt", 4, 256, False, 1),
-    ("gpt2-small-demo", "z3", 4, 256, False, 2),
-    ("gpt2-small-demo", "z3+offload_opt+param", 4, 256, True, 1),
-    ("tiny-llama", "z0", 8, 256, False, 1),
-    ("tiny-t5", "z2", 8, 256, True, 1),
-    ("gpt2", "z0", 4, 128, False, 1),
-    ("gpt2", "z2", 2, 128, False, 2),
-    ("gpt2", "z3+offload_opt", 2, 128, True, 2),
-) + _points(
-    "default",
-    ("tiny-t5", "z0", 4, 128, False, 1),
-    ("gpt2-small-demo", "z0", 8, 256, True, 1),
-    ("gpt2-small-demo", "z3+offload_opt+param", 4, 256, True, 1),
-    ("gpt2", "z0", 4, 128, False, 1),
-    ("gpt2", "z3+offload_opt", 2, 128, True, 2),
+CPU_POINTS = (
+    _points(
+        "mmap64k",
+        ("tiny-gpt2", "z0", 1, 128, False, 1),
+        ("gpt2-small-demo", "z0", 8, 256, False, 1),
+        ("gpt2-small-demo", "z0", 8, 256, True, 1),
+        ("gpt2-small-demo", "z1", 4, 256, False, 2),
+        ("gpt2-small-demo", "z2", 4, 256, False, 2),
+        ("gpt2-small-demo", "z2+offload_opt", 4, 256, False, 1),
+        ("gpt2-small-demo", "z3", 4, 256, False, 2),
+        ("gpt2-small-demo", "z3+offload_opt+param", 4, 256, True, 1),
+        ("tiny-llama", "z0", 8, 256, False, 1),
+        ("tiny-t5", "z2", 8, 256, True, 1),
+        ("gpt2", "z0", 4, 128, False, 1),
+        ("gpt2", "z2", 2, 128, False, 2),
+        ("gpt2", "z3+offload_opt", 2, 128, True, 2),
+    )
+    + _points(
+        "default",
+        ("tiny-t5", "z0", 4, 128, False, 1),
+        ("gpt2-small-demo", "z0", 8, 256, True, 1),
+        ("gpt2-small-demo", "z3+offload_opt+param", 4, 256, True, 1),
+        ("gpt2", "z0", 4, 128, False, 1),
+        ("gpt2", "z3+offload_opt", 2, 128, True, 2),
+    )
+    + PARTIAL_OFFLOAD_POINTS
 )
 CUDA_POINTS = _points(
     "default",
@@ -200,7 +219,12 @@ def predicted_trial(
     summary = summarize(source)
     settings = EstimateSettings(seq_len=seq_len, precision=precision, device=device)
     predicted = estimate(summary, target, candidate, settings)
-    train = TrainSettings(world_size=target.gpus_per_node, precision=precision, hidden_size=summary.hidden_size)
+    train = TrainSettings(
+        world_size=target.gpus_per_node,
+        precision=precision,
+        hidden_size=summary.hidden_size,
+        trainable_params=summary.trainable_params,  # sizes sub_group_size for an offload ratio (autotune.modes)
+    )
     spec = TrialSpec(
         model_config=source.config,
         architecture=summary.architecture,
@@ -217,7 +241,7 @@ def predicted_trial(
 
 def run_point(point: Point, device: str, precision: str) -> dict:
     target = _target(point.ranks, device)
-    candidate = Candidate(point.rung, point.micro_batch, point.grad_checkpointing)
+    candidate = point.candidate
     summary, predicted, spec = predicted_trial(
         point.model, candidate, point.seq_len, target, device, precision, warmup_steps=1, max_steps=3, timeout_s=600
     )
@@ -234,6 +258,7 @@ def run_point(point: Point, device: str, precision: str) -> dict:
         "grad_checkpointing": point.grad_checkpointing,
         "ranks": point.ranks,
         "malloc": point.malloc,
+        "offload_ratio": point.offload_ratio,
         "status": result.status,
         "error": result.error,
         "measured_bytes": measured,
@@ -242,6 +267,8 @@ def run_point(point: Point, device: str, precision: str) -> dict:
         "deepspeed_alone_bytes": deepspeed_alone(summary, target, point.rung),
         "accelerate": accelerate_estimate(summary, profile.hf_id if profile else None),
         "wall_s": round(time.monotonic() - started, 1),
+        "step_times_s": result.step_times_s,
+        "engine_facts": result.engine_facts,
     }
     if measured:
         for key in ("predicted", "deepspeed_alone"):
@@ -254,7 +281,9 @@ def repredict(row: dict, device: str, precision: str) -> dict:
     """The row's stored measurement against the current model's prediction for the same point."""
     summary = summarize(resolve_model(row["model"]))
     target = _target(row["ranks"], device)
-    candidate = Candidate(Rung(row["rung"]), row["micro_batch"], row["grad_checkpointing"])
+    ratio = row.get("offload_ratio", 1.0)
+    mode = ratio_mode(ratio) if ratio != 1.0 else Mode()
+    candidate = Candidate(Rung(row["rung"]), row["micro_batch"], row["grad_checkpointing"], mode)
     settings = EstimateSettings(seq_len=row["seq_len"], precision=precision, device=device)
     predicted = estimate(summary, target, candidate, settings)
     updated = dict(row, predicted_bytes=predicted.gpu_peak_bytes, predicted_components=predicted.gpu_components)
@@ -265,7 +294,8 @@ def repredict(row: dict, device: str, precision: str) -> dict:
 
 
 def _row_key(row: dict) -> tuple:
-    return tuple(row[k] for k in ("model", "rung", "micro_batch", "seq_len", "grad_checkpointing", "ranks", "malloc"))
+    keys = ("model", "rung", "micro_batch", "seq_len", "grad_checkpointing", "ranks", "malloc")
+    return (*(row[k] for k in keys), row.get("offload_ratio", 1.0))
 
 
 def _dynamic_error_pct(row: dict) -> float | None:
@@ -340,6 +370,9 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="merge into the existing results: re-predict kept rows, replace re-measured ones",
     )
+    parser.add_argument(
+        "--partial-offload", action="store_true", help="only the partial optimizer offload points (issue 19)"
+    )
     args = parser.parse_args(argv)
     if args.device == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
@@ -354,6 +387,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.only:
         keep = set(args.only.split(","))
         points = [p for p in points if p.model in keep]
+    if args.partial_offload:
+        points = [p for p in points if p in PARTIAL_OFFLOAD_POINTS]
     if args.rungs:
         rungs = set(args.rungs.split(","))
         points = [p for p in points if p.rung.value in rungs]
@@ -401,6 +436,8 @@ def _line(row: dict) -> str:
         f"{row['model']:16s} {row['rung']:22s} mb{row['micro_batch']:<3d} s{row['seq_len']:<5d} "
         f"{'ckpt' if row['grad_checkpointing'] else '    '} x{row['ranks']}"
     )
+    if row.get("offload_ratio", 1.0) != 1.0:
+        head += f" ratio {row['offload_ratio']:g}"
     return (
         f"{head} {row['status']:6s} measured {mib(row['measured_bytes'])} MiB  predicted "
         f"{mib(row['predicted_bytes'])} ({row.get('predicted_error_pct', '-')}%)"

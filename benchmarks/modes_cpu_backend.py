@@ -70,22 +70,26 @@ def run_case(family: str, rung: Rung, mode: Mode, ranks: int) -> dict:
         "error": result.error or "",
         "step_times_s": result.step_times_s,
         "peak_host_rss_bytes": result.peak_memory_bytes,
+        "engine_facts": result.engine_facts,  # what the engine really ran (trial/training.py engine_mode_facts)
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/modes_cpu_backend.json")
-    parser.add_argument("--only", nargs="*", help="families to run (default: all)")
+    parser.add_argument("--only", nargs="*", help="families to re-run, keeping the others' rows (default: all)")
     args = parser.parse_args(argv)
     prebuild_ops("cpu")
-    rows = []
+    previous = json.loads(Path(args.out).read_text())["rows"] if args.only and Path(args.out).exists() else []
+    rows = [row for row in previous if row["family"] not in (args.only or [])]
     for family, rung, mode, ranks in CASES:
         if args.only and family not in args.only:
             continue
         row = run_case(family, rung, mode, ranks)
         print(f"{family:22s} {'runs' if row['runs'] else 'FAILS'} {row['error']}", flush=True)
         rows.append(row)
+    order = [case[0] for case in CASES]
+    rows.sort(key=lambda row: order.index(row["family"]))
     import deepspeed
     import torch
 

@@ -11,7 +11,7 @@ import pytest
 
 from autotune.dsconfig import TrainSettings, build_ds_config, validate_with_deepspeed
 from autotune.estimate import EstimateSettings, estimate
-from autotune.estimate.modes import mode_memory, partial_offload_device_share
+from autotune.estimate.modes import mode_memory, partial_offload_device_elements, partial_offload_device_share
 from autotune.hardware import Target, generic_gpu
 from autotune.ladder import LADDER, Candidate, Mode, Rung
 from autotune.models import ModelSummary
@@ -161,6 +161,11 @@ def test_one_sub_group_makes_any_ratio_offload_everything() -> None:
         assert offloaded_fraction(ratio) >= ratio - 1e-9  # the device share rounds down
 
 
+# GPT-2 (124M) parameters in registration order: wte, wpe, 12 blocks (ln_1, attn c_attn/c_proj, ln_2, mlp), ln_f
+_GPT2_BLOCK = [768, 768, 768 * 2304, 2304, 768 * 768, 768, 768, 768, 768 * 3072, 3072, 3072 * 768, 768]
+GPT2_SIZES = [50257 * 768, 1024 * 768] + _GPT2_BLOCK * 12 + [768, 768]
+
+
 def _fake_params(sizes: list[int], world: int) -> list[SimpleNamespace]:
     return [SimpleNamespace(partition_numel=lambda n=n: math.ceil(n / world)) for n in sizes]
 
@@ -170,8 +175,7 @@ def test_emitted_sub_group_size_cuts_deepspeeds_sub_groups_as_the_ratio_needs(wo
     """DeepSpeed's own sub-group cut (stage3.py:1210-1233) on a GPT-2-sized parameter list, with our size."""
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
-    layer = [768 * 2304, 2304, 768 * 768, 768, 768 * 3072, 3072, 3072 * 768, 768, 768, 768, 768, 768]
-    sizes = [50257 * 768, 1024 * 768] + layer * 12 + [768, 768]
+    sizes = GPT2_SIZES
     size = ratio_sub_group_size(sum(sizes), world)
     cut = DeepSpeedZeroOptimizer_Stage3._create_fp16_sub_groups(
         SimpleNamespace(sub_group_size=size), _fake_params(sizes, world)
@@ -285,11 +289,32 @@ def test_partial_offload_terms_follow_deepspeeds_sub_group_cut() -> None:
     model = summary()
     candidate = Candidate(Rung.Z3_OFFLOAD_OPT, 1, False, Mode(offload_ratio=0.3))
     terms = mode_memory(model, target(gpus=4), candidate, "bf16")
-    share = partial_offload_device_share(0.3)
-    assert share == pytest.approx(int(0.7 * RATIO_STEPS) / RATIO_STEPS)
-    assert terms.device_components["partial_offload_states"] == round(16 * share * 250_000_000)
+    on_device = partial_offload_device_elements(0.3, 250_000_000, 50_000_000 // 4, 2048 * 8192 // 4)
+    assert terms.device_components["partial_offload_states"] == 16 * on_device
     assert terms.host_components["partial_offload_host_saving"] == -terms.device_components["partial_offload_states"]
     assert mode_memory(model, target(), Candidate(Rung.Z3_OFFLOAD_OPT, 1), "bf16").device_bytes == 0
+    assert partial_offload_device_share(0.3) == pytest.approx(int(0.7 * RATIO_STEPS) / RATIO_STEPS)
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_device_elements_match_deepspeeds_own_cut_on_gpt2(world: int) -> None:
+    """The model's device share against DeepSpeed's real sub-group cut (stage3.py:1210-1233, 1105) on GPT-2."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    sizes = GPT2_SIZES
+    per_rank_sizes = [math.ceil(n / world) for n in sizes]
+    size = ratio_sub_group_size(sum(sizes), world)
+    cut = DeepSpeedZeroOptimizer_Stage3._create_fp16_sub_groups(
+        SimpleNamespace(sub_group_size=size), _fake_params(sizes, world)
+    )
+    per_group = [sum(p.partition_numel() for p in group) for group in cut]
+    for ratio in ratio_grid():
+        deepspeed_device = sum(per_group[: int((1 - ratio) * len(cut))])
+        per_rank, mlp = math.ceil(sum(sizes) / world), math.ceil(768 * 3072 / world)
+        modelled = partial_offload_device_elements(ratio, per_rank, per_rank_sizes[0], mlp)
+        # never under DeepSpeed's cut by more than rounding, at most about two sub-groups over (conservative)
+        error = (modelled - deepspeed_device) / sum(per_rank_sizes)
+        assert -0.005 <= error <= 2.5 / RATIO_STEPS, (ratio, modelled, deepspeed_device)
 
 
 def test_hpz_zenflow_and_quantization_terms() -> None:

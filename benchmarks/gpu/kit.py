@@ -31,27 +31,33 @@ sys.path.insert(0, str(HERE.parent))  # benchmarks/: estimate_accuracy's environ
 
 from points import (  # noqa: E402
     DRY_MEMORY_POINTS,
+    DRY_MODES,
     DRY_OOM_PROBES,
     DRY_SIDE_BY_SIDE,
     DRY_TUNE,
     EMULATED_CARD_GIB,
     GPU_MEMORY_POINTS,
+    GPU_MODES,
     GPU_OOM_PROBES,
     GPU_SIDE_BY_SIDE,
     GPU_TUNE,
     MemoryPoint,
+    ModesSetting,
     TuneSetting,
 )
 
 from autotune.atomic import atomic_write_json  # noqa: E402
+from autotune.estimate import EstimateSettings, check_fit, estimate  # noqa: E402
 from autotune.hardware import Target, generic_gpu  # noqa: E402
 from autotune.ladder import Candidate, Rung  # noqa: E402
+from autotune.models import resolve_model, summarize  # noqa: E402
+from autotune.modes import ratio_grid, ratio_mode  # noqa: E402
 from autotune.trial import LocalLauncher, TrialResult, TrialSpec  # noqa: E402
 from autotune.units import GiB  # noqa: E402
 from estimate_accuracy import environment as machine_and_versions  # noqa: E402
 from estimate_accuracy import predicted_trial  # noqa: E402
 
-STAGES = ("setup", "memory", "oom", "tune", "grid", "side_by_side")
+STAGES = ("setup", "memory", "oom", "modes", "tune", "grid", "side_by_side")
 DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "gpu" / "validation.json"
 
 
@@ -223,7 +229,7 @@ def trial_for(
     else:
         limit = 1024 * GiB
     target = Target(generic_gpu(limit), gpus_per_node=1, nodes=1, free_memory_bytes=limit)
-    candidate = Candidate(point.rung, point.micro_batch, point.grad_checkpointing)
+    candidate = Candidate(point.rung, point.micro_batch, point.grad_checkpointing, point.mode)
     summary, predicted, spec = predicted_trial(
         point.model,
         candidate,
@@ -248,6 +254,7 @@ def trial_for(
         "micro_batch": point.micro_batch,
         "seq_len": point.seq_len,
         "grad_checkpointing": point.grad_checkpointing,
+        "mode": point.mode.to_dict(),
         "limit_bytes": limit if (fraction or budget) else None,
         "status": result.status,
         "error": result.error,
@@ -259,6 +266,7 @@ def trial_for(
         "predicted_host_bytes": predicted.host_ram_bytes,
         "gpu_used_before_bytes": used_before,
         "gpu_used_after_bytes": gpu_used_bytes() if kit.device == "cuda" else None,
+        "engine_facts": result.engine_facts,  # what DeepSpeed really ran: offload ratio, sub-groups, device share
     }
     if result.ranks:
         rank = result.ranks[0]
@@ -387,6 +395,82 @@ def stage_oom(kit: Kit) -> None:
         rows[probe.point.key] = row
         kit.save()
         log(f"  {row['status']}: {row['verdict']} ({row.get('error') or ''})")
+
+
+# ---------------------------------------------------------------- modes (issue 19)
+
+
+def smallest_fitting_ratio(setting: ModesSetting, limit_bytes: int, device: str) -> float | None:
+    """The smallest offload ratio on autotune.modes' grid that the memory model says fits under limit_bytes.
+
+    A plain scan (21 predictions): the kit checks the memory model and DeepSpeed, not the search's bisection.
+    """
+    summary = summarize(resolve_model(setting.model))
+    target = Target(generic_gpu(limit_bytes), gpus_per_node=1, nodes=1, free_memory_bytes=limit_bytes)
+    settings = EstimateSettings(seq_len=setting.seq_len, precision="bf16", device=device)
+    for ratio in ratio_grid():
+        candidate = Candidate(Rung.Z3_OFFLOAD_OPT, setting.micro_batch, setting.grad_checkpointing, ratio_mode(ratio))
+        if check_fit(estimate(summary, target, candidate, settings), target).fits:
+            return ratio
+    return None
+
+
+def mode_points(setting: ModesSetting, fitting_ratio: float | None) -> list[MemoryPoint]:
+    """ZeRO-3, ZeRO-3 + full offload, and partial offload at the set ratios plus the smallest that fits."""
+    ratios = sorted({*setting.ratios, *([fitting_ratio] if fitting_ratio is not None else [])} - {1.0})
+    base = (setting.model, setting.micro_batch, setting.seq_len, setting.grad_checkpointing)
+    return [
+        MemoryPoint(base[0], Rung.Z3, *base[1:]),
+        MemoryPoint(base[0], Rung.Z3_OFFLOAD_OPT, *base[1:]),
+        *(MemoryPoint(base[0], Rung.Z3_OFFLOAD_OPT, *base[1:], mode=ratio_mode(r)) for r in ratios),
+    ]
+
+
+def stage_modes(kit: Kit) -> None:
+    """Partial optimizer offload on the emulated card beside ZeRO-3 and ZeRO-3 + offload: memory and speed."""
+    section = kit.section("modes")
+    rows = section.setdefault("rows", {})
+    setting = DRY_MODES if kit.dry_run else GPU_MODES
+    fraction = emulated_fraction(kit)
+    budget = 3 * GiB if kit.dry_run else None
+    limit = budget or int((fraction or 1.0) * gpu_total_bytes())
+    if "smallest_fitting_ratio" not in section:
+        section["smallest_fitting_ratio"] = smallest_fitting_ratio(setting, limit, kit.device)
+        section["emulated_card"] = {"fraction": fraction, "gib": EMULATED_CARD_GIB, "cpu_budget_bytes": budget}
+        kit.save()
+    for point in mode_points(setting, section["smallest_fitting_ratio"]):
+        if point.key in rows:
+            continue
+        if not kit.can_start(_expected_s(rows, 120 if not kit.dry_run else 60)):
+            break
+        log(f"modes: {point.key}")
+        row = trial_for(point, kit, fraction=fraction, budget=budget, steps=setting.steps)
+        row["predicted_fits"] = row["predicted_bytes"] <= limit
+        rows[point.key] = row
+        section["summary"] = _modes_summary(rows)
+        kit.save()
+        log(f"  {row['status']} predicted={_gib(row['predicted_bytes'])} samples/s={row.get('samples_per_s')}")
+
+
+def _modes_summary(rows: dict) -> dict:
+    """Per config: fits (measured), peak, speed; the fastest that ran, so the README can say who won."""
+    table = []
+    for row in rows.values():
+        table.append(
+            {
+                "config": row["key"],
+                "offload_ratio": row["mode"]["offload_ratio"] if row["rung"] == Rung.Z3_OFFLOAD_OPT.value else None,
+                "status": row["status"],
+                "predicted_fits": row["predicted_fits"],
+                "predicted_bytes": row["predicted_bytes"],
+                "measured_bytes": row.get("nvml_peak_bytes") or row.get("host_rss_peak_bytes"),
+                "samples_per_s": row.get("samples_per_s"),
+                "device_stepped_elements": row.get("engine_facts", {}).get("device_stepped_elements"),
+            }
+        )
+    ran = [t for t in table if t["status"] == "ok" and t["samples_per_s"]]
+    fastest = max(ran, key=lambda t: t["samples_per_s"])["config"] if ran else None
+    return {"configs": table, "fastest_that_ran": fastest}
 
 
 # ---------------------------------------------------------------- tune
@@ -597,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
             stage_memory(kit)
         elif stage == "oom":
             stage_oom(kit)
+        elif stage == "modes":
+            stage_modes(kit)
         elif stage == "tune":
             stage_tune(kit, args.out)
         elif stage == "grid":

@@ -6,9 +6,9 @@ models on the CPU backend so every stage's code runs in CI.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from autotune.ladder import Rung
+from autotune.ladder import Mode, Rung
 
 EMULATED_CARD_GIB = 24  # the card the OOM, tune and grid stages emulate (RTX 3090/4090/A10G class)
 
@@ -20,11 +20,13 @@ class MemoryPoint:
     micro_batch: int
     seq_len: int
     grad_checkpointing: bool = False
+    mode: Mode = field(default_factory=Mode)  # issue 19's modes; classic by default (the key is then unchanged)
 
     @property
     def key(self) -> str:
         ckpt = "+ckpt" if self.grad_checkpointing else ""
-        return f"{self.model}/{self.rung.value}{ckpt}/mb{self.micro_batch}/s{self.seq_len}"
+        mode = "" if self.mode.is_classic else "/" + "+".join(self.mode.parts)
+        return f"{self.model}/{self.rung.value}{ckpt}/mb{self.micro_batch}/s{self.seq_len}{mode}"
 
 
 def _points(*rows: tuple) -> list[MemoryPoint]:
@@ -74,6 +76,28 @@ DRY_OOM_PROBES = [
     OomProbe(MemoryPoint("gpt2-small-demo", Rung.Z0, 64, 256), expect_oom=True),
     OomProbe(MemoryPoint("tiny-llama", Rung.Z0, 2, 64), expect_oom=False),
 ]
+
+
+@dataclass(frozen=True)
+class ModesSetting:
+    """Partial optimizer offload on the emulated card beside its two neighbours, ZeRO-3 and ZeRO-3 + offload.
+
+    The kit adds the smallest ratio the memory model says fits (a scan of autotune.modes.ratio_grid) to
+    `ratios`, so the run shows whether "offload just enough" fits and how fast it is against both neighbours.
+    """
+
+    model: str
+    micro_batch: int
+    seq_len: int
+    grad_checkpointing: bool
+    ratios: tuple[float, ...]
+    steps: int = 5
+
+
+# llama-3.2-1b (1.24B): ZeRO-3 keeps ~18 B/param = ~22 GB of model states on one GPU, over a 24 GB card with
+# activations; ZeRO-3 + offload keeps ~2 B/param. The ratios in between are the point of the stage.
+GPU_MODES = ModesSetting("llama-3.2-1b", 4, 1024, True, (0.5, 0.25))
+DRY_MODES = ModesSetting("gpt2-small-demo", 2, 128, False, (0.5,), steps=3)
 
 
 @dataclass(frozen=True)

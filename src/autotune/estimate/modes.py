@@ -12,9 +12,9 @@ Partial optimizer offload (ZeRO-3 + CPU optimizer offload, offload_optimizer.rat
   creates next to the master weights: 4 + 4 + 8 = 16 bytes per element, resident. The same 16 bytes per element
   leave the host: DeepSpeed's own ZeRO-3 host figure for optimizer offload is 16 bytes per parameter
   (stage3.py:4042, `estimate_zero3_model_states_mem_needs`), and its device figure without offload is 18 against
-  2 with it (stage3.py:4039/4046). The device share is int((1 - r) * n) / n (autotune.modes.offloaded_fraction),
-  n = the sub-groups that dsconfig's sub_group_size gives (modes.RATIO_STEPS). The backup optimizer steps one
-  sub-group at a time (stage3.py:1235-1258) with torch's default foreach AdamW on CUDA: one fp32 temporary per
+  2 with it (stage3.py:4039/4046). The device keeps the first int((1 - r) * n) of the n sub-groups that
+  dsconfig's sub_group_size cuts, the embedding first (`partial_offload_device_elements`). The backup optimizer
+  steps one sub-group at a time (stage3.py:1235-1258) with torch's default foreach AdamW on CUDA: one fp32 temporary per
   element of that sub-group (knobs.OPTIMIZER_STEP_TEMPORARY_BYTES["torch_foreach"]).
 ZenFlow (ZeRO-1/2 + CPU optimizer offload):
   every rank keeps, for each matrix, the top-k columns' gradient (`param.selected_grad`,
@@ -94,8 +94,38 @@ class ModeMemory:
         return sum(self.host_components.values())
 
 
+def partial_offload_device_elements(
+    ratio: float, per_rank: int, first_param_per_rank: int = 0, tensor_per_rank: int = 0, steps: int = RATIO_STEPS
+) -> int:
+    """Elements of one rank's fp32 partition that DeepSpeed keeps on the device for `ratio`.
+
+    DeepSpeed cuts sub-groups in parameter order and closes one as soon as it reaches sub_group_size
+    (stage3.py:1221-1226), so a parameter larger than sub_group_size is a sub-group of its own, and the device gets
+    the FIRST int((1 - ratio) * n) sub-groups (stage3.py:1105); this counts one sub-group more (see below).
+    HF models register the token embedding first
+    (GPT-2 `wte`, Llama `embed_tokens`, T5 `shared`): 20-40% of a small model's parameters, far over the 1/steps
+    share dsconfig sizes sub-groups for. So the first sub-group is max(embedding, sub_group_size) and the rest are
+    cut a little past sub_group_size: a sub-group closes on the tensor that crosses the size, overshooting by half a
+    layer tensor on average (`tensor_per_rank`: the MLP matrix, hidden x intermediate, a layer's largest). Checked
+    against DeepSpeed's own cut on GPT-2 in tests/test_modes.py. Non-decreasing as the ratio falls, so the GPU
+    estimate stays monotone for the search's bisection.
+    """
+    if ratio >= 1.0 or per_rank <= 0:
+        return 0
+    size = max(1, math.ceil(per_rank / steps))  # dsconfig's sub_group_size (autotune.modes.ratio_sub_group_size)
+    first = min(per_rank, max(first_param_per_rank, size))
+    size += min(size, tensor_per_rank) // 2
+    sub_groups = 1 + math.ceil((per_rank - first) / size)
+    on_device = int((1.0 - ratio) * sub_groups)
+    if on_device == 0:
+        return 0
+    # One sub-group more than the cut above gives: the real count is off by one either way (a sub-group that
+    # overshoots more, or a tiny trailing one of the last norms), and a false "fits" costs a failed launch.
+    return min(per_rank, first + on_device * size)
+
+
 def partial_offload_device_share(ratio: float, steps: int = RATIO_STEPS) -> float:
-    """The share of the optimizer states that stays on the device for `ratio`, as DeepSpeed cuts it."""
+    """The device share for `ratio` with equal sub-groups (no parameter larger than a sub-group)."""
     return 1.0 - offloaded_fraction(ratio, steps)
 
 
@@ -121,12 +151,16 @@ def mode_memory(
     host: dict[str, int] = {}
     step_temporary = 0
     if mode.offload_ratio != 1.0:
-        share = partial_offload_device_share(mode.offload_ratio)
-        moved = round(PARTIAL_OFFLOAD_DEVICE_BYTES * share * per_rank)
+        # the token embedding is the first parameter, and trainable only when the whole model is
+        first = math.ceil(model.embedding_params / world) if trainable == model.total_params else 0
+        tensor = math.ceil(model.hidden_size * model.intermediate_size / world)
+        on_device = partial_offload_device_elements(mode.offload_ratio, per_rank, first, tensor)
+        moved = PARTIAL_OFFLOAD_DEVICE_BYTES * on_device
         device["partial_offload_states"] = moved
         host["partial_offload_host_saving"] = -moved
-        if share > 0:
-            sub_group = math.ceil(per_rank / RATIO_STEPS)
+        if on_device > 0:
+            # one step call per sub-group; the largest on the device is the first (the embedding, or a full one)
+            sub_group = min(per_rank, max(first, math.ceil(per_rank / RATIO_STEPS)))
             step_temporary += OPTIMIZER_STEP_TEMPORARY_BYTES["torch_foreach"] * sub_group
     if mode.zenflow:
         device["zenflow_selected_states"] = round(3 * weight_bytes * ZENFLOW_TOPK_RATIO * trainable)

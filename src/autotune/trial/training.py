@@ -403,8 +403,13 @@ def engine_mode_facts(engine: Any) -> dict:
     if groups:
         backup = getattr(engine.optimizer, "backup_optimizer", None)
         stepped_on_device = backup.state if backup is not None else {}
+        placement = getattr(engine.optimizer, "subgroup_to_device", None) or {}
         facts["sub_groups"] = len(groups)
-        facts["elements"] = sum(int(group.numel()) for group in groups)
+        facts["sub_group_elements"] = [int(group.numel()) for group in groups]
+        facts["elements"] = sum(facts["sub_group_elements"])
+        # stage3.py:1099-1108 places sub-groups on get_accelerator()._name or 'cpu'; on the CPU backend both are
+        # 'cpu', so there every sub-group is stepped by DeepSpeedCPUAdam whatever the ratio
+        facts["sub_groups_on_accelerator"] = sum(1 for device in placement.values() if device != "cpu")
         facts["device_stepped_elements"] = sum(int(group.numel()) for group in groups if group in stepped_on_device)
     return facts
 
