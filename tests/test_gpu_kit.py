@@ -118,6 +118,36 @@ def test_unknown_stage_is_refused_in_one_line() -> None:
     assert "unknown stage(s) nope" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_modes_stage_runs_zero3_offload_and_partial_ratios_beside_each_other(kit_module, tmp_path: Path) -> None:
+    """Issue 19: ZeRO-3, ZeRO-3 + offload and partial offload (the set ratios and the smallest predicted to fit)."""
+    trials = FakeTrials()
+    kit = _kit(kit_module, tmp_path, trials)
+    kit_module.stage_modes(kit)
+    section = kit.data["modes"]
+    ratio = section["smallest_fitting_ratio"]
+    assert ratio is not None and 0.0 <= ratio <= 1.0
+    rows = section["rows"]
+    every = [spec.ds_config["zero_optimization"] for spec in trials.specs]
+    others = every[len(every) - len(kit_module.DRY_MODES.others) :]
+    assert [c["stage"] for c in others] == [rung.stage for rung, _ in kit_module.DRY_MODES.others]
+    assert "zenflow" in others[0]
+    configs = every[: len(every) - len(others)]
+    assert [c["stage"] for c in configs] == [3] * len(configs)
+    ratios = {c.get("offload_optimizer", {}).get("ratio") for c in configs}
+    assert None in ratios and {*kit_module.DRY_MODES.ratios} <= ratios  # ZeRO-3 has no offload section
+    partial = [c for c in configs if c.get("offload_optimizer", {}).get("ratio") is not None]
+    assert all("sub_group_size" in c for c in partial)
+    assert len(rows) == len(trials.specs) and section["summary"]["fastest_that_ran"] in rows
+
+
+def test_smallest_fitting_ratio_falls_as_the_card_grows(kit_module) -> None:
+    setting = kit_module.ModesSetting("gpt2", 2, 256, True, ())
+    ratios = [kit_module.smallest_fitting_ratio(setting, limit, "cuda") for limit in (3 * GiB, 4 * GiB, 80 * GiB)]
+    assert ratios[-1] == 0.0
+    known = [r for r in ratios if r is not None]
+    assert known == sorted(known, reverse=True)
+
+
 @pytest.mark.slow
 def test_dry_run_exercises_every_stage_for_real(tmp_path: Path) -> None:
     """The kit end to end on the CPU backend with tiny models: what CI runs so the kit does not rot."""
@@ -138,3 +168,8 @@ def test_dry_run_exercises_every_stage_for_real(tmp_path: Path) -> None:
     assert data["tune"]["exit_code"] == 0 and data["tune"]["rerun"]["status"] == "ok"
     assert data["grid"]["complete"] and "tune_choice_vs_grid_best" in data["grid"]["summary"]
     assert data["side_by_side"]["exit_code"] == 0
+    modes = data["modes"]
+    assert modes["smallest_fitting_ratio"] is not None
+    assert all(row["status"] == "ok" for row in modes["rows"].values())
+    partial = [row for row in modes["rows"].values() if row["mode"]["offload_ratio"] != 1.0]
+    assert partial and all(row["engine_facts"]["offload_ratio"] == row["mode"]["offload_ratio"] for row in partial)

@@ -416,13 +416,14 @@ def smallest_fitting_ratio(setting: ModesSetting, limit_bytes: int, device: str)
 
 
 def mode_points(setting: ModesSetting, fitting_ratio: float | None) -> list[MemoryPoint]:
-    """ZeRO-3, ZeRO-3 + full offload, and partial offload at the set ratios plus the smallest that fits."""
+    """ZeRO-3, ZeRO-3 + full offload, partial offload at the set ratios plus the smallest that fits, the others."""
     ratios = sorted({*setting.ratios, *([fitting_ratio] if fitting_ratio is not None else [])} - {1.0})
     base = (setting.model, setting.micro_batch, setting.seq_len, setting.grad_checkpointing)
     return [
         MemoryPoint(base[0], Rung.Z3, *base[1:]),
         MemoryPoint(base[0], Rung.Z3_OFFLOAD_OPT, *base[1:]),
         *(MemoryPoint(base[0], Rung.Z3_OFFLOAD_OPT, *base[1:], mode=ratio_mode(r)) for r in ratios),
+        *(MemoryPoint(base[0], rung, *base[1:], mode=mode) for rung, mode in setting.others),
     ]
 
 
@@ -460,6 +461,7 @@ def _modes_summary(rows: dict) -> dict:
             {
                 "config": row["key"],
                 "offload_ratio": row["mode"]["offload_ratio"] if row["rung"] == Rung.Z3_OFFLOAD_OPT.value else None,
+                "mode": row["mode"],
                 "status": row["status"],
                 "predicted_fits": row["predicted_fits"],
                 "predicted_bytes": row["predicted_bytes"],
