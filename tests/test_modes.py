@@ -23,6 +23,8 @@ from autotune.modes import (
     ModeFacts,
     applicable_modes,
     considered_modes,
+    facts_for,
+    is_superchip,
     mode_applies,
     mode_trial_verifiable,
     offloaded_fraction,
@@ -341,3 +343,15 @@ def test_mode_terms_carry_a_margin() -> None:
         0.10 * result.gpu_components["partial_offload_states"], rel=0.01
     )
     assert replace(result.candidate, mode=Mode()).mode.is_classic
+
+
+def test_facts_for_a_target_find_superchips_by_profile() -> None:
+    from autotune.hardware import resolve_gpu_type
+
+    gh200 = Target(resolve_gpu_type("gh200"), gpus_per_node=4, nodes=2, free_memory_bytes=90 * GiB)
+    facts = facts_for(gh200, "cuda")
+    assert facts.superchip and facts.world_size == 8
+    assert not facts_for(gh200, "cpu").superchip
+    h100 = Target(resolve_gpu_type("h100-80gb"), gpus_per_node=8, free_memory_bytes=80 * GiB)
+    assert not facts_for(h100, "cuda").superchip
+    assert is_superchip("", "NVIDIA GH200 480GB")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autotune.hardware import Target
 from autotune.ladder import Mode, Rung
 
 # The ratio is searched in steps of 1/RATIO_STEPS, and the emitted sub_group_size cuts each rank's parameters into
@@ -92,6 +93,29 @@ class ModeFacts:
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+# GPUs that share a coherent NVLink-C2C link with their host CPU (NVIDIA Grace Hopper / Grace Blackwell), the
+# hardware SuperOffload is built for (DeepSpeed SuperOffload tutorial and arXiv:2509.21271: GH200, GB200). AMD's
+# MI300A is a superchip too, but superoffload_stage3.py:23 asserts CUDA. Matched in the GPU's profile key or name
+# (profiles/hardware/gh200.json; a probe reports e.g. "NVIDIA GH200 480GB").
+SUPERCHIP_MARKERS = ("gh200", "gb200", "grace")
+
+
+def is_superchip(gpu_key: str, gpu_name: str) -> bool:
+    text = f"{gpu_key} {gpu_name}".lower()
+    return any(marker in text for marker in SUPERCHIP_MARKERS)
+
+
+def facts_for(target: Target, device: str, ds_optimizer: bool = True) -> ModeFacts:
+    """ModeFacts for a planning or tuning target: its layout, backend and whether its GPU is a superchip."""
+    return ModeFacts(
+        nodes=target.nodes,
+        gpus_per_node=target.gpus_per_node,
+        device="cpu" if device == "cpu" else "cuda",
+        superchip=device != "cpu" and is_superchip(target.gpu.key, target.gpu.name),
+        ds_optimizer=ds_optimizer,
+    )
 
 
 @dataclass(frozen=True)
