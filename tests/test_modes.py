@@ -26,6 +26,7 @@ from autotune.modes import (
     facts_for,
     is_superchip,
     mode_applies,
+    mode_from_zero_section,
     mode_trial_verifiable,
     offloaded_fraction,
     ratio_grid,
@@ -355,3 +356,13 @@ def test_facts_for_a_target_find_superchips_by_profile() -> None:
     h100 = Target(resolve_gpu_type("h100-80gb"), gpus_per_node=8, free_memory_bytes=80 * GiB)
     assert not facts_for(h100, "cuda").superchip
     assert is_superchip("", "NVIDIA GH200 480GB")
+
+
+def test_a_users_zero_section_reads_back_as_the_mode_that_wrote_it() -> None:
+    settings = TrainSettings(world_size=16, trainable_params=1_000_000_000)
+    for facts in (TWO_NODES, GH200):
+        for rung in LADDER:
+            for mode in applying(rung, facts):
+                zero = build_ds_config(Candidate(rung, 1, False, mode), replace(settings, world_size=facts.world_size))
+                assert mode_from_zero_section(zero["zero_optimization"]) == mode
+    assert mode_from_zero_section({"stage": 3}).is_classic

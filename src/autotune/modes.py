@@ -311,3 +311,17 @@ def mode_trial_verifiable(mode: Mode, facts: ModeFacts) -> bool:
     if mode.super_offload:
         families.append(SUPER_OFFLOAD)
     return _zpp_verifiable(mode, facts) and all(_verifiable(family, facts) for family in families)
+
+
+def mode_from_zero_section(zero: dict) -> Mode:
+    """The Mode a user's `zero_optimization` section runs (the inverse of dsconfig.mode_fields), for `check`."""
+    offload = zero.get("offload_optimizer") or {}
+    hpz = zero.get("zero_hpz_partition_size", 1)
+    return Mode(
+        offload_ratio=float(offload.get("ratio", 1.0)) if offload.get("device", "none") != "none" else 1.0,
+        zenflow=zero.get("zenflow") is not None,
+        hpz_partition_size=int(hpz) if hpz not in (None, "auto", 0) else 1,
+        quantized_weights=bool(zero.get("zero_quantized_weights", False)),
+        quantized_gradients=bool(zero.get("zero_quantized_gradients", False)),
+        super_offload=bool(offload.get("super_offload", False)),
+    )
