@@ -75,9 +75,10 @@ def _points(malloc: str, *rows: tuple) -> list[Point]:
 # Partial optimizer offload (issue 19) between ZeRO-3 and ZeRO-3 + offload, ratios 0 and 0.5 beside the classic
 # z3+offload_opt rows above (ratio 1). On the CPU backend the "GPU" and the host are one process, so the ratio
 # moves bytes within the same RSS; what these rows check is that the memory model's mode terms keep the sum right.
+# gpt2 (124M) on 2 ranks was tried too (2026-11-23) and hit the 600 s trial timeout on the shared machine (load 8).
 PARTIAL_OFFLOAD_POINTS = [
     Point("gpt2-small-demo", Rung.Z3_OFFLOAD_OPT, 4, 256, False, 1, "mmap64k", ratio) for ratio in (0.0, 0.5, 1.0)
-] + [Point("gpt2", Rung.Z3_OFFLOAD_OPT, 2, 128, True, 2, "mmap64k", ratio) for ratio in (0.0, 0.5)]
+]
 
 
 # About 20 trials: 10-15 minutes on two (shared) cores.
