@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autotune.hardware import GpuSpec, resolve_gpu_type
-from autotune.ladder import Candidate, Rung
+from autotune.ladder import Candidate, Mode, Rung
 from autotune.models import ModelSummary
 from autotune.trial.types import RankMetrics, TrialResult
 
@@ -70,9 +70,13 @@ TRIAL_STEPS = 2 + 5  # warm-up + measured optimizer steps of one trial (autotune
 # (runtime/zero/stage3.py:1103-1108). GPU sub-groups keep fp32 master weights, momentum and variance on the GPU
 # and are stepped there by a torch AdamW "backup optimizer" (stage3.py:313-325, 1252-1255); CPU sub-groups by CPU
 # Adam; the step visits the sub-groups one after the other (stage3.py:2910-2922), so the GPU and CPU parts add.
-# SIM: sub-groups per rank. The number follows from sub_group_size (elements); the benchmark's search is told
-# the resulting real settings (k / SUB_GROUPS), and the simulator applies DeepSpeed's int() rule to any ratio.
-SUB_GROUPS = 10
+# Sub-groups per rank: the config autotune emits sets sub_group_size to 1/20 of a rank's parameters
+# (autotune.modes.RATIO_STEPS, ratio_sub_group_size), so the simulated job has 20; the simulator applies
+# DeepSpeed's int() rule to whatever ratio it is given. A device sub-group keeps its fp32 master weights, fp32
+# gradient (stage3.py:1337-1342 moves the gradient buffer to the sub-group's device) and the backup AdamW's two
+# moments there: 16 bytes per element.
+SUB_GROUPS = 20
+PARTIAL_OFFLOAD_DEVICE_BYTES = 16
 # ZeRO++ (Wang et al. 2023, "ZeRO++: Extremely Efficient Collective Communication for Giant Model Training",
 # arXiv:2306.10209, sections 3.1-3.3 and Table 1): qwZ all-gathers forward weights as int8 (half of bf16, plus
 # block scales: 1 fp32 scale per 2048-element block, DeepSpeed's default group size); hpZ keeps a secondary bf16
@@ -162,6 +166,11 @@ WORKSTATION_4090 = NodeType(
 )
 
 
+def models_mode(mode: Mode) -> bool:
+    """Whether the simulator has a model of `mode`: partial offload and ZeRO++ yes; ZenFlow and SuperOffload no."""
+    return not (mode.zenflow or mode.super_offload)
+
+
 @dataclass(frozen=True)
 class StepCost:
     """Seconds of one micro-step and of the once-per-optimizer-step work, per rank."""
@@ -226,7 +235,7 @@ class SimulatedCluster:
     def _check_mode(self, candidate: Candidate) -> None:
         """The simulator models partial offload and ZeRO++ only; anything else would be silently wrong."""
         mode = candidate.mode
-        if mode.zenflow or mode.super_offload:
+        if not models_mode(mode):
             raise ValueError(f"the simulator has no model of {mode.label}")
         zero_plus_plus = mode.hpz_partition_size != 1 or mode.quantized_weights or mode.quantized_gradients
         if zero_plus_plus and candidate.rung.stage != 3:
@@ -329,7 +338,7 @@ class SimulatedCluster:
         else:
             states = GRAD_BYTES * p / n  # parameters offloaded; gradient partition before it is copied out
         if rung.offload_optimizer == "cpu":  # a partial ratio keeps its GPU sub-groups' optimizer states there
-            states += (1 - self.offloaded_fraction(candidate)) * OPTIMIZER_BYTES * p / n
+            states += (1 - self.offloaded_fraction(candidate)) * PARTIAL_OFFLOAD_DEVICE_BYTES * p / n
         hpz = candidate.mode.hpz_partition_size
         if hpz > 1:  # hpZ's secondary copy of the bf16 weights, partitioned inside the node (ZeRO++ section 3.2)
             states += WEIGHT_BYTES * p / hpz

@@ -481,6 +481,9 @@ class Search:
         return "" if beatable else why
 
     def run_search(self) -> SearchOutcome:
+        """The classic ladder first, exactly as without modes; then each applicable mode on its rung, from the
+        budget left (a mode never takes a trial the classic ladder would have had); then the close-call check
+        over everything measured, modes included."""
         groups = [(rung, ckpt) for rung in self.rungs for ckpt in (False, True)]
         options = self._consider_modes()
         for index, (rung, ckpt) in enumerate(groups):
@@ -489,6 +492,7 @@ class Search:
                     self._skip(rest_rung, rest_ckpt, f"not tried: {reason}")
                 break
             self._classic_group(rung, ckpt)
+        for rung, ckpt in groups:
             for choice, record in options.get(rung, []):
                 self._mode_group(rung, ckpt, choice, record)
         self._settle_close_call()
@@ -571,7 +575,9 @@ class Search:
         return ratios or [mode.offload_ratio]
 
     def _fits(self, candidate: Candidate) -> bool:
-        return check_fit(self._estimate(candidate), self.target, self.limits.headroom).fits
+        """The calibrated point prediction within the limit: a trial confirms it (an OOM moves the ratio up), so
+        the spread a plan-only answer must allow for (check_fit's margin) would only buy a slower ratio."""
+        return self._estimate(candidate).gpu_peak_bytes <= self.limit_bytes
 
     def _ratio_fits(self, rung: Rung, mb: int, ckpt: bool) -> Callable[[float], bool]:
         """Whether the calibrated memory model says partial offload at ratio r fits (for the bisection)."""
