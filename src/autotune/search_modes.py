@@ -85,11 +85,18 @@ class ModeRecord:
     samples_per_s: float | None = None  # best measured of this mode on this rung
     trials: int = 0  # trials launched for it (cached replays not counted)
 
+    @property
+    def label(self) -> str:
+        """The mode in words; an offload ratio only once the search settled on one (measured or planned)."""
+        if is_ratio_mode(self.mode) and self.status not in ("measured", "planned"):
+            return "partial offload (offload ratio searched)"
+        return self.mode.label or "classic"
+
     def to_dict(self) -> dict:
         return {
             "rung": self.rung.value,
             "mode": self.mode.to_dict(),
-            "label": self.mode.label or "classic",
+            "label": self.label,
             "applies": self.applies,
             "reason": self.reason,
             "trial_verifiable": self.trial_verifiable,

@@ -17,6 +17,8 @@ from autotune.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.environment import deepspeed_accelerator, preserved_environment
 from autotune.errors import NothingFitsError, TrialsFailedError, UserError
 from autotune.ladder import Candidate
+from autotune.modes import ModeFacts, considered_modes, ratio_grid
+from autotune.optimizers import optimizer_kind
 from autotune.paths import cache_dir
 from autotune.recommend import host_line, passed_over_line, recommend
 from autotune.report import write_report
@@ -114,6 +116,23 @@ def script_launcher(request: TuneRequest) -> TrialLauncher | None:
     return ScriptLauncher(request.command)
 
 
+# Superchips: host and GPU share a coherent link, what SuperOffload is built for (profiles/hardware/gh200.json:
+# "NVLink-C2C 900 GB/s to Grace CPU"; deepspeed runtime/superoffload/). Hardware profile keys.
+SUPERCHIPS = frozenset({"gh200"})
+
+
+def mode_facts(ctx: TuneContext) -> ModeFacts:
+    """What autotune.modes needs to decide which modes apply to this tuning run."""
+    request = ctx.request
+    return ModeFacts(
+        nodes=ctx.target.nodes,
+        gpus_per_node=ctx.target.gpus_per_node,
+        device=request.device,
+        superchip=ctx.target.gpu.key in SUPERCHIPS,
+        ds_optimizer=optimizer_kind(request.optimizer).ds_type is not None,
+    )
+
+
 def _search(
     ctx: TuneContext, cache: ResultsCache | None, launcher: TrialLauncher, observe: Callable[[SearchEvent], None]
 ) -> SearchOutcome:
@@ -129,6 +148,7 @@ def _search(
         return result, False
 
     request = ctx.request
+    facts = mode_facts(ctx)
     search = Search(
         ctx.model,
         ctx.target,
@@ -139,6 +159,8 @@ def _search(
         SearchLimits(request.max_trials, request.time_budget_s, request.headroom),
         observe,
         global_batch=request.global_batch,
+        modes=lambda rung: considered_modes(rung, facts),
+        offload_ratios=tuple(r for r in ratio_grid() if 0.0 < r < 1.0),
     )
     return search.run_search()
 
@@ -228,6 +250,7 @@ def _report_data(
         "margin": outcome.margin if outcome else None,  # best vs runner-up after re-measuring close calls
         "noise": outcome.noise if outcome else None,
         "calibration": outcome.calibration.to_dict() if outcome else None,
+        "modes": [m.to_dict() for m in outcome.modes] if outcome else [],  # issue 19: every mode considered
         "plan": plan_data,
         "elapsed_s": elapsed_s,
         "versions": library_versions(),
