@@ -254,3 +254,23 @@ def test_mode_record_names_the_ratio_only_once_settled() -> None:
     assert record.to_dict()["label"] == "partial offload (offload ratio searched)"
     record.status, record.mode = "measured", Mode(offload_ratio=0.35)
     assert record.to_dict()["label"] == "offload ratio 0.35"
+
+
+@pytest.mark.parametrize(
+    ("name", "mode_part"), [("partial-offload-beats-neighbours", "ratio"), ("zeropp-wins-across-nodes", "hpz")]
+)
+def test_simulated_cluster_where_a_mode_is_the_answer_and_the_search_finds_it(monkeypatch, name, mode_part) -> None:
+    """benchmarks/gpu_sim: its own physics of partial offload and ZeRO++ (not autotune's memory model); the
+    exhaustive reference includes every mode setting, and the classic ladder alone is measurably slower."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from gpu_sim.scenarios import SCENARIOS
+    from search_quality import run_scenario
+
+    row = run_scenario(next(s for s in SCENARIOS if s.name == name))
+    exhaustive, ours = row["exhaustive"], row["autotune"]
+    assert exhaustive["samples_per_s"] > 1.05 * exhaustive["classic_best"]["samples_per_s"]
+    assert mode_part in exhaustive["pick"] and mode_part in ours["pick"]
+    assert ours["quality"] >= 0.999, ours["tried"]
+    assert ours["trials"] <= ours["budget"]
