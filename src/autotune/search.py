@@ -663,7 +663,7 @@ class Search:
                     best.candidate.grad_checkpointing,
                 )
                 record.samples_per_s, record.predicted_peak_bytes = best.result.samples_per_s, best.predicted_peak_bytes
-                record.detail = f"best measured: {best.candidate.describe()}"
+                record.detail = f"{len(ran)} trial(s); fastest: {best.candidate.describe()}"
             elif ran:
                 record.status = "no fit"
                 record.detail = "tried: " + ", ".join(f"{t.candidate.key} {t.result.status}" for t in ran)
