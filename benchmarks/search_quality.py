@@ -192,7 +192,7 @@ def table(rows: list[dict]) -> str:
         ex, ours, ds = r["exhaustive"], r["autotune"], r["ds_autotuning"]
         classic = ex["classic_best"]
         modes = sum(ours["mode_trials"].values())
-        found = "yes" if ours["quality"] >= 0.999 else "no"
+        found = "yes" if ours["pick"] == ex["pick"] else f"no ({1 - ours['quality']:.1%} slower)"
         lines.append(
             f"| {r['scenario']} | {ex['pick']} ({ex['samples_per_s']:.1f}/s) | {classic['pick']}"
             f" ({classic['samples_per_s']:.1f}/s) | {ours['pick']} | {found} | {ours['quality']:.3f}"

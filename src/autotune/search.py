@@ -33,11 +33,12 @@ MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
 RULED_OUT_MARGIN = 0.15  # skip without a trial only when the prediction is this far over the limit
 TRY_MARGIN = 0.10  # a micro-batch predicted within this much over the limit is still worth a trial
 # Offload-ratio knob (issue 19), a budget choice, not a claim about speed: at most this many micro-batches per
-# (rung, checkpointing), each with at most this many trials (the predicted smallest fitting ratio, then one step
-# up after an OOM or one step down when the calibrated model allows it). Worst case 2 x 2 = 4 extra trials per
-# checkpointing setting; usually 1-2 (benchmarks/README.md, search quality).
+# (rung, checkpointing), each with at most this many trials (the predicted smallest fitting ratio; after a miss,
+# the next ratio up that the OOM-calibrated model, or two measured peaks, say fits; after a fit, one step down
+# when the calibrated model allows it). Worst case 2 x 3 = 6 extra trials per checkpointing setting; usually
+# 1-2 (benchmarks/README.md, search quality).
 RATIO_MICRO_BATCHES = 2
-RATIO_TRIES = 2
+RATIO_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -619,16 +620,20 @@ class Search:
         self, rung: Rung, ckpt: bool, mb: int, ratio: float, ratios: list[float]
     ) -> tuple[float | None, float | None]:
         """Up to RATIO_TRIES trials at one micro-batch: an OOM at ratio r moves the next try up (the smallest
-        larger ratio the OOM-calibrated model says fits); a fit lets the calibrated model try one smaller ratio.
-        Returns the smallest ratio that ran within the headroom and its measured speed."""
+        larger ratio the OOM-calibrated model says fits, or, once two trials here reported peaks, the one the line
+        through those peaks says fits: GPU memory is linear in the offloaded share); a fit lets the calibrated
+        model try one smaller ratio. Returns the smallest ratio that ran within the headroom and its speed."""
         fitted: float | None = None
         failed: float | None = None
         speed: float | None = None
         current: float | None = ratio
+        peaks: dict[float, int] = {}  # ratio -> measured peak at this micro-batch
         for _ in range(RATIO_TRIES):
             if current is None or self._stop_if_spent():
                 break
             record = self._trial(Candidate(rung, mb, ckpt, Mode(offload_ratio=current)))
+            if record.result.peak_memory_bytes:
+                peaks[current] = record.result.peak_memory_bytes
             if record.within_headroom:
                 self._consider_best(record)
                 fitted, speed = current, record.result.samples_per_s
@@ -637,10 +642,25 @@ class Search:
             elif record.memory_failure and not record.over_host_headroom:
                 failed = current
                 higher = [r for r in ratios if r > current and (fitted is None or r < fitted)]
-                current = smallest_fitting_ratio(higher, self._ratio_fits(rung, mb, ckpt))
+                if (needed := self._ratio_from_peaks(peaks)) is not None:
+                    higher = [r for r in higher if r >= needed] or higher[-1:]
+                current = smallest_fitting_ratio(higher, self._ratio_fits(rung, mb, ckpt)) or (
+                    higher[0] if needed is not None and higher else None
+                )
             else:
                 break
         return fitted, speed
+
+    def _ratio_from_peaks(self, peaks: dict[float, int]) -> float | None:
+        """The ratio at which the line through the two latest measured peaks meets the limit; None with fewer
+        than two points or a line that does not fall as the ratio rises (noise)."""
+        if len(peaks) < 2:
+            return None
+        (r1, p1), (r2, p2) = list(peaks.items())[-2:]
+        if r1 == r2 or (p2 - p1) / (r2 - r1) >= 0:
+            return None
+        slope = (p2 - p1) / (r2 - r1)
+        return r2 + (self.limit_bytes - p2) / slope
 
     def _finish_mode_records(self) -> None:
         """Each verifiable mode's record takes its best measured trial (or says why nothing of it fitted)."""
