@@ -102,7 +102,9 @@ class FakeMachine:
         return result, False
 
 
-def _search(machine: FakeMachine, memory: FakeMemory, options, rungs, max_trials: int = 30) -> Search:
+def _search(
+    machine: FakeMachine, memory: FakeMemory, options, rungs, max_trials: int = 30, headroom: float = 1.0
+) -> Search:
     model = summarize(resolve_model("gpt2"))
     target = Target(generic_gpu(machine.memory_bytes), 1, 1, machine.memory_bytes, 512 * GIB, None, True)
     return Search(
@@ -112,7 +114,7 @@ def _search(machine: FakeMachine, memory: FakeMemory, options, rungs, max_trials
         machine.run,
         rungs,
         GRID,
-        SearchLimits(max_trials=max_trials, headroom=1.0),
+        SearchLimits(max_trials=max_trials, headroom=headroom),
         modes=lambda rung: options.get(rung, []),
         offload_ratios=RATIOS,
         memory=memory.model(),
@@ -169,6 +171,23 @@ def test_an_oom_at_ratio_r_moves_the_next_try_up_and_calibrates() -> None:
     assert following.mode.offload_ratio > first.mode.offload_ratio
     assert first in memory.oom_calibrations
     assert all(t.within_headroom or t.memory_failure for t in outcome.trials)
+
+
+def test_two_measured_peaks_over_the_headroom_move_the_ratio_by_their_line() -> None:
+    """The model's slope is half the truth's (12 vs 24 GiB of optimizer states): stepping up one ratio at a time
+    by the model would miss again; the line through the two measured peaks lands on the smallest ratio that fits.
+    Limit 16 GiB (80% of 20): at micro-batch 8 the truth needs 4 + 24 (1 - r) + 8 <= 16, r >= 5/6 -> 0.85."""
+    machine = FakeMachine(memory_bytes=20 * GIB, optimizer_gib=24.0)
+    search = _search(machine, FakeMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT], headroom=0.8)
+    outcome = search.run_search()
+    at_8 = [
+        t
+        for t in outcome.trials
+        if is_ratio_mode(t.candidate.mode) and t.candidate.micro_batch == 8 and not t.candidate.grad_checkpointing
+    ]
+    assert [t.candidate.mode.offload_ratio for t in at_8] == [0.7, 0.75, 0.85]
+    assert [t.within_headroom for t in at_8] == [False, False, True]
+    assert all(t.result.peak_memory_bytes for t in at_8[:2])  # over the headroom, not OOM: their peaks are known
 
 
 def test_modes_that_cannot_run_here_are_planned_listed_and_never_picked() -> None:
