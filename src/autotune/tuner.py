@@ -17,7 +17,7 @@ from autotune.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.environment import deepspeed_accelerator, preserved_environment
 from autotune.errors import NothingFitsError, TrialsFailedError, UserError
 from autotune.ladder import Candidate
-from autotune.modes import ModeFacts, considered_modes, ratio_grid
+from autotune.modes import ModeFacts, considered_modes, facts_for, ratio_grid
 from autotune.optimizers import optimizer_kind
 from autotune.paths import cache_dir
 from autotune.recommend import host_line, passed_over_line, recommend
@@ -116,21 +116,10 @@ def script_launcher(request: TuneRequest) -> TrialLauncher | None:
     return ScriptLauncher(request.command)
 
 
-# Superchips: host and GPU share a coherent link, what SuperOffload is built for (profiles/hardware/gh200.json:
-# "NVLink-C2C 900 GB/s to Grace CPU"; deepspeed runtime/superoffload/). Hardware profile keys.
-SUPERCHIPS = frozenset({"gh200"})
-
-
 def mode_facts(ctx: TuneContext) -> ModeFacts:
     """What autotune.modes needs to decide which modes apply to this tuning run."""
     request = ctx.request
-    return ModeFacts(
-        nodes=ctx.target.nodes,
-        gpus_per_node=ctx.target.gpus_per_node,
-        device=request.device,
-        superchip=ctx.target.gpu.key in SUPERCHIPS,
-        ds_optimizer=optimizer_kind(request.optimizer).ds_type is not None,
-    )
+    return facts_for(ctx.target, request.device, ds_optimizer=optimizer_kind(request.optimizer).ds_type is not None)
 
 
 def _search(
