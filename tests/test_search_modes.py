@@ -363,3 +363,25 @@ def test_partial_offload_tuned_for_real_on_the_cpu_backend(tmp_path) -> None:
     partial = [t for t in result.report["trials"] if t["candidate"].get("mode")]
     assert partial and all(t["result"]["status"] == "ok" for t in partial), partial
     assert any(m["status"] == "measured" and m["trial_verifiable"] for m in result.report["modes"])
+
+
+def test_mode_trials_come_back_from_the_results_cache_and_bad_modes_do_not(tmp_path, caplog) -> None:
+    """A cached mode trial is replayed (not measured again); a stored mode with a wrong field is skipped."""
+    import json
+    import logging
+    import sqlite3
+
+    from autotune.cache import ResultsCache
+
+    cache = ResultsCache(tmp_path / "results.sqlite")
+    partial = Candidate(Rung.Z3_OFFLOAD_OPT, 4, False, Mode(offload_ratio=0.35))
+    result = TrialResult(
+        status="ok", ranks=[RankMetrics(0, device_used_bytes=GIB)], step_times_s=[1.0], samples_per_s=3.0
+    )
+    cache.put_trial("k", partial, result)
+    bad = {**partial.to_dict(), "mode": {**partial.mode.to_dict(), "offload_ratio": "0.35"}}
+    with sqlite3.connect(cache.path) as db:
+        db.execute("INSERT INTO trials VALUES ('k', ?, ?, 0)", (json.dumps(bad), json.dumps(result.to_dict())))
+    with caplog.at_level(logging.WARNING):
+        assert cache.trials("k") == {partial: result}
+    assert caplog.text.count("skipped a malformed cached trial") == 1
