@@ -350,6 +350,9 @@ def test_tune_passes_the_modes_to_the_search_and_writes_the_winning_ratio(tmp_pa
     assert any(not m["applies"] and "one node" in m["reason"] for m in modes)
     text = result.report_path.read_text()
     assert "## Modern modes" in text and "A mode won" in text
+    from autotune.report_plot import _trial_rows
+
+    assert any("ratio" in row["label"] for row in _trial_rows(result.report))  # the chart names the mode too
 
 
 @pytest.mark.slow
