@@ -77,17 +77,19 @@ def _modes_lines(data: dict[str, Any]) -> list[str]:
         )
     else:
         lines.append("No mode was measured here; the choice is from the classic ladder.")
-    if any(m["status"] == "planned" for m in modes):
+    if not data["verified"]:
+        lines.append("Plan only: every mode below is a prediction of the memory model, **not trial-verified**.")
+    elif any(m["status"] == "planned" for m in modes):
         lines.append(
             "Modes marked **not trial-verified** cannot run on this backend: their figures are predictions only,"
             " and they are never picked over a measured config."
         )
     lines += [
         "",
-        "| rung | mode | applies | why (not) | what the search did | micro-batch | predicted peak | samples/s |",
+        "| rung | mode | applies | why | what the search did | micro-batch | predicted peak | samples/s |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for m in modes:
+    for m in (m for m in modes if m["applies"]):
         status = m["status"] + ("" if m["trial_verifiable"] or not m["applies"] else " (not trial-verified)")
         did = f"{status}: {m['detail']}" if m.get("detail") else status
         mb = "" if m["micro_batch"] is None else f"{m['micro_batch']}{' ckpt' if m['grad_checkpointing'] else ''}"
@@ -99,6 +101,12 @@ def _modes_lines(data: dict[str, Any]) -> list[str]:
             f"| {m['rung']} | {m['label']} | {'yes' if m['applies'] else 'no'} | {m['reason']} | {did} | {mb or '-'}"
             f" | {peak} | {speed} |"
         )
+    not_applicable: dict[tuple[str, str], list[str]] = {}
+    for m in (m for m in modes if not m["applies"]):
+        not_applicable.setdefault((m["label"], m["reason"]), []).append(m["rung"])
+    if not_applicable:
+        lines += ["", "Not applicable here:", ""]
+        lines += [f"- {label} on {', '.join(rungs)}: {why}" for (label, why), rungs in not_applicable.items()]
     return lines
 
 

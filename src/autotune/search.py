@@ -507,6 +507,16 @@ class Search:
                 self.outcome.stop_message = "every rung was ruled out or failed"
         return self.outcome
 
+    def plan_modes(self) -> list[ModeRecord]:
+        """Plan-only (no trials on this machine): every mode considered on every rung, each applicable one
+        predicted as a not-trial-verified mode would be in a search; nothing is launched."""
+        for rung, options in self._consider_modes().items():
+            for ckpt in (False, True):
+                for choice, record in options:
+                    record.trial_verifiable = False
+                    self._plan_mode(rung, ckpt, choice.mode, record, "plan only: no trials on this machine")
+        return self.outcome.modes
+
     # -- modes beyond the classic ladder (issue 19) -------------------------------------------------
     def _consider_modes(self) -> dict[Rung, list[tuple[ModeChoice, ModeRecord]]]:
         """Ask, once per rung, which modes apply; every one considered gets a record in the outcome."""
@@ -535,7 +545,7 @@ class Search:
             self._search_mode(rung, ckpt, choice.mode, record)
         record.trials += self._launched - launched
 
-    def _plan_mode(self, rung: Rung, ckpt: bool, mode: Mode, record: ModeRecord) -> None:
+    def _plan_mode(self, rung: Rung, ckpt: bool, mode: Mode, record: ModeRecord, why: str = "") -> None:
         """Predicted only: the largest micro-batch the memory model says fits with the mode (for the offload
         ratio, the smallest ratio that fits there). Never a trial, never the pick."""
         if record.status == "planned" and record.grad_checkpointing is False:
@@ -553,7 +563,7 @@ class Search:
             return
         record.status, record.mode, record.micro_batch, record.grad_checkpointing = "planned", mode, top, ckpt
         record.predicted_peak_bytes = self._estimate(Candidate(rung, top, ckpt, mode)).gpu_peak_bytes
-        record.detail = "not trial-verified on this backend: predicted only, never picked over a measured config"
+        record.detail = why or "this backend cannot run it: predicted only"
 
     def _search_mode(self, rung: Rung, ckpt: bool, mode: Mode, record: ModeRecord) -> None:
         """A mode as an alternative on its rung: the same micro-batch search as a classic group, bounded only by

@@ -24,6 +24,7 @@ from autotune.recommend import host_line, passed_over_line, recommend
 from autotune.report import write_report
 from autotune.request import TuneRequest, output_path
 from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
+from autotune.search_modes import ModeRecord
 from autotune.stop import StopReason
 from autotune.training_choices import training_choices_report
 from autotune.trial.types import TrialLauncher, TrialResult
@@ -120,6 +121,28 @@ def mode_facts(ctx: TuneContext) -> ModeFacts:
     """What autotune.modes needs to decide which modes apply to this tuning run."""
     request = ctx.request
     return facts_for(ctx.target, request.device, ds_optimizer=optimizer_kind(request.optimizer).ds_type is not None)
+
+
+def _never_run(candidate: Candidate) -> tuple[TrialResult, bool]:
+    raise AssertionError(f"plan-only: no trial may run ({candidate.key})")
+
+
+def planned_modes(ctx: TuneContext) -> list[ModeRecord]:
+    """Plan-only: the modes considered per rung with the memory model's prediction, none trial-verified."""
+    request = ctx.request
+    facts = mode_facts(ctx)
+    search = Search(
+        ctx.model,
+        ctx.target,
+        ctx.settings,
+        _never_run,
+        ctx.rungs,
+        ctx.grid,
+        SearchLimits(request.max_trials, request.time_budget_s, request.headroom),
+        modes=lambda rung: considered_modes(rung, facts),
+        offload_ratios=tuple(r for r in ratio_grid() if 0.0 < r < 1.0),
+    )
+    return search.plan_modes()
 
 
 def _search(
@@ -239,7 +262,7 @@ def _report_data(
         "margin": outcome.margin if outcome else None,  # best vs runner-up after re-measuring close calls
         "noise": outcome.noise if outcome else None,
         "calibration": outcome.calibration.to_dict() if outcome else None,
-        "modes": [m.to_dict() for m in outcome.modes] if outcome else [],  # issue 19: every mode considered
+        "modes": [m.to_dict() for m in (outcome.modes if outcome else planned_modes(ctx))],  # issue 19
         "plan": plan_data,
         "elapsed_s": elapsed_s,
         "versions": library_versions(),
