@@ -437,7 +437,8 @@ class Search:
     def _settle_close_call(self) -> None:
         """When the two best differ by less than their measured step-time spread, re-measure both,
         interleaved (runner-up, then best), and decide on the mean; the margin goes in the outcome."""
-        fitted = {t.candidate for t in self.outcome.trials if t.within_headroom and t.result.samples_per_s}
+        # in trial order (not a set's hash order), so an exact tie resolves the same way in every process
+        fitted = dict.fromkeys(t.candidate for t in self.outcome.trials if t.within_headroom and t.result.samples_per_s)
         ranked = sorted(fitted, key=self._rank_key, reverse=True)
         if len(ranked) < 2:
             return
