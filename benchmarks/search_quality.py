@@ -1,9 +1,11 @@
 """Search quality on a simulated GPU cluster that does not share the search's beliefs.
 
 For every scenario in `gpu_sim/scenarios.py`: the exhaustive grid's best config (every rung x
-checkpointing x micro-batch, within the headroom), autotune's search, and DeepSpeed Autotuning's
-strategy (stage x micro-batch, no offload) on the same simulator. Reports pick throughput / exhaustive
-best and trials / exhaustive trials.
+checkpointing x micro-batch, and every applicable memory mode of issue 19 that the simulator models: each
+offload ratio of the real grid, each ZeRO++ variant; within the headroom), autotune's search, and DeepSpeed
+Autotuning's strategy (stage x micro-batch, no offload, no modes) on the same simulator. Reports pick
+throughput / exhaustive best and trials / exhaustive trials. The search gets the same trial budget as
+before the modes existed (a quarter of the classic grid), so the modes have to pay for themselves in it.
 
     python benchmarks/search_quality.py            # writes results/search_quality.json, prints a table
 """
@@ -15,6 +17,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -23,11 +26,13 @@ from autotune.atomic import atomic_write_text
 from autotune.cache import library_versions
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware import Target
-from autotune.ladder import Candidate, Rung
+from autotune.ladder import Candidate, Mode, Rung
 from autotune.models import resolve_model, summarize
+from autotune.modes import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.search import Search, SearchLimits
+from autotune.search_modes import is_ratio_mode
 from gpu_sim.ds_autotuning import ds_autotuning
-from gpu_sim.machine import SimulatedCluster
+from gpu_sim.machine import SimulatedCluster, models_mode
 from gpu_sim.scenarios import SCENARIOS, Scenario
 
 RUNGS = [Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT, Rung.Z3_OFFLOAD_ALL]
@@ -53,9 +58,48 @@ def cluster(scenario: Scenario) -> tuple[SimulatedCluster, Target, EstimateSetti
     return machine, target, EstimateSettings(seq_len=scenario.seq_len, precision="bf16")
 
 
-def exhaustive(machine: SimulatedCluster, micro_batches: list[int]) -> tuple[Candidate | None, float, int]:
+def mode_options(scenario: Scenario) -> dict[Rung, list[ModeOption]]:
+    """autotune.modes' own answer for this machine, per rung. A mode the simulator has no model of (ZenFlow,
+    SuperOffload) cannot be "run" here: it is passed on as not trial-verifiable, so the search plans and lists it
+    but never picks it, exactly as on a backend that cannot run it."""
+    facts = ModeFacts(nodes=scenario.nodes, gpus_per_node=scenario.node.gpus_per_node, device="cuda")
+    return {
+        rung: [
+            option if models_mode(option.mode) else replace(option, trial_verifiable=False)
+            for option in considered_modes(rung, facts)
+        ]
+        for rung in RUNGS
+    }
+
+
+def offload_ratios() -> tuple[float, ...]:
+    """The ratio's real settings: the grid autotune.modes searches, whose sub_group_size makes each one act."""
+    return tuple(r for r in ratio_grid() if 0.0 < r < 1.0)
+
+
+def mode_grid(options: dict[Rung, list[ModeOption]]) -> dict[Rung, list[Mode]]:
+    """Every mode setting the exhaustive reference tries per rung: classic, every ratio, every ZeRO++ variant."""
+    grid: dict[Rung, list[Mode]] = {}
+    for rung in RUNGS:
+        modes = [Mode()]
+        for option in options[rung]:
+            if not (option.applies and option.trial_verifiable):
+                continue
+            if is_ratio_mode(option.mode):
+                modes += [Mode(offload_ratio=r) for r in offload_ratios()]
+            else:
+                modes.append(option.mode)
+        grid[rung] = modes
+    return grid
+
+
+def exhaustive(
+    machine: SimulatedCluster, micro_batches: list[int], modes: dict[Rung, list[Mode]]
+) -> tuple[Candidate | None, float, int]:
     limit = HEADROOM * machine.gpu.memory_bytes
-    everything = [Candidate(r, m, c) for r in RUNGS for c in (False, True) for m in micro_batches]
+    everything = [
+        Candidate(r, m, c, mode) for r in RUNGS for mode in modes[r] for c in (False, True) for m in micro_batches
+    ]
     fitting = {
         c: machine.samples_per_s(c) for c in everything if machine.result(c).ok and machine.gpu_bytes(c) <= limit
     }
@@ -63,15 +107,37 @@ def exhaustive(machine: SimulatedCluster, micro_batches: list[int]) -> tuple[Can
     return best, fitting.get(best, 0.0) if best else 0.0, len(everything)
 
 
+def classic_best(machine: SimulatedCluster, micro_batches: list[int]) -> dict:
+    """The best the classic ladder alone can do: how much the modes are worth in the scenario."""
+    best, speed, _ = exhaustive(machine, micro_batches, {rung: [Mode()] for rung in RUNGS})
+    return {"pick": best.key if best else None, "samples_per_s": speed}
+
+
 def run_scenario(scenario: Scenario) -> dict:
     machine, target, settings = cluster(scenario)
     micro_batches = grid(scenario, machine.world)
-    best, best_speed, total = exhaustive(machine, micro_batches)
-    limits = SearchLimits(max_trials=total // 4, headroom=HEADROOM)
+    options = mode_options(scenario)
+    best, best_speed, total = exhaustive(machine, micro_batches, mode_grid(options))
+    classic_total = len(RUNGS) * 2 * len(micro_batches)
+    limits = SearchLimits(max_trials=classic_total // 4, headroom=HEADROOM)
     outcome = Search(
-        machine.model, target, settings, machine.run, RUNGS, micro_batches, limits, global_batch=scenario.global_batch
+        machine.model,
+        target,
+        settings,
+        machine.run,
+        RUNGS,
+        micro_batches,
+        limits,
+        global_batch=scenario.global_batch,
+        modes=lambda rung: options[rung],
+        offload_ratios=offload_ratios(),
     ).run_search()
     ours = outcome.best.candidate if outcome.best else None
+    mode_trials: dict[str, int] = {}
+    for candidate in machine.launched:
+        if not candidate.mode.is_classic:
+            family = "partial offload" if is_ratio_mode(candidate.mode) else candidate.mode.label
+            mode_trials[family] = mode_trials.get(family, 0) + 1
     ds_machine, _, _ = cluster(scenario)
     ds_pick, ds_launches = ds_autotuning(ds_machine, HEADROOM * ds_machine.gpu.memory_bytes)
     ds_speed = ds_machine.samples_per_s(ds_pick) if ds_pick else 0.0
@@ -83,7 +149,13 @@ def run_scenario(scenario: Scenario) -> dict:
         "seq_len": scenario.seq_len,
         "global_batch": scenario.global_batch,
         "micro_batches": micro_batches,
-        "exhaustive": {"pick": best.key if best else None, "samples_per_s": best_speed, "trials": total},
+        "exhaustive": {
+            "pick": best.key if best else None,
+            "samples_per_s": best_speed,
+            "trials": total,
+            "classic_trials": classic_total,
+            "classic_best": classic_best(machine, micro_batches),
+        },
         "autotune": {
             "pick": ours.key if ours else None,
             "samples_per_s": machine.samples_per_s(ours) if ours else 0.0,
@@ -91,6 +163,13 @@ def run_scenario(scenario: Scenario) -> dict:
             "trials": len(machine.launched),
             "trial_fraction": len(machine.launched) / total,
             "tried": [c.key + ":" + machine.result(c).status for c in machine.launched],
+            "mode_trials": mode_trials,
+            "budget": limits.max_trials,
+            "modes": [
+                {k: m[k] for k in ("rung", "label", "applies", "status", "trial_verifiable", "samples_per_s")}
+                for m in (record.to_dict() for record in outcome.modes)
+                if m["applies"]
+            ],
             "stop_reason": outcome.stop_reason,
         },
         "ds_autotuning": {
@@ -105,16 +184,25 @@ def run_scenario(scenario: Scenario) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| scenario | exhaustive best | autotune pick | autotune quality | autotune trials | DS Autotuning pick"
-        " | DS quality | DS trials |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scenario | exhaustive best | classic-only best | autotune pick | found best | autotune quality"
+        " | autotune trials (of them modes) | DS Autotuning pick | DS quality | DS trials |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ex, ours, ds = r["exhaustive"], r["autotune"], r["ds_autotuning"]
+        classic = ex["classic_best"]
+        modes = sum(ours["mode_trials"].values())
+        if ours["pick"] == ex["pick"]:
+            found = "yes"
+        elif ours["quality"] >= 1 - 1e-9:  # a different config at exactly the same simulated speed
+            found = "yes (tie)"
+        else:
+            found = f"no ({1 - ours['quality']:.1%} slower)"
         lines.append(
-            f"| {r['scenario']} | {ex['pick']} ({ex['samples_per_s']:.1f}/s) | {ours['pick']} | {ours['quality']:.3f}"
-            f" | {ours['trials']}/{ex['trials']} ({ours['trial_fraction']:.2f}) | {ds['pick']} | {ds['quality']:.3f}"
-            f" | {ds['trials']}/{ex['trials']} ({ds['trial_fraction']:.2f}) |"
+            f"| {r['scenario']} | {ex['pick']} ({ex['samples_per_s']:.1f}/s) | {classic['pick']}"
+            f" ({classic['samples_per_s']:.1f}/s) | {ours['pick']} | {found} | {ours['quality']:.3f}"
+            f" | {ours['trials']}/{ex['trials']} ({modes}) | {ds['pick']} | {ds['quality']:.3f}"
+            f" | {ds['trials']}/{ex['trials']} |"
         )
     return "\n".join(lines)
 

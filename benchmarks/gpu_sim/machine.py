@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autotune.hardware import GpuSpec, resolve_gpu_type
-from autotune.ladder import Candidate, Rung
+from autotune.ladder import Candidate, Mode, Rung
 from autotune.models import ModelSummary
 from autotune.trial.types import RankMetrics, TrialResult
 
@@ -63,6 +63,30 @@ CPU_ADAM_PARAMS_PER_CORE_S = 3.5e8
 # Trial start-up: process start, imports, model build (autotune's CPU trials: 17-25 s, benchmarks/trial.md).
 TRIAL_STARTUP_S = 25.0
 TRIAL_STEPS = 2 + 5  # warm-up + measured optimizer steps of one trial (autotune.trial defaults, min stable)
+
+# --- memory modes beyond the classic ladder (issue 19), the simulator's own model --------------------------
+# Partial optimizer offload (offload_optimizer.ratio, ZeRO-3): DeepSpeed 0.19.8 splits each rank's optimizer
+# partition into sub-groups and puts sub-group i on the CPU iff i >= int((1 - ratio) * sub_groups)
+# (runtime/zero/stage3.py:1103-1108). GPU sub-groups keep fp32 master weights, momentum and variance on the GPU
+# and are stepped there by a torch AdamW "backup optimizer" (stage3.py:313-325, 1252-1255); CPU sub-groups by CPU
+# Adam; the step visits the sub-groups one after the other (stage3.py:2910-2922), so the GPU and CPU parts add.
+# Sub-groups per rank: the config autotune emits sets sub_group_size to 1/20 of a rank's parameters
+# (autotune.modes.RATIO_STEPS, ratio_sub_group_size), so the simulated job has 20; the simulator applies
+# DeepSpeed's int() rule to whatever ratio it is given. A device sub-group keeps its fp32 master weights, fp32
+# gradient (stage3.py:1337-1342 moves the gradient buffer to the sub-group's device) and the backup AdamW's two
+# moments there: 16 bytes per element.
+SUB_GROUPS = 20
+PARTIAL_OFFLOAD_DEVICE_BYTES = 16
+# ZeRO++ (Wang et al. 2023, "ZeRO++: Extremely Efficient Collective Communication for Giant Model Training",
+# arXiv:2306.10209, sections 3.1-3.3 and Table 1): qwZ all-gathers forward weights as int8 (half of bf16, plus
+# block scales: 1 fp32 scale per 2048-element block, DeepSpeed's default group size); hpZ keeps a secondary bf16
+# copy of the weights partitioned inside the node, so the backward all-gather stays on the intra-node links;
+# qgZ replaces the gradient reduce-scatter by hierarchical int4 all-to-alls (cross-node volume 1/4 of bf16).
+QUANTIZED_WEIGHT_BYTES = 1 + 4 / 2048
+QUANTIZED_GRADIENT_FRACTION = 0.25
+# SIM: quantize/dequantize kernels cost time on the GPU; the paper measures end-to-end gains net of them. The
+# simulator charges one extra memory-bound pass (read bf16 + write int8 + read int8) per quantized collective.
+QUANTIZE_BYTES_PER_ELEMENT = 2 + 1 + 1
 
 
 @dataclass(frozen=True)
@@ -142,6 +166,11 @@ WORKSTATION_4090 = NodeType(
 )
 
 
+def models_mode(mode: Mode) -> bool:
+    """Whether the simulator has a model of `mode`: partial offload and ZeRO++ yes; ZenFlow and SuperOffload no."""
+    return not (mode.zenflow or mode.super_offload)
+
+
 @dataclass(frozen=True)
 class StepCost:
     """Seconds of one micro-step and of the once-per-optimizer-step work, per rank."""
@@ -194,7 +223,51 @@ class SimulatedCluster:
     def _collective_s(self, bytes_moved_per_rank: float) -> float:
         return bytes_moved_per_rank / (self._bus_gbs * GB) if self.world > 1 else 0.0
 
+    def offloaded_fraction(self, candidate: Candidate) -> float:
+        """Share of the optimizer partition on the host: 1 for classic offload, DeepSpeed's sub-group split for a
+        ratio (stage3.py:1105: sub-group i offloaded iff i >= int((1 - ratio) * sub_groups)), 0 without offload."""
+        if not candidate.rung.offload_optimizer:
+            return 0.0
+        ratio = candidate.mode.offload_ratio
+        on_gpu = int((1 - ratio) * SUB_GROUPS)
+        return (SUB_GROUPS - on_gpu) / SUB_GROUPS
+
+    def _check_mode(self, candidate: Candidate) -> None:
+        """The simulator models partial offload and ZeRO++ only; anything else would be silently wrong."""
+        mode = candidate.mode
+        if not models_mode(mode):
+            raise ValueError(f"the simulator has no model of {mode.label}")
+        zero_plus_plus = mode.hpz_partition_size != 1 or mode.quantized_weights or mode.quantized_gradients
+        if zero_plus_plus and candidate.rung.stage != 3:
+            raise ValueError("ZeRO++ is a stage-3 mode")
+        if mode.offload_ratio != 1.0 and not (candidate.rung.stage == 3 and candidate.rung.offload_optimizer == "cpu"):
+            raise ValueError("the offload ratio needs ZeRO-3 with CPU optimizer offload")
+
+    def _stage3_comm_s(self, candidate: Candidate) -> float:
+        """Stage 3's two all-gathers and reduce-scatter per micro-step; ZeRO++ as in its paper (see the top)."""
+        p, n, mode = self.model.total_params, self.world, candidate.mode
+        share = (n - 1) / n
+        weights = WEIGHT_BYTES * p
+        forward_bytes = share * (QUANTIZED_WEIGHT_BYTES * p if mode.quantized_weights else weights)
+        seconds = self._collective_s(forward_bytes)
+        hpz = mode.hpz_partition_size
+        if hpz > 1 and self.nodes > 1:  # backward all-gather from the secondary partition, inside the node
+            seconds += (hpz - 1) / hpz * weights / (self.node.collective_gbs * GB)
+        else:
+            seconds += self._collective_s(share * weights)
+        gradients = share * GRAD_BYTES * p
+        if mode.quantized_gradients:  # int4 all-to-all: 1/4 of the volume, intra-node stage on the fast links
+            seconds += self._collective_s(QUANTIZED_GRADIENT_FRACTION * gradients)
+            if self.nodes > 1:
+                seconds += QUANTIZED_GRADIENT_FRACTION * gradients / (self.node.collective_gbs * GB)
+        else:
+            seconds += self._collective_s(gradients)
+        quantized_elements = p * (int(mode.quantized_weights) + int(mode.quantized_gradients))
+        bandwidth = (self.gpu.memory_bandwidth_gbs or 1000.0) * GB
+        return seconds + quantized_elements * QUANTIZE_BYTES_PER_ELEMENT / bandwidth
+
     def step_cost(self, candidate: Candidate) -> StepCost:
+        self._check_mode(candidate)
         rung, p, n = candidate.rung, self.model.total_params, self.world
         share = (n - 1) / n
         compute = self._compute_s(candidate.micro_batch, candidate.grad_checkpointing)
@@ -210,25 +283,29 @@ class SimulatedCluster:
                 optimizer_s += self._collective_s(share * grad_bytes)
             optimizer_s += self._collective_s(share * WEIGHT_BYTES * p)  # updated weights all-gathered
         else:  # stage 3: two all-gathers and a reduce-scatter per micro-step, overlapped (overlap_comm on)
-            comm = self._collective_s(3 * share * WEIGHT_BYTES * p) + latency
+            comm = self._stage3_comm_s(candidate) + latency
             if rung.offload_param:
                 host = (self.node.nvme_gbs / self.node.gpus_per_node) if rung.offload_param == "nvme" else None
                 link = min(self.node.pcie_gbs, host) if host else self.node.pcie_gbs
                 comm += 2 * WEIGHT_BYTES * p / n / (link * GB)  # own shard fetched for forward and backward
             micro_s = max(compute, comm) + latency
         shard = p / n if rung.stage >= 1 else p
+        offloaded = self.offloaded_fraction(candidate)
         if rung.offload_optimizer:
-            # gradients go down and updated bf16 weights come back over PCIe; CPU Adam in between
-            micro_s += GRAD_BYTES * shard / (self.node.pcie_gbs * GB)
-            optimizer_s += WEIGHT_BYTES * shard / (self.node.pcie_gbs * GB)
+            # gradients of the offloaded part go down and its updated bf16 weights come back over PCIe; CPU Adam
+            # in between (a partial ratio moves only its share: stage3.py:1342 copies each sub-group's gradients
+            # to that sub-group's device)
+            host_shard = offloaded * shard
+            micro_s += GRAD_BYTES * host_shard / (self.node.pcie_gbs * GB)
+            optimizer_s += WEIGHT_BYTES * host_shard / (self.node.pcie_gbs * GB)
             cores = self.node.cpu_cores_per_gpu * CPU_ADAM_PARAMS_PER_CORE_S
             memory_bound = self.node.host_memory_gbs_per_gpu * GB / CPU_ADAM_BYTES_PER_PARAM
-            optimizer_s += shard / min(cores, memory_bound)
+            optimizer_s += host_shard / min(cores, memory_bound)
             if rung.offload_optimizer == "nvme":  # optimizer states read and written once per step
-                optimizer_s += 2 * OPTIMIZER_BYTES * shard * self.node.gpus_per_node / (self.node.nvme_gbs * GB)
-        else:
-            # GPU Adam: memory-bound pass over 16 bytes read + 12 written per parameter of the shard
-            optimizer_s += 28 * shard / ((self.gpu.memory_bandwidth_gbs or 1000.0) * GB)
+                optimizer_s += 2 * OPTIMIZER_BYTES * host_shard * self.node.gpus_per_node / (self.node.nvme_gbs * GB)
+        # GPU Adam on what stays: memory-bound pass over 16 bytes read + 12 written per parameter (the partial
+        # ratio's GPU sub-groups run torch AdamW, the same memory-bound pass), after the CPU part (sequential)
+        optimizer_s += 28 * (1 - offloaded) * shard / ((self.gpu.memory_bandwidth_gbs or 1000.0) * GB)
         return StepCost(micro_s, optimizer_s)
 
     def accumulation(self, candidate: Candidate) -> int:
@@ -243,6 +320,7 @@ class SimulatedCluster:
 
     # -- memory ----------------------------------------------------------------------------------
     def gpu_bytes(self, candidate: Candidate) -> int:
+        self._check_mode(candidate)
         m, rung, n, s = self.model, candidate.rung, self.world, self.seq_len
         p = m.total_params
         if rung is Rung.Z0:
@@ -259,6 +337,11 @@ class SimulatedCluster:
             states = (WEIGHT_BYTES + GRAD_BYTES) * p / n
         else:
             states = GRAD_BYTES * p / n  # parameters offloaded; gradient partition before it is copied out
+        if rung.offload_optimizer == "cpu":  # a partial ratio keeps its GPU sub-groups' optimizer states there
+            states += (1 - self.offloaded_fraction(candidate)) * PARTIAL_OFFLOAD_DEVICE_BYTES * p / n
+        hpz = candidate.mode.hpz_partition_size
+        if hpz > 1:  # hpZ's secondary copy of the bf16 weights, partitioned inside the node (ZeRO++ section 3.2)
+            states += WEIGHT_BYTES * p / hpz
         if rung.stage in (1, 2):
             buffers = 2 * 200_000_000 * GRAD_BYTES  # reduce + all-gather buckets (2e8 elements, our dsconfig)
         elif rung.stage == 3:
@@ -279,7 +362,8 @@ class SimulatedCluster:
         rung, p = candidate.rung, self.model.total_params
         per_rank = 0.0
         if rung.offload_optimizer == "cpu":
-            per_rank += (OPTIMIZER_BYTES + 4) * p / (self.world if rung.stage >= 1 else 1)
+            offloaded = self.offloaded_fraction(candidate)
+            per_rank += offloaded * (OPTIMIZER_BYTES + 4) * p / (self.world if rung.stage >= 1 else 1)
         if rung.offload_param == "cpu":
             per_rank += WEIGHT_BYTES * p / self.world
         return int(per_rank * self.node.gpus_per_node + 8 * GIB * self.node.gpus_per_node)  # + processes

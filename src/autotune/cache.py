@@ -76,10 +76,35 @@ class MalformedRecord(ValueError):
     """A cached row that does not parse as what we wrote, or holds values no trial could have produced."""
 
 
+# A stored mode (issue 19) must have exactly Mode's fields with their types; a classic candidate stores none.
+_MODE_FIELD_TYPES = {
+    "offload_ratio": (float, int),
+    "zenflow": (bool,),
+    "hpz_partition_size": (int,),
+    "quantized_weights": (bool,),
+    "quantized_gradients": (bool,),
+    "super_offload": (bool,),
+}
+
+
+def _check_mode(mode: object) -> None:
+    if not isinstance(mode, dict) or set(mode) != set(_MODE_FIELD_TYPES):
+        raise MalformedRecord(f"candidate mode is not {{{', '.join(_MODE_FIELD_TYPES)}}}")
+    for name, types in _MODE_FIELD_TYPES.items():
+        value = mode[name]
+        if type(value) not in types or (name == "offload_ratio" and not 0.0 <= value <= 1.0):
+            raise MalformedRecord(f"candidate mode {name} has the wrong type or range")
+    if mode["hpz_partition_size"] < 1:
+        raise MalformedRecord("candidate mode hpz_partition_size is below 1")
+
+
 def parse_candidate(text: str) -> Candidate:
     data = json.loads(text)
-    if not isinstance(data, dict) or set(data) != {"rung", "micro_batch", "grad_checkpointing"}:
-        raise MalformedRecord("candidate is not {rung, micro_batch, grad_checkpointing}")
+    keys = {"rung", "micro_batch", "grad_checkpointing"}
+    if not isinstance(data, dict) or set(data) - {"mode"} != keys:
+        raise MalformedRecord("candidate is not {rung, micro_batch, grad_checkpointing[, mode]}")
+    if "mode" in data:
+        _check_mode(data["mode"])
     micro_batch, checkpointing = data["micro_batch"], data["grad_checkpointing"]
     if type(micro_batch) is not int or micro_batch < 1 or type(checkpointing) is not bool:
         raise MalformedRecord("candidate micro_batch or grad_checkpointing has the wrong type")

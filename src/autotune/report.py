@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.atomic import atomic_write_json, atomic_write_text
+from autotune.ladder import Mode
 from autotune.report_plot import embed_line, write_report_plot
 from autotune.units import format_bytes
 
@@ -28,6 +29,84 @@ def _launch_lines(launch: dict[str, str]) -> list[str]:
     for key, label in _LAUNCH_LABELS:
         if launch.get(key):
             lines += [f"- {label}:", "  ```", f"  {launch[key]}", "  ```"]
+    return lines
+
+
+def _candidate_label(cand: dict[str, Any]) -> str:
+    """'z3+offload_opt mb4 ckpt ratio0.5': the rung, micro-batch, checkpointing and any mode's parts."""
+    label = f"{cand['rung']} mb{cand['micro_batch']}{' ckpt' if cand['grad_checkpointing'] else ''}"
+    return label + (f" {'+'.join(Mode.from_dict(cand['mode']).parts)}" if cand.get("mode") else "")
+
+
+def _best_classic_speed(trials: list[dict[str, Any]]) -> float | None:
+    speeds = [
+        t["result"]["samples_per_s"]
+        for t in trials
+        if not t["candidate"].get("mode") and t["within_headroom"] and t["result"].get("samples_per_s")
+    ]
+    return max(speeds) if speeds else None
+
+
+def _versus(mode_speed: float | None, choice_speed: float | None) -> str:
+    if not mode_speed or not choice_speed:
+        return ""
+    change = mode_speed / choice_speed - 1
+    return "the choice" if abs(change) < 1e-9 else f"{change:+.1%} vs the choice"
+
+
+def _modes_lines(data: dict[str, Any]) -> list[str]:
+    """Modern modes (issue 19): what was considered on each rung, whether it applied and why, what the search
+    did with it, and why the classic ladder won or lost against it (by measured speed only)."""
+    modes = data.get("modes") or []
+    if not modes:
+        return []
+    choice = data.get("choice") or {}
+    choice_speed = choice.get("samples_per_s")
+    lines = ["", "## Modern modes", ""]
+    classic = _best_classic_speed(data.get("trials") or [])
+    measured = [m for m in modes if m["status"] == "measured"]
+    if choice.get("mode"):
+        label = Mode.from_dict(choice["mode"]).label
+        beaten = f"the best classic config measured {classic:.2f} samples/s" if classic else "no classic config fitted"
+        lines.append(f"A mode won: **{label}** measured {_speed(choice_speed)} samples/s; {beaten}.")
+    elif measured:
+        best = max(measured, key=lambda m: m["samples_per_s"] or 0.0)
+        lines.append(
+            f"The classic ladder won: its choice measured {_speed(choice_speed)} samples/s, the fastest mode"
+            f" ({best['label']} on {best['rung']}) {_speed(best['samples_per_s'])}."
+        )
+    else:
+        lines.append("No mode was measured here; the choice is from the classic ladder.")
+    if not data["verified"]:
+        lines.append("Plan only: every mode below is a prediction of the memory model, **not trial-verified**.")
+    elif any(m["status"] == "planned" for m in modes):
+        lines.append(
+            "Modes marked **not trial-verified** cannot run on this backend: their figures are predictions only,"
+            " and they are never picked over a measured config."
+        )
+    lines += [
+        "",
+        "| rung | mode | applies | why | what the search did | micro-batch | predicted peak | samples/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in (m for m in modes if m["applies"]):
+        status = m["status"] + ("" if m["trial_verifiable"] or not m["applies"] else " (not trial-verified)")
+        did = f"{status}: {m['detail']}" if m.get("detail") else status
+        mb = "" if m["micro_batch"] is None else f"{m['micro_batch']}{' ckpt' if m['grad_checkpointing'] else ''}"
+        speed = _speed(m["samples_per_s"])
+        if m["samples_per_s"] and (versus := _versus(m["samples_per_s"], choice_speed)):
+            speed += f" ({versus})"
+        peak = format_bytes(m["predicted_peak_bytes"]) if m.get("predicted_peak_bytes") else "-"
+        lines.append(
+            f"| {m['rung']} | {m['label']} | {'yes' if m['applies'] else 'no'} | {m['reason']} | {did} | {mb or '-'}"
+            f" | {peak} | {speed} |"
+        )
+    not_applicable: dict[tuple[str, str], list[str]] = {}
+    for m in (m for m in modes if not m["applies"]):
+        not_applicable.setdefault((m["label"], m["reason"]), []).append(m["rung"])
+    if not_applicable:
+        lines += ["", "Not applicable here:", ""]
+        lines += [f"- {label} on {', '.join(rungs)}: {why}" for (label, why), rungs in not_applicable.items()]
     return lines
 
 
@@ -114,8 +193,7 @@ def render_markdown(data: dict[str, Any]) -> str:
                 or None
             )
             status = r["status"] if t["within_headroom"] or r["status"] != "ok" else "over headroom"
-            cand = t["candidate"]
-            label = f"{cand['rung']} mb{cand['micro_batch']}{' ckpt' if cand['grad_checkpointing'] else ''}"
+            label = _candidate_label(t["candidate"])
             lines.append(
                 f"| {label} | {status} | {format_bytes(peak)} | {format_bytes(t['predicted_peak_bytes'])} |"
                 f" {_speed(r.get('samples_per_s'))} | {_speed(r.get('tokens_per_s'))} |"
@@ -124,7 +202,10 @@ def render_markdown(data: dict[str, Any]) -> str:
     if data["skipped"]:
         lines += ["", "## Skipped", ""]
         for s in data["skipped"]:
-            lines.append(f"- {s['rung']}{' + grad checkpointing' if s['grad_checkpointing'] else ''}: {s['reason']}")
+            mode = f" ({Mode.from_dict(s['mode']).label})" if s.get("mode") else ""
+            ckpt = " + grad checkpointing" if s["grad_checkpointing"] else ""
+            lines.append(f"- {s['rung']}{mode}{ckpt}: {s['reason']}")
+    lines += _modes_lines(data)
     if data.get("own_command"):
         lines += _own_command_lines(data["own_command"], data["trials"])
     return "\n".join(lines) + "\n"
@@ -136,8 +217,7 @@ def _own_command_lines(own: dict[str, Any], trials: list[dict[str, Any]]) -> lis
     lines += [f"Speed: {own['metric']}.", "", "Train with the answer:", "```", own["train_command"], "```", ""]
     for t in trials:
         result = t["result"]
-        cand = t["candidate"]
-        label = f"{cand['rung']} mb{cand['micro_batch']}{' ckpt' if cand['grad_checkpointing'] else ''}"
+        label = _candidate_label(t["candidate"])
         ran = f"`{' '.join(result['command'])}`" if result.get("command") else "not launched"
         reason = f" ({result['error']})" if result.get("error") else ""
         lines.append(f"- {label}: {result['status']}{reason}: {ran}")

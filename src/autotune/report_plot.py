@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from autotune.ladder import Mode
+
 MIB = 2**20
 
 
@@ -27,7 +29,8 @@ def _trial_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         peaks = [p for p in peaks if p]
         rows.append(
             {
-                "label": f"{cand['rung']}\nmb{cand['micro_batch']}{' ckpt' if cand['grad_checkpointing'] else ''}",
+                "label": f"{cand['rung']}\nmb{cand['micro_batch']}{' ckpt' if cand['grad_checkpointing'] else ''}"
+                + (f"\n{'+'.join(Mode.from_dict(cand['mode']).parts)}" if cand.get("mode") else ""),
                 "predicted": trial.get("predicted_peak_bytes") or 0,
                 "measured": max(peaks) if peaks else 0,
                 "status": result["status"],

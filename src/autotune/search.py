@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from autotune.estimate import calibrate, calibrate_oom, check_fit, estimate
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
 from autotune.hardware import Target
-from autotune.ladder import Candidate, Rung
+from autotune.ladder import Candidate, Mode, Rung
 from autotune.models import ModelSummary
+from autotune.search_modes import ModeChoice, ModeRecord, ModesFor, is_ratio_mode, no_modes, smallest_fitting_ratio
 from autotune.speed import (
     BoundContext,
     GroupMeasurements,
@@ -31,6 +32,22 @@ from autotune.units import format_bytes
 MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
 RULED_OUT_MARGIN = 0.15  # skip without a trial only when the prediction is this far over the limit
 TRY_MARGIN = 0.10  # a micro-batch predicted within this much over the limit is still worth a trial
+# Offload-ratio knob (issue 19), a budget choice, not a claim about speed: at most this many micro-batches per
+# (rung, checkpointing), each with at most this many trials (the predicted smallest fitting ratio; after a miss,
+# the next ratio up that the OOM-calibrated model, or two measured peaks, say fits; after a fit, one step down
+# when the calibrated model allows it). Worst case 2 x 3 = 6 extra trials per checkpointing setting; usually
+# 1-2 (benchmarks/README.md, search quality).
+RATIO_MICRO_BATCHES = 2
+RATIO_TRIES = 3
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """The memory model the search predicts and learns with; the real one by default, a fake in tests."""
+
+    estimate: Callable[..., MemoryEstimate] = estimate
+    calibrate: Callable[..., Calibration] = calibrate
+    calibrate_oom: Callable[..., Calibration] = calibrate_oom
 
 
 @dataclass(frozen=True)
@@ -92,9 +109,13 @@ class SkipRecord:
     rung: Rung
     grad_checkpointing: bool
     reason: str
+    mode: Mode = field(default_factory=Mode)
 
     def to_dict(self) -> dict:
-        return {"rung": self.rung.value, "grad_checkpointing": self.grad_checkpointing, "reason": self.reason}
+        data = {"rung": self.rung.value, "grad_checkpointing": self.grad_checkpointing, "reason": self.reason}
+        if not self.mode.is_classic:
+            data["mode"] = self.mode.to_dict()
+        return data
 
 
 @dataclass(frozen=True)
@@ -116,6 +137,7 @@ class SearchOutcome:
     margin: float | None = None  # best vs runner-up, relative, after any re-measurement
     noise: float | None = None  # the larger relative step-time spread of the two
     remeasured: bool = False
+    modes: list[ModeRecord] = field(default_factory=list)  # every mode considered on every rung, and its fate
 
     @property
     def trials_launched(self) -> int:
@@ -132,6 +154,7 @@ class SearchOutcome:
             "margin": self.margin,
             "noise": self.noise,
             "remeasured": self.remeasured,
+            "modes": [m.to_dict() for m in self.modes],
         }
 
 
@@ -161,6 +184,9 @@ class Search:
     calibration: Calibration = field(default_factory=Calibration)
     clock: Callable[[], float] = time.monotonic
     global_batch: int | None = None  # fixed global batch: accumulation scales with 1 / micro-batch
+    modes: ModesFor = no_modes  # the memory modes to consider per rung (autotune.modes); default: classic only
+    offload_ratios: tuple[float, ...] = ()  # the offload ratio's real settings, ascending (see search_modes)
+    memory: MemoryModel = field(default_factory=MemoryModel)
 
     def __post_init__(self) -> None:
         self.limit_bytes = int(self.limits.headroom * self.target.free_memory_bytes)
@@ -183,13 +209,13 @@ class Search:
 
     # -- predictions -------------------------------------------------------------------------------
     def _estimate(self, candidate: Candidate) -> MemoryEstimate:
-        return estimate(self.model, self.target, candidate, self.settings, self.calibration)
+        return self.memory.estimate(self.model, self.target, candidate, self.settings, self.calibration)
 
-    def _predicted_max(self, rung: Rung, ckpt: bool, margin: float) -> int | None:
+    def _predicted_max(self, rung: Rung, ckpt: bool, margin: float, mode: Mode = Mode()) -> int | None:
         """Largest eligible micro-batch whose predicted peak is within (1 + margin) of the limit."""
         best = None
         for mb in self.micro_batches:
-            predicted = self._estimate(Candidate(rung, mb, ckpt))
+            predicted = self._estimate(Candidate(rung, mb, ckpt, mode))
             if predicted.gpu_peak_bytes > self.limit_bytes * (1 + margin):
                 break
             if check_fit(predicted, self.target, self.limits.headroom).fits or margin > 0:
@@ -226,6 +252,7 @@ class Search:
             same_or_more_work = candidate.rung is slow.rung or candidate.rung in dominated_rungs(slow.rung)
             if (
                 same_or_more_work
+                and candidate.mode == slow.mode  # a mode changes the work: only its own timeouts bound it
                 and candidate.micro_batch >= slow.micro_batch
                 and (candidate.grad_checkpointing or not slow.grad_checkpointing)
             ):
@@ -256,37 +283,43 @@ class Search:
         self.outcome.trials.append(record)
         peak = result.peak_memory_bytes
         if peak and (result.ok or result.status == "over_budget"):
-            self.calibration = calibrate(self.calibration, self.model, self.target, candidate, self.settings, peak)
+            self.calibration = self.memory.calibrate(
+                self.calibration, self.model, self.target, candidate, self.settings, peak
+            )
             self.outcome.calibration = self.calibration
         elif result.status in MEMORY_FAILURES:  # no peak, but a lower bound: it needed more than the memory it had
             limit = self.target.free_memory_bytes
-            self.calibration = calibrate_oom(self.calibration, self.model, self.target, candidate, self.settings, limit)
+            self.calibration = self.memory.calibrate_oom(
+                self.calibration, self.model, self.target, candidate, self.settings, limit
+            )
             self.outcome.calibration = self.calibration
         self.observe(SearchEvent("trial_end", candidate, result.status, record))
         return record
 
-    def _skip(self, rung: Rung, ckpt: bool, reason: str) -> None:
-        self.outcome.skipped.append(SkipRecord(rung, ckpt, reason))
-        self.observe(SearchEvent("skip", Candidate(rung, self.micro_batches[0], ckpt), reason))
+    def _skip(self, rung: Rung, ckpt: bool, reason: str, mode: Mode = Mode()) -> None:
+        self.outcome.skipped.append(SkipRecord(rung, ckpt, reason, mode))
+        self.observe(SearchEvent("skip", Candidate(rung, self.micro_batches[0], ckpt, mode), reason))
 
     def _fits_with(self, candidate: Candidate, calibration: Calibration) -> bool:
-        predicted = estimate(self.model, self.target, candidate, self.settings, calibration)
+        predicted = self.memory.estimate(self.model, self.target, candidate, self.settings, calibration)
         return predicted.gpu_peak_bytes <= self.limit_bytes * (1 + TRY_MARGIN)
 
-    def _next_micro_batch(self, rung: Rung, ckpt: bool, ok: int | None, bad: int | None, guided: bool) -> int | None:
+    def _next_micro_batch(
+        self, rung: Rung, ckpt: bool, ok: int | None, bad: int | None, guided: bool, mode: Mode = Mode()
+    ) -> int | None:
         """Next micro-batch strictly between the largest that ran and the smallest that did not, among
         those the calibrated memory model does not rule out (no trial on a predicted non-fit)."""
         between = [m for m in self.micro_batches if (ok is None or m > ok) and (bad is None or m < bad)]
         if not between:
             return None
         if ok is None and bad is not None:
-            return self._after_first_failure(rung, ckpt, bad, between)
-        predicted = [m for m in between if self._fits_with(Candidate(rung, m, ckpt), self.calibration)]
+            return self._after_first_failure(rung, ckpt, bad, between, mode)
+        predicted = [m for m in between if self._fits_with(Candidate(rung, m, ckpt, mode), self.calibration)]
         if not predicted:
             return None if ok is not None else between[0]
         return predicted[-1] if guided else predicted[len(predicted) // 2]
 
-    def _after_first_failure(self, rung: Rung, ckpt: bool, bad: int, below: list[int]) -> int:
+    def _after_first_failure(self, rung: Rung, ckpt: bool, bad: int, below: list[int], mode: Mode = Mode()) -> int:
         """Nothing of this group ran yet and `bad` did not fit: jump by the memory model, not one grid step.
 
         The failed trial shows the true peak at `bad` is above the free memory (or the measured peak, if
@@ -294,16 +327,17 @@ class Search:
         as the truth there; the largest micro-batch it says fits is the next try. If it says none, the
         smallest is tried once (the bound may be pessimistic for small micro-batches).
         """
-        failed = next((t for t in reversed(self.outcome.trials) if t.candidate == Candidate(rung, bad, ckpt)), None)
+        failed_candidate = Candidate(rung, bad, ckpt, mode)
+        failed = next((t for t in reversed(self.outcome.trials) if t.candidate == failed_candidate), None)
         peak = failed.result.peak_memory_bytes if failed else None
         at_least = max(peak or 0, self.target.free_memory_bytes)
-        pessimistic = calibrate(
-            self.calibration, self.model, self.target, Candidate(rung, bad, ckpt), self.settings, at_least
+        pessimistic = self.memory.calibrate(
+            self.calibration, self.model, self.target, failed_candidate, self.settings, at_least
         )
-        fitting = [m for m in below if self._fits_with(Candidate(rung, m, ckpt), pessimistic)]
+        fitting = [m for m in below if self._fits_with(Candidate(rung, m, ckpt, mode), pessimistic)]
         return fitting[-1] if fitting else below[0]
 
-    def _search_group(self, rung: Rung, ckpt: bool, seed: int) -> None:
+    def _search_group(self, rung: Rung, ckpt: bool, seed: int, mode: Mode = Mode()) -> None:
         """Largest micro-batch that runs for one (rung, checkpointing) group, seeded by the prediction.
 
         A timeout before anything in the group ran is retried once at a smaller micro-batch (shorter
@@ -317,10 +351,11 @@ class Search:
         while mb is not None:
             if self._stop_if_spent():
                 return
-            record = self._trial(Candidate(rung, mb, ckpt))
+            record = self._trial(Candidate(rung, mb, ckpt, mode))
             if record.over_host_headroom:  # host buffers barely depend on the micro-batch: the rung is out
                 peak, limit = format_bytes(record.host_peak_bytes or 0), format_bytes(self.host_limit_bytes or 0)
-                self._skip(rung, ckpt, f"host RAM peak {peak} per node > {limit} ({self.limits.headroom:.0%} of RAM)")
+                headroom = f"{self.limits.headroom:.0%} of RAM"
+                self._skip(rung, ckpt, f"host RAM peak {peak} per node > {limit} ({headroom})", mode)
                 return
             if record.within_headroom:
                 ok = mb
@@ -334,15 +369,17 @@ class Search:
                 if ok is None:
                     retried_timeout = True
                     if not smaller:
-                        self._skip(rung, ckpt, f"trial timed out at the smallest micro-batch: {record.result.error}")
+                        why = f"trial timed out at the smallest micro-batch: {record.result.error}"
+                        self._skip(rung, ckpt, why, mode)
                         return
                     mb = smaller[len(smaller) // 2]
                     continue
             else:
                 if ok is None:
-                    self._skip(rung, ckpt, f"trial failed: {record.result.status}: {record.result.error or ''}".strip())
+                    why = f"trial failed: {record.result.status}: {record.result.error or ''}".strip()
+                    self._skip(rung, ckpt, why, mode)
                 return
-            mb = self._next_micro_batch(rung, ckpt, ok, bad, guided)
+            mb = self._next_micro_batch(rung, ckpt, ok, bad, guided, mode)
 
     def _consider_best(self, record: TrialRecord) -> None:
         best = self.outcome.best
@@ -351,16 +388,16 @@ class Search:
             self.outcome.best = record
 
     def _measured_groups(self) -> list[GroupMeasurements]:
-        """Per (rung, checkpointing): (micro-batch, per-rank micro-step seconds) of every trial that fitted,
+        """Per (rung, checkpointing, mode): (micro-batch, per-rank micro-step seconds) of every trial that fitted,
         with the second point each launch timed at a smaller micro-batch."""
-        points: dict[tuple[Rung, bool], list[tuple[int, float]]] = {}
+        points: dict[tuple[Rung, bool, Mode], list[tuple[int, float]]] = {}
         for t in self.outcome.trials:
             if t.within_headroom and t.result.samples_per_s:
-                key = (t.candidate.rung, t.candidate.grad_checkpointing)
+                key = (t.candidate.rung, t.candidate.grad_checkpointing, t.candidate.mode)
                 points.setdefault(key, []).append((t.candidate.micro_batch, self._micro_step_seconds(t)))
                 if smaller := self._smaller_point(t):
                     points[key].append(smaller)
-        return [GroupMeasurements(rung, ckpt, tuple(p)) for (rung, ckpt), p in points.items()]
+        return [GroupMeasurements(rung, ckpt, tuple(p), mode) for (rung, ckpt, mode), p in points.items()]
 
     def _smaller_point(self, record: TrialRecord) -> tuple[int, float] | None:
         """The launch's second point as it would run on its own: its micro-step plus its share of the
@@ -387,14 +424,21 @@ class Search:
         records = self._speeds(candidate)
         return sum(t.result.samples_per_s or 0.0 for t in records) / max(1, len(records))
 
-    def _rank_key(self, candidate: Candidate) -> tuple[float, int, int]:
-        """Faster first; on an exact tie the earlier rung (less offload, less host RAM), then no checkpointing."""
-        return self._mean_speed(candidate), -candidate.rung.order, -int(candidate.grad_checkpointing)
+    def _rank_key(self, candidate: Candidate) -> tuple[float, int, int, int]:
+        """Faster first; on an exact tie the earlier rung (less offload, less host RAM), then no checkpointing,
+        then the classic rung over a mode (fewer settings to get right)."""
+        return (
+            self._mean_speed(candidate),
+            -candidate.rung.order,
+            -int(candidate.grad_checkpointing),
+            -len(candidate.mode.parts),
+        )
 
     def _settle_close_call(self) -> None:
         """When the two best differ by less than their measured step-time spread, re-measure both,
         interleaved (runner-up, then best), and decide on the mean; the margin goes in the outcome."""
-        fitted = {t.candidate for t in self.outcome.trials if t.within_headroom and t.result.samples_per_s}
+        # in trial order (not a set's hash order), so an exact tie resolves the same way in every process
+        fitted = dict.fromkeys(t.candidate for t in self.outcome.trials if t.within_headroom and t.result.samples_per_s)
         ranked = sorted(fitted, key=self._rank_key, reverse=True)
         if len(ranked) < 2:
             return
@@ -415,30 +459,46 @@ class Search:
         self.outcome.margin, self.outcome.noise = margin, noise
 
     # -- the walk ----------------------------------------------------------------------------------
+    def _classic_group(self, rung: Rung, ckpt: bool) -> None:
+        """One (rung, checkpointing) group of the classic ladder: ruled out, bounded, or searched."""
+        smallest = self._estimate(Candidate(rung, self.micro_batches[0], ckpt))
+        if smallest.gpu_peak_bytes > self.limit_bytes * (1 + RULED_OUT_MARGIN):
+            verdict = check_fit(smallest, self.target, self.limits.headroom)
+            self._skip(rung, ckpt, f"ruled out by the memory model: {verdict.reason}")
+            return
+        reachable = self._predicted_max(rung, ckpt, TRY_MARGIN) or self.micro_batches[0]
+        if why := self._bounded(Candidate(rung, reachable, ckpt)):
+            self._skip(rung, ckpt, why)
+            return
+        seed = self._predicted_max(rung, ckpt, 0.0) or self.micro_batches[0]
+        self._search_group(rung, ckpt, seed)
+
+    def _bounded(self, candidate: Candidate) -> str:
+        """Why the measurements so far say `candidate` cannot beat the best measured; '' when it might."""
+        best = self.outcome.best
+        if best is None:
+            return ""
+        speed = (best.result.samples_per_s or 0.0) / self.target.world_size  # per rank, like the line
+        beatable, why = could_beat(speed, self._measured_groups(), candidate, self.bound_context)
+        return "" if beatable else why
+
     def run_search(self) -> SearchOutcome:
+        """The classic ladder first, exactly as without modes; then each applicable mode on its rung, from the
+        budget left (a mode never takes a trial the classic ladder would have had); then the close-call check
+        over everything measured, modes included."""
         groups = [(rung, ckpt) for rung in self.rungs for ckpt in (False, True)]
+        options = self._consider_modes()
         for index, (rung, ckpt) in enumerate(groups):
             if reason := self._stop_if_spent():
                 for rest_rung, rest_ckpt in groups[index:]:
                     self._skip(rest_rung, rest_ckpt, f"not tried: {reason}")
                 break
-            smallest = self._estimate(Candidate(rung, self.micro_batches[0], ckpt))
-            if smallest.gpu_peak_bytes > self.limit_bytes * (1 + RULED_OUT_MARGIN):
-                verdict = check_fit(smallest, self.target, self.limits.headroom)
-                self._skip(rung, ckpt, f"ruled out by the memory model: {verdict.reason}")
-                continue
-            reachable = self._predicted_max(rung, ckpt, TRY_MARGIN) or self.micro_batches[0]
-            best = self.outcome.best
-            if best is not None:
-                speed = (best.result.samples_per_s or 0.0) / self.target.world_size  # per rank, like the line
-                other = Candidate(rung, reachable, ckpt)
-                beatable, why = could_beat(speed, self._measured_groups(), other, self.bound_context)
-                if not beatable:
-                    self._skip(rung, ckpt, why)
-                    continue
-            seed = self._predicted_max(rung, ckpt, 0.0) or self.micro_batches[0]
-            self._search_group(rung, ckpt, seed)
+            self._classic_group(rung, ckpt)
+        for rung, ckpt in groups:
+            for choice, record in options.get(rung, []):
+                self._mode_group(rung, ckpt, choice, record)
         self._settle_close_call()
+        self._finish_mode_records()
         if self.outcome.stop_reason is None:
             if self.outcome.best:
                 self.outcome.stop_reason = StopReason.NO_BETTER
@@ -447,3 +507,200 @@ class Search:
                 self.outcome.stop_reason = StopReason.EXHAUSTED
                 self.outcome.stop_message = "every rung was ruled out or failed"
         return self.outcome
+
+    def plan_modes(self) -> list[ModeRecord]:
+        """Plan-only (no trials on this machine): every mode considered on every rung, each applicable one
+        predicted as a not-trial-verified mode would be in a search; nothing is launched."""
+        for rung, options in self._consider_modes().items():
+            for ckpt in (False, True):
+                for choice, record in options:
+                    record.trial_verifiable = False
+                    self._plan_mode(rung, ckpt, choice.mode, record, "plan only: no trials on this machine")
+        return self.outcome.modes
+
+    # -- modes beyond the classic ladder (issue 19) -------------------------------------------------
+    def _consider_modes(self) -> dict[Rung, list[tuple[ModeChoice, ModeRecord]]]:
+        """Ask, once per rung, which modes apply; every one considered gets a record in the outcome."""
+        options: dict[Rung, list[tuple[ModeChoice, ModeRecord]]] = {}
+        for rung in self.rungs:
+            for choice in self.modes(rung):
+                record = ModeRecord(rung, choice.mode, choice.applies, choice.reason, choice.trial_verifiable)
+                self.outcome.modes.append(record)
+                if choice.applies:
+                    record.status = "not tried"
+                    options.setdefault(rung, []).append((choice, record))
+        return options
+
+    def _mode_group(self, rung: Rung, ckpt: bool, choice: ModeChoice, record: ModeRecord) -> None:
+        """One applicable mode on one (rung, checkpointing): planned when no trial can run it, else searched."""
+        if not choice.trial_verifiable:
+            self._plan_mode(rung, ckpt, choice.mode, record)
+            return
+        if reason := self._stop_if_spent():
+            record.detail = record.detail or f"not tried: {reason}"
+            return
+        launched = self._launched
+        if is_ratio_mode(choice.mode):
+            self._search_ratio(rung, ckpt, record)
+        else:
+            self._search_mode(rung, ckpt, choice.mode, record)
+        record.trials += self._launched - launched
+
+    def _plan_mode(self, rung: Rung, ckpt: bool, mode: Mode, record: ModeRecord, why: str = "") -> None:
+        """Predicted only: the largest micro-batch the memory model says fits with the mode (for the offload
+        ratio, the smallest ratio that fits there). Never a trial, never the pick."""
+        if record.status == "planned" and record.grad_checkpointing is False:
+            return  # without checkpointing it already fits: that is the plan
+        if is_ratio_mode(mode):
+            ratios = self._ratio_settings(mode)
+            top = self._predicted_max(rung, ckpt, 0.0, Mode(offload_ratio=ratios[-1]))
+            ratio = top and smallest_fitting_ratio(ratios, self._ratio_fits(rung, top, ckpt))
+            mode = Mode(offload_ratio=ratio) if ratio else mode
+        else:
+            top = self._predicted_max(rung, ckpt, 0.0, mode)
+        if top is None:
+            record.status = record.status if record.status == "planned" else "no fit"
+            record.detail = record.detail or "the memory model says nothing of it fits"
+            return
+        record.status, record.mode, record.micro_batch, record.grad_checkpointing = "planned", mode, top, ckpt
+        record.predicted_peak_bytes = self._estimate(Candidate(rung, top, ckpt, mode)).gpu_peak_bytes
+        record.detail = why or "this backend cannot run it: predicted only"
+
+    def _search_mode(self, rung: Rung, ckpt: bool, mode: Mode, record: ModeRecord) -> None:
+        """A mode as an alternative on its rung: the same micro-batch search as a classic group, bounded only by
+        measurements of the same mode (no speed order between a mode and the classic rungs is assumed)."""
+        smallest = self._estimate(Candidate(rung, self.micro_batches[0], ckpt, mode))
+        if smallest.gpu_peak_bytes > self.limit_bytes * (1 + RULED_OUT_MARGIN):
+            verdict = check_fit(smallest, self.target, self.limits.headroom)
+            self._skip(rung, ckpt, f"ruled out by the memory model: {verdict.reason}", mode)
+            return
+        reachable = self._predicted_max(rung, ckpt, TRY_MARGIN, mode) or self.micro_batches[0]
+        if why := self._bounded(Candidate(rung, reachable, ckpt, mode)):
+            self._skip(rung, ckpt, why, mode)
+            return
+        seed = self._predicted_max(rung, ckpt, 0.0, mode) or self.micro_batches[0]
+        self._search_group(rung, ckpt, seed, mode)
+
+    def _ratio_settings(self, mode: Mode) -> list[float]:
+        """The offload ratio's real settings strictly between 0 (ZeRO-3's neighbour) and 1 (full offload)."""
+        ratios = sorted({r for r in self.offload_ratios if 0.0 < r < 1.0})
+        return ratios or [mode.offload_ratio]
+
+    def _fits(self, candidate: Candidate) -> bool:
+        """The calibrated point prediction within the limit: a trial confirms it (an OOM moves the ratio up), so
+        the spread a plan-only answer must allow for (check_fit's margin) would only buy a slower ratio."""
+        return self._estimate(candidate).gpu_peak_bytes <= self.limit_bytes
+
+    def _ratio_fits(self, rung: Rung, mb: int, ckpt: bool) -> Callable[[float], bool]:
+        """Whether the calibrated memory model says partial offload at ratio r fits (for the bisection)."""
+        return lambda r: self._fits(Candidate(rung, mb, ckpt, Mode(offload_ratio=r)))
+
+    def _search_ratio(self, rung: Rung, ckpt: bool, record: ModeRecord) -> None:
+        """Partial optimizer offload: at the largest micro-batches some ratio below 1 reaches, the smallest ratio
+        the memory model says fits (bisection), confirmed by trials; compared with everything else by measured
+        speed only. Walks down the micro-batches while each step lowers the ratio and the speed has not fallen:
+        the same ratio at a smaller micro-batch is no faster (A3 in autotune.speed), a lower one may be."""
+        ratios = self._ratio_settings(record.mode)
+        top = self._predicted_max(rung, ckpt, TRY_MARGIN, Mode(offload_ratio=ratios[-1]))
+        if top is None:
+            self._skip(rung, ckpt, "ruled out by the memory model at every offload ratio", record.mode)
+            return
+        previous_ratio: float | None = None
+        previous_speed: float | None = None
+        points = 0
+        for mb in reversed([m for m in self.micro_batches if m <= top]):
+            if points >= RATIO_MICRO_BATCHES or self._stop_if_spent():
+                return
+            ratio = smallest_fitting_ratio(ratios, self._ratio_fits(rung, mb, ckpt))
+            if ratio is None and mb == top:
+                ratio = ratios[-1]  # within TRY_MARGIN of fitting at the largest ratio: worth one trial
+            if ratio is None or (previous_ratio is not None and ratio >= previous_ratio):
+                continue
+            if why := self._bounded(Candidate(rung, mb, ckpt, Mode(offload_ratio=ratio))):
+                self._skip(rung, ckpt, why, Mode(offload_ratio=ratio))
+                return
+            points += 1
+            fitted, speed = self._confirm_ratio(rung, ckpt, mb, ratio, ratios)
+            if fitted is None or speed is None:
+                continue
+            if previous_speed is not None and speed < previous_speed:
+                return
+            previous_ratio, previous_speed = fitted, speed
+
+    def _confirm_ratio(
+        self, rung: Rung, ckpt: bool, mb: int, ratio: float, ratios: list[float]
+    ) -> tuple[float | None, float | None]:
+        """Up to RATIO_TRIES trials at one micro-batch: an OOM at ratio r moves the next try up (the smallest
+        larger ratio the OOM-calibrated model says fits, or, once two trials here reported peaks, the one the line
+        through those peaks says fits: GPU memory is linear in the offloaded share); a fit lets the calibrated
+        model try one smaller ratio. Returns the smallest ratio that ran within the headroom and its speed."""
+        fitted: float | None = None
+        failed: float | None = None
+        speed: float | None = None
+        current: float | None = ratio
+        peaks: dict[float, int] = {}  # ratio -> measured peak at this micro-batch
+        for _ in range(RATIO_TRIES):
+            if current is None or self._stop_if_spent():
+                break
+            record = self._trial(Candidate(rung, mb, ckpt, Mode(offload_ratio=current)))
+            if record.result.peak_memory_bytes:
+                peaks[current] = record.result.peak_memory_bytes
+            if record.within_headroom:
+                self._consider_best(record)
+                fitted, speed = current, record.result.samples_per_s
+                lower = [r for r in ratios if r < current and (failed is None or r > failed)]
+                current = smallest_fitting_ratio(lower, self._ratio_fits(rung, mb, ckpt))
+            elif record.memory_failure and not record.over_host_headroom:
+                failed = current
+                higher = [r for r in ratios if r > current and (fitted is None or r < fitted)]
+                if (needed := self._ratio_from_peaks(peaks)) is not None:
+                    higher = [r for r in higher if r >= needed] or higher[-1:]
+                current = smallest_fitting_ratio(higher, self._ratio_fits(rung, mb, ckpt)) or (
+                    higher[0] if needed is not None and higher else None
+                )
+            else:
+                break
+        return fitted, speed
+
+    def _ratio_from_peaks(self, peaks: dict[float, int]) -> float | None:
+        """The ratio at which the line through the two latest measured peaks meets the limit; None with fewer
+        than two points or a line that does not fall as the ratio rises (noise)."""
+        if len(peaks) < 2:
+            return None
+        (r1, p1), (r2, p2) = list(peaks.items())[-2:]
+        if r1 == r2 or (p2 - p1) / (r2 - r1) >= 0:
+            return None
+        slope = (p2 - p1) / (r2 - r1)
+        return r2 + (self.limit_bytes - p2) / slope
+
+    def _finish_mode_records(self) -> None:
+        """Each verifiable mode's record takes its best measured trial (or says why nothing of it fitted)."""
+        for record in self.outcome.modes:
+            if not (record.applies and record.trial_verifiable):
+                continue
+            ratio = is_ratio_mode(record.mode)
+            ran = [
+                t
+                for t in self.outcome.trials
+                if t.candidate.rung is record.rung
+                and (is_ratio_mode(t.candidate.mode) if ratio else t.candidate.mode == record.mode)
+            ]
+            fitted = [t for t in ran if t.within_headroom and t.result.samples_per_s]
+            if fitted:
+                best = max(fitted, key=lambda t: t.result.samples_per_s or 0.0)
+                record.status, record.mode = "measured", best.candidate.mode
+                record.micro_batch, record.grad_checkpointing = (
+                    best.candidate.micro_batch,
+                    best.candidate.grad_checkpointing,
+                )
+                record.samples_per_s, record.predicted_peak_bytes = best.result.samples_per_s, best.predicted_peak_bytes
+                record.detail = f"{len(ran)} trial(s); fastest: {best.candidate.describe()}"
+            elif ran:
+                record.status = "no fit"
+                record.detail = "tried: " + ", ".join(f"{t.candidate.key} {t.result.status}" for t in ran)
+            else:
+                skips = [s.reason for s in self.outcome.skipped if s.rung is record.rung and s.mode == record.mode]
+                skips += [
+                    s.reason for s in self.outcome.skipped if s.rung is record.rung and ratio and is_ratio_mode(s.mode)
+                ]
+                record.detail = record.detail or "; ".join(dict.fromkeys(skips)) or "not reached"

@@ -29,14 +29,22 @@ a group that was measured bounds it, through one of these relations:
      1.23x this bound gives). Only this direction is used.
   A3 (micro-batch): per-rank step time = fixed + per_sample * micro_batch within one group, fitted on
      its measured points (two per launch); per-sample speed does not fall as micro-batch grows.
+  A4 (modes, issue 19): a measured group bounds only candidates of its own mode (ZenFlow, ZeRO++, SuperOffload
+     and each offload ratio change the work in ways no ladder edge describes), with one exception: a measured
+     classic rung with no optimizer offload (ZeRO-3) bounds partial optimizer offload on the rungs it dominates
+     (A1), because partial offload does ZeRO-3's work plus the PCIe copies of the offloaded fraction, and its
+     optimizer step runs the GPU sub-groups and then the CPU ones one after the other (deepspeed
+     runtime/zero/stage3.py `step`: `for sub_group_id ...: self._optimizer_step(sub_group_id)`, line 2910;
+     `_optimizer_step` picks CPU Adam or the GPU backup optimizer per sub-group, line 1235). Full offload
+     (ratio 1) never bounds a partial ratio: it does more host work, not less.
 BOUND_SLACK keeps a margin for noise before a bound may drop anything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from autotune.ladder import Candidate, Rung
+from autotune.ladder import Candidate, Mode, Rung
 
 BOUND_SLACK = 0.05  # a bound must clear the best measured speed by this much before a candidate is dropped
 OPTIMIZER_BYTES_PER_PARAM = 28  # Adam pass: 16 bytes read + 12 written per fp32 parameter (deepspeed csrc/adam)
@@ -140,6 +148,7 @@ class GroupMeasurements:
     rung: Rung
     grad_checkpointing: bool
     points: tuple[tuple[int, float], ...]
+    mode: Mode = field(default_factory=Mode)
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,8 @@ def _bounds(group: GroupMeasurements, other: Candidate, ctx: BoundContext) -> fl
     """Upper bound on `other`'s per-rank samples/s from one measured group, or None if it gives none."""
     if other.grad_checkpointing != group.grad_checkpointing and group.grad_checkpointing:
         return None  # A2 only bounds a checkpointed candidate by a non-checkpointed group
+    if other.mode != group.mode and not _zero3_bounds_partial_offload(group, other):
+        return None  # A4: a mode is bounded only by its own measurements
     if other.rung is not group.rung:
         if other.rung not in dominated_rungs(group.rung):
             return None
@@ -173,6 +184,20 @@ def _bounds(group: GroupMeasurements, other: Candidate, ctx: BoundContext) -> fl
     return other.micro_batch / seconds if seconds > 0 else None
 
 
+def _partial_offload_only(mode: Mode) -> bool:
+    return mode.offload_ratio != 1.0 and Mode(offload_ratio=mode.offload_ratio) == mode
+
+
+def _zero3_bounds_partial_offload(group: GroupMeasurements, other: Candidate) -> bool:
+    """A4's exception: classic ZeRO-3 (nothing offloaded) measured, a partial optimizer offload candidate."""
+    return (
+        group.mode.is_classic
+        and group.rung.offload_optimizer is None
+        and _partial_offload_only(other.mode)
+        and other.rung in dominated_rungs(group.rung)
+    )
+
+
 def could_beat(
     best_samples_per_s: float, groups: list[GroupMeasurements], other: Candidate, ctx: BoundContext
 ) -> tuple[bool, str]:
@@ -185,7 +210,8 @@ def could_beat(
         return True, ""
     bound, group = min(bounds, key=lambda item: item[0])
     if bound * (1 + BOUND_SLACK) <= best_samples_per_s:
-        source = f"{group.rung.value}{'/ckpt' if group.grad_checkpointing else ''}"
+        mode = "" if group.mode.is_classic else f"/{'+'.join(group.mode.parts)}"
+        source = f"{group.rung.value}{'/ckpt' if group.grad_checkpointing else ''}{mode}"
         return False, (
             f"cannot beat the best measured: at micro-batch {other.micro_batch} the measurements of {source}"
             f" bound it at {bound:.2f} samples/s per rank < {best_samples_per_s:.2f} measured"

@@ -17,11 +17,14 @@ from autotune.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.environment import deepspeed_accelerator, preserved_environment
 from autotune.errors import NothingFitsError, TrialsFailedError, UserError
 from autotune.ladder import Candidate
+from autotune.modes import ModeFacts, considered_modes, facts_for, ratio_grid
+from autotune.optimizers import optimizer_kind
 from autotune.paths import cache_dir
 from autotune.recommend import host_line, passed_over_line, recommend
 from autotune.report import write_report
 from autotune.request import TuneRequest, output_path
 from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
+from autotune.search_modes import ModeRecord
 from autotune.stop import StopReason
 from autotune.training_choices import training_choices_report
 from autotune.trial.types import TrialLauncher, TrialResult
@@ -114,6 +117,34 @@ def script_launcher(request: TuneRequest) -> TrialLauncher | None:
     return ScriptLauncher(request.command)
 
 
+def mode_facts(ctx: TuneContext) -> ModeFacts:
+    """What autotune.modes needs to decide which modes apply to this tuning run."""
+    request = ctx.request
+    return facts_for(ctx.target, request.device, ds_optimizer=optimizer_kind(request.optimizer).ds_type is not None)
+
+
+def _never_run(candidate: Candidate) -> tuple[TrialResult, bool]:
+    raise AssertionError(f"plan-only: no trial may run ({candidate.key})")
+
+
+def planned_modes(ctx: TuneContext) -> list[ModeRecord]:
+    """Plan-only: the modes considered per rung with the memory model's prediction, none trial-verified."""
+    request = ctx.request
+    facts = mode_facts(ctx)
+    search = Search(
+        ctx.model,
+        ctx.target,
+        ctx.settings,
+        _never_run,
+        ctx.rungs,
+        ctx.grid,
+        SearchLimits(request.max_trials, request.time_budget_s, request.headroom),
+        modes=lambda rung: considered_modes(rung, facts),
+        offload_ratios=tuple(r for r in ratio_grid() if 0.0 < r < 1.0),
+    )
+    return search.plan_modes()
+
+
 def _search(
     ctx: TuneContext, cache: ResultsCache | None, launcher: TrialLauncher, observe: Callable[[SearchEvent], None]
 ) -> SearchOutcome:
@@ -129,6 +160,7 @@ def _search(
         return result, False
 
     request = ctx.request
+    facts = mode_facts(ctx)
     search = Search(
         ctx.model,
         ctx.target,
@@ -139,6 +171,8 @@ def _search(
         SearchLimits(request.max_trials, request.time_budget_s, request.headroom),
         observe,
         global_batch=request.global_batch,
+        modes=lambda rung: considered_modes(rung, facts),
+        offload_ratios=tuple(r for r in ratio_grid() if 0.0 < r < 1.0),
     )
     return search.run_search()
 
@@ -228,6 +262,7 @@ def _report_data(
         "margin": outcome.margin if outcome else None,  # best vs runner-up after re-measuring close calls
         "noise": outcome.noise if outcome else None,
         "calibration": outcome.calibration.to_dict() if outcome else None,
+        "modes": [m.to_dict() for m in (outcome.modes if outcome else planned_modes(ctx))],  # issue 19
         "plan": plan_data,
         "elapsed_s": elapsed_s,
         "versions": library_versions(),

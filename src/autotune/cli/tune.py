@@ -51,6 +51,7 @@ from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.hook.leader import BestVerified
+    from autotune.ladder import Candidate
     from autotune.search import SearchEvent
     from autotune.tuner import TuneRequest, TuneResult
 
@@ -104,7 +105,16 @@ class TrialProgress:
         elif event.kind == "prepare":
             self.line(event.message)
         elif event.kind == "skip":
-            self.line(f"skip {event.candidate.rung.value if event.candidate else ''}: {event.message}")
+            self.line(f"skip {_group_label(event.candidate)}: {event.message}")
+
+
+def _group_label(candidate: Candidate | None) -> str:
+    """'z3+offload_opt + ckpt (offload ratio 0.5)': the skipped group, its checkpointing and any mode."""
+    if candidate is None:
+        return ""
+    ckpt = " + ckpt" if candidate.grad_checkpointing else ""
+    mode = "" if candidate.mode.is_classic else f" ({candidate.mode.label})"
+    return f"{candidate.rung.value}{ckpt}{mode}"
 
 
 def _print_summary(result: TuneResult) -> None:

@@ -27,9 +27,10 @@ OOM_CLEARANCE = 0.02
 
 
 def _group(key: str) -> str:
-    """Candidate key without its micro-batch: 'z2/mb4/ckpt' -> 'z2/ckpt'."""
-    rung, _, checkpointing = key.split("/")
-    return f"{rung}/{checkpointing}"
+    """Candidate key without its micro-batch: 'z2/mb4/ckpt' -> 'z2/ckpt'; a mode stays in the group
+    ('z3+offload_opt/mb4/nockpt/ratio0.3' -> 'z3+offload_opt/nockpt/ratio0.3')."""
+    parts = key.split("/")
+    return "/".join(parts[:1] + parts[2:])
 
 
 def _fit_scale(observations: list[dict], prior: float) -> float:

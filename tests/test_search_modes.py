@@ -1,0 +1,409 @@
+"""The search with the memory modes of issue 19: the offload ratio bisected and confirmed by trials, modes compared by
+measured speed only, never pruned by the ladder's order, and planned-only modes never picked.
+
+The memory model and the trial runner are fakes here (no DeepSpeed, no timing): each test says what the model
+believes and what the "machine" does, so a test fails when the search trusts the wrong one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
+from autotune.hardware import Target, generic_gpu
+from autotune.ladder import Candidate, Mode, Rung
+from autotune.models import resolve_model, summarize
+from autotune.modes import ModeFacts, ModeOption, considered_modes, ratio_grid
+from autotune.report import render_markdown
+from autotune.search import MemoryModel, Search, SearchLimits
+from autotune.search_modes import ModeRecord, is_ratio_mode, smallest_fitting_ratio
+from autotune.speed import BoundContext, GroupMeasurements, could_beat
+from autotune.trial.types import RankMetrics, TrialResult
+
+GIB = 2**30
+RATIOS = tuple(r for r in ratio_grid() if 0.0 < r < 1.0)
+GRID = [1, 2, 4, 8]
+
+
+def test_bisection_finds_the_smallest_fitting_ratio_in_log_steps() -> None:
+    asked: list[float] = []
+
+    def fits(ratio: float) -> bool:
+        asked.append(ratio)
+        return ratio >= 0.62  # the fake estimator: GPU memory falls as the ratio rises
+
+    assert smallest_fitting_ratio(RATIOS, fits) == 0.65  # the next real setting above 0.62 (5% steps)
+    assert len(asked) <= 6  # log2(19) + 1, not a linear scan
+    assert smallest_fitting_ratio(RATIOS, lambda r: False) is None
+    assert smallest_fitting_ratio(RATIOS, lambda r: True) == RATIOS[0]
+    assert smallest_fitting_ratio([], lambda r: True) is None
+
+
+# -- a fake memory model and machine --------------------------------------------------------------------------
+def _peak_gib(candidate: Candidate, optimizer_gib: float) -> float:
+    """Z3: 4 GiB of weights and gradients + the optimizer states; optimizer offload keeps (1 - ratio) of them;
+    1 GiB of activations per sample."""
+    kept = 0.0 if candidate.rung.offload_optimizer else 1.0
+    if candidate.rung.offload_optimizer:
+        kept = 1.0 - candidate.mode.offload_ratio
+    return 4 + optimizer_gib * kept + candidate.micro_batch
+
+
+@dataclass
+class FakeMemory:
+    """What the search believes: optimizer states of `optimizer_gib`; records the OOM calibrations it is given."""
+
+    optimizer_gib: float = 12.0
+    oom_calibrations: list[Candidate] = field(default_factory=list)
+
+    def estimate(self, model, target, candidate, settings, calibration=None) -> MemoryEstimate:
+        peak = int(_peak_gib(candidate, self.optimizer_gib) * GIB)
+        return MemoryEstimate(candidate, peak, 0, 0)
+
+    def calibrate(self, calibration, model, target, candidate, settings, measured) -> Calibration:
+        return Calibration(samples=calibration.samples + 1)
+
+    def calibrate_oom(self, calibration, model, target, candidate, settings, limit) -> Calibration:
+        self.oom_calibrations.append(candidate)
+        return Calibration(samples=calibration.samples + 1)
+
+    def model(self) -> MemoryModel:
+        return MemoryModel(self.estimate, self.calibrate, self.calibrate_oom)
+
+
+@dataclass
+class FakeMachine:
+    """What is true: optimizer states of `optimizer_gib`; step time = compute + the offloaded share's CPU Adam
+    (`cpu_adam_s` for the whole optimizer), so less offload is faster; `fast_modes` run twice as fast."""
+
+    memory_bytes: int
+    optimizer_gib: float = 12.0
+    cpu_adam_s: float = 2.0
+    fast_modes: tuple[Mode, ...] = ()
+    launched: list[Candidate] = field(default_factory=list)
+
+    def run(self, candidate: Candidate) -> tuple[TrialResult, bool]:
+        self.launched.append(candidate)
+        peak = int(_peak_gib(candidate, self.optimizer_gib) * GIB)
+        if peak > self.memory_bytes:
+            return TrialResult(status="oom_gpu", error="torch.OutOfMemoryError: CUDA out of memory."), False
+        offloaded = candidate.mode.offload_ratio if candidate.rung.offload_optimizer else 0.0
+        step = 0.2 + 0.1 * candidate.micro_batch + self.cpu_adam_s * offloaded
+        if candidate.mode in self.fast_modes:
+            step /= 2
+        result = TrialResult(
+            status="ok",
+            ranks=[RankMetrics(0, device_used_bytes=peak)],
+            step_times_s=[step] * 3,
+            samples_per_s=candidate.micro_batch / step,
+        )
+        return result, False
+
+
+def _search(
+    machine: FakeMachine, memory: FakeMemory, options, rungs, max_trials: int = 30, headroom: float = 1.0
+) -> Search:
+    model = summarize(resolve_model("gpt2"))
+    target = Target(generic_gpu(machine.memory_bytes), 1, 1, machine.memory_bytes, 512 * GIB, None, True)
+    return Search(
+        model,
+        target,
+        EstimateSettings(seq_len=128),
+        machine.run,
+        rungs,
+        GRID,
+        SearchLimits(max_trials=max_trials, headroom=headroom),
+        modes=lambda rung: options.get(rung, []),
+        offload_ratios=RATIOS,
+        memory=memory.model(),
+    )
+
+
+def _partial(rung: Rung = Rung.Z3_OFFLOAD_OPT, verifiable: bool = True) -> ModeOption:
+    return ModeOption(Mode(offload_ratio=0.5), "partial_offload", True, "between ZeRO-3 and full offload", verifiable)
+
+
+def test_partial_offload_is_searched_and_wins_although_full_offload_was_measured_slower_first() -> None:
+    """Z3 does not fit at all (16 GiB of states + activations > 16 GiB); full offload fits everything but is slow;
+    the smallest ratio that fits at the largest micro-batch wins. The ladder puts full offload first; its
+    measurement must not bound partial offload (it does more host work, not less)."""
+    machine = FakeMachine(memory_bytes=16 * GIB)
+    search = _search(machine, FakeMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3, Rung.Z3_OFFLOAD_OPT])
+    outcome = search.run_search()
+    classic_full = [c for c in machine.launched if c.rung is Rung.Z3_OFFLOAD_OPT and c.mode.is_classic]
+    partial = [c for c in machine.launched if is_ratio_mode(c.mode)]
+    assert classic_full and partial
+    assert machine.launched.index(classic_full[0]) < machine.launched.index(partial[0])
+    assert outcome.best is not None and is_ratio_mode(outcome.best.candidate.mode)
+    # at micro-batch 8: 4 + 12 (1 - r) + 8 <= 16 -> r >= 2/3 -> 0.7, the smallest real setting that fits
+    assert outcome.best.candidate == Candidate(Rung.Z3_OFFLOAD_OPT, 8, False, Mode(offload_ratio=0.7))
+    record = next(m for m in outcome.modes if is_ratio_mode(m.mode))
+    assert record.status == "measured" and record.samples_per_s == outcome.best.result.samples_per_s
+    assert record.trials == len(partial)
+
+
+def test_bounds_never_let_full_offload_prune_partial_offload_but_zero3_may() -> None:
+    context = BoundContext(checkpointing_cost=1.3, optimizer_saving_s=None)
+    partial = Candidate(Rung.Z3_OFFLOAD_OPT, 4, False, Mode(offload_ratio=0.3))
+    full_offload = GroupMeasurements(Rung.Z3_OFFLOAD_OPT, False, ((4, 4.0), (2, 2.1)))
+    assert could_beat(100.0, [full_offload], partial, context)[0]  # measured 1 sample/s: still not a bound
+    zero3 = GroupMeasurements(Rung.Z3, False, ((4, 4.0), (2, 2.1)))
+    beatable, why = could_beat(100.0, [zero3], partial, context)
+    assert not beatable and "z3" in why  # ZeRO-3 does less work than any partial offload at the same batch
+    other_mode = GroupMeasurements(Rung.Z3, False, ((4, 4.0), (2, 2.1)), Mode(hpz_partition_size=8))
+    assert could_beat(100.0, [other_mode], partial, context)[0]  # a different mode bounds nothing
+
+
+def test_an_oom_at_ratio_r_moves_the_next_try_up_and_calibrates() -> None:
+    """The model thinks the optimizer states are 12 GiB, the machine has 14: the predicted smallest ratio runs out
+    of memory; the next try at the same micro-batch is a larger ratio, and the OOM went to the calibration."""
+    machine = FakeMachine(memory_bytes=16 * GIB, optimizer_gib=14.0)
+    memory = FakeMemory(optimizer_gib=12.0)
+    search = _search(machine, memory, {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT])
+    outcome = search.run_search()
+    partial = [c for c in machine.launched if is_ratio_mode(c.mode)]
+    first = partial[0]
+    assert first.mode.offload_ratio == 0.7 and machine.run(first)[0].status == "oom_gpu"
+    following = partial[1]
+    assert following.micro_batch == first.micro_batch
+    assert following.mode.offload_ratio > first.mode.offload_ratio
+    assert first in memory.oom_calibrations
+    assert all(t.within_headroom or t.memory_failure for t in outcome.trials)
+
+
+def test_two_measured_peaks_over_the_headroom_move_the_ratio_by_their_line() -> None:
+    """The model's slope is half the truth's (12 vs 24 GiB of optimizer states): stepping up one ratio at a time
+    by the model would miss again; the line through the two measured peaks lands on the smallest ratio that fits.
+    Limit 16 GiB (80% of 20): at micro-batch 8 the truth needs 4 + 24 (1 - r) + 8 <= 16, r >= 5/6 -> 0.85."""
+    machine = FakeMachine(memory_bytes=20 * GIB, optimizer_gib=24.0)
+    search = _search(machine, FakeMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT], headroom=0.8)
+    outcome = search.run_search()
+    at_8 = [
+        t
+        for t in outcome.trials
+        if is_ratio_mode(t.candidate.mode) and t.candidate.micro_batch == 8 and not t.candidate.grad_checkpointing
+    ]
+    assert [t.candidate.mode.offload_ratio for t in at_8] == [0.7, 0.75, 0.85]
+    assert [t.within_headroom for t in at_8] == [False, False, True]
+    assert all(t.result.peak_memory_bytes for t in at_8[:2])  # over the headroom, not OOM: their peaks are known
+
+
+def test_modes_that_cannot_run_here_are_planned_listed_and_never_picked() -> None:
+    """A mode the backend cannot run is predicted (and would be twice as fast): it is listed as planned, never
+    launched, never the pick; the same mode when verifiable is launched and wins on its measured speed."""
+    fast = Mode(hpz_partition_size=2)
+    option = ModeOption(fast, "hpz", True, "secondary partition", False)
+    machine = FakeMachine(memory_bytes=40 * GIB, fast_modes=(fast,))
+    outcome = _search(machine, FakeMemory(), {Rung.Z3: [option]}, [Rung.Z3]).run_search()
+    assert all(c.mode.is_classic for c in machine.launched)
+    assert outcome.best is not None and outcome.best.candidate.mode.is_classic
+    record = outcome.modes[0]
+    assert record.status == "planned" and record.predicted_peak_bytes and record.samples_per_s is None
+
+    verifiable = ModeOption(fast, "hpz", True, "secondary partition", True)
+    machine = FakeMachine(memory_bytes=40 * GIB, fast_modes=(fast,))
+    outcome = _search(machine, FakeMemory(), {Rung.Z3: [verifiable]}, [Rung.Z3]).run_search()
+    assert outcome.best is not None and outcome.best.candidate.mode == fast
+    assert outcome.modes[0].status == "measured"
+
+
+def test_modes_take_only_the_budget_the_classic_ladder_left() -> None:
+    machine = FakeMachine(memory_bytes=16 * GIB)
+    rungs = [Rung.Z3, Rung.Z3_OFFLOAD_OPT]
+    alone = FakeMachine(memory_bytes=16 * GIB)
+    _search(alone, FakeMemory(), {}, rungs, max_trials=3).run_search()
+    outcome = _search(machine, FakeMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, rungs, max_trials=3).run_search()
+    assert machine.launched == alone.launched  # the classic ladder spent the budget: no mode trial displaced it
+    assert len(machine.launched) == 3
+    record = outcome.modes[0]
+    assert record.status == "not tried" and "budget" in record.detail
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_report_lists_every_considered_mode_with_its_reason(nodes: int) -> None:
+    facts = ModeFacts(nodes=nodes, gpus_per_node=4, device="cuda")
+    machine = FakeMachine(memory_bytes=16 * GIB)
+    search = _search(machine, FakeMemory(), {}, [Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT])
+    search.modes = lambda rung: considered_modes(rung, facts)
+    search.memory = FakeMemory().model()
+    outcome = search.run_search()
+    data = _report(outcome.to_dict())
+    text = render_markdown(data)
+    assert "## Modern modes" in text
+    expected = {(r.value, option.reason) for r in search.rungs for option in considered_modes(r, facts)}
+    lines = text.splitlines()
+    for rung, reason in expected:  # an applicable mode has its table row; the others a line naming their rungs
+        row = any(line.startswith(f"| {rung} |") and reason in line for line in lines)
+        listed = any(line.startswith("- ") and f" {rung}" in line and reason in line for line in lines)
+        assert row or listed, (rung, reason)
+    zero_pp = [m for m in data["modes"] if m["rung"] == "z3" and "hpZ" in m["label"]]
+    assert zero_pp and all(m["applies"] is (nodes > 1) for m in zero_pp)
+    if nodes == 1:
+        assert any("on one node" in m["reason"] for m in zero_pp)
+
+
+def _report(outcome: dict) -> dict:
+    best = outcome["best"]
+    choice = None
+    if best:
+        choice = {**best["candidate"], "description": "the choice", "samples_per_s": best["result"]["samples_per_s"]}
+    return {
+        "model": {"name": "gpt2"},
+        "verified": True,
+        "target_description": "a fake GPU",
+        "seq_len": 128,
+        "precision": "bf16",
+        "world_size": 1,
+        "headroom": 1.0,
+        "limit_bytes": 16 * GIB,
+        "device": "cuda",
+        "trials_launched": len(outcome["trials"]),
+        "elapsed_s": 0.0,
+        "stop_reason": outcome["stop_reason"],
+        "choice": choice,
+        "config_path": "ds_config.json",
+        "launch": {},
+        "trials": outcome["trials"],
+        "skipped": outcome["skipped"],
+        "modes": outcome["modes"],
+    }
+
+
+def test_mode_record_names_the_ratio_only_once_settled() -> None:
+    record = ModeRecord(Rung.Z3_OFFLOAD_OPT, Mode(offload_ratio=0.5), True, "why", True, status="not tried")
+    assert record.to_dict()["label"] == "partial offload (offload ratio searched)"
+    record.status, record.mode = "measured", Mode(offload_ratio=0.35)
+    assert record.to_dict()["label"] == "offload ratio 0.35"
+
+
+@pytest.mark.parametrize(
+    ("name", "mode_part"), [("partial-offload-beats-neighbours", "ratio"), ("zeropp-wins-across-nodes", "hpz")]
+)
+def test_simulated_cluster_where_a_mode_is_the_answer_and_the_search_finds_it(monkeypatch, name, mode_part) -> None:
+    """benchmarks/gpu_sim: its own physics of partial offload and ZeRO++ (not autotune's memory model); the
+    exhaustive reference includes every mode setting, and the classic ladder alone is measurably slower."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from gpu_sim.scenarios import SCENARIOS
+    from search_quality import run_scenario
+
+    row = run_scenario(next(s for s in SCENARIOS if s.name == name))
+    exhaustive, ours = row["exhaustive"], row["autotune"]
+    assert exhaustive["samples_per_s"] > 1.05 * exhaustive["classic_best"]["samples_per_s"]
+    assert mode_part in exhaustive["pick"] and mode_part in ours["pick"]
+    assert ours["quality"] >= 0.999, ours["tried"]
+    assert ours["trials"] <= ours["budget"]
+
+
+class _RatioSpeedLauncher:
+    """Stand-in trials for tune(): the less of the optimizer offloaded, the faster; memory flat. Records specs."""
+
+    def __init__(self) -> None:
+        self.configs: list[dict] = []
+
+    def run(self, spec) -> TrialResult:
+        self.configs.append(spec.ds_config)
+        offload = spec.ds_config["zero_optimization"].get("offload_optimizer") or {}
+        ratio = offload.get("ratio", 1.0) if offload else 0.0
+        step = 0.1 + 0.2 * ratio
+        return TrialResult(
+            status="ok",
+            ranks=[RankMetrics(0, host_rss_peak_bytes=500 * 2**20)],
+            step_times_s=[step] * 3,
+            samples_per_s=spec.ds_config["train_batch_size"] / step,
+        )
+
+
+def _tune_request(tmp_path, **overrides):
+    from autotune.tuner import TuneRequest
+
+    base = dict(
+        model="tiny-gpt2",
+        device="cpu",
+        memory_budget="2GiB",
+        seq_len=64,
+        precision="fp32",
+        micro_batches=(2, 4),
+        rungs=(Rung.Z3_OFFLOAD_OPT,),
+        out=str(tmp_path / "ds_config.json"),
+        use_cache=False,
+    )
+    return TuneRequest(**{**base, **overrides})
+
+
+def test_tune_passes_the_modes_to_the_search_and_writes_the_winning_ratio(tmp_path) -> None:
+    """tune() asks autotune.modes, trials carry DeepSpeed's ratio field, the winner's config keeps it, and the
+    report's Modern modes section names what was not applicable on one CPU rank and why."""
+    import json
+
+    from autotune import tune
+
+    launcher = _RatioSpeedLauncher()
+    result = tune(_tune_request(tmp_path), launcher=launcher)
+    ratios = [c["zero_optimization"]["offload_optimizer"].get("ratio") for c in launcher.configs]
+    assert any(r is not None and r < 1.0 for r in ratios)
+    assert result.candidate is not None and is_ratio_mode(result.candidate.mode)
+    written = json.loads(result.config_path.read_text())
+    assert written["zero_optimization"]["offload_optimizer"]["ratio"] == result.candidate.mode.offload_ratio
+    modes = result.report["modes"]
+    assert any(m["status"] == "measured" for m in modes)
+    assert any(not m["applies"] and "one node" in m["reason"] for m in modes)
+    text = result.report_path.read_text()
+    assert "## Modern modes" in text and "A mode won" in text
+    from autotune.report_plot import _trial_rows
+
+    assert any("ratio" in row["label"] for row in _trial_rows(result.report))  # the chart names the mode too
+
+
+@pytest.mark.slow
+def test_partial_offload_tuned_for_real_on_the_cpu_backend(tmp_path) -> None:
+    """Real DeepSpeed trials (DS_ACCELERATOR=cpu): the search runs partial offload, DeepSpeed accepts the ratio and
+    the sub_group_size that makes it act, and the trial comes back within the budget. Speeds are not compared
+    (a shared CPU's timing is noise); only that the mode ran and was reported."""
+    from autotune import tune
+
+    result = tune(_tune_request(tmp_path, max_trials=4))
+    partial = [t for t in result.report["trials"] if t["candidate"].get("mode")]
+    assert partial and all(t["result"]["status"] == "ok" for t in partial), partial
+    assert any(m["status"] == "measured" and m["trial_verifiable"] for m in result.report["modes"])
+
+
+def test_mode_trials_come_back_from_the_results_cache_and_bad_modes_do_not(tmp_path, caplog) -> None:
+    """A cached mode trial is replayed (not measured again); a stored mode with a wrong field is skipped."""
+    import json
+    import logging
+    import sqlite3
+
+    from autotune.cache import ResultsCache
+
+    cache = ResultsCache(tmp_path / "results.sqlite")
+    partial = Candidate(Rung.Z3_OFFLOAD_OPT, 4, False, Mode(offload_ratio=0.35))
+    result = TrialResult(
+        status="ok", ranks=[RankMetrics(0, device_used_bytes=GIB)], step_times_s=[1.0], samples_per_s=3.0
+    )
+    cache.put_trial("k", partial, result)
+    bad = {**partial.to_dict(), "mode": {**partial.mode.to_dict(), "offload_ratio": "0.35"}}
+    with sqlite3.connect(cache.path) as db:
+        db.execute("INSERT INTO trials VALUES ('k', ?, ?, 0)", (json.dumps(bad), json.dumps(result.to_dict())))
+    with caplog.at_level(logging.WARNING):
+        assert cache.trials("k") == {partial: result}
+    assert caplog.text.count("skipped a malformed cached trial") == 1
+
+
+def test_plan_only_lists_the_modes_as_predictions(tmp_path) -> None:
+    """No trials on this machine (a GPU type named, none here): the modes are still considered and predicted,
+    every one not trial-verified, and the pick stays the classic recommendation."""
+    from autotune import tune
+    from autotune.tuner import TuneRequest
+
+    request = TuneRequest(model="llama-2-7b", gpus=4, gpu_type="a10g", seq_len=256, out=str(tmp_path / "ds.json"))
+    result = tune(request)
+    assert not result.verified and result.candidate is not None and result.candidate.mode.is_classic
+    modes = result.report["modes"]
+    assert modes and not any(m["trial_verifiable"] for m in modes)
+    partial = next(m for m in modes if m["rung"] == "z3+offload_opt" and m["mode"]["offload_ratio"] != 1.0)
+    assert partial["status"] == "planned" and partial["predicted_peak_bytes"] and partial["micro_batch"] > 0
+    assert "Plan only: every mode below is a prediction" in result.report_path.read_text()
