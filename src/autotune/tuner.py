@@ -129,20 +129,30 @@ def _never_run(candidate: Candidate) -> tuple[TrialResult, bool]:
 
 def planned_modes(ctx: TuneContext) -> list[ModeRecord]:
     """Plan-only: the modes considered per rung with the memory model's prediction, none trial-verified."""
+    return _context_search(ctx, _never_run).plan_modes()
+
+
+def _context_search(
+    ctx: TuneContext,
+    run: Callable[[Candidate], tuple[TrialResult, bool]],
+    observe: Callable[[SearchEvent], None] = lambda event: None,
+) -> Search:
+    """The search for this context: its rungs, grid, limits, global batch and the modes that apply here."""
     request = ctx.request
     facts = mode_facts(ctx)
-    search = Search(
+    return Search(
         ctx.model,
         ctx.target,
         ctx.settings,
-        _never_run,
+        run,
         ctx.rungs,
         ctx.grid,
         SearchLimits(request.max_trials, request.time_budget_s, request.headroom),
+        observe,
+        global_batch=request.global_batch,
         modes=lambda rung: considered_modes(rung, facts),
         offload_ratios=tuple(r for r in ratio_grid() if 0.0 < r < 1.0),
     )
-    return search.plan_modes()
 
 
 def _search(
@@ -159,22 +169,7 @@ def _search(
             cache.put_trial(key, candidate, result)
         return result, False
 
-    request = ctx.request
-    facts = mode_facts(ctx)
-    search = Search(
-        ctx.model,
-        ctx.target,
-        ctx.settings,
-        run,
-        ctx.rungs,
-        ctx.grid,
-        SearchLimits(request.max_trials, request.time_budget_s, request.headroom),
-        observe,
-        global_batch=request.global_batch,
-        modes=lambda rung: considered_modes(rung, facts),
-        offload_ratios=tuple(r for r in ratio_grid() if 0.0 < r < 1.0),
-    )
-    return search.run_search()
+    return _context_search(ctx, run, observe).run_search()
 
 
 def _no_trial_completed(outcome: SearchOutcome) -> str | None:
