@@ -324,3 +324,81 @@ def test_split_lengths_match_autograd_on_tiny_t5(encoder_len, decoder_len):
     )
     predicted = activation_breakdown(summarize(source), settings, False).total(2)
     assert predicted == pytest.approx(measured, rel=0.10), f"predicted {predicted}, measured {measured}"
+
+
+def stage3_offload(ratio: float | None, sub_group_size: int | None, device: str | None = "cpu") -> dict:
+    zero: dict = {"stage": 3}
+    if device:
+        zero["offload_optimizer"] = {"device": device, "pin_memory": True}
+        if ratio is not None:
+            zero["offload_optimizer"]["ratio"] = ratio
+    if sub_group_size is not None:
+        zero["sub_group_size"] = sub_group_size
+    return {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero}
+
+
+LLAMA_1B_ON_24G = ("--model", "llama-3.2-1b", "--gpu-memory", "24GiB", "--seq-len", "1024")
+
+
+def _plan_and_check_peak(capsys, tmp_path: Path, name: str, config: dict) -> tuple[dict, int]:
+    """plan --config's answer and check --model's predicted peak for the same config: one fit rule."""
+    path = write(tmp_path, name, config)
+    _, planned = plan_json(capsys, *LLAMA_1B_ON_24G, "--config", path)
+    model = summarize(resolve_model("llama-3.2-1b", False))
+    report = check_config(Path(path), resolve_context(None, 1, None, "24GiB"), None, model, 1024, False)
+    assert report.fit is not None
+    return planned, report.fit.gpu_peak_bytes
+
+
+def test_config_offload_ratio_is_predicted_as_written_by_plan_and_check(capsys, tmp_path):
+    """A user's ratio 0.3 (with a sub_group_size that cuts ~20 sub-groups) keeps 70% of the optimizer states on the
+    GPU: above full offload, below no offload (all three at the same sub_group_size, which also bounds ZeRO-3's
+    fp32 step buffer); plan --config and check give the same peak to the byte."""
+    size = summarize(resolve_model("llama-3.2-1b", False)).trainable_params // 20
+    peaks = {}
+    for name, config in (
+        ("partial", stage3_offload(0.3, size)),
+        ("full", stage3_offload(1.0, size)),
+        ("none", stage3_offload(None, size, device=None)),
+    ):
+        planned, checked = _plan_and_check_peak(capsys, tmp_path, f"{name}.json", config)
+        assert planned["estimate"]["gpu_peak_bytes"] == checked
+        peaks[name] = checked
+        if name == "partial":
+            assert planned["candidate"]["mode"]["offload_ratio"] == 0.3
+            assert planned["estimate"]["gpu_components"]["partial_offload_states"] > 0
+            assert 0 < planned["pinned_host_bytes"] <= planned["estimate"]["host_ram_bytes"]
+    assert peaks["full"] < peaks["partial"] < peaks["none"]
+
+
+def test_config_ratio_is_cut_by_the_users_sub_group_size(capsys, tmp_path):
+    """DeepSpeed cuts sub-groups by the config's sub_group_size: with its default 1e9 a 1.2B model is two
+    sub-groups per rank, so ratio 0.6 keeps int(0.4 x 2) = 0 on the GPU: the same peak as full offload, and a note."""
+    default, _ = _plan_and_check_peak(capsys, tmp_path, "default.json", stage3_offload(0.6, None))
+    full, _ = _plan_and_check_peak(capsys, tmp_path, "full.json", stage3_offload(1.0, None))
+    fine, _ = _plan_and_check_peak(capsys, tmp_path, "fine.json", stage3_offload(0.6, 50_000_000))
+    assert default["estimate"]["gpu_peak_bytes"] == full["estimate"]["gpu_peak_bytes"]
+    assert any("offloads every sub-group" in note and "stage3.py:1105" in note for note in default["notes"])
+    assert fine["estimate"]["gpu_peak_bytes"] > full["estimate"]["gpu_peak_bytes"]
+    assert not any("offloads every sub-group" in note for note in fine["notes"])
+
+
+def test_config_modes_deepspeed_ignores_are_noted_not_predicted(capsys, tmp_path):
+    nvme = stage3_offload(0.5, 10_000_000, device="nvme")
+    nvme["zero_optimization"]["offload_optimizer"]["nvme_path"] = str(tmp_path)
+    nvme["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": str(tmp_path)}
+    planned, _ = _plan_and_check_peak(capsys, tmp_path, "nvme.json", nvme)
+    assert "mode" not in planned["candidate"]
+    assert any("ratio 0.5 is ignored" in note and "stage3.py:1121" in note for note in planned["notes"])
+    zero2 = {**stage2(False), "zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}}
+    zero2["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "super_offload": True}
+    planned, _ = _plan_and_check_peak(capsys, tmp_path, "z2.json", zero2)
+    assert "mode" not in planned["candidate"]
+    assert any("ignored below ZeRO-3" in note and "zero_hpz_partition_size" in note for note in planned["notes"])
+    assert any("super_offload" in note and "engine.py:2749" in note for note in planned["notes"])
+
+
+def test_config_ratio_below_stage_3_is_deepspeeds_refusal(capsys, tmp_path):
+    config = {**stage2(True), "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}
+    code, out, err = plan(capsys, *GPT2_ON_24G, "--config", write(tmp_path, "z2r.json", config))
+    assert code == 2 and "Partial offloading only supported for ZeRO Stage 3" in err and out == ""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.check import schema
+from autotune.check.config_mode import config_mode
 from autotune.check.context import CheckContext
 from autotune.check.findings import Finding, FitResult, Severity
 from autotune.check.rules import ZERO, resolve_batch, zero_stage
@@ -199,10 +200,13 @@ def predict_config(
         optimizer=optimizer,
         knobs=knobs,
     )
-    candidate = Candidate(rung, micro, grad_checkpointing)
+    # issue 19: the modern mode the section runs (ratio, ZenFlow, ZeRO++, SuperOffload), cut by its sub_group_size
+    per_rank = -(-model.trainable_params // target.world_size)
+    mode, mode_notes = config_mode(section, rung, per_rank, knobs.sub_group_size)
+    candidate = Candidate(rung, micro, grad_checkpointing, mode)
     predicted = estimate(model, target, candidate, settings)
     verdict = check_fit(predicted, target, headroom)
-    notes = [n for n in (note, optimizer_note) if n]
+    notes = [n for n in (note, optimizer_note) if n] + mode_notes
     if isinstance(config.get("activation_checkpointing"), dict):
         notes.append(
             "the activation_checkpointing section acts only on models that call deepspeed.checkpointing;"
@@ -225,7 +229,8 @@ def _pinned(zero: Any, predicted: MemoryEstimate) -> int:
     pinned = host.get("optimizer_swap_buffers", 0) + host.get("param_swap_buffers", 0)
     sections = [s for s in (zero.offload_optimizer, zero.offload_param) if s is not None and str(s.device) != "none"]
     if any(getattr(s, "pin_memory", False) for s in sections):
-        pinned += host.get("offloaded_states", 0)
+        # a partial offload ratio keeps part of the states on the GPU (estimate/modes.py): negative on the host
+        pinned += host.get("offloaded_states", 0) + host.get("partial_offload_host_saving", 0)
     return pinned
 
 

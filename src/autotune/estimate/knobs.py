@@ -49,6 +49,10 @@ class ZeroKnobs:
     # trials)? Without it the engine moves the whole cast model to the GPU before partitioning it
     # (runtime/engine.py:2093-2094) and the caching allocator keeps those blocks reserved. None: not known.
     zero_init: bool | None = True
+    # Whose sub_group_size cuts the sub-groups an offload ratio splits (stage3.py:1105, 1210-1233): False for
+    # autotune's own configs (dsconfig emits modes.ratio_sub_group_size with every ratio < 1), True for a user's
+    # config read by from_ds_config, where DeepSpeed cuts by the value written (or its default 1e9).
+    sub_group_size_as_written: bool = False
 
     @classmethod
     def from_ds_config(
@@ -85,6 +89,7 @@ class ZeroKnobs:
             gradient_accumulation_steps=_steps(gradient_accumulation_steps),
             optimizer=optimizer,
             zero_init=zero_init,
+            sub_group_size_as_written=True,
         )
 
     def with_accumulation(self, steps: int) -> ZeroKnobs:

@@ -95,7 +95,12 @@ class ModeMemory:
 
 
 def partial_offload_device_elements(
-    ratio: float, per_rank: int, first_param_per_rank: int = 0, tensor_per_rank: int = 0, steps: int = RATIO_STEPS
+    ratio: float,
+    per_rank: int,
+    first_param_per_rank: int = 0,
+    tensor_per_rank: int = 0,
+    steps: int = RATIO_STEPS,
+    sub_group_size: int | None = None,
 ) -> int:
     """Elements of one rank's fp32 partition that DeepSpeed keeps on the device for `ratio`.
 
@@ -108,11 +113,13 @@ def partial_offload_device_elements(
     cut a little past sub_group_size: a sub-group closes on the tensor that crosses the size, overshooting by half a
     layer tensor on average (`tensor_per_rank`: the MLP matrix, hidden x intermediate, a layer's largest). Checked
     against DeepSpeed's own cut on GPT-2 in tests/test_modes.py. Non-decreasing as the ratio falls, so the GPU
-    estimate stays monotone for the search's bisection.
+    estimate stays monotone for the search's bisection. `sub_group_size`: the size a user's config cuts by
+    (DeepSpeed's default 1e9 when it says none); None: dsconfig's own, per_rank / steps.
     """
     if ratio >= 1.0 or per_rank <= 0:
         return 0
-    size = max(1, math.ceil(per_rank / steps))  # dsconfig's sub_group_size (autotune.modes.ratio_sub_group_size)
+    # dsconfig's sub_group_size (autotune.modes.ratio_sub_group_size), or the config's as written
+    size = max(1, math.ceil(per_rank / steps) if sub_group_size is None else sub_group_size)
     first = min(per_rank, max(first_param_per_rank, size))
     size += min(size, tensor_per_rank) // 2
     sub_groups = 1 + math.ceil((per_rank - first) / size)
@@ -154,13 +161,15 @@ def mode_memory(
         # the token embedding is the first parameter, and trainable only when the whole model is
         first = math.ceil(model.embedding_params / world) if trainable == model.total_params else 0
         tensor = math.ceil(model.hidden_size * model.intermediate_size / world)
-        on_device = partial_offload_device_elements(mode.offload_ratio, per_rank, first, tensor)
+        written = knobs.sub_group_size if knobs.sub_group_size_as_written else None
+        on_device = partial_offload_device_elements(mode.offload_ratio, per_rank, first, tensor, sub_group_size=written)
         moved = PARTIAL_OFFLOAD_DEVICE_BYTES * on_device
         device["partial_offload_states"] = moved
         host["partial_offload_host_saving"] = -moved
         if on_device > 0:
             # one step call per sub-group; the largest on the device is the first (the embedding, or a full one)
-            sub_group = min(per_rank, max(first, math.ceil(per_rank / RATIO_STEPS)))
+            size = math.ceil(per_rank / RATIO_STEPS) if written is None else written
+            sub_group = min(per_rank, max(first, size))
             step_temporary += OPTIMIZER_STEP_TEMPORARY_BYTES["torch_foreach"] * sub_group
     if mode.zenflow:
         device["zenflow_selected_states"] = round(3 * weight_bytes * ZENFLOW_TOPK_RATIO * trainable)
