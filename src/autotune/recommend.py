@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from autotune.context import TuneContext
 from autotune.estimate import MemoryEstimate, Plan, PlanRow, check_fit, estimate, plan
 from autotune.ladder import LADDER, Candidate
+from autotune.mode_summary import ModeSummary
 from autotune.speed import prior_speed
 
 
@@ -91,6 +92,14 @@ def recommend(ctx: TuneContext) -> Recommendation:
         at_pick = estimate(ctx.model, ctx.target, candidate, ctx.settings)
     passed_over = fastest_row if fastest != candidate else None
     return Recommendation(result, candidate, row, at_pick, host_unknown, passed_over)
+
+
+def mode_summary(ctx: TuneContext) -> ModeSummary:
+    """The modern modes for `ctx` as predictions (the search's own plan-only records): shown beside the pick,
+    never in its place."""
+    from autotune.tuner import planned_modes  # tuner imports this module
+
+    return ModeSummary.from_records(planned_modes(ctx))
 
 
 def pinned_host_bytes(predicted: MemoryEstimate) -> int:

@@ -553,8 +553,19 @@ class Search:
             return  # without checkpointing it already fits: that is the plan
         if is_ratio_mode(mode):
             ratios = self._ratio_settings(mode)
-            top = self._predicted_max(rung, ckpt, 0.0, Mode(offload_ratio=ratios[-1]))
-            ratio = top and smallest_fitting_ratio(ratios, self._ratio_fits(rung, top, ckpt))
+            # GPU memory falls as the ratio rises but host RAM grows: where the largest ratio is over a host
+            # limit, a smaller one may still fit both (the host need falls with it), so walk down to it
+            top = next(
+                (mb for r in reversed(ratios) if (mb := self._predicted_max(rung, ckpt, 0.0, Mode(offload_ratio=r)))),
+                None,
+            )
+            # no trial will confirm a plan: the ratio must fit with the model's margin (as a classic plan row
+            # must), not on the point prediction a search's trials then confirm. Bisect on the GPU alone (monotone
+            # in the ratio); the host need grows with the ratio, so the smallest GPU fit is the best for the host
+            ratio = top and smallest_fitting_ratio(ratios, lambda r: self._fits_with_margin(rung, top, ckpt, r))
+            if ratio and not check_fit(self._estimate(Candidate(rung, top, ckpt, Mode(offload_ratio=ratio))),
+                                       self.target, self.limits.headroom).fits:  # fmt: skip
+                ratio = None
             mode = Mode(offload_ratio=ratio) if ratio else mode
         else:
             top = self._predicted_max(rung, ckpt, 0.0, mode)
@@ -590,6 +601,11 @@ class Search:
         """The calibrated point prediction within the limit: a trial confirms it (an OOM moves the ratio up), so
         the spread a plan-only answer must allow for (check_fit's margin) would only buy a slower ratio."""
         return self._estimate(candidate).gpu_peak_bytes <= self.limit_bytes
+
+    def _fits_with_margin(self, rung: Rung, mb: int, ckpt: bool, ratio: float) -> bool:
+        """GPU peak plus the model's margin within the limit at `ratio` (check_fit's GPU test, without host)."""
+        predicted = self._estimate(Candidate(rung, mb, ckpt, Mode(offload_ratio=ratio)))
+        return predicted.gpu_peak_bytes + predicted.gpu_margin_bytes <= self.limit_bytes
 
     def _ratio_fits(self, rung: Rung, mb: int, ckpt: bool) -> Callable[[float], bool]:
         """Whether the calibrated memory model says partial offload at ratio r fits (for the bisection)."""

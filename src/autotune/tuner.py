@@ -230,6 +230,7 @@ def _report_data(
     skipped = [
         {"rung": r.value, "grad_checkpointing": ck, "reason": why} for r, why in ctx.unavailable for ck in (False, True)
     ]
+    modes = outcome.modes if outcome else planned_modes(ctx)
     return {
         "model": {k: v for k, v in ctx.model.to_dict().items() if k != "config"},
         "target": ctx.target.to_dict(),
@@ -257,13 +258,21 @@ def _report_data(
         "margin": outcome.margin if outcome else None,  # best vs runner-up after re-measuring close calls
         "noise": outcome.noise if outcome else None,
         "calibration": outcome.calibration.to_dict() if outcome else None,
-        "modes": [m.to_dict() for m in (outcome.modes if outcome else planned_modes(ctx))],  # issue 19
+        "modes": [m.to_dict() for m in modes],  # issue 19
         "plan": plan_data,
         "elapsed_s": elapsed_s,
         "versions": library_versions(),
         "from_cache": False,
-        "nothing_fits_reason": None if candidate else _smallest_shortfall(plan_data, outcome),
+        "nothing_fits_reason": None if candidate else _smallest_shortfall(plan_data, outcome) + _mode_hint(modes),
     }
+
+
+def _mode_hint(records: list[ModeRecord]) -> str:
+    """A mode predicted to fit where nothing classic (or measured) does: said in the "nothing fits" message."""
+    from autotune.mode_summary import ModeSummary
+
+    clause = ModeSummary.from_records([r for r in records if r.status == "planned"]).nothing_fits_hint()
+    return f"; but {clause}" if clause else ""
 
 
 def tune(

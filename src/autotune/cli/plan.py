@@ -45,6 +45,7 @@ from autotune.units import format_bytes
 if TYPE_CHECKING:
     from autotune.check.fit import ConfigFit
     from autotune.context import TuneContext
+    from autotune.mode_summary import ModeSummary
     from autotune.recommend import Recommendation
 
 _SHORT_LIMITS = {
@@ -85,7 +86,13 @@ def _components_line(row: PlanRow) -> str:
     return f"[bold]{row.rung.value}[/bold] {ckpt}, micro-batch {row.estimate.candidate.micro_batch}: {listed}"
 
 
-def _print_table(recommendation: Recommendation, verbose: bool) -> None:
+def _print_modes(modes: ModeSummary, picked: bool = True) -> None:
+    out = console()
+    for line in modes.lines(picked):
+        out.print(line, highlight=False, markup=False)
+
+
+def _print_table(recommendation: Recommendation, modes: ModeSummary, verbose: bool) -> None:
     result = recommendation.plan
     settings = result.settings
     target = result.target
@@ -131,6 +138,9 @@ def _print_table(recommendation: Recommendation, verbose: bool) -> None:
             "Try more GPUs or nodes, a shorter --seq-len, or an --nvme-path for the NVMe rungs"
             f"{' (or a machine with more host RAM)' if any(r.verdict.limit == 'host' for r in result.rows) else ''}."
         )
+        if hint := modes.nothing_fits_hint():
+            out.print(f"No classic rung fits, but {hint}.", highlight=False)
+        _print_modes(modes, picked=False)
         return
     from autotune.recommend import host_line, passed_over_line
 
@@ -146,6 +156,7 @@ def _print_table(recommendation: Recommendation, verbose: bool) -> None:
         out.print(f"  {passed_over_line(recommendation)}.", highlight=False)
     if recommendation.grid_note:
         out.print(f"  {recommendation.grid_note} (--micro-batches sets the grid).", highlight=False)
+    _print_modes(modes)
     if not target.measured:
         out.print(
             "[dim]CUDA context, NCCL and allocator figures are published defaults; a tuning run calibrates "
@@ -254,7 +265,7 @@ def plan_command(
     Exit codes: 0 something fits (--config: it fits), 2 bad input, 3 nothing fits (--config: it does not).
     """
     from autotune.context import TuneContext
-    from autotune.recommend import recommend
+    from autotune.recommend import mode_summary, recommend
     from autotune.request import TuneRequest
 
     request = TuneRequest(
@@ -295,6 +306,7 @@ def plan_command(
             raise NothingFitsError(f"{config} does not fit {ctx.target.describe()}: {fitted.verdict.reason}")
         return
     recommendation = recommend(ctx)
+    modes = mode_summary(ctx)
     if as_json:
         data = recommendation.plan.to_dict()
         row, candidate = recommendation.row, recommendation.candidate
@@ -302,11 +314,13 @@ def plan_command(
         data["recommended"] = candidate.to_dict() if candidate else None
         data["recommended_estimate"] = recommendation.estimate.to_dict() if recommendation.estimate else None
         data["host_ram_known"] = not recommendation.host_unknown
+        data["modes"] = modes.to_dict()
         print_json(data)
     else:
-        _print_table(recommendation, verbose)
+        _print_table(recommendation, modes, verbose)
     if recommendation.candidate is None:
-        raise NothingFitsError(f"nothing fits {ctx.target.describe()} (see the table for the closest rung)")
+        hint = f"; but {clause}" if (clause := modes.nothing_fits_hint()) else ""
+        raise NothingFitsError(f"nothing fits {ctx.target.describe()} (see the table for the closest rung){hint}")
 
 
 def _config_json(ctx: TuneContext, fitted: ConfigFit) -> dict:
