@@ -23,6 +23,8 @@ from autotune.modes import (
     ModeFacts,
     applicable_modes,
     considered_modes,
+    deepspeed_ratio,
+    device_sub_groups,
     facts_for,
     is_superchip,
     mode_applies,
@@ -312,7 +314,8 @@ def test_device_elements_match_deepspeeds_own_cut_on_gpt2(world: int) -> None:
     )
     per_group = [sum(p.partition_numel() for p in group) for group in cut]
     for ratio in ratio_grid():
-        deepspeed_device = sum(per_group[: int((1 - ratio) * len(cut))])
+        written = deepspeed_ratio(ratio)  # what dsconfig writes, and what DeepSpeed's expression then reads
+        deepspeed_device = sum(per_group[: int((1 - written) * len(cut))])
         per_rank, mlp = math.ceil(sum(sizes) / world), math.ceil(768 * 3072 / world)
         modelled = partial_offload_device_elements(ratio, per_rank, per_rank_sizes[0], mlp)
         # never under DeepSpeed's cut by more than rounding, at most about two sub-groups over (conservative)
@@ -366,3 +369,44 @@ def test_a_users_zero_section_reads_back_as_the_mode_that_wrote_it() -> None:
                 zero = build_ds_config(Candidate(rung, 1, False, mode), replace(settings, world_size=facts.world_size))
                 assert mode_from_zero_section(zero["zero_optimization"]) == mode
     assert mode_from_zero_section({"stage": 3}).is_classic
+
+
+@pytest.mark.parametrize("world", [1, 8])
+def test_every_grid_ratio_means_what_it_says_under_deepspeeds_expression(world: int) -> None:
+    """DeepSpeed keeps int((1 - r) * n) sub-groups on the device, in floating point (stage3.py:1105): written as
+    is, 0.9 keeps one of 20 (as 0.95 does) and 0.8 three (as 0.85). On the config dsconfig emits, DeepSpeed's own
+    cut (stage3.py:1210-1233) and its expression give floor((1 - r) x n) for every grid ratio, the count the memory
+    model assumes, and all 19 ratios are distinct settings."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    params = 20 * 4096 * world  # equal parameters: DeepSpeed's cut is exactly RATIO_STEPS sub-groups
+    sizes = [4096 * world] * 20
+    settings = TrainSettings(world_size=world, trainable_params=params)
+    device_counts = []
+    for ratio in (r for r in ratio_grid() if 0 < r < 1):
+        zero = build_ds_config(Candidate(Rung.Z3_OFFLOAD_OPT, 1, False, Mode(offload_ratio=ratio)), settings)
+        section = zero["zero_optimization"]
+        written = section["offload_optimizer"]["ratio"]
+        cut = DeepSpeedZeroOptimizer_Stage3._create_fp16_sub_groups(
+            SimpleNamespace(sub_group_size=section["sub_group_size"]), _fake_params(sizes, world)
+        )
+        deepspeed_count = int((1 - written) * len(cut))  # stage3.py:1105, verbatim
+        assert len(cut) == RATIO_STEPS
+        assert deepspeed_count == round((1 - ratio) * RATIO_STEPS) == device_sub_groups(ratio, len(cut))
+        per_rank, size = params // world, section["sub_group_size"]
+        # the memory model: the first int((1 - r) * n) sub-groups, plus its one conservative sub-group
+        modelled = partial_offload_device_elements(ratio, per_rank)
+        assert modelled == (min(per_rank, (deepspeed_count + 1) * size) if deepspeed_count else 0)
+        for n in range(1, 3 * RATIO_STEPS):  # any sub-group count: the exact floor, never the float's slip
+            assert int((1 - written) * n) == math.floor(round((1 - ratio) * RATIO_STEPS) * n / RATIO_STEPS)
+        device_counts.append(deepspeed_count)
+    assert len(set(device_counts)) == len(device_counts) == RATIO_STEPS - 1
+    assert int((1 - 0.9) * 20) == 1 and int((1 - deepspeed_ratio(0.9)) * 20) == 2  # the slip this fixes
+
+
+def test_a_users_ratio_is_predicted_with_deepspeeds_truncation_as_written() -> None:
+    """A user's 0.9 is what DeepSpeed reads: one sub-group of 20 on the device, not two."""
+    assert device_sub_groups(0.9, 20, as_written=True) == 1
+    assert device_sub_groups(0.9, 20) == 2
+    size = 1_000
+    assert partial_offload_device_elements(0.9, 20 * size, sub_group_size=size) == 2 * size  # 1 + the spare

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from autotune.hardware import GpuSpec, resolve_gpu_type
 from autotune.ladder import Candidate, Mode, Rung
 from autotune.models import ModelSummary
+from autotune.modes import device_sub_groups
 from autotune.trial.types import RankMetrics, TrialResult
 
 GB = 1e9
@@ -228,8 +229,8 @@ class SimulatedCluster:
         ratio (stage3.py:1105: sub-group i offloaded iff i >= int((1 - ratio) * sub_groups)), 0 without offload."""
         if not candidate.rung.offload_optimizer:
             return 0.0
-        ratio = candidate.mode.offload_ratio
-        on_gpu = int((1 - ratio) * SUB_GROUPS)
+        # DeepSpeed's expression on the ratio autotune writes (autotune.modes.deepspeed_ratio: 0.9 really acts as 0.9)
+        on_gpu = device_sub_groups(candidate.mode.offload_ratio, SUB_GROUPS)
         return (SUB_GROUPS - on_gpu) / SUB_GROUPS
 
     def _check_mode(self, candidate: Candidate) -> None:

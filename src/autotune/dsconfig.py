@@ -12,7 +12,7 @@ from unittest import mock
 from autotune.environment import parse_without_device
 from autotune.errors import UserError
 from autotune.ladder import Candidate
-from autotune.modes import ratio_sub_group_size
+from autotune.modes import deepspeed_ratio, ratio_sub_group_size
 from autotune.optimizers import ds_optimizer_section, optimizer_kind
 
 # DeepSpeed's default bucket sizes (element counts, not bytes).
@@ -123,7 +123,8 @@ def mode_fields(candidate: Candidate, settings: TrainSettings) -> dict[str, Any]
             raise ValueError(f"offload ratio {mode.offload_ratio:g} needs ZeRO-3 with CPU optimizer offload")
         if not settings.trainable_params:
             raise ValueError("an offload ratio needs TrainSettings.trainable_params to size sub_group_size")
-        extra["ratio"] = mode.offload_ratio
+        # the value for which DeepSpeed's float int((1 - r) * n) keeps the intended sub-group count (0.9 is 0.95's)
+        extra["ratio"] = deepspeed_ratio(mode.offload_ratio)
         # DeepSpeed applies the ratio per sub-group (runtime/zero/stage3.py:1105): without this a model under 1e9
         # params per rank is one sub-group and any ratio > 0 offloads everything.
         fields["sub_group_size"] = ratio_sub_group_size(settings.trainable_params, settings.world_size)

@@ -32,8 +32,10 @@ Sources (paths relative to the installed `deepspeed` package, 0.19.8):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from autotune.hardware import Target
 from autotune.ladder import Mode, Rung
@@ -162,7 +164,48 @@ def ratio_sub_group_size(trainable_params: int, world_size: int, steps: int = RA
     return max(1, math.ceil(per_rank / steps))
 
 
-def offloaded_fraction(ratio: float, sub_groups: int = RATIO_STEPS) -> float:
+# Sub-group counts per rank `deepspeed_ratio` keeps exact. dsconfig cuts about RATIO_STEPS (ratio_sub_group_size);
+# a few more (a tiny trailing sub-group, stage3.py:1210-1233) and a user's own sizes are covered with room to spare.
+MAX_EXACT_SUB_GROUPS = 8 * RATIO_STEPS
+
+
+def _intended_device_sub_groups(ratio: float, sub_groups: int) -> int:
+    """floor((1 - ratio) x n) in exact arithmetic: the count `ratio` means (the grid's ratios are k / RATIO_STEPS)."""
+    keep = 1 - Fraction(ratio).limit_denominator(RATIO_STEPS * 1000)
+    return math.floor(keep * sub_groups)
+
+
+@functools.lru_cache(maxsize=256)  # a pure function of one float, asked once per estimate: memoised
+def deepspeed_ratio(ratio: float) -> float:
+    """The offload ratio to WRITE so DeepSpeed keeps exactly floor((1 - ratio) x n) sub-groups on the device.
+
+    DeepSpeed computes `int((1 - ratio) * n)` in floating point (stage3.py:1105), so e.g. (1 - 0.9) * 20 is
+    1.9999999999999996 and ratio 0.9 acts as 0.95 (one device sub-group, not two); 0.8 acts as 0.85. The value
+    written is `ratio` moved down by the fewest floating-point steps for which DeepSpeed's own expression gives
+    the intended count for every n up to MAX_EXACT_SUB_GROUPS (a few ULPs: (1 - r) x n is a multiple of
+    1 / RATIO_STEPS, so the nudge never reaches the next count). Ratios the expression already gets right come
+    back unchanged (0.5, 0.25, 0.75, ...).
+    """
+    if not 0.0 <= ratio <= 1.0 or math.isnan(ratio):
+        raise ValueError(f"offload ratio must be within 0..1, got {ratio}")
+    written = ratio
+    for _ in range(64):
+        counts = range(1, MAX_EXACT_SUB_GROUPS + 1)
+        if all(int((1.0 - written) * n) == _intended_device_sub_groups(ratio, n) for n in counts):
+            return written
+        written = math.nextafter(written, 0.0)
+    raise ValueError(f"no floating-point offload ratio near {ratio} keeps DeepSpeed's sub-group count exact")
+
+
+def device_sub_groups(ratio: float, sub_groups: int, as_written: bool = False) -> int:
+    """Sub-groups DeepSpeed keeps on the device: its own int((1 - r) * n) (stage3.py:1105) on the value the config
+    carries: `deepspeed_ratio(ratio)` for autotune's configs (dsconfig writes that), `ratio` itself for a
+    user's config (`as_written`), where DeepSpeed's truncation applies as it stands."""
+    written = ratio if as_written else deepspeed_ratio(ratio)
+    return int((1.0 - written) * max(1, sub_groups))
+
+
+def offloaded_fraction(ratio: float, sub_groups: int = RATIO_STEPS, as_written: bool = False) -> float:
     """The fraction of sub-groups DeepSpeed really puts on the CPU for `ratio` (stage3.py:1105).
 
     Sub-group i stays on the device when i < int((1 - ratio) * n): the device share is rounded DOWN, so the host
@@ -170,8 +213,7 @@ def offloaded_fraction(ratio: float, sub_groups: int = RATIO_STEPS) -> float:
     ratio > 0 offloads everything.
     """
     sub_groups = max(1, sub_groups)
-    on_device = int((1.0 - ratio) * sub_groups)
-    return 1.0 - on_device / sub_groups
+    return 1.0 - device_sub_groups(ratio, sub_groups, as_written) / sub_groups
 
 
 def cpu_backend_result(family: str) -> CpuBackendResult:

@@ -49,7 +49,7 @@ from autotune.estimate.knobs import OPTIMIZER_STEP_TEMPORARY_BYTES, ZeroKnobs
 from autotune.hardware import Target
 from autotune.ladder import Candidate
 from autotune.models import ModelSummary
-from autotune.modes import RATIO_STEPS, offloaded_fraction
+from autotune.modes import RATIO_STEPS, device_sub_groups, offloaded_fraction
 
 BYTES_FP32 = 4
 BYTES_INT32 = 4
@@ -123,7 +123,8 @@ def partial_offload_device_elements(
     first = min(per_rank, max(first_param_per_rank, size))
     size += min(size, tensor_per_rank) // 2
     sub_groups = 1 + math.ceil((per_rank - first) / size)
-    on_device = int((1.0 - ratio) * sub_groups)
+    # DeepSpeed's int((1 - r) * n) on the ratio the config carries (a user's as written, autotune's nudged value)
+    on_device = device_sub_groups(ratio, sub_groups, as_written=sub_group_size is not None)
     if on_device == 0:
         return 0
     # One sub-group more than the cut above gives: the real count is off by one either way (a sub-group that
