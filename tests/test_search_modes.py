@@ -407,3 +407,28 @@ def test_plan_only_lists_the_modes_as_predictions(tmp_path) -> None:
     partial = next(m for m in modes if m["rung"] == "z3+offload_opt" and m["mode"]["offload_ratio"] != 1.0)
     assert partial["status"] == "planned" and partial["predicted_peak_bytes"] and partial["micro_batch"] > 0
     assert "Plan only: every mode below is a prediction" in result.report_path.read_text()
+
+
+def test_mode_summary_lists_predictions_groups_reasons_and_names_a_fit_when_nothing_classic_does() -> None:
+    from autotune.mode_summary import ModeSummary
+
+    planned = ModeRecord(Rung.Z3_OFFLOAD_OPT, Mode(offload_ratio=0.7), True, "why", False, status="planned",
+                         micro_batch=2, grad_checkpointing=True, predicted_peak_bytes=3 << 30)  # fmt: skip
+    no_fit = ModeRecord(Rung.Z2_OFFLOAD_OPT, Mode(zenflow=True), True, "why", False, status="no fit")
+    reason = "ZeRO++ cuts inter-node traffic; on one node there is none to cut"
+    hpz = [ModeRecord(r, Mode(hpz_partition_size=8), False, reason, False) for r in (Rung.Z3, Rung.Z3_OFFLOAD_OPT)]
+    quantized = ModeRecord(Rung.Z3, Mode(quantized_weights=True, quantized_gradients=True), False, reason, False)
+    summary = ModeSummary.from_records([planned, no_fit, *hpz, quantized])
+    lines = summary.lines()
+    assert "not trial-verified" in lines[0] and "never recommended over the pick" in lines[0]
+    expected = "z3+offload_opt: offload ratio 0.7 fits at micro-batch 2, checkpointing on, predicted peak 3.0 GiB"
+    assert expected in lines[1]
+    assert "ZenFlow: predicted not to fit" in lines[2]
+    assert lines[3:] == ["Modes that do not apply:", f"  ZeRO++ (on z3, z3+offload_opt): {reason}"]
+    assert "never recommended" not in summary.lines(picked=False)[0]
+    assert summary.nothing_fits_hint() == (
+        "ZeRO-3 + optimizer->cpu at offload ratio 0.7 is predicted to fit at micro-batch 2 with checkpointing"
+        " (not trial-verified here)"
+    )
+    assert ModeSummary.from_records([no_fit, *hpz]).nothing_fits_hint() == ""
+    assert summary.to_dict()["predicted"][0]["fits"] is True
