@@ -389,7 +389,7 @@ def test_config_modes_deepspeed_ignores_are_noted_not_predicted(capsys, tmp_path
     nvme["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": str(tmp_path)}
     planned, _ = _plan_and_check_peak(capsys, tmp_path, "nvme.json", nvme)
     assert "mode" not in planned["candidate"]
-    assert any("ratio 0.5 is ignored" in note and "stage3.py:1121" in note for note in planned["notes"])
+    assert any("ratio 0.5 is ignored" in note and "stage3.py:1117-1121" in note for note in planned["notes"])
     zero2 = {**stage2(False), "zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}}
     zero2["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "super_offload": True}
     planned, _ = _plan_and_check_peak(capsys, tmp_path, "z2.json", zero2)

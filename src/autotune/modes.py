@@ -15,7 +15,7 @@ Sources (paths relative to the installed `deepspeed` package, 0.19.8):
   `stage3.py:1210-1233` closes a sub-group once it reaches sub_group_size, per optimizer param group). With the
   default 1e9 a model under 1e9 parameters per rank is ONE sub-group, and `int((1 - r) * 1)` is 0 for every r > 0:
   any ratio above 0 offloads everything. So the emitted config sets sub_group_size to params_per_rank /
-  RATIO_STEPS (see `ratio_sub_group_size`). The NVMe path swaps sub-groups instead (`stage3.py:1121`,
+  RATIO_STEPS (see `ratio_sub_group_size`). The NVMe path swaps sub-groups instead (`stage3.py:1117-1121`,
   `_swappable_optimizer_subgroup`) and ignores `subgroup_to_device`: the ratio is a CPU-offload knob only.
 - ZenFlow: `runtime/zenflow/zenflow_stage_1_and_2.py:111-115` ('Zenflow must be used with cpu offload');
   `runtime/engine.py:2386-2398` builds ZenFlowCPUAdam from the config's optimizer section (a client optimizer is
@@ -237,7 +237,7 @@ def _partial_offload(rung: Rung, facts: ModeFacts) -> ModeOption:
         why_not = "partial offload (offload_optimizer.ratio < 1) is ZeRO-3 only (runtime/zero/config.py:396-400)"
     elif rung.offload_optimizer != "cpu":
         why_not = (
-            "the ratio splits CPU-offloaded optimizer states; the NVMe swap path ignores it (stage3.py:1121)"
+            "the ratio splits CPU-offloaded optimizer states; the NVMe swap path ignores it (stage3.py:1117-1121)"
             if rung.offload_optimizer == "nvme"
             else "needs optimizer offload to the CPU: it is the knob between this rung's neighbours"
         )

@@ -24,14 +24,14 @@ def _ratio(zero: dict[str, Any], rung: Rung, notes: list[str]) -> float:
     where = f"offload_optimizer.ratio {written:g}"
     if rung.stage != 3:
         # pydantic turns the assert into a validation error before this is reached (check/fit._validated_zero)
-        notes.append(f"{where}: DeepSpeed refuses a ratio below ZeRO-3 (runtime/zero/config.py:397-399)")
+        notes.append(f"{where}: DeepSpeed refuses a ratio below ZeRO-3 (runtime/zero/config.py:396-399)")
     elif rung.offload_optimizer is None:
         notes.append(
             f"{where} is ignored: without optimizer offload there is nothing to split (runtime/zero/stage3.py:1100)"
         )
     elif rung.offload_optimizer == "nvme":
         notes.append(
-            f"{where} is ignored: the NVMe swap path places every sub-group itself (runtime/zero/stage3.py:1121)"
+            f"{where} is ignored: the NVMe swap path places every sub-group itself (runtime/zero/stage3.py:1117-1121)"
         )
     else:
         return float(written)
@@ -64,7 +64,7 @@ def config_mode(zero: dict[str, Any], rung: Rung, per_rank_params: int, sub_grou
         if rung.stage == 3:
             why = "ZenFlow's ZeRO-3 path (runtime/zenflow/engine_stage3.py) is not modelled; predicted without it"
         elif rung.offload_optimizer is None and rung.stage in (1, 2):
-            why = "DeepSpeed refuses ZenFlow without CPU optimizer offload (zenflow_stage_1_and_2.py:111-112)"
+            why = "DeepSpeed refuses ZenFlow without CPU optimizer offload (zenflow_stage_1_and_2.py:115-116)"
         else:
             why = "ZenFlow is modelled at ZeRO-2 + CPU optimizer offload only; predicted without it"
         notes.append(f"zenflow: {why}")
