@@ -378,9 +378,14 @@ def test_config_ratio_is_cut_by_the_users_sub_group_size(capsys, tmp_path):
     full, _ = _plan_and_check_peak(capsys, tmp_path, "full.json", stage3_offload(1.0, None))
     fine, _ = _plan_and_check_peak(capsys, tmp_path, "fine.json", stage3_offload(0.6, 50_000_000))
     assert default["estimate"]["gpu_peak_bytes"] == full["estimate"]["gpu_peak_bytes"]
-    assert any("offloads every sub-group" in note and "stage3.py:1105" in note for note in default["notes"])
+    assert any("keeps nothing on the GPU" in note and "stage3.py:1105" in note for note in default["notes"])
     assert fine["estimate"]["gpu_peak_bytes"] > full["estimate"]["gpu_peak_bytes"]
-    assert not any("offloads every sub-group" in note for note in fine["notes"])
+    assert not any("keeps nothing on the GPU" in note for note in fine["notes"])
+    model = summarize(resolve_model("llama-3.2-1b", False))
+    path = Path(write(tmp_path, "default.json", stage3_offload(0.6, None)))
+    report = check_config(path, resolve_context(None, 1, None, "24GiB"), None, model, 1024, False)
+    said = [f.message for f in report.findings if f.message.startswith("Memory mode:")]
+    assert len(said) == 1 and "keeps nothing on the GPU" in said[0]  # check says it too, as a finding
 
 
 def test_config_modes_deepspeed_ignores_are_noted_not_predicted(capsys, tmp_path):

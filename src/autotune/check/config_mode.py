@@ -38,28 +38,24 @@ def _ratio(zero: dict[str, Any], rung: Rung, notes: list[str]) -> float:
     return 1.0
 
 
-def _sub_group_note(ratio: float, sub_group_size: int, per_rank: int) -> str:
-    """The note when sub_group_size makes the ratio moot: one sub-group per rank, and int((1 - r) * 1) == 0."""
+def moot_ratio_note(ratio: float, sub_group_size: int, per_rank: int) -> str:
+    """Said when the memory model keeps nothing of a ratio on the GPU: too few sub-groups for int((1 - r) * n)."""
     sub_groups = max(1, math.ceil(per_rank / max(1, sub_group_size)))
-    if int((1.0 - ratio) * sub_groups) > 0:
-        return ""
     return (
-        f"offload_optimizer.ratio {ratio:g} offloads every sub-group: sub_group_size {sub_group_size:,} cuts the"
-        f" rank's {per_rank:,} parameters into {sub_groups}, and int((1 - {ratio:g}) x {sub_groups}) = 0 stay on the"
-        f" GPU (runtime/zero/stage3.py:1105); a smaller sub_group_size makes the ratio act"
+        f"offload_optimizer.ratio {ratio:g} keeps nothing on the GPU here: sub_group_size {sub_group_size:,} cuts"
+        f" the rank's {per_rank:,} parameters into about {sub_groups} sub-group(s), and DeepSpeed keeps the first"
+        f" int((1 - {ratio:g}) x n) of them there (runtime/zero/stage3.py:1105); a smaller sub_group_size makes"
+        " the ratio act"
     )
 
 
-def config_mode(zero: dict[str, Any], rung: Rung, per_rank_params: int, sub_group_size: int) -> tuple[Mode, list[str]]:
-    """(the Mode DeepSpeed runs for `zero` on `rung`, notes on what is dropped or moot). `per_rank_params` and
-    `sub_group_size` (the config's, DeepSpeed's default 1e9 when absent) say how many sub-groups the ratio splits."""
+def config_mode(zero: dict[str, Any], rung: Rung) -> tuple[Mode, list[str]]:
+    """(the Mode DeepSpeed runs for `zero` on `rung`, notes on what it drops). Whether the config's
+    sub_group_size leaves the ratio anything to split is the memory model's answer (`moot_ratio_note`)."""
     written = mode_from_zero_section(zero)
     notes: list[str] = []
     ratio = _ratio(zero, rung, notes)
     mode = replace(written, offload_ratio=ratio)
-    if ratio < 1.0:
-        moot = _sub_group_note(ratio, sub_group_size, per_rank_params)
-        notes += [moot] if moot else []
     if mode.zenflow and rung is not Rung.Z2_OFFLOAD_OPT:
         if rung.stage == 3:
             why = "ZenFlow's ZeRO-3 path (runtime/zenflow/engine_stage3.py) is not modelled; predicted without it"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.check import schema
-from autotune.check.config_mode import config_mode
+from autotune.check.config_mode import config_mode, moot_ratio_note
 from autotune.check.context import CheckContext
 from autotune.check.findings import Finding, FitResult, Severity
 from autotune.check.rules import ZERO, resolve_batch, zero_stage
@@ -165,6 +165,7 @@ class ConfigFit:
     limit_bytes: int  # headroom x free: what peak + margin must stay under
     pinned_host_bytes: int  # of estimate.host_ram_bytes, page-locked (pin_memory, swap buffers)
     notes: tuple[str, ...] = ()
+    mode_notes: tuple[str, ...] = ()  # of `notes`: what the config's memory mode does not do as written
 
 
 def predict_config(
@@ -201,10 +202,12 @@ def predict_config(
         knobs=knobs,
     )
     # issue 19: the modern mode the section runs (ratio, ZenFlow, ZeRO++, SuperOffload), cut by its sub_group_size
-    per_rank = -(-model.trainable_params // target.world_size)
-    mode, mode_notes = config_mode(section, rung, per_rank, knobs.sub_group_size)
+    mode, mode_notes = config_mode(section, rung)
     candidate = Candidate(rung, micro, grad_checkpointing, mode)
     predicted = estimate(model, target, candidate, settings)
+    if mode.offload_ratio < 1.0 and not predicted.gpu_components.get("partial_offload_states"):
+        per_rank = -(-model.trainable_params // target.world_size)
+        mode_notes.append(moot_ratio_note(mode.offload_ratio, knobs.sub_group_size, per_rank))
     verdict = check_fit(predicted, target, headroom)
     notes = [n for n in (note, optimizer_note) if n] + mode_notes
     if isinstance(config.get("activation_checkpointing"), dict):
@@ -218,7 +221,7 @@ def predict_config(
         notes.append("gradient accumulation not known: ZeRO-1's full-gradient buffer is counted")
     return ConfigFit(
         candidate, settings, predicted, verdict, int(headroom * target.free_memory_bytes), _pinned(zero, predicted),
-        tuple(notes),
+        tuple(notes), tuple(mode_notes),
     )  # fmt: skip
 
 
@@ -284,4 +287,6 @@ def fit_findings(
         finding = Finding(
             Severity.ERROR, "", f"Does not fit: predicted peak {peak} per GPU for {where}: {verdict.reason}.", "fit"
         )
-    return result, [finding]
+    # a mode DeepSpeed ignores or that acts otherwise than written is said, as plan --config says it
+    modes = [Finding(Severity.INFO, ZERO, f"Memory mode: {note}.", "fit") for note in fitted.mode_notes]
+    return result, [finding, *modes]
