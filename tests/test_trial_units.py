@@ -142,6 +142,36 @@ def test_ok_result_rates_and_startup() -> None:
     assert TrialResult.from_dict(result.to_dict()) == result
 
 
+def test_a_non_positive_step_time_is_an_error_not_a_speed() -> None:
+    from dataclasses import replace
+
+    spec = make_spec(nprocs_per_node=1)
+    report = replace(ok_report(0), step_times_s=[-0.21, 0.05, 0.48])  # a ZenFlow trial, before the fix
+    result = build_result(spec, {0: report}, LaunchOutcome(ranks=range(1), wall_s=12.0))
+    assert result.status == "error" and result.samples_per_s is None
+    assert "non-positive step time" in (result.error or "")
+
+
+class _ZenFlowAutoEngine:
+    """DeepSpeed's engine after ZenFlow's update_interval "auto": its accumulation reads 0 (zenflow/engine.py:69)."""
+
+    def gradient_accumulation_steps(self) -> int:
+        return 0
+
+    def train_batch_size(self) -> int:
+        return 64
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return 8
+
+
+def test_job_accumulation_comes_from_the_batch_arithmetic_not_zenflows_rewrite() -> None:
+    from autotune.trial.training import job_accumulation
+
+    assert job_accumulation(_ZenFlowAutoEngine(), world_size=2) == 4  # 64 = 8 x 4 x 2
+    assert job_accumulation(_ZenFlowAutoEngine(), world_size=8) == 1
+
+
 def test_root_cause_wins_over_peers_that_died_with_it() -> None:
     spec = make_spec(nprocs_per_node=2)
     oom = RankReport(rank=1, status="oom_gpu", error="OutOfMemoryError: CUDA out of memory.")

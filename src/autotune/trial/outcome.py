@@ -222,6 +222,10 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
         status, error = failure
         return TrialResult(status=status, error=error, **common)
     first = reports[min(reports)]
+    if any(step <= 0 for step in first.step_times_s):
+        # a wrong step time must never become a speed (a negative one once made ZenFlow look 50x faster)
+        shown = ", ".join(f"{step:.3g}" for step in first.step_times_s)
+        return TrialResult(status="error", error=f"non-positive step time measured ({shown} s)", **common)
     flops = None
     if first.hardware_flops_per_token and first.model_flops_per_token:
         flops = FlopsPerToken(hardware=first.hardware_flops_per_token, model=first.model_flops_per_token)

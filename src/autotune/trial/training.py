@@ -318,6 +318,17 @@ def _timed_until_stable(
     return times
 
 
+def job_accumulation(engine: Any, world_size: int) -> int:
+    """Micro-steps per optimizer step in the user's job, from DeepSpeed's batch arithmetic
+    (train_batch_size = micro-batch x accumulation x world size).
+
+    Not `engine.gradient_accumulation_steps()`: ZenFlow with `update_interval: "auto"` rewrites that to 0 and
+    decides its update boundaries itself (deepspeed 0.19.8 runtime/zenflow/engine.py:47-49, 69), which made a
+    ZenFlow trial's step time `boundary - micro-step`, negative (seen in the README demo: -20 samples/s)."""
+    micro_batch = engine.train_micro_batch_size_per_gpu()
+    return max(1, engine.train_batch_size() // max(1, micro_batch * world_size))
+
+
 def timed_steps(
     engine: Any,
     batch: dict[str, Any],
@@ -334,7 +345,7 @@ def timed_steps(
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
-    accumulation = engine.gradient_accumulation_steps()
+    accumulation = job_accumulation(engine, placement.world_size)
     for step in range(spec.warmup_steps):
         _micro_step(engine, batch, boundary=True)
         memory.sample()
