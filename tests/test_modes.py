@@ -8,6 +8,7 @@ from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
+from tests.test_estimate import summary as hand_summary
 
 from autotune.dsconfig import TrainSettings, build_ds_config, validate_with_deepspeed
 from autotune.estimate import EstimateSettings, estimate
@@ -43,32 +44,22 @@ GH200 = ModeFacts(superchip=True)
 CPU = ModeFacts(device="cpu")
 
 
+# tests/test_estimate.py's hand-built GPT-2-like summary, scaled to 1B parameters
+_ONE_BILLION = dict(
+    total_params=1_000_000_000,
+    trainable_params=1_000_000_000,
+    largest_layer_params=50_000_000,
+    embedding_params=50_000_000,
+    hidden_size=2048,
+    num_layers=16,
+    head_dim=128,
+    intermediate_size=8192,
+    config={"model_type": "gpt2", "activation_function": "gelu"},
+)
+
+
 def summary(**overrides) -> ModelSummary:
-    fields = dict(
-        name="hand-gpt",
-        origin="test",
-        architecture="GPT2LMHeadModel",
-        model_type="gpt2",
-        family="decoder-only",
-        total_params=1_000_000_000,
-        trainable_params=1_000_000_000,
-        largest_layer_params=50_000_000,
-        embedding_params=50_000_000,
-        hidden_size=2048,
-        num_layers=16,
-        num_decoder_layers=0,
-        num_heads=16,
-        num_kv_heads=16,
-        head_dim=128,
-        intermediate_size=8192,
-        vocab_size=32000,
-        max_positions=2048,
-        tied_embeddings=False,
-        fingerprint="test",
-        config={"model_type": "gpt2", "activation_function": "gelu"},
-    )
-    fields.update(overrides)
-    return ModelSummary(**fields)
+    return hand_summary(**{**_ONE_BILLION, **overrides})
 
 
 def target(gpus: int = 1, nodes: int = 1, memory: int = 24 * GiB) -> Target:
