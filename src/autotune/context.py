@@ -315,6 +315,7 @@ class TuneContext:
             smaller_micro_batch=candidate.micro_batch // 2 or None,  # second point of the step-time line
             optimizer=request.optimizer,
             lora={**self.lora.to_dict(), "model_type": self.model.model_type} if self.lora else None,
+            decoder_seq_len=self.decoder_seq_len,
         )
 
     def assumptions(self, candidate: Candidate | None) -> dict:
@@ -336,4 +337,6 @@ class TuneContext:
             "trust_remote_code": self.request.trust_remote_code,
             "optimizer": self.request.optimizer,
             "lora_rank": self.request.lora_rank,
+            "lora_targets": list(self.request.lora_targets) if self.request.lora_targets else None,
+            "decoder_seq_len": self.decoder_seq_len,
         }

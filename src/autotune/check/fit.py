@@ -30,6 +30,8 @@ class FitAssumptions:
     device: str = "cuda"
     headroom: float = 0.9
     measured_peak_bytes: int | None = None  # the trial's peak, when the config was verified here
+    optimizer: str = "adamw"  # the optimizer the tuning ran, for a config without an optimizer section
+    decoder_seq_len: int | None = None  # encoder-decoders: the decoder length the tuning ran
 
 
 # (optimizer offload, parameter offload) at stage 3 -> rung, where the ladder has that exact rung.
@@ -255,7 +257,16 @@ def fit_findings(
     base = EstimateSettings(
         seq_len=seq_len,
         precision="fp32",  # a bf16/fp16 section set to "auto" is sized as fp32 here, as before
-        **({"attention": assumed.attention, "device": assumed.device} if assumed else {}),
+        **(
+            {
+                "attention": assumed.attention,
+                "device": assumed.device,
+                "optimizer": assumed.optimizer,
+                "decoder_seq_len": assumed.decoder_seq_len,
+            }
+            if assumed
+            else {}
+        ),
         stack=runtime_stack(context.target, assumed.device if assumed else "cuda"),
     )
     try:

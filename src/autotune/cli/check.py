@@ -234,6 +234,10 @@ def _check_as_tuned(
         attention=recorded.get("attention", "sdpa"),
         headroom=recorded.get("headroom", 0.9),
         trust_remote_code=bool(recorded.get("trust_remote_code")),
+        optimizer=recorded.get("optimizer") or "adamw",
+        lora_rank=recorded.get("lora_rank"),
+        lora_targets=tuple(recorded["lora_targets"]) if recorded.get("lora_targets") else None,
+        decoder_seq_len=recorded.get("decoder_seq_len"),
     )
     ctx = TuneContext.build(request, outputs=False)
     target = ctx.target
@@ -251,6 +255,8 @@ def _check_as_tuned(
         device=device,
         headroom=ctx.request.headroom,
         measured_peak_bytes=recorded.get("measured_peak_bytes") if recorded.get("verified") else None,
+        optimizer=ctx.request.optimizer,
+        decoder_seq_len=ctx.decoder_seq_len,
     )
     return check_config(
         config,

@@ -17,6 +17,7 @@ import typer
 from autotune.cli.options import (
     AttentionOpt,
     D,
+    DecoderSeqLenOpt,
     DeviceOpt,
     GlobalBatchOpt,
     HeadroomOpt,
@@ -112,6 +113,7 @@ def hook_command(
     ] = None,
     memory_budget: MemoryBudgetOpt = D.memory_budget,
     seq_len: SeqLenOpt = D.seq_len,
+    decoder_seq_len: DecoderSeqLenOpt = D.decoder_seq_len,
     global_batch: GlobalBatchOpt = D.global_batch,
     precision: PrecisionOpt = D.precision,
     attention: AttentionOpt = D.attention,
@@ -138,6 +140,7 @@ def hook_command(
         device=device,
         memory_budget=memory_budget,
         seq_len=seq_len,
+        decoder_seq_len=decoder_seq_len,
         global_batch=global_batch,
         precision=precision,
         attention=attention,

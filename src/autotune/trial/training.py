@@ -234,11 +234,21 @@ def layers_and_width(config: Any) -> tuple[int, int]:
     return layers, getattr(text, "hidden_size", 0) or 0
 
 
-def synthetic_batch(model: Any, family: str, micro_batch: int, seq_len: int, device: Any, seed: int) -> dict[str, Any]:
+def synthetic_batch(
+    model: Any,
+    family: str,
+    micro_batch: int,
+    seq_len: int,
+    device: Any,
+    seed: int,
+    decoder_seq_len: int | None = None,
+) -> dict[str, Any]:
     """Random tokens as input and labels: causal LMs shift them, MLM heads score them.
 
     Encoder-decoders get their decoder inputs explicitly, as a seq2seq collator would, so a config
-    without decoder_start_token_id still trains.
+    without decoder_start_token_id still trains; their labels (and so the decoder, its cross-attention scores
+    and the logits) are `decoder_seq_len` long, the job's target length, which the memory model prices
+    separately from the encoder's (estimate/activations.py `_encoder_decoder_breakdown`).
     """
     import torch
 
@@ -247,7 +257,10 @@ def synthetic_batch(model: Any, family: str, micro_batch: int, seq_len: int, dev
     ids = torch.randint(0, config.vocab_size, (micro_batch, seq_len), generator=generator)
     batch = {"input_ids": ids, "labels": ids.clone()}
     if family == "encoder-decoder":
-        batch["decoder_input_ids"] = torch.roll(ids, shifts=1, dims=1)
+        target_len = decoder_seq_len or seq_len
+        labels = torch.randint(0, config.vocab_size, (micro_batch, target_len), generator=generator)
+        batch["labels"] = labels
+        batch["decoder_input_ids"] = torch.roll(labels, shifts=1, dims=1)
     return {name: tensor.to(device) for name, tensor in batch.items()}
 
 
@@ -445,11 +458,14 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
         engine.train()
         clock.mark("engine_init")
         micro_batch = engine.train_micro_batch_size_per_gpu()
-        batch = synthetic_batch(model, spec.family, micro_batch, spec.seq_len, device, placement.rank)
+        batch = synthetic_batch(
+            model, spec.family, micro_batch, spec.seq_len, device, placement.rank, spec.decoder_seq_len
+        )
         smaller = None
         if spec.smaller_micro_batch and spec.smaller_micro_batch < micro_batch:
             smaller = synthetic_batch(
-                model, spec.family, spec.smaller_micro_batch, spec.seq_len, device, placement.rank
+                model, spec.family, spec.smaller_micro_batch, spec.seq_len, device, placement.rank,
+                spec.decoder_seq_len,
             )
         times = timed_steps(engine, batch, spec, placement, memory, clock, smaller)
         flops = flops_per_token(parameters, layers, width, spec.seq_len, spec.grad_checkpointing)

@@ -15,7 +15,7 @@ class TrialSpec:
     architecture: str  # transformers class to build, e.g. "GPT2LMHeadModel"
     family: str  # "decoder-only" | "encoder-decoder" | "encoder": shapes the synthetic batch
     ds_config: dict  # complete config; its batch keys hold at nprocs_per_node * nodes
-    seq_len: int
+    seq_len: int  # tokens per sample; an encoder-decoder's encoder length
     grad_checkpointing: bool = False
     device: Literal["cuda", "cpu"] = "cuda"
     nprocs_per_node: int = 1
@@ -30,6 +30,7 @@ class TrialSpec:
     smaller_micro_batch: int | None = None  # also time this micro-batch in the same process (second point)
     optimizer: str = "adamw"  # autotune.optimizers name; a client-side one is built by the trial itself
     lora: dict | None = None  # autotune.lora.LoraSettings.to_dict() plus "model_type"; None: full fine-tuning
+    decoder_seq_len: int | None = None  # encoder-decoders: the decoder's length (labels); None: seq_len
 
     @property
     def world_size(self) -> int:
