@@ -19,6 +19,7 @@ from autotune.estimate import (
 )
 from autotune.estimate.activations import activation_breakdown, layer_bytes, logits_bytes_per_sample
 from autotune.estimate.ds_estimators import compile_estimators, import_estimators
+from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.model_states import model_states
 from autotune.hardware import Target, generic_gpu
 from autotune.ladder import LADDER, Candidate, Rung
@@ -140,7 +141,8 @@ def test_offloaded_states_land_on_host_and_nvme():
     model, world = summary(), 4
     params = model.total_params
     z2 = model_states(model, target(world), Rung.Z2_OFFLOAD_OPT, "bf16")
-    assert z2.host_bytes == 16 * params // world  # fp32 master + fp32 grad + Adam moments, partitioned
+    # fp32 master + 16-bit copy-back buffer + fp32 grad (pinned) + Adam moments (pageable), partitioned
+    assert z2.host_bytes == 18 * params // world and z2.host_pageable_bytes == 8 * params // world
     all_cpu = model_states(model, target(world), Rung.Z3_OFFLOAD_ALL, "bf16")
     assert all_cpu.host_bytes == 18 * params // world
     assert all_cpu.device_components["model_states"] == 4 * model.largest_layer_params
@@ -364,3 +366,26 @@ def test_calibrate_fits_slope_and_fixed_part_from_two_micro_batches():
     for candidate in (small, large, Candidate(Rung.Z2, 4)):
         predicted = estimate(model, where, candidate, settings, calibration).gpu_peak_bytes
         assert predicted == pytest.approx(truth(candidate), rel=1e-4)
+
+
+def test_pinned_offload_tensors_cost_a_power_of_two_on_cuda():
+    """torch's CUDA host allocator rounds each pinned tensor up (CachingHostAllocator.h, PowerOf2Ceil): three
+    pinned stage-2 tensors of a 7B partition on one GPU take 32 + 16 + 32 GiB, not 26 + 13 + 26."""
+    from autotune.estimate.pinned import pinned_host_bytes, power_of_two_ceil
+
+    assert [power_of_two_ceil(n) for n in (0, 1, 3, 4, 5, 2**30 + 1)] == [0, 1, 4, 4, 8, 2**31]
+    model = replace(summary(), total_params=7_000_000_000, trainable_params=7_000_000_000)
+    plain = model_states(model, target(1), Rung.Z2_OFFLOAD_OPT, "bf16")
+    pinned = model_states(model, target(1), Rung.Z2_OFFLOAD_OPT, "bf16", pinned_rounding=True)
+    assert plain.host_bytes == 18 * 7_000_000_000
+    assert pinned.host_bytes - pinned.host_pageable_bytes == 2**35 + 2**34 + 2**35
+    assert pinned.host_pageable_bytes == plain.host_pageable_bytes == 8 * 7_000_000_000
+    # through estimate(): a GPU run with pin_memory rounds, the CPU backend and pin_memory false do not
+    candidate = Candidate(Rung.Z2_OFFLOAD_OPT, 1)
+    gpu = estimate(model, target(1), candidate, EstimateSettings(seq_len=128, device="cuda"))
+    unpinned = EstimateSettings(seq_len=128, device="cuda", knobs=ZeroKnobs(pin_memory=False))
+    assert gpu.host_components["offloaded_states"] == 2**35 + 2**34 + 2**35
+    assert estimate(model, target(1), candidate, unpinned).host_components["offloaded_states"] == 10 * 7_000_000_000
+    assert pinned_host_bytes(gpu.host_components) == 2**35 + 2**34 + 2**35 + gpu.host_components[
+        "offload_grad_staging"
+    ]

@@ -57,7 +57,7 @@ from autotune.units import GiB  # noqa: E402
 from estimate_accuracy import environment as machine_and_versions  # noqa: E402
 from estimate_accuracy import predicted_trial  # noqa: E402
 
-STAGES = ("setup", "memory", "oom", "modes", "tune", "grid", "side_by_side")
+STAGES = ("setup", "pinned", "memory", "oom", "modes", "tune", "grid", "side_by_side")
 DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "gpu" / "validation.json"
 
 
@@ -179,6 +179,24 @@ def stage_setup(kit: Kit) -> None:
     section["probe"] = _probe_json()
     kit.save()
     log(f"setup: ops {section['ops']} in {section['ops_wall_s']} s; async_io {section['async_io']}")
+
+
+def stage_pinned(kit: Kit) -> None:
+    """Host RAM per pin_memory() request (benchmarks/gpu/pinned_probe.py, a child with its own CUDA context):
+    checks the power-of-two rounding the host-RAM model counts for pinned offload tensors."""
+    probe = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("pinned_probe.py"))],
+        capture_output=True,
+        text=True,
+        timeout=max(60, min(300, kit.time_left())),
+        check=False,
+    )
+    lines = probe.stdout.strip().splitlines()
+    kit.section("pinned").update(
+        json.loads(lines[-1]) if probe.returncode == 0 and lines else {"error": probe.stderr[-2000:]}
+    )
+    kit.save()
+    log(f"pinned: {kit.section('pinned')}")
 
 
 def _async_io_status(device: str) -> str:
@@ -679,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"stage {stage}")
         if stage == "setup":
             stage_setup(kit)
+        elif stage == "pinned":
+            stage_pinned(kit)
         elif stage == "memory":
             stage_memory(kit)
         elif stage == "oom":

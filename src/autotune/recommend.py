@@ -103,10 +103,10 @@ def mode_summary(ctx: TuneContext) -> ModeSummary:
 
 
 def pinned_host_bytes(predicted: MemoryEstimate) -> int:
-    """Page-locked host bytes of an autotune config: dsconfig writes pin_memory true for every offload, so the
-    offloaded states are pinned, and the NVMe swap buffers always are (estimate/buffers.py)."""
-    host = predicted.host_components
-    return sum(host.get(name, 0) for name in ("offloaded_states", "optimizer_swap_buffers", "param_swap_buffers"))
+    """Page-locked host bytes of an autotune config: dsconfig writes pin_memory true for every offload."""
+    from autotune.estimate.pinned import pinned_host_bytes as pinned_share
+
+    return pinned_share(predicted.host_components)
 
 
 def host_line(recommendation: Recommendation) -> str:

@@ -230,13 +230,10 @@ def predict_config(
 def _pinned(zero: Any, predicted: MemoryEstimate) -> int:
     """Page-locked host bytes: offloaded states where the offload section sets pin_memory (DeepSpeed pins them,
     runtime/zero/offload_config.py), and the NVMe swap buffers, which are always pinned (swap_tensor/)."""
-    host = predicted.host_components
-    pinned = host.get("optimizer_swap_buffers", 0) + host.get("param_swap_buffers", 0)
+    from autotune.estimate.pinned import pinned_host_bytes
+
     sections = [s for s in (zero.offload_optimizer, zero.offload_param) if s is not None and str(s.device) != "none"]
-    if any(getattr(s, "pin_memory", False) for s in sections):
-        # a partial offload ratio keeps part of the states on the GPU (estimate/modes.py): negative on the host
-        pinned += host.get("offloaded_states", 0) + host.get("partial_offload_host_saving", 0)
-    return pinned
+    return pinned_host_bytes(predicted.host_components, any(getattr(s, "pin_memory", False) for s in sections))
 
 
 def fit_findings(

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autotune.dsconfig import stage3_buckets
+from autotune.estimate.pinned import pinned_bytes, pins_through_cuda
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware import Target
 from autotune.ladder import Rung
@@ -214,5 +215,5 @@ def deepspeed_buffers(
         # Found by reading DeepSpeed's code around the held-out false fit (deepseek-math-7b, published set).
         staging = _largest_gradient(model) * _element_bytes(settings.precision)
         components["offload_grad_staging"] = staging
-        host["offload_grad_staging"] = staging
+        host["offload_grad_staging"] = pinned_bytes(staging, pins_through_cuda(settings))
     return Buffers(device_components=components, host_components=host)

@@ -13,6 +13,7 @@ from autotune.estimate.constants import CPU_PROCESS_BASELINE_BYTES
 from autotune.estimate.margin import gpu_margins
 from autotune.estimate.model_states import model_states
 from autotune.estimate.modes import mode_memory
+from autotune.estimate.pinned import pins_through_cuda
 from autotune.estimate.runtime import (
     Overhead,
     allocator_reserve_fraction,
@@ -78,7 +79,13 @@ def estimate(
     states and pinned buffers live in the same process as everything else.
     """
     states = model_states(
-        model, target, candidate.rung, settings.precision, knobs=settings.knobs, optimizer=settings.optimizer
+        model,
+        target,
+        candidate.rung,
+        settings.precision,
+        knobs=settings.knobs,
+        optimizer=settings.optimizer,
+        pinned_rounding=pins_through_cuda(settings),
     )
     buffers = deepspeed_buffers(model, target, candidate.rung, settings, candidate.grad_checkpointing)
     # issue 19: a modern mode's own terms on top of the classic rung (estimate/modes.py)
@@ -102,7 +109,12 @@ def estimate(
         + backward_beyond_gradients
         - backward
     )
-    per_rank_host = {"offloaded_states": states.host_bytes, **buffers.host_components, **modes.host_components}
+    per_rank_host = {
+        "offloaded_states": states.host_bytes - states.host_pageable_bytes,
+        "offloaded_optimizer_moments": states.host_pageable_bytes,
+        **buffers.host_components,
+        **modes.host_components,
+    }
     margins: dict[str, int] = {}
     cache_excess = 0
     if settings.device == "cpu":

@@ -28,6 +28,12 @@ DS_DEFAULT_LIVE = 1_000_000_000  # stage3_max_live_parameters, stage3_max_reuse_
 OPTIMIZER_STEP_TEMPORARY_BYTES = {"fused": 0, "torch_foreach": 4, "torch_fused": 0}
 
 
+def _pins(zero: dict[str, Any]) -> bool:
+    """Whether the optimizer offload section pins its host buffers (DeepSpeed 0.19.8 default: True)."""
+    section = zero.get("offload_optimizer")
+    return bool(section.get("pin_memory", True)) if isinstance(section, dict) else True
+
+
 def _steps(steps: int | None) -> int | None:
     return None if steps is None else max(1, int(steps))
 
@@ -53,6 +59,9 @@ class ZeroKnobs:
     # autotune's own configs (dsconfig emits modes.ratio_sub_group_size with every ratio < 1), True for a user's
     # config read by from_ds_config, where DeepSpeed cuts by the value written (or its default 1e9).
     sub_group_size_as_written: bool = False
+    # Offloaded states in page-locked memory: what dsconfig writes (dsconfig.py) and DeepSpeed 0.19.8's default
+    # (runtime/zero/offload_config.py:45, 75). Pinned tensors cost a power of two on CUDA (estimate/pinned.py).
+    pin_memory: bool = True
 
     @classmethod
     def from_ds_config(
@@ -90,6 +99,7 @@ class ZeroKnobs:
             optimizer=optimizer,
             zero_init=zero_init,
             sub_group_size_as_written=True,
+            pin_memory=_pins(zero),
         )
 
     def with_accumulation(self, steps: int) -> ZeroKnobs:

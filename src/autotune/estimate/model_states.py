@@ -15,7 +15,7 @@ host figure for CPU offload; we call them and add what they lack, each addition 
   stage_1_and_2.py / stage3.py), so only the "16-bit" copies widen to 4 bytes.
 - they assume Adam; AdamW keeps the same two fp32 states. Other optimizers (--optimizer) change the
   states and add step temporaries: autotune.optimizers.optimizer_memory, applied to this rank's slice.
-DeepSpeed's stage-2 host figure counts a model-loading transient (see OFFLOADED_BYTES_PER_PARAM_STAGE12); we
+DeepSpeed's stage-2 host figure counts a model-loading transient (see OFFLOAD_MASTER_BYTES_PER_PARAM); we
 use the steady state instead. Its stage-3 host figure (zero_init) is per node; we convert it to per rank.
 We pass additional_buffer_factor=1.0: pinned buffers are counted in buffers.py instead.
 """
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from autotune.estimate.ds_estimators import DeepSpeedEstimators, deepspeed_estimators
 from autotune.estimate.knobs import ZeroKnobs
+from autotune.estimate.pinned import pinned_bytes
 from autotune.hardware import Target
 from autotune.ladder import Rung
 from autotune.models import ModelSummary
@@ -33,13 +34,17 @@ from autotune.optimizers import optimizer_memory
 
 BYTES_16BIT = 2
 BYTES_FP32 = 4
-# Host bytes per trainable parameter of the rank's partition with the optimizer offloaded at stages 1-2: the
-# fp32 master partition (stage_1_and_2.py:577), its pinned fp32 gradient (stage_1_and_2.py:937-940) and Adam's
-# two fp32 moments. DeepSpeed's estimator says max(4 x GPUs, 16) per parameter for the job
-# (stage_1_and_2.py:4027): the 4 x GPUs term is every rank holding an fp32 copy of the model while loading it,
-# before the optimizer exists, so at 4+ GPUs it is up to 2x the steady state. autotune's trials build on the
-# meta device; a user's loader that materialises the model on every rank's CPU adds that transient on top.
-OFFLOADED_BYTES_PER_PARAM_STAGE12 = 16
+# Host bytes per trainable parameter of the rank's partition with the optimizer offloaded at stages 1-2, read in
+# deepspeed 0.19.8 runtime/zero/stage_1_and_2.py: the fp32 master partition (560-565, pinned with pin_memory),
+# a buffer of the 16-bit group's dtype for copying the updated weights back (566-575, pinned; fp32 when training
+# in fp32), the fp32 gradient partition (935-941, pinned) and Adam's two fp32 moments (pageable). Each pinned
+# tensor costs the next power of two on CUDA (estimate/pinned.py). DeepSpeed's estimator says max(4 x GPUs, 16)
+# per parameter for the job (stage_1_and_2.py:4027): the 4 x GPUs term is every rank holding an fp32 copy of the
+# model while loading it, before the optimizer exists. autotune's trials build on the meta device; a user's
+# loader that materialises the model on every rank's CPU adds that transient on top.
+OFFLOAD_MASTER_BYTES_PER_PARAM = 4
+OFFLOAD_GRADIENT_BYTES_PER_PARAM = 4
+OFFLOAD_MOMENTS_BYTES_PER_PARAM = 8
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class ModelStates:
     deepspeed_device_bytes: int = 0  # what DeepSpeed's estimator alone says for the device, for comparison
     step_only_bytes: int = 0  # part of device_bytes alive only in the optimizer step (fp32 gradients)
     step_temporary_bytes: int = 0  # what the optimizer step allocates on top, freed when it ends
+    host_pageable_bytes: int = 0  # part of host_bytes never page-locked (the offloaded optimizer's moments)
 
 
 def _zero2(ds: DeepSpeedEstimators, params: int, gpus: int, nodes: int, offload: bool) -> tuple[int, int]:
@@ -121,6 +127,17 @@ def _step_phase(rung: Rung, trainable: int, world: int, precision: str, knobs: Z
     return BYTES_FP32 * sub_group, temporary_per_element * sub_group
 
 
+def offloaded_stage12_host(partition: int, precision: str, rounded: bool) -> tuple[int, int]:
+    """(pinned, pageable) host bytes of one rank's optimizer-offloaded partition at stages 1-2: three pinned
+    tensors (fp32 master, 16-bit copy-back buffer, fp32 gradient), each its own allocation, and Adam's moments.
+    `rounded`: pinned through torch's CUDA host allocator (estimate/pinned.py). One flat group per tensor, as
+    DeepSpeed's own optimizer makes; HF Trainer's second (no-decay) group holds only norms and biases."""
+    copy_back = BYTES_FP32 if precision == "fp32" else BYTES_16BIT
+    tensors = (OFFLOAD_MASTER_BYTES_PER_PARAM, copy_back, OFFLOAD_GRADIENT_BYTES_PER_PARAM)
+    pinned = sum(pinned_bytes(per_param * partition, rounded) for per_param in tensors)
+    return pinned, OFFLOAD_MOMENTS_BYTES_PER_PARAM * partition
+
+
 def model_states(
     model: ModelSummary,
     target: Target,
@@ -129,7 +146,10 @@ def model_states(
     estimators: DeepSpeedEstimators | None = None,
     knobs: ZeroKnobs | None = None,
     optimizer: str = "adamw",
+    pinned_rounding: bool = False,
 ) -> ModelStates:
+    """`pinned_rounding`: pinned host tensors go through torch's CUDA host allocator (a GPU run with
+    pin_memory), which rounds each to a power of two (estimate/pinned.py)."""
     ds = estimators or deepspeed_estimators()
     knobs = knobs or ZeroKnobs()
     trainable = model.trainable_params
@@ -138,7 +158,7 @@ def model_states(
     gpus, nodes = target.gpus_per_node, target.nodes
     weight_bytes = BYTES_FP32 if precision == "fp32" else BYTES_16BIT
     components: dict[str, int] = {}
-    host = nvme = 0
+    host = nvme = pageable = 0
     if rung.stage in (0, 1, 2):
         offload = rung.offload_optimizer is not None
         replicated = rung.stage == 0  # stage 0 holds everything on every rank: ZeRO-2 at a single rank
@@ -147,7 +167,9 @@ def model_states(
         if rung.stage == 1 and knobs.zero1_keeps_full_gradient:
             components["zero1_unpartitioned_grads"] = BYTES_16BIT * trainable - BYTES_16BIT * trainable // world
         components["frozen_params"] = weight_bytes * frozen
-        host = OFFLOADED_BYTES_PER_PARAM_STAGE12 * trainable // world if offload else 0
+        if offload:
+            pinned, pageable = offloaded_stage12_host(-(-trainable // world), precision, pinned_rounding)
+            host = pinned + pageable
     else:
         node_host, device = _zero3(
             ds, model, trainable, target, rung.offload_optimizer is not None, rung.offload_param is not None
@@ -187,7 +209,9 @@ def model_states(
             nvme += chosen.state_delta_bytes
         else:
             host += chosen.state_delta_bytes
+            pageable += chosen.state_delta_bytes
         host += chosen.step_temporary_bytes
+        pageable += chosen.step_temporary_bytes
     return ModelStates(
         device_bytes=sum(components.values()),
         host_bytes=host,
@@ -196,4 +220,5 @@ def model_states(
         deepspeed_device_bytes=components["model_states"],
         step_only_bytes=step_only,
         step_temporary_bytes=step_temporary,
+        host_pageable_bytes=pageable if rung.stage < 3 else 0,
     )

@@ -1,0 +1,52 @@
+"""Page-locked (pinned) host memory as torch allocates it: each pinned tensor costs the next power of two.
+
+DeepSpeed pins its offload buffers with `get_accelerator().pin_memory(tensor)` (deepspeed 0.19.8
+accelerator/abstract_accelerator.py:328-339 -> `tensor.pin_memory()`), which on CUDA goes through torch's
+CachingHostAllocator. Its `allocate` rounds every request up: `size_t roundSize = c10::llvm::PowerOf2Ceil(size)`
+(pytorch aten/src/ATen/core/CachingHostAllocator.h, `CachingHostAllocatorImpl::allocate`, "Round up the
+allocation to the nearest power of two to improve reuse"), and cudaHostAlloc locks the whole rounded block in
+RAM. Measured by others: a 2.25 GiB pin_memory() took 4.008 GiB of RssShmem on torch 2.13.0+cu130
+(wtdcode/vllm-backport#67); a 20.4 GiB request pinned exactly 2^35 bytes (sgl-project/sglang#36562); a 129.5 MB
+weight pinned 256 MB (pytorch/pytorch#150517, open). So a 28 GB fp32 partition pins 32 GiB.
+Not rounded: the CPU backend (its accelerator's pin_memory is a no-op, accelerator/cpu_accelerator.py:281-283),
+pin_memory false, and DeepSpeed's opt-in DS_PIN_MEMORY_BACKEND=native (utils/pin_memory.py:195-199, mlock of
+the exact size), which a job's environment would have to set; the torch backend is DeepSpeed's default.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.estimate.types import EstimateSettings
+
+
+def power_of_two_ceil(nbytes: int) -> int:
+    """The smallest power of two >= nbytes (c10::llvm::PowerOf2Ceil); 0 stays 0."""
+    return 0 if nbytes <= 0 else 1 << (nbytes - 1).bit_length()
+
+
+def pins_through_cuda(settings: EstimateSettings) -> bool:
+    """Offload buffers are pinned by torch's CUDA host allocator: a GPU run whose offload sets pin_memory."""
+    return settings.device != "cpu" and settings.knobs.pin_memory
+
+
+def pinned_bytes(nbytes: int, rounded: bool) -> int:
+    """Host RAM one pinned tensor of `nbytes` takes: rounded up to a power of two when torch's CUDA host
+    allocator pins it (`rounded`), else its size."""
+    return power_of_two_ceil(nbytes) if rounded else nbytes
+
+
+# Host components (estimate.MemoryEstimate.host_components) that DeepSpeed page-locks when the offload section
+# sets pin_memory: the offloaded fp32 master/gradient/16-bit buffers (model_states.py; at stage 3 the whole
+# offloaded figure, as DeepSpeed's estimator gives it), the 16-bit gradient staging buffer
+# (stage_1_and_2.py:656-658) and a partial-offload ratio's share (negative: kept on the GPU, estimate/modes.py).
+PINNED_WITH_PIN_MEMORY = ("offloaded_states", "offload_grad_staging", "partial_offload_host_saving")
+# The NVMe swap buffers are pinned whatever the section says (swap_tensor/).
+ALWAYS_PINNED = ("optimizer_swap_buffers", "param_swap_buffers")
+
+
+def pinned_host_bytes(host_components: dict[str, int], pin_memory: bool = True) -> int:
+    """Page-locked share of a prediction's host RAM (per node, as host_components are)."""
+    names = ALWAYS_PINNED + (PINNED_WITH_PIN_MEMORY if pin_memory else ())
+    return sum(host_components.get(name, 0) for name in names)
