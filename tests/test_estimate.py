@@ -144,7 +144,9 @@ def test_offloaded_states_land_on_host_and_nvme():
     # fp32 master + 16-bit copy-back buffer + fp32 grad (pinned) + Adam moments (pageable), partitioned
     assert z2.host_bytes == 18 * params // world and z2.host_pageable_bytes == 8 * params // world
     all_cpu = model_states(model, target(world), Rung.Z3_OFFLOAD_ALL, "bf16")
-    assert all_cpu.host_bytes == 18 * params // world
+    # DeepSpeed's estimator's 18 (fp32 master, fp32 grad, moments, 16-bit params) + the 16-bit gradient
+    # partitions' flat buffer (stage3.py:790-795) it leaves out; master and moments are pageable
+    assert all_cpu.host_bytes == 20 * params // world and all_cpu.host_pageable_bytes == 12 * params // world
     assert all_cpu.device_components["model_states"] == 4 * model.largest_layer_params
     nvme_opt = model_states(model, target(world), Rung.Z3_NVME_OPT, "bf16")
     assert (nvme_opt.nvme_bytes, nvme_opt.host_bytes) == (16 * params // world, 2 * params // world)
@@ -264,7 +266,7 @@ def test_cpu_backend_counts_everything_in_the_process():
     settings = EstimateSettings(seq_len=256, device="cpu")
     predicted = estimate(model, target(2), Candidate(Rung.Z3_OFFLOAD_ALL, 1), settings)
     components = predicted.gpu_components
-    assert components["offloaded_states"] == 18 * model.total_params // 2
+    assert components["offloaded_states"] + components["offloaded_optimizer_moments"] == 20 * model.total_params // 2
     assert "cuda_context" not in components and "process_baseline" in components
     assert predicted.host_ram_bytes == 2 * predicted.gpu_peak_bytes
     assert predicted.device == "cpu"
@@ -389,3 +391,16 @@ def test_pinned_offload_tensors_cost_a_power_of_two_on_cuda():
     assert pinned_host_bytes(gpu.host_components) == 2**35 + 2**34 + 2**35 + gpu.host_components[
         "offload_grad_staging"
     ]
+
+
+def test_stage3_pinned_gradients_round_per_sub_group():
+    """ZeRO-3 pins one fp32 gradient buffer per sub-group (stage3.py:1337-1342), cut from the rank's share by
+    sub_group_size: smaller sub-groups round to smaller powers of two."""
+    from autotune.estimate.model_states import offloaded_stage3_host
+
+    one_group, _ = offloaded_stage3_host(3_000_000_000, 1, "bf16", 1_000_000_000_000, False, rounded=True)
+    assert one_group == 2**34 + 2**33  # 12 GB fp32 gradients -> 16 GiB; 6 GB 16-bit flat buffer -> 8 GiB
+    three_groups, pageable = offloaded_stage3_host(3_000_000_000, 1, "bf16", 1_000_000_000, False, rounded=True)
+    assert three_groups == 3 * 2**32 + 2**33 and pageable == 12 * 3_000_000_000
+    exact, _ = offloaded_stage3_host(3_000_000_000, 1, "bf16", 1_000_000_000, True, rounded=False)
+    assert exact == (4 + 2 + 2) * 3_000_000_000  # with parameters offloaded: their 16-bit partitions pinned too

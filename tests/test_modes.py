@@ -262,7 +262,10 @@ def test_gpu_estimate_falls_as_the_ratio_rises_and_meets_both_neighbours() -> No
     gpu = [p[0] for p in peaks]
     host = [p[1] for p in peaks]
     assert all(a >= b for a, b in pairwise(gpu)), gpu
-    assert all(a <= b for a, b in pairwise(host)), host
+    # host RAM rises with the ratio while the sub-group cut stays the same (dsconfig's, below 1.0); the classic
+    # rung at 1.0 runs DeepSpeed's default single sub-group, whose one pinned gradient buffer can round to less
+    # than the cut's many (estimate/pinned.py)
+    assert all(a <= b for a, b in pairwise(host[:-1])), host
     assert gpu[0] > gpu[-1] and host[0] < host[-1]
     assert gpu[-1] == _peak(Rung.Z3_OFFLOAD_OPT)[0]  # ratio 1.0 is the classic offload rung
     zero3 = _peak(Rung.Z3)[0]
@@ -287,7 +290,9 @@ def test_partial_offload_terms_follow_deepspeeds_sub_group_cut() -> None:
     terms = mode_memory(model, target(gpus=4), candidate, "bf16")
     on_device = partial_offload_device_elements(0.3, 250_000_000, 50_000_000 // 4, 2048 * 8192 // 4)
     assert terms.device_components["partial_offload_states"] == 16 * on_device
-    assert terms.host_components["partial_offload_host_saving"] == -terms.device_components["partial_offload_states"]
+    host = terms.host_components
+    saved = host["partial_offload_host_saving"] + host["partial_offload_pageable_saving"]
+    assert saved == -terms.device_components["partial_offload_states"]
     assert mode_memory(model, target(), Candidate(Rung.Z3_OFFLOAD_OPT, 1), "bf16").device_bytes == 0
     assert partial_offload_device_share(0.3) == pytest.approx(int(0.7 * RATIO_STEPS) / RATIO_STEPS)
 

@@ -434,7 +434,7 @@ def _named_ratio(message: str) -> tuple[float, int]:
     import re
 
     found = re.search(r"ZeRO-3 \+ optimizer->cpu at offload ratio ([0-9.]+) is predicted to fit at micro-batch (\d+)"
-                      r" \(not trial-verified here\)", message)  # fmt: skip
+                      r"(?: with checkpointing)? \(not trial-verified here\)", message)  # fmt: skip
     assert found, message
     return float(found.group(1)), int(found.group(2))
 
@@ -453,8 +453,10 @@ def test_nothing_classic_fits_but_partial_offload_does_and_the_message_says_so(c
     )  # fmt: skip
     ctx = TuneContext.build(request, outputs=False)
 
+    checkpointing = f"micro-batch {micro_batch} with checkpointing" in err
+
     def verdict(r: float):
-        candidate = Candidate(Rung.Z3_OFFLOAD_OPT, micro_batch, False, Mode(offload_ratio=r))
+        candidate = Candidate(Rung.Z3_OFFLOAD_OPT, micro_batch, checkpointing, Mode(offload_ratio=r))
         return check_fit(estimate(ctx.model, ctx.target, candidate, ctx.settings), ctx.target, 0.9)
 
     assert verdict(ratio).fits and verdict(round(ratio - 0.05, 2)).limit == "gpu"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autotune.estimate.activations import activation_breakdown
 from autotune.estimate.buffers import (
     deepspeed_buffers,
@@ -10,6 +12,7 @@ from autotune.estimate.buffers import (
     unpartitioned_model_bytes,
 )
 from autotune.estimate.constants import CPU_PROCESS_BASELINE_BYTES
+from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.margin import gpu_margins
 from autotune.estimate.model_states import model_states
 from autotune.estimate.modes import mode_memory
@@ -25,6 +28,7 @@ from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimat
 from autotune.hardware import Target
 from autotune.ladder import Candidate
 from autotune.models import ModelSummary
+from autotune.modes import ratio_sub_group_size
 from autotune.units import format_bytes
 
 # Components that grow with the micro-batch; Calibration.activation_scale multiplies them.
@@ -66,6 +70,14 @@ def phase_overlap(backward: int, step_only: int, step_temporary: int, tied_gradi
     return max(backward, step_only + step_temporary, tied_gradients) - backward - step_only
 
 
+def _effective_knobs(model: ModelSummary, target: Target, candidate: Candidate, knobs: ZeroKnobs) -> ZeroKnobs:
+    """The sub_group_size DeepSpeed runs: with an offload ratio below 1 autotune's configs write their own
+    (dsconfig, modes.ratio_sub_group_size); a user's config keeps what it says."""
+    if candidate.mode.offload_ratio >= 1.0 or knobs.sub_group_size_as_written:
+        return knobs
+    return replace(knobs, sub_group_size=ratio_sub_group_size(model.trainable_params, target.world_size))
+
+
 def estimate(
     model: ModelSummary,
     target: Target,
@@ -83,7 +95,7 @@ def estimate(
         target,
         candidate.rung,
         settings.precision,
-        knobs=settings.knobs,
+        knobs=_effective_knobs(model, target, candidate, settings.knobs),
         optimizer=settings.optimizer,
         pinned_rounding=pins_through_cuda(settings),
     )

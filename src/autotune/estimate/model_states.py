@@ -138,6 +138,30 @@ def offloaded_stage12_host(partition: int, precision: str, rounded: bool) -> tup
     return pinned, OFFLOAD_MOMENTS_BYTES_PER_PARAM * partition
 
 
+def offloaded_stage3_host(
+    trainable: int, world: int, precision: str, sub_group_size: int, offload_param: bool, rounded: bool
+) -> tuple[int, int]:
+    """(pinned, pageable) host bytes per rank of ZeRO-3 with the optimizer offloaded to the CPU, read in
+    deepspeed 0.19.8 runtime/zero/stage3.py: per sub-group an fp32 master copy (1157-1161, `.to(cpu).clone()`,
+    pageable) and a pinned fp32 gradient buffer (1337-1342); Adam's moments (pageable); one flat buffer of the
+    rank's gradient partitions in the gradient-accumulation dtype, the model's (790-795, pinned; engine.py:1806-1807);
+    with parameters offloaded, the 16-bit partitions in one pinned flat buffer (895-910). DeepSpeed's estimator
+    says 16 (18 with parameters) bytes per parameter; the gradient flat buffer is what it leaves out. Sub-groups
+    hold about sub_group_size elements of the rank's share (whole parameters, _create_fp16_sub_groups).
+    Not modelled: the per-parameter pinned partitions zero.Init makes with parameter offload
+    (partition_parameters.py:1843) before they are moved into the flat buffer, which torch's host allocator may
+    keep cached."""
+    partition = -(-trainable // world)
+    sub_groups = max(1, -(-partition // max(1, sub_group_size)))  # cut from the rank's share (stage3.py:1212-1226)
+    chunk = -(-partition // sub_groups)
+    sixteen_bit = BYTES_FP32 if precision == "fp32" else BYTES_16BIT
+    pinned = sub_groups * pinned_bytes(BYTES_FP32 * chunk, rounded) + pinned_bytes(sixteen_bit * partition, rounded)
+    if offload_param:
+        pinned += pinned_bytes(sixteen_bit * partition, rounded)
+    pageable = (BYTES_FP32 + OFFLOAD_MOMENTS_BYTES_PER_PARAM) * partition
+    return pinned, pageable
+
+
 def model_states(
     model: ModelSummary,
     target: Target,
@@ -171,14 +195,19 @@ def model_states(
             pinned, pageable = offloaded_stage12_host(-(-trainable // world), precision, pinned_rounding)
             host = pinned + pageable
     else:
-        node_host, device = _zero3(
+        _node_host, device = _zero3(
             ds, model, trainable, target, rung.offload_optimizer is not None, rung.offload_param is not None
         )
         components["model_states"] = device
         frozen_share = weight_bytes * frozen // world
         if rung.offload_param is None:
             components["frozen_params"] = frozen_share
-        per_rank_host = node_host // gpus if rung.offload_optimizer else 0
+        per_rank_host = 0
+        if rung.offload_optimizer == "cpu":
+            pinned, pageable = offloaded_stage3_host(
+                trainable, world, precision, knobs.sub_group_size, rung.offload_param == "cpu", pinned_rounding
+            )
+            per_rank_host = pinned + pageable
         if rung.offload_optimizer == "nvme":
             # The optimizer part of what DeepSpeed would hold in host RAM goes to NVMe: the difference
             # between its "optimizer offloaded" and "nothing offloaded" host figures.
@@ -220,5 +249,5 @@ def model_states(
         deepspeed_device_bytes=components["model_states"],
         step_only_bytes=step_only,
         step_temporary_bytes=step_temporary,
-        host_pageable_bytes=pageable if rung.stage < 3 else 0,
+        host_pageable_bytes=pageable,
     )

@@ -56,6 +56,8 @@ BYTES_INT32 = 4
 BYTES_INT8 = 1
 # fp32 master + fp32 gradient + AdamW's two fp32 moments, per element of a sub-group on the device (see above)
 PARTIAL_OFFLOAD_DEVICE_BYTES = 16
+# Of those 16 bytes, the part the host would have pinned: the fp32 gradient buffer (stage3.py:1337-1342)
+PARTIAL_OFFLOAD_PINNED_HOST_BYTES = 4
 # ZenFlow's topk_ratio as autotune emits it (dsconfig.ZENFLOW_DEFAULTS, zenflow_config.py default 0.1)
 ZENFLOW_TOPK_RATIO = 0.1
 # qgZ: quantized intra- and inter-node copies of the reduce bucket (see above)
@@ -68,6 +70,7 @@ QGZ_BYTES_PER_BUCKET_ELEMENT = 2
 MODE_MARGINS = {
     "partial_offload_states": 0.10,
     "partial_offload_host_saving": 0.0,
+    "partial_offload_pageable_saving": 0.0,
     "zenflow_selected_states": 0.50,
     "zenflow_buffers": 0.50,
     "hpz_secondary_params": 0.05,
@@ -166,7 +169,11 @@ def mode_memory(
         on_device = partial_offload_device_elements(mode.offload_ratio, per_rank, first, tensor, sub_group_size=written)
         moved = PARTIAL_OFFLOAD_DEVICE_BYTES * on_device
         device["partial_offload_states"] = moved
-        host["partial_offload_host_saving"] = -moved
+        # what the host no longer holds: the sub-groups' pinned fp32 gradient buffers (stage3.py:1337-1342) and
+        # their pageable fp32 master copy and moments (model_states.offloaded_stage3_host)
+        host["partial_offload_host_saving"] = -PARTIAL_OFFLOAD_PINNED_HOST_BYTES * on_device
+        pageable = PARTIAL_OFFLOAD_DEVICE_BYTES - PARTIAL_OFFLOAD_PINNED_HOST_BYTES
+        host["partial_offload_pageable_saving"] = -pageable * on_device
         if on_device > 0:
             # one step call per sub-group; the largest on the device is the first (the embedding, or a full one)
             size = math.ceil(per_rank / RATIO_STEPS) if written is None else written
