@@ -151,6 +151,32 @@ def _weight_grad_transient(model: ModelSummary, rung: Rung, settings: EstimateSe
     return transient
 
 
+# Elements per chunk of the gradient-norm loop (`_constant_buffered_norm2(input, buffer_size=250000000)`): each chunk is
+# converted to fp64 on the device, deepspeed 0.10.0 / 0.15.3 stage3.py `.double()`, 0.19.8 stage3.py:1960-1967
+# `get_norm_dtype()` (fp64 wherever the accelerator has it, runtime/zero/utils.py:59-63).
+NORM_CHUNK_ELEMENTS = 250_000_000
+NORM_BYTES = 8
+
+
+def stage3_offload_grad_transient(model: ModelSummary, target: Target, settings: EstimateSettings) -> int:
+    """Stage 3 with an offloaded optimizer: what the largest gradient's partition costs on the GPU on its way out.
+
+    Stage 3 reduce-scatters before it offloads, so only the rank's partition (largest / world) is converted,
+    never the whole gradient (which DeepSpeed's stage-3 figure already holds as 2 of its 4 B x largest layer).
+    `partition_grads` (deepspeed 0.15.3 stage3.py:1467-1503; 0.10.0 the same; 0.19.8 stage3.py:2019-2046 and
+    1443-1456) copies the reduced partition into the pinned host buffer (`grad_partitions_flat_buffer` lives on
+    the host with an offloaded optimizer, stage3.py:254 / 0.19.8:333) and then back to the device
+    (`grad_buffer.to(grad_partition.device)`): one 16-bit partition. At the accumulation boundary the norm of that
+    partition is taken chunk by chunk in fp64 (NORM_CHUNK_ELEMENTS), freed before 0.19.8's
+    `grad_buffer.to(dtype=fp32)` (4 B per element, on the device); 0.15.3 and 0.10.0 copy the 16-bit partition into
+    the fp32 host tensor with `copy_`, which converts on the CPU for a blocking device-to-host copy (PyTorch
+    aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda: "type conversions are performed on the CPU").
+    """
+    partition = -(-_largest_gradient(model) // max(1, target.world_size))
+    staged = partition * _element_bytes(settings.precision)
+    return staged + max(NORM_BYTES * min(partition, NORM_CHUNK_ELEMENTS), 4 * partition)
+
+
 def tied_gradient_bytes(model: ModelSummary, settings: EstimateSettings) -> int:
     """End of backward, activations gone: a tied embedding's two gradients and their sum, beyond one copy.
     None when the embedding cannot be trainable (fewer trainable parameters than it has: a LoRA base)."""
@@ -207,6 +233,9 @@ def deepspeed_buffers(
     else:
         components = _stage3(model, target, rung, settings, grad_checkpointing)
     components["weight_grad_transient"] = _weight_grad_transient(model, rung, settings)
+    if rung.stage == 3 and rung.offload_optimizer and settings.device != "cpu":
+        # on the CPU backend the partition's copy "to the device" is the host buffer itself: unchanged there
+        components["weight_grad_transient"] = stage3_offload_grad_transient(model, target, settings)
     host = _host_pinned(model, target, rung)
     if rung.stage in (1, 2) and rung.offload_optimizer:
         # Stages 1-2 with optimizer offload allocate, at init and for the whole run, one 16-bit buffer of the
