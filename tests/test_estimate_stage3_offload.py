@@ -7,6 +7,8 @@ a conversion of the whole gradient.
 
 from __future__ import annotations
 
+from tests.test_estimate import summary, target
+
 from autotune.estimate.buffers import (
     NORM_BYTES,
     NORM_CHUNK_ELEMENTS,
@@ -15,7 +17,6 @@ from autotune.estimate.buffers import (
 )
 from autotune.estimate.types import EstimateSettings
 from autotune.ladder import Rung
-from tests.test_estimate import summary, target
 
 LARGEST = 525_336_576  # Llama-3-8B's embedding: 128256 x 4096
 
