@@ -58,7 +58,7 @@ FULLY_SPECIFIED_SETTINGS = ("seq_len", "micro_batch", "stage_offload", "precisio
 FIGURE_KINDS = ("nvidia-smi", "max_memory_allocated", "max_memory_reserved")
 MEASUREMENT_KINDS = (*FIGURE_KINDS, "oom", "ran")
 # Components torch.cuda.max_memory_allocated() does not see (estimate/core.py names them).
-OUTSIDE_TORCH = ("cuda_context", "nccl_buffers")
+OUTSIDE_TORCH = ("cuda_context", "nccl_buffers", "nccl_nvls_buffers")
 NOT_ALLOCATED = (*OUTSIDE_TORCH, "allocator_slack", "calibration_offset")
 
 # How points.json names the optimizer -> the step-temporary kind in autotune.estimate.knobs.

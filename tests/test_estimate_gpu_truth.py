@@ -31,12 +31,14 @@ from autotune.estimate.runtime import (
     CONTEXT_LAZY,
     NCCL_MORE_RANKS,
     NCCL_TWO_RANKS,
+    NVLS_BYTES_PER_HEAD,
     RuntimeStack,
     allocator_reserve_fraction,
     allocator_reserve_margin_fraction,
     cuda_context,
     lazy_loading,
     nccl_buffers,
+    nvls_buffers,
 )
 from autotune.ladder import Candidate, Rung
 from autotune.units import GiB
@@ -174,8 +176,35 @@ def test_nccl_counts_communicators_by_version_and_hopper_nvls():
     assert old.central == 2 * NCCL_MORE_RANKS  # eager connect: both communicators set up
     unknown = nccl_buffers(8, RuntimeStack())
     assert unknown.central == NCCL_MORE_RANKS and unknown.uncertainty == NCCL_MORE_RANKS
-    hopper = nccl_buffers(8, replace(NEW_STACK, compute_capability="9.0"))
-    assert hopper.uncertainty > nccl_buffers(8, NEW_STACK).uncertainty
+    # Hopper's NVLS buffers are their own component (nvls_buffers), not in these figures
+    assert nccl_buffers(8, replace(NEW_STACK, compute_capability="9.0")) == nccl_buffers(8, NEW_STACK)
+
+
+def test_nvls_buffers_follow_nccl_gpu_count_and_hopper():
+    hopper = replace(NEW_STACK, compute_capability="9.0")
+    per_comm = NVLS_BYTES_PER_HEAD * 8  # 2,415,919,104 B on 8 x H200 (vllm-project/vllm#9699)
+    assert per_comm == 2_415_919_104
+    lazy = nvls_buffers(8, hopper)  # NCCL 2.26: set up at the first NVLS collective
+    assert (lazy.central, lazy.uncertainty) == (per_comm, per_comm)
+    eager = nvls_buffers(8, replace(hopper, nccl_version="2.21.5"))  # set up with each communicator
+    assert (eager.central, eager.uncertainty) == (2 * per_comm, 0)
+    assert nvls_buffers(4, hopper).central == NVLS_BYTES_PER_HEAD * 4  # one head per local GPU
+    assert nvls_buffers(2, hopper).central == 0  # ncclNvlsInit: no NVLS at two GPUs or fewer
+    assert nvls_buffers(8, NEW_STACK).central == 0  # compute capability unknown
+    assert nvls_buffers(8, replace(hopper, compute_capability="8.0")).central == 0  # A100: no multicast
+    assert nvls_buffers(8, replace(hopper, nccl_version="2.16.5")).central == 0  # before NVLS
+
+
+def test_nvls_buffers_reach_the_estimate_outside_the_allocator_terms():
+    model = summary()
+    candidate = Candidate(Rung.Z3, micro_batch=1, grad_checkpointing=True)
+    base = EstimateSettings(seq_len=512, precision="bf16", stack=replace(NEW_STACK, nccl_version="2.21.5"))
+    hopper = replace(base, stack=replace(base.stack, compute_capability="9.0"))
+    plain = estimate(model, target(gpus=8), candidate, base)
+    nvls = estimate(model, target(gpus=8), candidate, hopper)
+    assert nvls.gpu_components["nccl_nvls_buffers"] == 2 * NVLS_BYTES_PER_HEAD * 8
+    assert nvls.gpu_peak_bytes - plain.gpu_peak_bytes == 2 * NVLS_BYTES_PER_HEAD * 8  # no allocator slack on it
+    assert nvls.gpu_unpressured_extra_bytes == plain.gpu_unpressured_extra_bytes
 
 
 def test_local_stack_reads_package_metadata(monkeypatch: pytest.MonkeyPatch):

@@ -22,6 +22,7 @@ from autotune.estimate.runtime import (
     allocator_reserve_fraction,
     cuda_context,
     nccl_buffers,
+    nvls_buffers,
     unpressured_reserve_fraction,
 )
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
@@ -40,6 +41,7 @@ def runtime_overheads(target: Target, settings: EstimateSettings) -> dict[str, O
     return {
         "cuda_context": cuda_context(settings.stack),
         "nccl_buffers": nccl_buffers(target.world_size, settings.stack),
+        "nccl_nvls_buffers": nvls_buffers(target.gpus_per_node, settings.stack),
     }
 
 

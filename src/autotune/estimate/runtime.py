@@ -110,8 +110,7 @@ def cuda_context(stack: RuntimeStack) -> Overhead:
 # group carries the barriers (e.g. runtime/zero/stage3.py:774) and HF/accelerate's own collectives: two
 # communicators per rank. NCCL >= 2.22 connects lazily (NCCL_RUNTIME_CONNECT=1 by default, NCCL 2.22 release
 # notes), so a communicator that only runs barriers sets up few channels: the second one is then margin, not
-# central. Hopper with NVLink SHARP (NVLS, compute capability 9.x, NCCL >= 2.17) adds buffers to the
-# communicators that use it; we widen the margin by one more communicator there.
+# central. Hopper's NVLink SHARP buffers are counted apart (nvls_buffers below).
 NCCL_TWO_RANKS = 544 * 10**6
 NCCL_MORE_RANKS = 688 * 10**6
 
@@ -127,11 +126,34 @@ def nccl_buffers(world_size: int, stack: RuntimeStack) -> Overhead:
         central, margin, note = one, one // 2, "lazy connect (NCCL>=2.22): second communicator mostly idle"
     else:
         central, margin, note = 2 * one, one // 2, "eager connect (NCCL<2.22): two communicators"
-    capability = _version(stack.compute_capability)
-    if capability is not None and capability >= (9,) and (nccl is None or nccl >= (2, 17)):
-        margin += one
-        note += "; NVLS on Hopper"
     return Overhead(central, margin, note)
+
+
+# --- NCCL NVLink SHARP (NVLS) --------------------------------------------------------------------------
+# NCCL (>= 2.17) gives every communicator on a node of more than two multicast-capable GPUs (Hopper and later,
+# compute capability >= 9.0) its own NVLS buffer: src/transport/nvls.cc `ncclNvlsInit` returns early for
+# gpuCount <= 2, and `nvlsAllocateMem` backs nvlsTotalSize = nChannels x 2 x buffSize x nHeads (one head per
+# local GPU) with physical device memory (`cuMemCreate`, "Alloc local physical mem for this NVLS group"),
+# outside PyTorch's allocator. Logged on 8 x H200 (vllm-project/vllm#9699, NCCL of torch 2.4/2.5): "NVLS comm ...
+# nHeads 8 buffSize 4194304 memSize 2097152 nvlsPerRankSize 301989888 nvlsTotalSize 2415919104", i.e.
+# 301,989,888 B per head (2.25 GiB per communicator at 8 GPUs). Before NCCL 2.22 the buffer is set up when the
+# communicator is created, so both of DeepSpeed's communicators (see above) hold one; from 2.22 (runtime connect)
+# it is set up at the first NVLS collective: DeepSpeed's gathers and reductions make one central, the barrier-only
+# communicator the margin. A PCIe Hopper card without NVSwitch has no multicast: this over-counts there.
+NVLS_BYTES_PER_HEAD = 301_989_888
+NVLS_FIRST_NCCL = (2, 17)
+
+
+def nvls_buffers(gpus_per_node: int, stack: RuntimeStack) -> Overhead:
+    capability, nccl = _version(stack.compute_capability), _version(stack.nccl_version)
+    if gpus_per_node <= 2 or capability is None or capability < (9,):
+        return Overhead(0, 0, "no NVLS: two GPUs or fewer per node, or not Hopper (or GPU unknown)")
+    if nccl is not None and nccl < NVLS_FIRST_NCCL:
+        return Overhead(0, 0, "no NVLS before NCCL 2.17")
+    one = NVLS_BYTES_PER_HEAD * gpus_per_node
+    if nccl is not None and nccl < (2, 22):
+        return Overhead(2 * one, 0, "NVLS buffers set up with both communicators (NCCL<2.22)")
+    return Overhead(one, one, "NVLS buffers on the communicator that runs NVLS collectives; second in the margin")
 
 
 # --- caching allocator ---------------------------------------------------------------------------------
