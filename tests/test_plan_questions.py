@@ -442,13 +442,13 @@ def _named_ratio(message: str) -> tuple[float, int]:
 def test_nothing_classic_fits_but_partial_offload_does_and_the_message_says_so(capsys, tmp_path):
     """12 GiB of host RAM: full optimizer offload is over it, ZeRO-3 over the GPU; a ratio in between fits both.
     The ratio named is the smallest whose peak + margin fits (host checked too): one step lower does not."""
-    args = (*LLAMA_1B_ON_4090, "--host-memory", "12GiB", "--rungs", "z3,z3+offload_opt")
+    args = (*LLAMA_1B_ON_4090, "--host-memory", "14GiB", "--rungs", "z3,z3+offload_opt")
     code, out, err = plan(capsys, *args)
     assert code == 3
     ratio, micro_batch = _named_ratio(err)
     assert _named_ratio(" ".join(out.split())) == (ratio, micro_batch)
     request = TuneRequest(
-        model="llama-3.2-1b", gpus=1, gpu_type="rtx-4090", seq_len=1024, host_memory="12GiB",
+        model="llama-3.2-1b", gpus=1, gpu_type="rtx-4090", seq_len=1024, host_memory="14GiB",
         out=str(tmp_path / "ds.json"), use_cache=False,
     )  # fmt: skip
     ctx = TuneContext.build(request, outputs=False)
