@@ -123,7 +123,8 @@ def _settings(point: dict, model: ModelSummary) -> EstimateSettings:
         nccl_version=versions.get("nccl"),
         compute_capability=versions.get("compute_capability"),
     )
-    return EstimateSettings(**basics, knobs=knobs, stack=stack)
+    kernels = {"kernels": point["kernels"]} if "kernels" in point else {}  # fused kernels the run stated
+    return EstimateSettings(**basics, knobs=knobs, stack=stack, **kernels)
 
 
 def run_point(point: dict) -> Outcome:

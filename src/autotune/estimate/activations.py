@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autotune.estimate.constants import CPU_MATH_SDPA_BYTES_NO_DROPOUT, CPU_MATH_SDPA_BYTES_WITH_DROPOUT
+from autotune.estimate.kernels import LOSS_PER_TOKEN_BYTES, RSTD_BYTES, FusedKernels, LossChunk, fused_kernels
 from autotune.estimate.runtime import version_tuple
 from autotune.estimate.traits import ArchTraits, traits_of
 from autotune.estimate.types import EstimateSettings
@@ -34,16 +35,18 @@ class ActivationBreakdown:
     saved_shared: int  # e.g. T5's relative-position bias, computed once per batch
     logits_per_sample: int  # logits, fp32 upcast, log-softmax and their gradients at the loss's peak
     layer_window_per_sample: int  # one layer's backward gradients (+ its recomputation under checkpointing)
+    loss_chunk: LossChunk | None = None  # a fused linear cross-entropy's logits chunk (estimate/kernels.py)
 
     def saved(self, micro_batch: int) -> int:
         return self.saved_per_sample * micro_batch + self.saved_shared
 
     def logits(self, micro_batch: int) -> int:
-        return self.logits_per_sample * micro_batch
+        chunk = self.loss_chunk.bytes(micro_batch) if self.loss_chunk is not None else 0
+        return self.logits_per_sample * micro_batch + chunk
 
     def layer_window_excess(self, micro_batch: int) -> int:
         """How far one layer's backward window rises above the loss peak: the two never coexist."""
-        return max(0, (self.layer_window_per_sample - self.logits_per_sample) * micro_batch)
+        return max(0, self.layer_window_per_sample * micro_batch - self.logits(micro_batch))
 
     def total(self, micro_batch: int) -> int:
         return self.saved(micro_batch) + self.logits(micro_batch) + self.layer_window_excess(micro_batch)
@@ -137,6 +140,7 @@ def layer_bytes(model: ModelSummary, settings: EstimateSettings, decoder_with_cr
     settings = _as_run(model, settings)
     traits = traits_of(model)
     total = _attention_block(model, traits, settings, cross=False) + _mlp_block(model, traits, settings)
+    total += fused_layer_delta(model, traits, settings)
     if decoder_with_cross:
         total += _attention_block(model, traits, settings, cross=True)
     return total
@@ -261,12 +265,87 @@ def activation_breakdown(
     encoder_layer = layer_bytes(model, settings)
     largest_layer = layer_bytes(model, settings, decoder_with_cross=encoder_decoder)
     all_layers = model.num_layers * encoder_layer + model.num_decoder_layers * largest_layer
-    outside = _outside_layers_bytes(model, traits, settings)
-    logits_peak = logits_bytes_per_sample(model, settings)
+    outside = _outside_layers_bytes(model, traits, settings) + fused_outside_delta(model, traits, settings)
+    logits_peak = fused_logits_bytes_per_sample(model, traits, settings)
+    if logits_peak is None:
+        logits_peak = logits_bytes_per_sample(model, settings)
+    chunk = fused_loss_chunk(model, traits, settings)
     window = layer_backward_transient(model, settings, decoder_with_cross=encoder_decoder)
     shared = _shared_bytes(model, traits, settings)
     if not grad_checkpointing:
-        return ActivationBreakdown(all_layers + outside, shared, logits_peak, window)
+        return ActivationBreakdown(all_layers + outside, shared, logits_peak, window, chunk)
     # HF checkpointing keeps each layer's input hidden state and rebuilds one layer at a time in backward.
     kept_inputs = model.total_layers * d * model.hidden_size * settings.seq_len
-    return ActivationBreakdown(kept_inputs + outside, shared, logits_peak, window + largest_layer)
+    return ActivationBreakdown(kept_inputs + outside, shared, logits_peak, window + largest_layer, chunk)
+
+
+# Fused training kernels (EstimateSettings.kernels; what each keeps, with its source, in estimate/kernels.py). They
+# replace modules of decoder-only models only, so the encoder-decoder path above never sees them.
+
+
+def _kernels_in_use(model: ModelSummary, traits: ArchTraits, settings: EstimateSettings) -> FusedKernels | None:
+    """The kernel set when it changes this model on this device; None for stock modules. Liger and flash-attn
+    kernels are Triton/CUDA: the CPU backend runs the stock modules."""
+    kernels = fused_kernels(settings.kernels)
+    if settings.device != "cuda" or not kernels.applies_to(model, traits.rmsnorm, traits.gated_mlp):
+        return None
+    return kernels
+
+
+def _fused_norm_delta(traits: ArchTraits, width: int, d: int) -> int:
+    """Per token: a fused RMSNorm keeps its 16-bit input and an fp32 rstd instead of _norm_bytes' fp32 copy and
+    normalised value (negative: bytes saved)."""
+    return d * width + RSTD_BYTES - _norm_bytes(traits, width, d)
+
+
+def fused_layer_delta(model: ModelSummary, traits: ArchTraits, settings: EstimateSettings) -> int:
+    """How much one decoder layer keeps per sample beyond layer_bytes' stock count (negative: less)."""
+    kernels = _kernels_in_use(model, traits, settings)
+    if kernels is None:
+        return 0
+    d = activation_bytes_per_element(settings.precision)
+    per_token = 0
+    if kernels.rms_norm and traits.rmsnorm:
+        per_token += 2 * _fused_norm_delta(traits, model.hidden_size, d)  # input_layernorm, post_attention_layernorm
+    if kernels.gated_mlp_tensors is not None and traits.gated_mlp:
+        stock = traits.activation_saved + 2  # as _mlp_block counts a gated MLP
+        per_token += (kernels.gated_mlp_tensors - stock) * d * model.intermediate_size
+    return per_token * settings.seq_len
+
+
+def fused_outside_delta(model: ModelSummary, traits: ArchTraits, settings: EstimateSettings) -> int:
+    """The final norm per sample: fused, it keeps less; under a fused linear cross-entropy its output is not kept
+    either (the op saves only the gradients it computed in the forward)."""
+    kernels = _kernels_in_use(model, traits, settings)
+    if kernels is None:
+        return 0
+    d = activation_bytes_per_element(settings.precision)
+    per_token = _fused_norm_delta(traits, model.hidden_size, d) if kernels.rms_norm and traits.rmsnorm else 0
+    if kernels.loss == "linear_cross_entropy":
+        per_token -= d * model.hidden_size
+    return per_token * settings.seq_len
+
+
+def fused_logits_bytes_per_sample(model: ModelSummary, traits: ArchTraits, settings: EstimateSettings) -> int | None:
+    """The loss's peak per sample with a fused loss; None: the stock loss (logits_bytes_per_sample).
+
+    Fused cross-entropy: the logits it was given (fp32 where the causal loss upcasts) and their gradient.
+    Fused linear cross-entropy: the hidden states' gradient and an fp32 loss per token; its logits chunk is
+    fused_loss_chunk, and lm_head's weight gradient is the first gradient the states already count."""
+    kernels = _kernels_in_use(model, traits, settings)
+    if kernels is None or kernels.loss == "stock":
+        return None
+    d = activation_bytes_per_element(settings.precision)
+    if kernels.loss == "cross_entropy":
+        logits_bytes = 4 if causal_loss_upcasts(model, settings) else d
+        return 2 * logits_bytes * model.vocab_size * settings.seq_len
+    return (d * model.hidden_size + LOSS_PER_TOKEN_BYTES) * settings.seq_len
+
+
+def fused_loss_chunk(model: ModelSummary, traits: ArchTraits, settings: EstimateSettings) -> LossChunk | None:
+    """A fused linear cross-entropy's logits chunk, in the hidden states' dtype."""
+    kernels = _kernels_in_use(model, traits, settings)
+    if kernels is None or kernels.loss != "linear_cross_entropy":
+        return None
+    d = activation_bytes_per_element(settings.precision)
+    return LossChunk(settings.seq_len, model.vocab_size, model.hidden_size, d)

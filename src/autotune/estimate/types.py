@@ -20,6 +20,7 @@ class EstimateSettings:
     stack: RuntimeStack = field(default_factory=RuntimeStack)  # as probed; unknown fields widen the margin
     optimizer: str = "adamw"  # an autotune.optimizers name: its states and step temporaries
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length; None: seq_len for both
+    kernels: str = "stock"  # fused training kernels in use: an estimate/kernels.py KERNEL_SETS name
 
 
 @dataclass

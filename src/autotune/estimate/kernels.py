@@ -1,0 +1,105 @@
+"""Fused training kernels that replace transformers' stock modules, and what each keeps for backward.
+
+A user who trains with Liger Kernel (HF TrainingArguments `use_liger_kernel=True`) or with flash-attn's fused ops
+keeps fewer activations than the stock modules estimate/activations.py counts. Each figure below is read from the
+kernel's source (`ctx.save_for_backward`) at the version named:
+
+- RMSNorm. Stock (transformers' LlamaRMSNorm) keeps an fp32 copy of its input and the normalised value before the
+  weight: (4 + d) bytes per hidden element. Fused: the 16-bit input and one fp32 rstd per token:
+  Liger 0.8.5 ops/rms_norm.py:674 `ctx.save_for_backward(X, W, RSTD)`, RSTD fp32 in the llama/gemma casting modes
+  (:464-466); flash-attn 2.4.2 ops/triton/layernorm.py:510 `ctx.save_for_backward(residual_out, weight, bias,
+  seeds, mean, rstd)` where residual_out is the input itself without a residual (:247), rstd fp32 (:204).
+- Gated MLP (SwiGLU). Stock keeps gate output, SiLU output, up output and their product (4 intermediate-width
+  tensors, traits.py). Liger 0.8.5 ops/swiglu.py:272 `ctx.save_for_backward(a, b)` (gate and up outputs; the
+  product is kept by down_proj, an nn.Linear: transformers/swiglu.py:35), 3 tensors; GeGLU the same
+  (ops/geglu.py:138). xformers 0.0.23's fused SwiGLU, the one whyNLP/tinyllama's TINY_FUSED_SWIGLU uses
+  (tinyllama/llama_fused_swiglu.py: `xformers.ops.swiglu_op.swiglu`, down projection inside the op), keeps
+  x, x1, x2 and recomputes the product (csrc/swiglu/swiglu_packedw.cpp:105, ops/swiglu_op.py:111): 2 tensors.
+- Rotary embedding: no change. Liger ops/rope.py:289 and flash-attn layers/rotary.py:59 keep only cos/sin; the stock
+  `q * cos + rotate_half(q) * sin` keeps only cos/sin too (a product saves the operand that does not need grad).
+- Cross-entropy on materialised logits (flash-attn 2.4.2 ops/triton/cross_entropy.py:225 `save_for_backward(logits,
+  lse, labels)`; backward: `dlogits = torch.empty_like(logits)` :238, inplace_backward off by default in
+  losses/cross_entropy.py:17): the logits it was given and their gradient, 2 x (logits' bytes) per entry, where the
+  stock loss keeps the log-softmax and two gradients (activations.logits_bytes_per_sample).
+- Fused linear cross-entropy (Liger 0.8.5 ops/fused_linear_cross_entropy.py): the full logits never exist. The
+  forward runs over token chunks of `next_power_of_2(cdiv(BT, cdiv(V, H)))` rows, at most BT (:103-106), each chunk's
+  logits in the hidden states' dtype (:151, :168); it computes the gradients there and keeps them for backward
+  (:574-578): grad_input like the hidden states (:108, BT x H) and grad_weight like lm_head's weight (:116, V x H),
+  plus an fp32 loss per token (:125). The final norm's output is not kept (the op saves only those gradients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.models import ModelSummary
+
+KERNEL_SETS = ("stock", "liger", "flash-attn-fused")
+
+# Model types HF's `use_liger_kernel=True` patches among those estimate/traits.py knows: Liger 0.8.5
+# transformers/monkey_patch.py:3904-3958 MODEL_TYPE_TO_APPLY_LIGER_FN; for the rest Liger changes nothing.
+LIGER_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3")
+# Stock gated MLP: gate output, activation output, up output, product (traits._ACTIVATION_SAVED_TENSORS + 2).
+STOCK_GATED_MLP_TENSORS = 4
+RSTD_BYTES = 4  # one fp32 rstd per token (rms_norm.py:466, layernorm.py:204)
+LOSS_PER_TOKEN_BYTES = 4  # the fp32 per-token loss of the fused losses (fused_linear_cross_entropy.py:125)
+
+
+@dataclass(frozen=True)
+class FusedKernels:
+    """Which fused kernels a kernel set turns on, by what they change in the activation count."""
+
+    name: str
+    rms_norm: bool  # the norm keeps its 16-bit input and an fp32 rstd per token
+    gated_mlp_tensors: int | None  # intermediate-width tensors a gated MLP keeps; None: stock
+    loss: str  # "stock", "cross_entropy" (fused CE on the logits) or "linear_cross_entropy" (no logits)
+    model_types: tuple[str, ...] | None = None  # the families it patches; None: any RMSNorm + gated-MLP decoder
+
+    def applies_to(self, model: ModelSummary, rmsnorm: bool, gated_mlp: bool) -> bool:
+        if self.name == "stock" or model.family != "decoder-only":
+            return False
+        if self.model_types is not None:
+            return model.model_type in self.model_types
+        return rmsnorm and gated_mlp
+
+
+_SETS = {
+    "stock": FusedKernels("stock", rms_norm=False, gated_mlp_tensors=None, loss="stock"),
+    # HF Trainer use_liger_kernel=True: apply_liger_kernel_to_llama's defaults (monkey_patch.py:259-264): rope,
+    # fused_linear_cross_entropy, rms_norm, swiglu on; cross_entropy off.
+    "liger": FusedKernels(
+        "liger", rms_norm=True, gated_mlp_tensors=3, loss="linear_cross_entropy", model_types=LIGER_MODEL_TYPES
+    ),
+    # whyNLP/tinyllama tinyllama/__init__.py: flash-attn's triton RMSNorm, flash-attn's CrossEntropyLoss, flash-attn's
+    # rotary, xformers' fused SwiGLU.
+    "flash-attn-fused": FusedKernels("flash-attn-fused", rms_norm=True, gated_mlp_tensors=2, loss="cross_entropy"),
+}
+
+
+def fused_kernels(name: str) -> FusedKernels:
+    """The kernel set called `name` (one of KERNEL_SETS); ValueError for any other name."""
+    if name not in _SETS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {name!r}")
+    return _SETS[name]
+
+
+def linear_cross_entropy_chunk_rows(tokens: int, vocab: int, hidden: int) -> int:
+    """Rows of one logits chunk: Liger 0.8.5 fused_linear_cross_entropy.py:103-105 with chunk_mem_const 1."""
+    inc_factor = -(-vocab // hidden)
+    rows = -(-tokens // inc_factor)
+    return min(1 << (rows - 1).bit_length(), tokens)
+
+
+@dataclass(frozen=True)
+class LossChunk:
+    """The one logits chunk of a fused linear cross-entropy: its rows depend on the whole micro-batch's tokens,
+    rounded to a power of two, so it is not a per-sample figure."""
+
+    tokens_per_sample: int
+    vocab: int
+    hidden: int
+    element_bytes: int
+
+    def bytes(self, micro_batch: int) -> int:
+        rows = linear_cross_entropy_chunk_rows(self.tokens_per_sample * micro_batch, self.vocab, self.hidden)
+        return rows * self.vocab * self.element_bytes
