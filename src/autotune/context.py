@@ -225,6 +225,7 @@ class TuneContext:
             knobs=knobs,
             stack=self.stack,
             decoder_seq_len=self.decoder_seq_len,
+            kernels=request.kernels,
         )
 
     @property

@@ -20,6 +20,7 @@ from autotune.units import parse_bytes
 DEVICES = ("cuda", "cpu")
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "flash", "eager")
+KERNELS = ("stock", "liger", "flash-attn-fused")  # fused training kernels: autotune.estimate.kernels.KERNEL_SETS
 MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
 # Relative-position models (T5) have no position table; their pre-training length is the default.
 RELATIVE_POSITION_DEFAULT_SEQ_LEN = 512  # T5 paper, section 3.1.2: "sequence length of 512"
@@ -65,6 +66,7 @@ class TuneRequest:
     host_memory: str | None = None  # host RAM per node when planning for another machine, e.g. "64GiB"; bare = GiB
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (default: seq_len)
     config: str | None = None  # a user's ds_config (JSON/hjson) whose fit `plan` answers (autotune.config_question)
+    kernels: str = "stock"  # fused training kernels the user's training runs (Liger, flash-attn's): activations
     # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
     # substituted in (trial/script_mode.py); None: our synthetic worker.
     command: tuple[str, ...] | None = None
@@ -147,6 +149,14 @@ def check_outputs(request: TuneRequest) -> None:
         _usable_output_dir(cache, "--cache-dir")
 
 
+def check_kernels(kernels: str, device: str = "cuda") -> None:
+    """--kernels names a kernel set the memory model knows; Liger and flash-attn kernels are Triton/CUDA only."""
+    if kernels not in KERNELS:
+        raise UserError(f"--kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
+    if kernels != "stock" and device == "cpu":
+        raise UserError(f"--kernels {kernels} needs CUDA GPUs (Triton kernels); --device cpu runs stock modules")
+
+
 def validate(request: TuneRequest, *, outputs: bool = True) -> None:
     """Every rule that needs neither the model nor the hardware; raises UserError with one line.
 
@@ -161,6 +171,7 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {request.precision!r}")
     if request.attention not in ATTENTIONS:
         raise UserError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {request.attention!r}")
+    check_kernels(request.kernels, request.device)
     _fraction(request.headroom, "--headroom")
     _fraction(request.gpu_memory_fraction, "--gpu-memory-fraction")
     if request.seq_len is not None and request.seq_len <= 0:

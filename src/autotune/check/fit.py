@@ -15,6 +15,7 @@ from autotune.check.context import CheckContext
 from autotune.check.findings import Finding, FitResult, Severity
 from autotune.check.rules import ZERO, resolve_batch, zero_stage
 from autotune.check.values import batch_keys
+from autotune.estimate.kernels import kernels_note
 from autotune.estimate.types import EstimateSettings, MemoryEstimate, Verdict
 from autotune.hardware import Target
 from autotune.ladder import Candidate, Rung
@@ -32,6 +33,7 @@ class FitAssumptions:
     measured_peak_bytes: int | None = None  # the trial's peak, when the config was verified here
     optimizer: str = "adamw"  # the optimizer the tuning ran, for a config without an optimizer section
     decoder_seq_len: int | None = None  # encoder-decoders: the decoder length the tuning ran
+    kernels: str = "stock"  # fused training kernels (estimate/kernels.py): `check --kernels`
 
 
 # (optimizer offload, parameter offload) at stage 3 -> rung, where the ladder has that exact rung.
@@ -260,6 +262,7 @@ def fit_findings(
                 "device": assumed.device,
                 "optimizer": assumed.optimizer,
                 "decoder_seq_len": assumed.decoder_seq_len,
+                "kernels": assumed.kernels,
             }
             if assumed
             else {}
@@ -297,4 +300,6 @@ def fit_findings(
         )
     # a mode DeepSpeed ignores or that acts otherwise than written is said, as plan --config says it
     modes = [Finding(Severity.INFO, ZERO, f"Memory mode: {note}.", "fit") for note in fitted.mode_notes]
-    return result, [finding, *modes]
+    kernels = kernels_note(assumed.kernels) if assumed else None
+    said = [Finding(Severity.INFO, "", f"Kernels: {kernels}.", "fit")] if kernels else []
+    return result, [finding, *modes, *said]

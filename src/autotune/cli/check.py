@@ -16,6 +16,7 @@ from autotune.cli.options import (
     GpuTypeOpt,
     GradCkptOpt,
     JsonOpt,
+    KernelsOpt,
     NodesOpt,
     SeqLenOpt,
     TrustRemoteCodeOpt,
@@ -129,6 +130,7 @@ def check_command(
     consumer: ConsumerOpt = "auto",
     init_check: InitCheckOpt = False,
     trust_remote_code: TrustRemoteCodeOpt = False,
+    kernels: KernelsOpt = "stock",
     as_json: JsonOpt = False,
 ) -> None:
     """Check a DeepSpeed config against what DeepSpeed really does with it.
@@ -148,6 +150,9 @@ def check_command(
         raise UserError(f"--consumer must be one of {', '.join(_CONSUMERS)}, not {consumer!r}")
     if hf and consumer not in ("auto", "hf-trainer"):
         raise UserError(f"--hf contradicts --consumer {consumer}")
+    from autotune.request import check_kernels
+
+    check_kernels(kernels)
     load_config(config)  # an unreadable config fails first, before any probing
     if fix is not None:
         _check_fix_output(fix)
@@ -156,7 +161,7 @@ def check_command(
     recorded = read_assumptions(config)
     hardware_given = gpus is not None or gpu_type is not None or gpu_memory is not None
     if recorded and not model and not hardware_given:
-        report = _check_as_tuned(config, recorded, seq_len, grad_checkpointing, hf, requested, options)
+        report = _check_as_tuned(config, recorded, seq_len, grad_checkpointing, hf, requested, options, kernels)
     else:
         context = resolve_context(gpus, nodes, gpu_type, gpu_memory, for_hf_trainer=hf, consumer=requested)
         summary = None
@@ -167,9 +172,13 @@ def check_command(
             summary = summarize(resolve_model(model, trust_remote_code))
             relative = "relative_attention_num_buckets" in summary.config
             seq_len = seq_len or default_seq_len(None if relative else summary.max_positions)
+        from autotune.check.fit import FitAssumptions
+
+        assumed = FitAssumptions(kernels=kernels) if kernels != "stock" else None  # otherwise as before
         report = check_config(
-            config, context, env_file, summary, seq_len or 0, bool(grad_checkpointing), fix, fix_training, init_check
-        )
+            config, context, env_file, summary, seq_len or 0, bool(grad_checkpointing), fix, fix_training, init_check,
+            assumed,
+        )  # fmt: skip
     if as_json:
         print_json(report.to_dict())
     else:
@@ -212,6 +221,7 @@ def _check_as_tuned(
     hf: bool,
     consumer: str | None,
     options: CheckOptions,
+    kernels: str = "stock",
 ) -> CheckReport:
     """Check against the tuning's own context: the same model, target, precision and sequence length."""
     from autotune.check import CheckContext
@@ -257,6 +267,7 @@ def _check_as_tuned(
         measured_peak_bytes=recorded.get("measured_peak_bytes") if recorded.get("verified") else None,
         optimizer=ctx.request.optimizer,
         decoder_seq_len=ctx.decoder_seq_len,
+        kernels=kernels if kernels != "stock" else recorded.get("kernels", "stock"),
     )
     return check_config(
         config,

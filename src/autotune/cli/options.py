@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from autotune.request import ATTENTIONS, DEVICES, PRECISIONS, TuneRequest
+from autotune.request import ATTENTIONS, DEVICES, KERNELS, PRECISIONS, TuneRequest
 
 
 def _choices(values: tuple[str, ...]) -> str:
@@ -64,6 +64,15 @@ PrecisionOpt = Annotated[
     typer.Option("--precision", metavar=_choices(PRECISIONS), help="Default: bf16 where supported, else fp16."),
 ]
 AttentionOpt = Annotated[str, typer.Option(metavar=_choices(ATTENTIONS), help="Attention implementation.")]
+KernelsOpt = Annotated[
+    str,
+    typer.Option(
+        metavar=_choices(KERNELS),
+        help="Fused training kernels your training uses: liger (HF use_liger_kernel=True: fused RMSNorm, SwiGLU,"
+        " RoPE, linear cross-entropy) or flash-attn-fused (flash-attn's RMSNorm, cross-entropy and rotary, xformers'"
+        " SwiGLU); they keep fewer activations than transformers' own modules.",
+    ),
+]
 HeadroomOpt = Annotated[float, typer.Option(help="Peak must stay under this fraction of free memory.")]
 MaxTrialsOpt = Annotated[int, typer.Option(help="Most trials to launch.")]
 MaxMicroBatchOpt = Annotated[int, typer.Option(help="Largest micro-batch per GPU to consider.")]

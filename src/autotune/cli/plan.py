@@ -20,6 +20,7 @@ from autotune.cli.options import (
     HeadroomOpt,
     HostMemoryOpt,
     JsonOpt,
+    KernelsOpt,
     LoraRankOpt,
     LoraTargetsOpt,
     MaxMicroBatchOpt,
@@ -45,6 +46,7 @@ from autotune.units import format_bytes
 if TYPE_CHECKING:
     from autotune.check.fit import ConfigFit
     from autotune.context import TuneContext
+    from autotune.estimate import EstimateSettings
     from autotune.mode_summary import ModeSummary
     from autotune.recommend import Recommendation
 
@@ -99,7 +101,7 @@ def _print_table(recommendation: Recommendation, modes: ModeSummary, verbose: bo
     title = (
         f"{result.model.name} ({result.model.total_params / 1e9:.2f}B params) on {target.describe()}: "
         f"seq {settings.seq_len}{_decoder(settings.decoder_seq_len)}, {settings.precision}, "
-        f"{settings.attention} attention, optimizer {settings.optimizer}, "
+        f"{settings.attention} attention, optimizer {settings.optimizer}, {_kernels(settings.kernels)}"
         f"peak <= {result.headroom:.0%} of free"
     )
     table = Table(title=title, title_justify="left")
@@ -116,6 +118,8 @@ def _print_table(recommendation: Recommendation, modes: ModeSummary, verbose: bo
         table.add_row(*cells)
     out = console()
     out.print(table)
+    for note in _kernel_notes(settings):
+        out.print(f"Note: {note}.", highlight=False)
     if verbose:
         out.print("Components per GPU (the micro-batch shown, or 1 when none fits):")
         for row in result.rows:
@@ -164,6 +168,17 @@ def _print_table(recommendation: Recommendation, modes: ModeSummary, verbose: bo
         )
 
 
+def _kernels(name: str) -> str:
+    return "" if name == "stock" else f"{name} kernels, "
+
+
+def _kernel_notes(settings: EstimateSettings) -> list[str]:
+    from autotune.estimate.kernels import kernels_note
+
+    note = kernels_note(settings.kernels)
+    return [note] if note else []
+
+
 def _decoder(length: int | None) -> str:
     return f" (decoder {length})" if length else ""
 
@@ -191,7 +206,7 @@ def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
     out.print(
         f"{ctx.request.config}: {fitted.candidate.describe()} for {ctx.model.name}, seq {settings.seq_len}"
         f"{_decoder(settings.decoder_seq_len)}, {settings.precision}, optimizer {settings.optimizer}, "
-        f"on {target.describe()}: {verdict_text}",
+        f"{_kernels(settings.kernels)}on {target.describe()}: {verdict_text}",
         highlight=False,
     )
     needed = predicted.gpu_peak_bytes + predicted.gpu_margin_bytes
@@ -217,7 +232,7 @@ def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
     out.print(host, highlight=False)
     if not verdict.fits:
         out.print(f"  why: {verdict.reason}", highlight=False)
-    for note in (*fitted.notes, *_overridden(ctx, fitted)):
+    for note in (*fitted.notes, *_overridden(ctx, fitted), *_kernel_notes(settings)):
         out.print(f"  note: {note}", highlight=False)
 
 
@@ -253,6 +268,7 @@ def plan_command(
     optimizer: OptimizerOpt = D.optimizer,
     lora_rank: LoraRankOpt = D.lora_rank,
     lora_targets: LoraTargetsOpt = None,
+    kernels: KernelsOpt = D.kernels,
     host_memory: HostMemoryOpt = D.host_memory,
     decoder_seq_len: DecoderSeqLenOpt = D.decoder_seq_len,
     grad_checkpointing: GradCkptOpt = None,
@@ -291,6 +307,7 @@ def plan_command(
         host_memory=host_memory,
         decoder_seq_len=decoder_seq_len,
         config=config,
+        kernels=kernels,
     )
     say_assumed_units(gpu_memory=gpu_memory, host_memory=host_memory)
     if grad_checkpointing is not None and not config:
@@ -315,6 +332,7 @@ def plan_command(
         data["recommended_estimate"] = recommendation.estimate.to_dict() if recommendation.estimate else None
         data["host_ram_known"] = not recommendation.host_unknown
         data["modes"] = modes.to_dict()
+        data["notes"] = _kernel_notes(ctx.settings)
         print_json(data)
     else:
         _print_table(recommendation, modes, verbose)
@@ -334,7 +352,7 @@ def _config_json(ctx: TuneContext, fitted: ConfigFit) -> dict:
         "estimate": fitted.estimate.to_dict(),
         "verdict": {"fits": fitted.verdict.fits, "reason": fitted.verdict.reason, "limit": fitted.verdict.limit},
         "settings": asdict(fitted.settings),
-        "notes": [*fitted.notes, *_overridden(ctx, fitted)],
+        "notes": [*fitted.notes, *_overridden(ctx, fitted), *_kernel_notes(fitted.settings)],
     }
 
 

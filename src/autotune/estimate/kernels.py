@@ -83,6 +83,20 @@ def fused_kernels(name: str) -> FusedKernels:
     return _SETS[name]
 
 
+_NOTES = {
+    "liger": "activations counted for Liger's kernels (fused RMSNorm and SwiGLU keep less; the fused linear"
+    " cross-entropy keeps a logits chunk and the hidden states' gradient instead of the full logits); Liger"
+    " changes only the model types it patches (llama, mistral, qwen2/3, gemma/gemma2, mixtral, phi3)",
+    "flash-attn-fused": "activations counted for flash-attn's fused RMSNorm and cross-entropy and xformers' fused"
+    " SwiGLU (decoder models with RMSNorm and a SiLU-gated MLP)",
+}
+
+
+def kernels_note(name: str) -> str | None:
+    """One line for a plan or report saying which kernels the prediction counts; None for stock modules."""
+    return _NOTES.get(name)
+
+
 def linear_cross_entropy_chunk_rows(tokens: int, vocab: int, hidden: int) -> int:
     """Rows of one logits chunk: Liger 0.8.5 fused_linear_cross_entropy.py:103-105 with chunk_mem_const 1."""
     inc_factor = -(-vocab // hidden)
