@@ -178,3 +178,17 @@ def test_check_kernels_option(capsys, tmp_path):
         main([*base, "--kernels", "fused"])
     captured = capsys.readouterr()
     assert exited.value.code == 2 and "--kernels must be one of" in captured.err
+
+
+def test_tune_notes_say_the_synthetic_trials_run_stock_modules():
+    from autotune.context import kernel_notes
+    from autotune.request import TuneRequest
+
+    liger = TuneRequest(model="m", kernels="liger")
+    assert kernel_notes(TuneRequest(model="m"), trials_run=True) == []
+    plan_only = kernel_notes(liger, trials_run=False)
+    assert len(plan_only) == 1 and "Liger" in plan_only[0]
+    with_trials = kernel_notes(liger, trials_run=True)
+    assert len(with_trials) == 2 and "stock modules" in with_trials[1]
+    own_command = TuneRequest(model="m", kernels="liger", command=("python", "train.py"))
+    assert len(kernel_notes(own_command, trials_run=True)) == 1  # the user's own job runs their kernels

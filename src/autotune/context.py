@@ -187,6 +187,7 @@ class TuneContext:
                 "precision fp32: this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag), so bf16 is emulated"
                 " (a measured step: 18 s in bf16, 1.3 s in fp32; README); --precision bf16 tunes bf16 anyway"
             )
+        notes += kernel_notes(request, target.measured)
         chosen_by = "tokens_per_step" if request.tokens_per_step else "user" if request.global_batch else None
         global_batch = requested_global_batch(
             request.global_batch, request.tokens_per_step, seq_len, target.world_size
@@ -269,6 +270,8 @@ class TuneContext:
             **({"decoder_seq_len": self.decoder_seq_len} if self.decoder_seq_len not in (None, self.seq_len) else {}),
             # own-command trials measure the user's job, not our worker: never the same answer
             **({"command": list(request.command)} if request.command else {}),
+            # the kernels change the predictions the search and plan-only answers use; stock keeps the old keys
+            **({"kernels": request.kernels} if request.kernels != "stock" else {}),
         }
 
     @property
@@ -340,4 +343,23 @@ class TuneContext:
             "lora_rank": self.request.lora_rank,
             "lora_targets": list(self.request.lora_targets) if self.request.lora_targets else None,
             "decoder_seq_len": self.decoder_seq_len,
+            "kernels": self.request.kernels,
         }
+
+
+def kernel_notes(request: TuneRequest, trials_run: bool) -> list[str]:
+    """What --kernels changes: the prediction counts the fused kernels; our synthetic trial cannot run them."""
+    from autotune.estimate.kernels import kernels_note
+
+    note = kernels_note(request.kernels)
+    if note is None:
+        return []
+    notes = [note]
+    if trials_run and request.command is None:
+        notes.append(
+            f"the trials run autotune's synthetic worker with transformers' stock modules, not the {request.kernels}"
+            " kernels (Triton/CUDA kernels your own training turns on): their measured peaks are stock ones and the"
+            " prediction for your training differs from them; give your own launch command (`autotune ... --"
+            " <command>`) for trials that run your kernels"
+        )
+    return notes

@@ -129,6 +129,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     )
     if data.get("training"):
         lines.append(f"- Training: {data['training']['summary']}")
+    lines += [f"- Note: {note}" for note in data.get("notes") or []]
     lines.append(
         f"- Headroom: peak at most {data['headroom']:.0%} of free memory"
         f" ({format_bytes(data['limit_bytes'])} per {'rank' if data['device'] == 'cpu' else 'GPU'})"
