@@ -8,7 +8,9 @@ kernel's source (`ctx.save_for_backward`) at the version named:
   weight: (4 + d) bytes per hidden element. Fused: the 16-bit input and one fp32 rstd per token:
   Liger 0.8.5 ops/rms_norm.py:674 `ctx.save_for_backward(X, W, RSTD)`, RSTD fp32 in the llama/gemma casting modes
   (:464-466); flash-attn 2.4.2 ops/triton/layernorm.py:510 `ctx.save_for_backward(residual_out, weight, bias,
-  seeds, mean, rstd)` where residual_out is the input itself without a residual (:247), rstd fp32 (:204).
+  seeds, mean, rstd)` where residual_out is the input itself without a residual (:247), rstd fp32 (:204); its
+  CUDA-extension RMSNorm (ops/rms_norm.py:14-17) the same: ops/layer_norm.py:348-349 saves xmat, which is the input
+  without dropout or residual (:52), and rsigma.
 - Gated MLP (SwiGLU). Stock keeps gate output, SiLU output, up output and their product (4 intermediate-width
   tensors, traits.py). Liger 0.8.5 ops/swiglu.py:272 `ctx.save_for_backward(a, b)` (gate and up outputs; the
   product is kept by down_proj, an nn.Linear: transformers/swiglu.py:35), 3 tensors; GeGLU the same
