@@ -14,9 +14,12 @@ kernel's source (`ctx.save_for_backward`) at the version named:
 - Gated MLP (SwiGLU). Stock keeps gate output, SiLU output, up output and their product (4 intermediate-width
   tensors, traits.py). Liger 0.8.5 ops/swiglu.py:272 `ctx.save_for_backward(a, b)` (gate and up outputs; the
   product is kept by down_proj, an nn.Linear: transformers/swiglu.py:35), 3 tensors; GeGLU the same
-  (ops/geglu.py:138). xformers 0.0.23's fused SwiGLU, the one whyNLP/tinyllama's TINY_FUSED_SWIGLU uses
+  (ops/geglu.py:138). xformers' fused SwiGLU, the one whyNLP/tinyllama's TINY_FUSED_SWIGLU uses
   (tinyllama/llama_fused_swiglu.py: `xformers.ops.swiglu_op.swiglu`, down projection inside the op), keeps
-  x, x1, x2 and recomputes the product (csrc/swiglu/swiglu_packedw.cpp:105, ops/swiglu_op.py:111): 2 tensors.
+  x, x1, x2 and recomputes the product: 2 tensors (0.0.22.post7, the version its README installs, and 0.0.23 alike:
+  csrc/swiglu/swiglu_packedw.cpp:105, ops/swiglu_op.py:111). Its dispatcher takes that fused op on sm80+ in 16-bit
+  with gate and up weights adjacent in memory (ops/swiglu_op.py SwiGLUOpDispatch.op); otherwise it falls back to
+  eager ops, which keep what the stock MLP keeps.
 - Rotary embedding: no change. Liger ops/rope.py:289 and flash-attn layers/rotary.py:59 keep only cos/sin; the stock
   `q * cos + rotate_half(q) * sin` keeps only cos/sin too (a product saves the operand that does not need grad).
 - Cross-entropy on materialised logits (flash-attn 2.4.2 ops/triton/cross_entropy.py:225 `save_for_backward(logits,
