@@ -192,3 +192,13 @@ def test_tune_notes_say_the_synthetic_trials_run_stock_modules():
     assert len(with_trials) == 2 and "stock modules" in with_trials[1]
     own_command = TuneRequest(model="m", kernels="liger", command=("python", "train.py"))
     assert len(kernel_notes(own_command, trials_run=True)) == 1  # the user's own job runs their kernels
+
+
+def test_hf_trainer_launch_turns_liger_on_when_the_prediction_counted_it(tmp_path):
+    from autotune.launchers import TunedRun, hf_trainer_flags
+
+    run = TunedRun(tmp_path / "c.json", tmp_path / "c.hf.json", tmp_path / "c.yaml", 3, 4, "bf16", False, 2)
+    assert "--use_liger_kernel" not in hf_trainer_flags(run)
+    assert hf_trainer_flags(TunedRun(**{**run.__dict__, "kernels": "liger"})).endswith("--use_liger_kernel")
+    # flash-attn-fused kernels are switched on by the user's own code (e.g. TINY_FUSED_* in whyNLP/tinyllama)
+    assert "--use_liger_kernel" not in hf_trainer_flags(TunedRun(**{**run.__dict__, "kernels": "flash-attn-fused"}))

@@ -25,6 +25,7 @@ def emit_launchers(
     optimizer: str = "adamw",
     lora_rank: int | None = None,
     hf_script: str | None = None,
+    kernels: str = "stock",
 ) -> LaunchCommands:
     """Write the accelerate config beside `config_path` (the .hf.json is written by write_configs) and
     return the command for every launcher, all read off the same emitted config."""
@@ -43,6 +44,7 @@ def emit_launchers(
         stage=candidate.rung.stage,
         optimizer=optimizer,
         lora_rank=lora_rank,
+        kernels=kernels,
         gpus_per_node=gpus_per_node,
         nodes=nodes,
         script=script,

@@ -37,6 +37,7 @@ class TunedRun:
     stage: int
     optimizer: str = "adamw"
     lora_rank: int | None = None
+    kernels: str = "stock"  # estimate/kernels.py: "liger" is HF's --use_liger_kernel
     gpus_per_node: int = 1
     nodes: int = 1
     script: str = "train.py"  # a plain DeepSpeed script (deepspeed and torchrun paths)
@@ -83,6 +84,8 @@ def hf_trainer_flags(run: TunedRun) -> str:
         flags.append(f"--optim {kind.hf_optim}")
     if run.lora_rank:
         flags.append(f"--lora_rank {run.lora_rank}")
+    if run.kernels == "liger":  # the kernels the prediction counted (transformers 5.23 trainer.py:1494-1495)
+        flags.append("--use_liger_kernel")
     return " ".join(flags)
 
 

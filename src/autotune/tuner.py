@@ -426,6 +426,7 @@ def _launch(ctx: TuneContext, config: dict, candidate: Candidate, config_path: P
         ctx.request.script or "train.py",
         ctx.request.optimizer,
         ctx.request.lora_rank,
+        kernels=ctx.request.kernels,
     )
 
 
