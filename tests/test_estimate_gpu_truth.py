@@ -340,14 +340,9 @@ def _published_module():
 
 # Held-out points the frozen model (commit 80def53) says "fits" although the run ran out of memory. Kept in the
 # set and listed here so the failure stays visible; the test fails if one is fixed (remove it then) or a new one
-# appears.
-KNOWN_FALSE_FITS = {
-    "dszero-dsmath7b-case5-z2-offload-gc": (
-        "deepseek-math-7b, ZeRO-2 + optimizer offload + checkpointing, 2 x RTX 4090, micro-batch 1 x 512: predicted "
-        "peak 19.1 GiB + 1.9 GiB margin; the run failed allocating 1.56 GB (= the fp32 copy of one 102400 x 4096 "
-        "gradient) in backward. Added held-out after the freeze; what is missing is open"
-    ),
-}
+# appears. dszero-dsmath7b-case5-z2-offload-gc left it with DeepSpeed's offload gradient check
+# (estimate/buffers.py offload_gradient_check_bytes, tests/test_estimate_offload_check.py).
+KNOWN_FALSE_FITS: dict[str, str] = {}
 
 
 def test_published_points_quote_a_source_and_list_assumptions():

@@ -25,9 +25,10 @@ Sizes come from settings.knobs (a user's ds_config, or what autotune.dsconfig em
 - stage 0 (engine.py, buffered_allreduce_fallback): gradients are flattened in chunks of
   allreduce_bucket_size (5e8) elements for the all-reduce, when there is more than one rank.
 - the weight gradient autograd produces before DeepSpeed copies it into its buffers exists at full size
-  for a moment (stage 3's figure already holds it); with an offloaded optimizer it is also converted to
-  fp32 on its way to the host partition. For tied embeddings the lm_head and embedding gradients and their
-  sum coexist at the end of backward, when the activations are gone (tied_gradient_bytes).
+  for a moment (stage 3's figure already holds it); with an offloaded optimizer at stages 1-2 the gradient
+  then goes through DeepSpeed's norm, overflow check and fp32 copy (offload_gradient_check_bytes). For tied
+  embeddings the lm_head and embedding gradients and their sum coexist at the end of backward, when the
+  activations are gone (tied_gradient_bytes).
 On the CPU backend an untouched torch.empty costs no RSS, so a reduce buffer counts only the part that
 gradients are written into.
 """
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 
 from autotune.dsconfig import stage3_buckets
 from autotune.estimate.pinned import pinned_bytes, pins_through_cuda
+from autotune.estimate.runtime import RuntimeStack, version_tuple
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware import Target
 from autotune.ladder import Rung
@@ -57,6 +59,12 @@ PERSISTENT_ELEMENTS_PER_LAYER_PER_HIDDEN = 13
 class Buffers:
     device_components: dict[str, int] = field(default_factory=dict)  # per rank
     host_components: dict[str, int] = field(default_factory=dict)  # pinned, per rank
+    # How far a device component may exceed its central figure because the stack leaves it open (bytes)
+    device_uncertainty: dict[str, int] = field(default_factory=dict)
+    # A temporary that exists only at the end of backward, when the activations are gone (with its version
+    # uncertainty): it competes with them for the peak instead of adding to it (core.phase_overlap)
+    end_of_backward_bytes: int = 0
+    end_of_backward_uncertainty: int = 0
 
     @property
     def device_bytes(self) -> int:
@@ -142,13 +150,72 @@ def _largest_gradient(model: ModelSummary) -> int:
     return min(model.largest_layer_params, model.trainable_params)
 
 
-def _weight_grad_transient(model: ModelSummary, rung: Rung, settings: EstimateSettings) -> int:
-    """The largest weight's gradient before DeepSpeed has taken it into its buffers (start of backward)."""
+# Stages 1-2 with an offloaded optimizer: at the accumulation boundary copy_grads_in_partition takes each
+# gradient of the rank's partition, on the reduction stream, through three steps one after the other
+# (deepspeed 0.14.0-0.19.8 runtime/zero/stage_1_and_2.py copy_grads_in_partition: set_norm_for_param_grad_in_gpu,
+# update_offload_overflow_tracker_for_param_grad, async_inplace_copy_grad_to_fp32_buffer_from_gpu; 0.19.8:
+# lines 2161-2171), each freeing its temporaries before the next:
+# - the norm of the partition's slice in fp64: `.double().norm(2)` (0.17.5 line 1352), from 0.19.6
+#   `.to(get_norm_dtype())`, fp64 wherever the accelerator has it (0.19.8 runtime/zero/utils.py:59-63): 8 B per element;
+# - the overflow check of the whole gradient, `_has_inf_or_nan`: up to 0.19.5 `x.float()`, `isnan`, `isinf`, their
+#   `logical_or` and its `.float()` are alive together (0.17.5 lines 2154-2159, same in 0.14.0 and 0.19.5):
+#   4 + 1 + 1 + 1 + 4 = 11 B per element; from 0.19.6 an amax/amin of two scalars (0.19.8 runtime/utils.py:205-228);
+# - the fp32 copy for the host partition (`src_tensor.float()`, 0.19.8 line 1899-1900): 4 B per element.
+# Read in the sdists of 0.14.0, 0.16.0, 0.17.5, 0.18.0, 0.18.9, 0.19.0, 0.19.4, 0.19.5 and 0.19.6 (pip download).
+OFFLOAD_NORM_BYTES_PER_ELEMENT = 8
+OFFLOAD_ELEMENTWISE_CHECK_BYTES_PER_ELEMENT = 11
+OFFLOAD_FP32_COPY_BYTES_PER_ELEMENT = 4
+# The elementwise check replaced `float(x.float().sum())` (4 B per element) in 0.13.3 (0.13.2 has the sum, 0.3.13
+# runtime/zero/stage2.py:1589 too) and gave way to the reduction in 0.19.6: [first version, first version without).
+ELEMENTWISE_OVERFLOW_CHECK_VERSIONS = ((0, 13, 3), (0, 19, 6))
+
+
+def offload_gradient_check_bytes(largest_gradient: int, stack: RuntimeStack) -> tuple[int, int]:
+    """(central, uncertainty) bytes of the largest temporary the offload path makes of one gradient.
+
+    The DeepSpeed version decides it: 11 B per element from 0.13.3 to 0.19.5, 8 B (the fp64 norm) before and
+    after. An unknown version takes the 8 B and keeps the 3 B more as margin (an unknown stack widens the margin).
+    """
+    outside = largest_gradient * max(OFFLOAD_NORM_BYTES_PER_ELEMENT, OFFLOAD_FP32_COPY_BYTES_PER_ELEMENT)
+    elementwise = largest_gradient * max(OFFLOAD_ELEMENTWISE_CHECK_BYTES_PER_ELEMENT, OFFLOAD_NORM_BYTES_PER_ELEMENT)
+    version = version_tuple(stack.deepspeed_version)
+    if version is None:
+        return outside, elementwise - outside
+    first, fixed = ELEMENTWISE_OVERFLOW_CHECK_VERSIONS
+    return (elementwise if first <= version < fixed else outside), 0
+
+
+def largest_gradient_made_last(model: ModelSummary) -> bool:
+    """A trainable tied embedding is the largest weight and its gradient is complete only after the embedding's
+    backward (autograd sums both uses before AccumulateGrad runs once): DeepSpeed takes it in the last bucket,
+    reduced in the backward epilogue (independent_gradient_partition_epilogue), when the activations are gone."""
+    return tied_gradient_bytes(model, EstimateSettings(seq_len=1)) > 0 and (
+        model.largest_layer_params <= model.embedding_params
+    )
+
+
+@dataclass(frozen=True)
+class WeightGradTransient:
+    """The largest weight's gradient before DeepSpeed has taken it into its buffers (start of backward:
+    `during_backward`), and with an offloaded optimizer at stages 1-2 the temporaries DeepSpeed then makes of it
+    on its way to the host (`offload_check`, with `offload_check_uncertainty` for an unknown DeepSpeed version).
+    The autograd gradient term also bounds the gradient whose arrival set a full bucket going
+    (reduce_independent_p_g_buckets_and_remove_grads reduces the full bucket before taking it)."""
+
+    during_backward: int
+    offload_check: int = 0
+    offload_check_uncertainty: int = 0
+
+
+def _weight_grad_transient(model: ModelSummary, rung: Rung, settings: EstimateSettings) -> WeightGradTransient:
     largest = _largest_gradient(model)
     transient = largest * _element_bytes(settings.precision) if rung.stage < 3 else 0
+    if rung.offload_optimizer and rung.stage < 3:
+        check, uncertainty = offload_gradient_check_bytes(largest, settings.stack)
+        return WeightGradTransient(transient, check, uncertainty)
     if rung.offload_optimizer:
-        transient += largest * 4  # the fp32 copy on its way to the offloaded partition
-    return transient
+        transient += largest * OFFLOAD_FP32_COPY_BYTES_PER_ELEMENT  # the fp32 copy on its way to the partition
+    return WeightGradTransient(transient)
 
 
 # Elements per chunk of the gradient-norm loop (`_constant_buffered_norm2(input, buffer_size=250000000)`): each chunk is
@@ -232,7 +299,16 @@ def deepspeed_buffers(
         components = _stage12(model, settings)
     else:
         components = _stage3(model, target, rung, settings, grad_checkpointing)
-    components["weight_grad_transient"] = _weight_grad_transient(model, rung, settings)
+    transient = _weight_grad_transient(model, rung, settings)
+    uncertainty: dict[str, int] = {}
+    end_of_backward = end_of_backward_uncertainty = 0
+    if transient.offload_check and largest_gradient_made_last(model):
+        components["weight_grad_transient"] = transient.during_backward
+        end_of_backward, end_of_backward_uncertainty = transient.offload_check, transient.offload_check_uncertainty
+    else:  # made while activations live (an untied output layer's gradient comes first): on top of them
+        components["weight_grad_transient"] = transient.during_backward + transient.offload_check
+        if transient.offload_check_uncertainty:
+            uncertainty["offload_gradient_check_version"] = transient.offload_check_uncertainty
     if rung.stage == 3 and rung.offload_optimizer and settings.device != "cpu":
         # on the CPU backend the partition's copy "to the device" is the host buffer itself: unchanged there
         components["weight_grad_transient"] = stage3_offload_grad_transient(model, target, settings)
@@ -245,4 +321,10 @@ def deepspeed_buffers(
         staging = _largest_gradient(model) * _element_bytes(settings.precision)
         components["offload_grad_staging"] = staging
         host["offload_grad_staging"] = pinned_bytes(staging, pins_through_cuda(settings))
-    return Buffers(device_components=components, host_components=host)
+    return Buffers(
+        device_components=components,
+        host_components=host,
+        device_uncertainty=uncertainty,
+        end_of_backward_bytes=end_of_backward,
+        end_of_backward_uncertainty=end_of_backward_uncertainty,
+    )

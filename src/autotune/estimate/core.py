@@ -113,15 +113,20 @@ def estimate(
     # gradients made during backward (counted resident in the states): the backward moment holds the
     # activations plus the first gradient, or all gradients at its end, whichever is more
     backward_beyond_gradients = max(backward + made_first, lazy) - lazy
-    device["phase_overlap"] = (
+    step_temporary = states.step_temporary_bytes + modes.step_temporary_bytes
+    # the end of backward holds a tied embedding's gradients, or after them the offload path's temporaries of
+    # the same gradient (estimate/buffers.py largest_gradient_made_last)
+    end_of_backward = max(tied_gradient_bytes(model, settings), buffers.end_of_backward_bytes)
+    overlap = phase_overlap(backward_beyond_gradients, states.step_only_bytes, step_temporary, end_of_backward)
+    device["phase_overlap"] = overlap + backward_beyond_gradients - backward
+    end_of_backward_margin = (
         phase_overlap(
             backward_beyond_gradients,
             states.step_only_bytes,
-            states.step_temporary_bytes + modes.step_temporary_bytes,
-            tied_gradient_bytes(model, settings),
+            step_temporary,
+            max(end_of_backward, buffers.end_of_backward_bytes + buffers.end_of_backward_uncertainty),
         )
-        + backward_beyond_gradients
-        - backward
+        - overlap
     )
     per_rank_host = {
         "offloaded_states": states.host_bytes - states.host_pageable_bytes,
@@ -148,6 +153,9 @@ def estimate(
             else 0
         )
         margins = gpu_margins(device, model, runtime, allocated, calibration, unknown_init)
+        margins.update({name: value for name, value in buffers.device_uncertainty.items() if value > 0})
+        if end_of_backward_margin > 0:
+            margins["offload_gradient_check_version"] = end_of_backward_margin
     if calibration is not None and calibration.overhead_bytes:
         device["calibration_offset"] = calibration.overhead_bytes
     device = {name: value for name, value in device.items() if value}

@@ -21,6 +21,7 @@ class RuntimeStack:
     nccl_version: str | None = None
     compute_capability: str | None = None
     transformers_version: str | None = None  # decides the causal-LM loss path (estimate/activations.py)
+    deepspeed_version: str | None = None  # decides the offload gradient check's transient (estimate/buffers.py)
 
 
 # pip packages that carry NCCL with the CUDA builds of torch, newest first.
@@ -47,7 +48,9 @@ def local_stack(compute_capability: str | None = None) -> RuntimeStack:
         if digits.isdigit() and len(digits) >= 3:
             cuda = f"{int(digits[:-1])}.{digits[-1]}"
     nccl = next((version for version in map(_installed, _NCCL_PACKAGES) if version), None)
-    return RuntimeStack(torch_version, cuda, nccl, compute_capability, _installed("transformers"))
+    return RuntimeStack(
+        torch_version, cuda, nccl, compute_capability, _installed("transformers"), _installed("deepspeed")
+    )
 
 
 @dataclass(frozen=True)
