@@ -126,3 +126,21 @@ def test_the_deepseek_math_offload_point_no_longer_fits():
     assert not check_fit(older, where, headroom=1.0).fits
     difference = older.gpu_components["weight_grad_transient"] - newest.gpu_components["weight_grad_transient"]
     assert difference == 3 * 102400 * 4096
+
+
+@pytest.mark.slow
+def test_installed_deepspeed_makes_the_temporary_the_model_counts(tmp_path: Path):
+    """Real DeepSpeed on the CPU backend (benchmarks/offload_gradient_check_cpu.py, about 2-3 min on 2 cores): the
+    backward's peak less the two reduce buffers, per element of the largest gradient, is the model's figure."""
+    import subprocess
+
+    out = tmp_path / "measured.json"
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "offload_gradient_check_cpu.py"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    measured = json.loads(out.read_text())
+    central, _ = offload_gradient_check_bytes(1, RuntimeStack(deepspeed_version=measured["deepspeed"]))
+    assert measured["transient_bytes_per_element"][-1] == pytest.approx(central, abs=0.05)
