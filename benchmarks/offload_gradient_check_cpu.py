@@ -1,6 +1,7 @@
 """What DeepSpeed's stage-2 optimizer-offload path allocates for one large gradient, measured on the CPU backend.
 
     DS_ACCELERATOR=cpu python benchmarks/offload_gradient_check_cpu.py [--out FILE]
+    python benchmarks/offload_gradient_check_cpu.py --tied --tokens 512 --out FILE  # tied embedding, more activations
     PYTHONPATH=/path/to/other/deepspeed python benchmarks/offload_gradient_check_cpu.py --out FILE  # another version
 
 One rank, ZeRO-2 with offload_optimizer cpu, bf16, overlap_comm (two reduce buffers), a model whose output layer
@@ -9,7 +10,10 @@ backward runs under torch.profiler with profile_memory and its memory timeline g
 allocated during backward over what was allocated when it started. Less the two reduce buffers, what remains
 per element of the largest gradient is the largest temporary the offload path makes of one gradient
 (set_norm_for_param_grad_in_gpu, the overflow check, the fp32 copy), which the memory model sizes with
-autotune.estimate.buffers.offload_gradient_check_bytes. Results: results/offload_gradient_check_cpu*.json.
+autotune.estimate.buffers.offload_gradient_check_bytes. With --tied the output layer shares the embedding's
+weight: its gradient is complete only after the embedding's backward, so the temporaries come after the
+activations' gradients are freed and the peak is the larger of the two moments, not their sum
+(buffers.largest_gradient_made_last). Results: results/offload_gradient_check_cpu*.json.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "offload_gradient_check_cpu.json"
-VOCAB, HIDDEN, TOKENS = 1 << 16, 64, 16
+VOCAB, HIDDEN = 1 << 16, 64
 BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce_bucket_size, two buffers with overlap_comm
 
 
@@ -38,7 +42,7 @@ def _single_rank_environment() -> None:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
-def measure() -> dict:
+def measure(tied: bool = False, tokens: int = 16) -> dict:
     _single_rank_environment()
     import deepspeed
     import torch
@@ -57,6 +61,8 @@ def measure() -> dict:
 
     torch.manual_seed(0)
     model = Net()
+    if tied:
+        model.head.weight = model.embedding.weight
     config = {
         "train_micro_batch_size_per_gpu": 1,
         "bf16": {"enabled": True},
@@ -66,7 +72,7 @@ def measure() -> dict:
     }
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    ids = torch.randint(0, VOCAB, (1, TOKENS))
+    ids = torch.randint(0, VOCAB, (1, tokens))
     elements = VOCAB * HIDDEN
     peaks = []
     with tempfile.TemporaryDirectory() as folder:
@@ -87,6 +93,8 @@ def measure() -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "tied": tied,
+        "tokens": tokens,
         "largest_gradient_elements": elements,
         "reduce_buffer_bytes": buckets,
         "backward_peak_over_start_bytes": peaks,
@@ -97,8 +105,10 @@ def measure() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--tied", action="store_true", help="the output layer shares the embedding's weight")
+    parser.add_argument("--tokens", type=int, default=16)
     args = parser.parse_args(argv)
-    result = measure()
+    result = measure(args.tied, args.tokens)
     sys.path.insert(0, str(HERE.parent / "src"))
     from autotune.estimate.buffers import offload_gradient_check_bytes
     from autotune.estimate.runtime import RuntimeStack
