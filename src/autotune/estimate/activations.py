@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autotune.estimate.constants import CPU_MATH_SDPA_BYTES_NO_DROPOUT, CPU_MATH_SDPA_BYTES_WITH_DROPOUT
+from autotune.estimate.eager_scores import eager_scores_bytes, eager_softmax
 from autotune.estimate.kernels import LOSS_PER_TOKEN_BYTES, RSTD_BYTES, FusedKernels, LossChunk, fused_kernels
 from autotune.estimate.runtime import version_tuple
 from autotune.estimate.traits import ArchTraits, traits_of
@@ -76,11 +77,8 @@ def _dropout_mask(probability: float, width: int) -> int:
 
 def _scores_bytes_per_element(traits: ArchTraits, settings: EstimateSettings, d: int) -> tuple[int, int]:
     """(kept for backward, backward transient) bytes per s^2 element of one attention call."""
-    if settings.attention == "eager":
-        dropout = traits.attention_dropout > 0
-        if traits.fp32_softmax and d != 4:
-            return 4 + d + (MASK_BYTES if dropout else 0), 2 * 4
-        return d + ((MASK_BYTES + d) if dropout else 0), 2 * d
+    if settings.attention == "eager":  # by family and transformers version: estimate/eager_scores.py
+        return eager_scores_bytes(eager_softmax(traits, settings), traits, d)
     if settings.attention == "sdpa" and settings.device == "cpu":
         if traits.attention_dropout > 0:
             return CPU_MATH_SDPA_BYTES_WITH_DROPOUT, 2 * 4

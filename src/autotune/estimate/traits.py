@@ -49,7 +49,11 @@ _RELATIVE_BIAS_TYPES = ("t5", "mt5")  # learned (heads, s, s) position bias hand
 # `alibi.baddbmm(q, k)` scores, then `F.softmax(..., dtype=torch.float32).to(dtype)` (modeling_bloom.py:270-283),
 # so the fp32 probabilities and their 16-bit copy are kept per score. ALiBi itself is (heads, 1, s), not s^2.
 _EAGER_ONLY_TYPES = ("bloom",)
-_FP32_SOFTMAX_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3", "bloom")
+# Eager attention whose softmax runs in fp32 in transformers 5.23 (`softmax(..., dtype=torch.float32).to(dtype)`):
+# Llama-style eager_attention_forward, BLOOM, OPT (models/opt/modeling_opt.py:88) and GPT-NeoX
+# (models/gpt_neox/modeling_gpt_neox.py:158). Older releases differ per family: estimate/eager_scores.py.
+_LLAMA_STYLE_EAGER = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3")
+_FP32_SOFTMAX_TYPES = (*_LLAMA_STYLE_EAGER, "bloom", "opt", "gpt_neox")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class ArchTraits:
     relative_bias: bool  # learned position bias added to the scores (T5); breaks fused attention kernels
     fp32_softmax: bool  # eager attention computes softmax in fp32 (Llama-style eager_attention_forward)
     eager_only: bool = False  # transformers has no fused (sdpa / flash) path for it: see _EAGER_ONLY_TYPES
+    model_type: str = ""  # config.json's model_type: eager attention's history is per family (eager_scores.py)
 
 
 def _first(config: dict[str, Any], defaults: dict[str, float], keys: tuple[str, ...]) -> float:
@@ -108,4 +113,5 @@ def traits_of(model: ModelSummary) -> ArchTraits:
         relative_bias=model_type in _RELATIVE_BIAS_TYPES or bool(config.get("alibi")),  # Falcon: alibi as an s^2 mask
         fp32_softmax=model_type in _FP32_SOFTMAX_TYPES,
         eager_only=model_type in _EAGER_ONLY_TYPES,
+        model_type=model_type,
     )
