@@ -122,6 +122,7 @@ def _settings(point: dict, model: ModelSummary) -> EstimateSettings:
         cuda_version=versions.get("cuda"),
         nccl_version=versions.get("nccl"),
         compute_capability=versions.get("compute_capability"),
+        transformers_version=versions.get("transformers"),  # the loss path and eager attention depend on it
     )
     kernels = {"kernels": point["kernels"]} if "kernels" in point else {}  # fused kernels the run stated
     return EstimateSettings(**basics, knobs=knobs, stack=stack, **kernels)
