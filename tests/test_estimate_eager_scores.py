@@ -3,7 +3,7 @@
 The installed transformers is checked for real on a tiny OPT with eager attention: autograd's saved s x s
 tensors (saved-tensor hooks, exact bytes) and the step's activation peak (MemTracker). Older versions, which
 cannot be imported here, are checked through the arithmetic their source implies (measured once under
-transformers 4.28.1-4.49.0 in a throwaway virtualenv: benchmarks/README.md, "Eager attention across
+transformers 4.28.1-5.15.0 in a throwaway virtualenv: benchmarks/README.md, "Eager attention across
 transformers versions").
 """
 

@@ -5,7 +5,7 @@ value matmul. Whether the softmax runs in fp32 (keeping a 4-byte output plus its
 transformers releases, family by family, and OPT's attention before 4.49 also clamped the masked scores
 with `torch.max`, whose backward keeps its 16-bit input. The history below was read from the released
 wheels (file:line) and measured with autograd's saved-tensor hooks on tiny models of each family under
-torch 2.13 with transformers 4.28.1, 4.30.2, 4.45.0, 4.48.0, 4.49.0 and 5.23.0 (benchmarks/README.md,
+torch 2.13 with transformers 4.28.1 to 5.23.0, ten releases around each boundary (benchmarks/README.md,
 "Eager attention across transformers versions"); tests/test_estimate_eager_scores.py re-checks the
 installed version.
 """
