@@ -145,7 +145,7 @@ def opt_activation_peak(precision: str, micro_batch: int, seq_len: int) -> int:
 
 
 def _opt_428(q, k, v, mask):
-    """transformers 4.28.1 models/opt/modeling_opt.py:209-246 (OPTAttention.forward), b*h folded."""
+    """transformers 4.28.1 models/opt/modeling_opt.py:211-255 (OPTAttention.forward), b*h folded."""
     b, h, s, d = q.shape
     weights = torch.bmm(q.reshape(b * h, s, d), k.reshape(b * h, s, d).transpose(1, 2))
     weights = weights.view(b, h, s, s) + mask

@@ -21,7 +21,8 @@ from autotune.estimate.types import EstimateSettings
 MASK_BYTES = 1  # CUDA's fused dropout keeps a bool mask
 FP32 = 4
 
-# OPT before 4.49 (modeling_opt.py of 4.28.1:218-226, unchanged to 4.48.0:199-210): scores + mask, then
+# OPT before 4.49 (modeling_opt.py of 4.28.1:211-255, clamp :225, softmax :230; the same in 4.48.0:201-210):
+# scores + mask, then
 # `torch.max(attn_weights, torch.tensor(finfo.min))` (transformers PR #18057), whose backward keeps its input,
 # then `softmax(..., dtype=torch.float32).to(torch.float16)` only `if attn_weights.dtype == torch.float16`
 # (PR #17437): bf16 and fp32 ran the softmax in their own dtype. From 4.49.0 (modeling_opt.py:168) every
