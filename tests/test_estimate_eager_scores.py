@@ -151,3 +151,23 @@ def test_old_opt_layer_keeps_six_more_bytes_per_fp16_score_than_today():
     old_window = layer_backward_transient(OPT, _settings(512, "fp16", "4.28.1"), False)
     new_window = layer_backward_transient(OPT, _settings(512, "fp16", "5.23.0"), False)
     assert old_window == new_window  # both peak at the fp32 softmax's two gradients
+
+
+def test_transformers_before_4_36_runs_eager_attention_whatever_is_asked() -> None:
+    """No model had an SDPA path before transformers 4.36 (huggingface/transformers#28005): a Llama on 4.35 keeps its
+    s^2 scores, on 4.36 it does not; an unknown version keeps what was asked."""
+    from dataclasses import replace
+
+    from autotune.estimate import EstimateSettings
+    from autotune.estimate.activations import layer_bytes
+    from autotune.estimate.runtime import RuntimeStack
+    from autotune.models import resolve_model, summarize
+
+    model = summarize(resolve_model("llama-3.2-1b"))
+    asked = EstimateSettings(seq_len=2048, precision="bf16", attention="sdpa")
+
+    def layer(version: str | None, attention: str = "sdpa") -> int:
+        stack = RuntimeStack(transformers_version=version)
+        return layer_bytes(model, replace(asked, attention=attention, stack=stack))
+
+    assert layer("4.35.2") == layer("4.35.2", "eager") > layer("4.36.0") == layer(None)

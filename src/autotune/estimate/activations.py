@@ -53,9 +53,22 @@ class ActivationBreakdown:
         return self.saved(micro_batch) + self.logits(micro_batch) + self.layer_window_excess(micro_batch)
 
 
+# transformers gained its native SDPA path in 4.36 ("In Transformers 4.36, we started adding native support of
+# torch.nn.functional.scaled_dot_product_attention", huggingface/transformers#28005); before it every model ran its
+# eager attention (torch's SDPA itself is public from torch 2.0, pytorch/pytorch#92189). Families added later, or
+# never, are traits._EAGER_ONLY_TYPES.
+FIRST_SDPA_TRANSFORMERS = (4, 36)
+
+
 def _as_run(model: ModelSummary, settings: EstimateSettings) -> EstimateSettings:
-    """The attention transformers really runs: eager for families without a fused path (traits._EAGER_ONLY_TYPES)."""
-    if settings.attention != "eager" and traits_of(model).eager_only:
+    """The attention transformers really runs: eager for families without a fused path (traits._EAGER_ONLY_TYPES)
+    and for any family on a transformers older than its SDPA path; flash-attn is the user's own choice."""
+    if settings.attention == "eager":
+        return settings
+    if traits_of(model).eager_only:
+        return replace(settings, attention="eager")
+    version = version_tuple(settings.stack.transformers_version)
+    if settings.attention == "sdpa" and version is not None and version[:2] < FIRST_SDPA_TRANSFORMERS:
         return replace(settings, attention="eager")
     return settings
 
