@@ -123,6 +123,7 @@ def _settings(point: dict, model: ModelSummary) -> EstimateSettings:
         nccl_version=versions.get("nccl"),
         compute_capability=versions.get("compute_capability"),
         transformers_version=versions.get("transformers"),  # the loss path and eager attention depend on it
+        deepspeed_version=versions.get("deepspeed"),  # the offload path's gradient check depends on it
     )
     kernels = {"kernels": point["kernels"]} if "kernels" in point else {}  # fused kernels the run stated
     return EstimateSettings(**basics, knobs=knobs, stack=stack, **kernels)
