@@ -36,6 +36,15 @@ OPT_PEAK_CASES = (("fp32", 1, 512), ("fp16", 1, 512), ("bf16", 1, 512), ("fp16",
 
 def _families() -> dict:
     t = transformers
+    # GPT-NeoX and BERT configs take the same names
+    encoder_style = dict(
+        vocab_size=500,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=256,
+        max_position_embeddings=SEQ,
+    )
     return {
         "opt": (
             t.OPTModel,
@@ -52,14 +61,7 @@ def _families() -> dict:
         ),
         "gpt_neox": (
             t.GPTNeoXModel,
-            t.GPTNeoXConfig(
-                vocab_size=500,
-                hidden_size=HIDDEN,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                intermediate_size=256,
-                max_position_embeddings=SEQ,
-            ),
+            t.GPTNeoXConfig(**encoder_style),
         ),
         "gpt2": (
             t.GPT2Model,
@@ -75,14 +77,7 @@ def _families() -> dict:
         ),
         "bert": (
             t.BertModel,
-            t.BertConfig(
-                vocab_size=500,
-                hidden_size=HIDDEN,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                intermediate_size=256,
-                max_position_embeddings=SEQ,
-            ),
+            t.BertConfig(**encoder_style),
         ),
         "bloom": (t.BloomModel, t.BloomConfig(vocab_size=500, hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS)),
         "t5": (

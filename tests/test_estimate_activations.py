@@ -8,6 +8,7 @@ activation peak (not the end-of-backward weight-gradient transient, which is a s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,12 +52,18 @@ def measured_activation_peak(
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(0, 1000, (micro_batch, seq_len))
-    loss(model, ids).backward()  # warm-up: lazy buffers, first-call allocations
+    return activation_peak(model, lambda: loss(model, ids))
+
+
+def activation_peak(model: torch.nn.Module, loss: Callable[[], torch.Tensor]) -> int:
+    """All live tensors minus parameters and their gradients at the peak of one forward/backward (MemTracker),
+    after a warm-up step (lazy buffers, first-call allocations)."""
+    loss().backward()
     model.zero_grad(set_to_none=True)
     tracker = MemTracker()
     tracker.track_external(model)
     with tracker:
-        loss(model, ids).backward()
+        loss().backward()
     peak = {str(k).split(".")[-1]: v for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items()}
     return peak["Total"] - peak.get("PARAM", 0) - peak.get("GRAD", 0)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.test_estimate import summary
-from torch.distributed._tools.mem_tracker import MemTracker
+from tests.test_estimate_activations import activation_peak
 
 from autotune.estimate.activations import activation_breakdown, layer_backward_transient, layer_bytes
 from autotune.estimate.eager_scores import eager_scores_bytes, eager_softmax
@@ -72,14 +72,7 @@ def test_activation_peak_of_the_installed_eager_opt(precision, micro_batch, seq_
     """MemTracker peak (all live tensors minus parameters and their gradients) of one forward/backward."""
     model = _eager_opt(precision)
     ids = torch.randint(0, 1000, (micro_batch, seq_len))
-    model(input_ids=ids, labels=ids).loss.backward()  # warm-up
-    model.zero_grad(set_to_none=True)
-    tracker = MemTracker()
-    tracker.track_external(model)
-    with tracker:
-        model(input_ids=ids, labels=ids).loss.backward()
-    peak = {str(k).split(".")[-1]: v for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items()}
-    measured = peak["Total"] - peak.get("PARAM", 0) - peak.get("GRAD", 0)
+    measured = activation_peak(model, lambda: model(input_ids=ids, labels=ids).loss)
     summary_ = summarize(resolve_model(TINY_OPT))
     predicted = activation_breakdown(summary_, _settings(seq_len, precision, "installed"), False).total(micro_batch)
     assert predicted == pytest.approx(measured, rel=0.10), f"predicted {predicted}, measured {measured}"

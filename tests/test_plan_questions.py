@@ -302,7 +302,7 @@ def test_split_lengths_match_autograd_on_tiny_t5(encoder_len, decoder_len):
     """Encoder and decoder at different lengths, measured with MemTracker as tests/test_estimate_activations.py
     does for equal ones (same 10% tolerance for T5 in bf16 without checkpointing)."""
     import torch
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from tests.test_estimate_activations import activation_peak
 
     from autotune.models.build import build_model
 
@@ -311,14 +311,7 @@ def test_split_lengths_match_autograd_on_tiny_t5(encoder_len, decoder_len):
     model, _ = build_model(source.config, source.architecture, "cpu")
     model.to(torch.bfloat16).train()
     inputs, labels = torch.randint(0, 1000, (2, encoder_len)), torch.randint(0, 1000, (2, decoder_len))
-    model(input_ids=inputs, labels=labels).loss.backward()  # warm-up
-    model.zero_grad(set_to_none=True)
-    tracker = MemTracker()
-    tracker.track_external(model)
-    with tracker:
-        model(input_ids=inputs, labels=labels).loss.backward()
-    peak = {str(k).split(".")[-1]: v for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items()}
-    measured = peak["Total"] - peak.get("PARAM", 0) - peak.get("GRAD", 0)
+    measured = activation_peak(model, lambda: model(input_ids=inputs, labels=labels).loss)
     settings = EstimateSettings(
         seq_len=encoder_len, decoder_seq_len=decoder_len, precision="bf16", attention="sdpa", device="cpu"
     )
