@@ -71,3 +71,28 @@ def test_contradictory_environment_is_one_line_and_exit_2(tmp_path: Path) -> Non
     )
     missing = run_cli("hook", "--model", "tiny-gpt2", "--device", "cpu", env={"SLURM_JOB_ID": "3"})
     assert missing.returncode == 2 and "neither SLURM_JOB_NUM_NODES nor SLURM_NNODES" in missing.stderr
+
+
+def test_the_hook_asks_the_question_tune_asks(tmp_path: Path, monkeypatch) -> None:
+    """Optimizer, LoRA, kernels and the decoder length reach the hook's tuning request as they reach tune's."""
+    import pytest
+
+    import autotune.hook
+    from autotune.cli import main
+
+    seen = []
+
+    def capture(request, observe=None):
+        seen.append(request.tuning)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(autotune.hook, "run_hook", capture)
+    args = ["--optimizer", "adafactor", "--lora-rank", "8", "--lora-targets", "c_attn", "--kernels", "stock"]
+    with pytest.raises(SystemExit):
+        main(["hook", *OPTIONS, "--cache-dir", str(tmp_path), *args])
+    (tuning,) = seen
+    assert (tuning.optimizer, tuning.lora_rank, tuning.lora_targets, tuning.kernels) == (
+        "adafactor", 8, ("c_attn",), "stock"
+    )
+    bad = run_cli("hook", *OPTIONS, "--cache-dir", str(tmp_path), "--lora-rank", "-1")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr

@@ -22,12 +22,16 @@ from autotune.cli.options import (
     GlobalBatchOpt,
     HeadroomOpt,
     JsonOpt,
+    KernelsOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
     MaxMicroBatchOpt,
     MaxTrialsOpt,
     MemoryBudgetOpt,
     MicroBatchesOpt,
     ModelOpt,
     NvmePathOpt,
+    OptimizerOpt,
     OutOpt,
     PrecisionOpt,
     ReportDirOpt,
@@ -39,7 +43,7 @@ from autotune.cli.options import (
     say_assumed_units,
 )
 from autotune.cli.output import print_json
-from autotune.cli.parsing import parse_int_list, parse_rung_list
+from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
 from autotune.errors import UserError
 from autotune.terminate import sigterm_raises
 
@@ -126,6 +130,10 @@ def hook_command(
     trial_timeout: TrialTimeoutOpt = D.trial_timeout_s,
     report_dir: ReportDirOpt = D.report_dir,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
+    optimizer: OptimizerOpt = D.optimizer,
+    lora_rank: LoraRankOpt = D.lora_rank,
+    lora_targets: LoraTargetsOpt = None,
+    kernels: KernelsOpt = D.kernels,
     as_json: JsonOpt = False,
     command: UserCommandArg = None,
 ) -> None:
@@ -155,6 +163,10 @@ def hook_command(
         out=out,
         report_dir=report_dir,
         trust_remote_code=trust_remote_code,
+        optimizer=optimizer,
+        lora_rank=lora_rank,
+        lora_targets=parse_name_list(lora_targets),
+        kernels=kernels,
         command=tuple(command) if command else None,
     )
     say_assumed_units(memory_budget=memory_budget)
