@@ -459,19 +459,21 @@ class Search:
         self.outcome.margin, self.outcome.noise = margin, noise
 
     # -- the walk ----------------------------------------------------------------------------------
-    def _classic_group(self, rung: Rung, ckpt: bool) -> None:
-        """One (rung, checkpointing) group of the classic ladder: ruled out, bounded, or searched."""
-        smallest = self._estimate(Candidate(rung, self.micro_batches[0], ckpt))
+    def _rung_group(self, rung: Rung, ckpt: bool, mode: Mode = Mode()) -> None:
+        """One (rung, checkpointing) group: ruled out, bounded, or searched. A mode other than the classic one is
+        an alternative on its rung, bounded only by measurements of the same mode (no speed order between a mode
+        and the classic rungs is assumed: GroupMeasurements are per mode)."""
+        smallest = self._estimate(Candidate(rung, self.micro_batches[0], ckpt, mode))
         if smallest.gpu_peak_bytes > self.limit_bytes * (1 + RULED_OUT_MARGIN):
             verdict = check_fit(smallest, self.target, self.limits.headroom)
-            self._skip(rung, ckpt, f"ruled out by the memory model: {verdict.reason}")
+            self._skip(rung, ckpt, f"ruled out by the memory model: {verdict.reason}", mode)
             return
-        reachable = self._predicted_max(rung, ckpt, TRY_MARGIN) or self.micro_batches[0]
-        if why := self._bounded(Candidate(rung, reachable, ckpt)):
-            self._skip(rung, ckpt, why)
+        reachable = self._predicted_max(rung, ckpt, TRY_MARGIN, mode) or self.micro_batches[0]
+        if why := self._bounded(Candidate(rung, reachable, ckpt, mode)):
+            self._skip(rung, ckpt, why, mode)
             return
-        seed = self._predicted_max(rung, ckpt, 0.0) or self.micro_batches[0]
-        self._search_group(rung, ckpt, seed)
+        seed = self._predicted_max(rung, ckpt, 0.0, mode) or self.micro_batches[0]
+        self._search_group(rung, ckpt, seed, mode)
 
     def _bounded(self, candidate: Candidate) -> str:
         """Why the measurements so far say `candidate` cannot beat the best measured; '' when it might."""
@@ -493,7 +495,7 @@ class Search:
                 for rest_rung, rest_ckpt in groups[index:]:
                     self._skip(rest_rung, rest_ckpt, f"not tried: {reason}")
                 break
-            self._classic_group(rung, ckpt)
+            self._rung_group(rung, ckpt)
         for rung, ckpt in groups:
             for choice, record in options.get(rung, []):
                 self._mode_group(rung, ckpt, choice, record)
@@ -543,7 +545,7 @@ class Search:
         if is_ratio_mode(choice.mode):
             self._search_ratio(rung, ckpt, record)
         else:
-            self._search_mode(rung, ckpt, choice.mode, record)
+            self._rung_group(rung, ckpt, choice.mode)
         record.trials += self._launched - launched
 
     def _plan_mode(self, rung: Rung, ckpt: bool, mode: Mode, record: ModeRecord, why: str = "") -> None:
@@ -576,21 +578,6 @@ class Search:
         record.status, record.mode, record.micro_batch, record.grad_checkpointing = "planned", mode, top, ckpt
         record.predicted_peak_bytes = self._estimate(Candidate(rung, top, ckpt, mode)).gpu_peak_bytes
         record.detail = why or "this backend cannot run it: predicted only"
-
-    def _search_mode(self, rung: Rung, ckpt: bool, mode: Mode, record: ModeRecord) -> None:
-        """A mode as an alternative on its rung: the same micro-batch search as a classic group, bounded only by
-        measurements of the same mode (no speed order between a mode and the classic rungs is assumed)."""
-        smallest = self._estimate(Candidate(rung, self.micro_batches[0], ckpt, mode))
-        if smallest.gpu_peak_bytes > self.limit_bytes * (1 + RULED_OUT_MARGIN):
-            verdict = check_fit(smallest, self.target, self.limits.headroom)
-            self._skip(rung, ckpt, f"ruled out by the memory model: {verdict.reason}", mode)
-            return
-        reachable = self._predicted_max(rung, ckpt, TRY_MARGIN, mode) or self.micro_batches[0]
-        if why := self._bounded(Candidate(rung, reachable, ckpt, mode)):
-            self._skip(rung, ckpt, why, mode)
-            return
-        seed = self._predicted_max(rung, ckpt, 0.0, mode) or self.micro_batches[0]
-        self._search_group(rung, ckpt, seed, mode)
 
     def _ratio_settings(self, mode: Mode) -> list[float]:
         """The offload ratio's real settings strictly between 0 (ZeRO-3's neighbour) and 1 (full offload)."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.estimate.pinned import power_of_two_ceil
 from autotune.models import ModelSummary
 
 KERNEL_SETS = ("stock", "liger", "flash-attn-fused")
@@ -44,8 +45,6 @@ KERNEL_SETS = ("stock", "liger", "flash-attn-fused")
 # Model types HF's `use_liger_kernel=True` patches among those estimate/traits.py knows: Liger 0.8.5
 # transformers/monkey_patch.py:3904-3958 MODEL_TYPE_TO_APPLY_LIGER_FN; for the rest Liger changes nothing.
 LIGER_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "mixtral", "phi3")
-# Stock gated MLP: gate output, activation output, up output, product (traits._ACTIVATION_SAVED_TENSORS + 2).
-STOCK_GATED_MLP_TENSORS = 4
 RSTD_BYTES = 4  # one fp32 rstd per token (rms_norm.py:466, layernorm.py:204)
 LOSS_PER_TOKEN_BYTES = 4  # the fp32 per-token loss of the fused losses (fused_linear_cross_entropy.py:125)
 
@@ -106,7 +105,7 @@ def linear_cross_entropy_chunk_rows(tokens: int, vocab: int, hidden: int) -> int
     """Rows of one logits chunk: Liger 0.8.5 fused_linear_cross_entropy.py:103-105 with chunk_mem_const 1."""
     inc_factor = -(-vocab // hidden)
     rows = -(-tokens // inc_factor)
-    return min(1 << (rows - 1).bit_length(), tokens)
+    return min(power_of_two_ceil(rows), tokens)
 
 
 @dataclass(frozen=True)

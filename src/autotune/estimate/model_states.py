@@ -16,7 +16,9 @@ host figure for CPU offload; we call them and add what they lack, each addition 
 - they assume Adam; AdamW keeps the same two fp32 states. Other optimizers (--optimizer) change the
   states and add step temporaries: autotune.optimizers.optimizer_memory, applied to this rank's slice.
 DeepSpeed's stage-2 host figure counts a model-loading transient (see OFFLOAD_MASTER_BYTES_PER_PARAM); we
-use the steady state instead. Its stage-3 host figure (zero_init) is per node; we convert it to per rank.
+use the steady state instead. With the optimizer offloaded to the CPU the host side is counted from DeepSpeed's
+own allocations instead (offloaded_stage12_host, offloaded_stage3_host: pinned and pageable tensors apart); its
+stage-3 host figures (zero_init, per node) only split NVMe offload between host and NVMe.
 We pass additional_buffer_factor=1.0: pinned buffers are counted in buffers.py instead.
 """
 
