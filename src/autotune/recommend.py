@@ -102,21 +102,15 @@ def mode_summary(ctx: TuneContext) -> ModeSummary:
     return ModeSummary.from_records(planned_modes(ctx))
 
 
-def pinned_host_bytes(predicted: MemoryEstimate) -> int:
-    """Page-locked host bytes of an autotune config: dsconfig writes pin_memory true for every offload."""
-    from autotune.estimate.pinned import pinned_host_bytes as pinned_share
-
-    return pinned_share(predicted.host_components)
-
-
 def host_line(recommendation: Recommendation) -> str:
     """The pick's host RAM (and NVMe) need per node, against the limit when one is known; "" when nothing fits."""
+    from autotune.estimate.pinned import pinned_host_bytes
     from autotune.units import format_bytes
 
     predicted, target = recommendation.estimate, recommendation.plan.target
     if predicted is None or predicted.device == "cpu":
         return ""
-    pinned = pinned_host_bytes(predicted)
+    pinned = pinned_host_bytes(predicted.host_components)  # dsconfig writes pin_memory true for every offload
     need = f"host RAM {format_bytes(predicted.host_ram_bytes)} per node"
     if pinned:
         need += f" ({format_bytes(pinned)} of it pinned: pin_memory)"
