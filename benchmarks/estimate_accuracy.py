@@ -416,7 +416,8 @@ def main(argv: list[str] | None = None) -> None:
     if previous is not None:
         data["merged"] = {
             "remeasured_rows": [list(k) for k in remeasured],
-            "kept_rows_measured_on": previous.get("date"),
+            # a re-prediction keeps the measurement date it found, not the date of the last merge
+            "kept_rows_measured_on": previous.get("merged", {}).get("kept_rows_measured_on") or previous.get("date"),
             "kept_rows": "measurements kept, predictions recomputed by this code",
         }
         if "cpu_process_baseline_measurement" in previous:

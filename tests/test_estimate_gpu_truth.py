@@ -40,6 +40,7 @@ from autotune.estimate.runtime import (
     nccl_buffers,
     nvls_buffers,
 )
+from autotune.estimate.stage3_retention import retained_at_turn
 from autotune.ladder import Candidate, Rung
 from autotune.units import GiB
 
@@ -116,12 +117,13 @@ def test_small_model_at_zero3_keeps_every_gathered_parameter():
     assert parts["live_params"] == 2 * model.total_params
 
 
-def test_large_model_keeps_the_last_reuse_distance_worth_of_parameters():
+def test_large_model_keeps_what_the_trace_replay_keeps():
     model, where = summary(total_params=20 * 10**9, trainable_params=20 * 10**9), target(8)
     settings = EstimateSettings(seq_len=512)
-    plain = estimate(model, where, Candidate(Rung.Z3, 1), settings).gpu_components["live_params"]
-    ckpt = estimate(model, where, Candidate(Rung.Z3, 1, True), settings).gpu_components["live_params"]
-    assert plain == 2 * (10**9 // 2) and ckpt == 2 * (10**9 // 3)  # forward+backward, and the recomputation
+    for checkpointing in (False, True):
+        parts = estimate(model, where, Candidate(Rung.Z3, 1, checkpointing), settings).gpu_components
+        retained = retained_at_turn(model, settings.knobs.stage3_max_reuse_distance, checkpointing)
+        assert 0 < retained < model.total_params and parts["live_params"] == 2 * retained
     no_reuse = replace(settings, knobs=ZeroKnobs(stage3_max_reuse_distance=0))
     parts = estimate(model, where, Candidate(Rung.Z3, 1), no_reuse).gpu_components
     assert "live_params" not in parts and parts["prefetched_params"] > 0

@@ -9,12 +9,12 @@ Sizes come from settings.knobs (a user's ds_config, or what autotune.dsconfig em
   use up to stage3_prefetch_bucket_size elements; parameters under stage3_param_persistence_threshold
   stay whole on every rank.
 - stage 3 keeps gathered parameters resident: partitioned_param_coordinator.py:653-662 (`__params_to_release`)
-  keeps every parameter whose next use lies within stage3_max_reuse_distance elements of the module trace;
-  stage3_max_live_parameters (line 453) only caps prefetching. A layer's forward use is followed by the rest
-  of the forward and the backward of the layers after it (and their recomputation under checkpointing), so at
-  the forward/backward turn the last max_reuse_distance / 2 (/ 3 with checkpointing) elements of the model stay
-  gathered: with the default 1e9 a model under 0.5B parameters stays whole on every GPU (why small models
-  measure the same or more at ZeRO-3 than at ZeRO-1/2, benchmarks/published: BELLE 560M).
+  keeps every parameter whose next use lies within stage3_max_reuse_distance elements of the module trace
+  (replayed in stage3_retention.py: with the default 1e9 a model under ~0.5B parameters stays whole on every
+  GPU, why small models measure the same or more at ZeRO-3 than at ZeRO-1/2, benchmarks/published: BELLE 560M;
+  an untied output layer is always held from its forward to its backward). The prefetcher then gathers up to
+  stage3_prefetch_bucket_size more elements that are not yet gathered, while the gathered total stays under
+  stage3_max_live_parameters (line 453).
 - a single rank gathers nothing: `all_gather_coalesced` (partition_parameters.py:1559-1560) takes the
   `_no_gather_coalesced` path when the partition world size is 1, and NoGatherHandle (line 74) sets
   `param.data = param.ds_tensor.data.to(device)`, the partition itself when it already lives on that device (no
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from autotune.dsconfig import stage3_buckets
 from autotune.estimate.pinned import pinned_bytes, pins_through_cuda
 from autotune.estimate.runtime import RuntimeStack, version_tuple
+from autotune.estimate.stage3_retention import gathered_at_turn
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware import Target
 from autotune.ladder import Rung
@@ -100,13 +101,6 @@ def _stage12(model: ModelSummary, settings: EstimateSettings) -> dict[str, int]:
     return {"reduce_buckets": _reduce_buffer_bytes(elements, count, model, settings)}
 
 
-def live_param_elements(model: ModelSummary, settings: EstimateSettings, grad_checkpointing: bool) -> int:
-    """Gathered 16-bit parameters resident at the forward/backward turn at stage 3 (see the module docstring)."""
-    uses_after_forward = 3 if grad_checkpointing else 2
-    retained = settings.knobs.stage3_max_reuse_distance // uses_after_forward
-    return min(model.total_params, retained)
-
-
 def gathers_alias_partitions(target: Target, rung: Rung, settings: EstimateSettings) -> bool:
     """Stage 3 on one rank with the partition on the compute device: gathered parameters are the partitions."""
     return target.world_size == 1 and (rung.offload_param is None or settings.device == "cpu")
@@ -118,21 +112,19 @@ def _stage3(
     knobs = settings.knobs
     sizes = stage3_buckets(model.hidden_size)
     element = _element_bytes(settings.precision)
-    prefetch = min(knobs.stage3_prefetch_bucket_size or sizes["stage3_prefetch_bucket_size"], model.total_params)
+    written = knobs.stage3_prefetch_bucket_size  # 0 is a user's "no prefetching", not "unset"
+    prefetch = sizes["stage3_prefetch_bucket_size"] if written is None else written
     reduce = knobs.reduce_bucket_size or sizes["reduce_bucket_size"]
     persistent = PERSISTENT_ELEMENTS_PER_LAYER_PER_HIDDEN * model.hidden_size * model.total_layers
-    live = live_param_elements(model, settings, grad_checkpointing)
+    live, prefetch = gathered_at_turn(
+        model, knobs.stage3_max_reuse_distance, grad_checkpointing, prefetch, knobs.stage3_max_live_parameters
+    )
     components = {
         "reduce_buckets": _reduce_buffer_bytes(reduce, 1, model, settings) if knobs.contiguous_gradients else 0,
     }
-    if gathers_alias_partitions(target, rung, settings):
-        pass  # persistent, retained and prefetched parameters are the rank's own partitions
-    elif live > prefetch:  # the prefetch window is part of the retained set when the retained set is larger
-        components["persistent_params"] = persistent * element
-        components["live_params"] = live * element
-    else:
-        components["persistent_params"] = persistent * element
-        components["prefetched_params"] = prefetch * element
+    if not gathers_alias_partitions(target, rung, settings):  # else they are the rank's own partitions
+        gathered = {"persistent_params": persistent, "live_params": live, "prefetched_params": prefetch}
+        components.update({name: count * element for name, count in gathered.items() if count > 0})
     if knobs.zero_init is False:
         components["unpartitioned_model_reserve"] = unpartitioned_model_bytes(model, settings)
     return components
