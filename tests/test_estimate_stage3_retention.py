@@ -100,3 +100,19 @@ def test_the_replay_matches_deepspeeds_gathered_state(tmp_path: Path):
         assert abs(row["predicted_elements"] - row["deepspeed_gathered_elements"]) <= (
             LIVE_PARAMS_RELATIVE * row["deepspeed_gathered_elements"]
         ), row
+
+
+def test_a_prefetch_bucket_of_zero_in_a_users_config_prefetches_nothing():
+    from tests.test_estimate import target
+
+    from autotune.estimate import EstimateSettings, estimate
+    from autotune.estimate.knobs import ZeroKnobs
+    from autotune.ladder import Candidate, Rung
+
+    model, where = llama(vocab=32_000, layers=40), target(8)
+    knobs = ZeroKnobs.from_ds_config({"stage": 3, "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0},
+                                     HIDDEN, stage=3)
+    parts = estimate(model, where, Candidate(Rung.Z3, 1), EstimateSettings(seq_len=512, knobs=knobs)).gpu_components
+    assert "prefetched_params" not in parts and "live_params" not in parts
+    default = estimate(model, where, Candidate(Rung.Z3, 1), EstimateSettings(seq_len=512)).gpu_components
+    assert default["prefetched_params"] > 0
