@@ -102,26 +102,33 @@ def step_trace(model: ModelSummary, grad_checkpointing: bool) -> tuple[list[Use]
     return forward + backward + [embedding], len(forward) - 1
 
 
-def kept_after(trace: list[Use], position: int, reuse_distance: int) -> bool:
-    """`__params_to_release` for the use at `position`: is its block used again within the reuse distance?"""
-    traversed = 0
-    block = trace[position].block
-    for use in trace[position + 1 :]:
-        if traversed >= reuse_distance:
-            return False
-        if use.block == block:
-            return True
-        traversed += use.elements
-    return False
+def kept_after(trace: list[Use], reuse_distance: int) -> list[bool]:
+    """`__params_to_release` for every use in the trace: is its block used again before the uses after it add
+    up to the reuse distance? The coordinator walks the modules after the current one and stops at the first
+    where what it has walked is >= the distance, so the next use is reached exactly when the elements strictly
+    between the two uses are under it. One pass from the end, with prefix sums."""
+    before = [0]  # before[i]: elements of trace[:i]
+    for use in trace:
+        before.append(before[-1] + use.elements)
+    kept = [False] * len(trace)
+    next_use: dict[str, int] = {}
+    for position in range(len(trace) - 1, -1, -1):
+        block = trace[position].block
+        following = next_use.get(block)
+        if following is not None:
+            kept[position] = before[following] - before[position + 1] < reuse_distance
+        next_use[block] = position
+    return kept
 
 
 def retained_at_turn(model: ModelSummary, reuse_distance: int, grad_checkpointing: bool) -> int:
     """Elements still gathered when the loss is computed: each block whose latest use kept it."""
     trace, turn = step_trace(model, grad_checkpointing)
+    kept = kept_after(trace, reuse_distance)
     latest: dict[str, int] = {}
     for position, use in enumerate(trace[: turn + 1]):
         latest[use.block] = position
-    return sum(trace[p].elements for p in latest.values() if kept_after(trace, p, reuse_distance))
+    return sum(trace[p].elements for p in latest.values() if kept[p])
 
 
 def gathered_at_turn(
