@@ -1,7 +1,8 @@
 """Which gathered parameters ZeRO-3 still holds at the forward/backward turn, by replaying its release rule.
 
 DeepSpeed decides at every module's release which of its parameters to keep gathered (read in deepspeed 0.19.8
-runtime/zero/partitioned_param_coordinator.py; the same rule in 0.10-0.18):
+runtime/zero/partitioned_param_coordinator.py; the same loop in the 0.10.0 sdist, lines 448-476, and 0.15.3,
+lines 493-522):
 - fetch_sub_module advances step_id past the module it fetched (line 490), so a release looks at the trace from
   the next module on;
 - `__params_to_release` (lines 633-664) keeps a parameter that reappears before the modules after the current
