@@ -96,6 +96,22 @@ def test_zero1_full_gradient_only_without_overlap_or_with_accumulation():
     assert extra(ZeroKnobs()) == full  # accumulation unknown: counted
 
 
+@pytest.mark.parametrize(
+    ("version", "ignored"),
+    [("0.4.3", False), ("0.4.4", True), ("0.9.5", True), ("0.12.6", True), ("0.13.1", False), (None, False)],
+)
+def test_deepspeed_before_0_13_ran_zero1_without_overlap_or_contiguous_buffers(version: str | None, ignored: bool):
+    """engine.py of 0.4.4-0.12.6 forces both flags off at stage 1: no reduce buffers, the full gradient kept."""
+    model, where = summary(), target(8)
+    knobs = ZeroKnobs(overlap_comm=True, contiguous_gradients=True, gradient_accumulation_steps=1)
+    settings = EstimateSettings(seq_len=512, knobs=knobs, stack=RuntimeStack(deepspeed_version=version))
+    parts = estimate(model, where, Candidate(Rung.Z1, 1), settings).gpu_components
+    assert ("reduce_buckets" in parts) is not ignored
+    assert ("zero1_unpartitioned_grads" in parts) is ignored
+    stage2 = estimate(model, where, Candidate(Rung.Z2, 1), settings).gpu_components
+    assert stage2["reduce_buckets"] > 0  # stage 2 always honoured them
+
+
 def test_torch_foreach_adamw_step_temporary_and_stage3_sub_group_bound():
     model, where = summary(), target(8)
     partition = model.trainable_params // 8

@@ -12,7 +12,7 @@ from autotune.estimate.buffers import (
     unpartitioned_model_bytes,
 )
 from autotune.estimate.constants import CPU_PROCESS_BASELINE_BYTES
-from autotune.estimate.knobs import ZeroKnobs
+from autotune.estimate.knobs import ZeroKnobs, as_deepspeed_runs
 from autotune.estimate.margin import gpu_margins
 from autotune.estimate.model_states import model_states
 from autotune.estimate.modes import mode_memory
@@ -24,6 +24,7 @@ from autotune.estimate.runtime import (
     nccl_buffers,
     nvls_buffers,
     unpressured_reserve_fraction,
+    version_tuple,
 )
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
 from autotune.hardware import Target
@@ -92,6 +93,8 @@ def estimate(
     settings.device == "cpu" predicts the CPU backend instead: one rank's peak RSS, where the offloaded
     states and pinned buffers live in the same process as everything else.
     """
+    deepspeed_version = version_tuple(settings.stack.deepspeed_version)
+    settings = replace(settings, knobs=as_deepspeed_runs(settings.knobs, candidate.rung.stage, deepspeed_version))
     states = model_states(
         model,
         target,
