@@ -121,10 +121,10 @@ class ZeroKnobs:
 
 # DeepSpeed ran ZeRO-1 with overlap_comm and contiguous_gradients off, whatever the config said, from PR #1246
 # ("meaningless in stage 1") until PR #4887 released both. Read in the sdists: absent from 0.4.3; present in
-# 0.4.4 and 0.4.5 (engine.py:916-919), 0.5.0 (1003-1007), 0.10.0 (1432-1438), 0.12.0 and 0.12.6 (1485-1491; from
-# 0.7 a model with MoE layers keeps contiguous_gradients, not modelled); absent again from 0.13.1, 0.13.5 and
-# 0.14.0 (0.13.0's sdist could not be fetched: taken as released). Without them ZeRO-1 keeps every full
-# gradient until the accumulation boundary and allocates no contiguous reduce buffer.
+# 0.4.4 and 0.4.5 (engine.py:916-919), 0.5.0 (1003-1007), 0.10.0 (1432-1438), 0.12.0 (1468-1474) and 0.12.6
+# (1485-1491; by 0.10.0 a model with MoE layers keeps contiguous_gradients, PR #2250, not modelled); absent
+# again from 0.13.1, 0.13.5 and 0.14.0 (0.13.0's sdist could not be fetched: taken as released). Without them
+# ZeRO-1 keeps every full gradient until the accumulation boundary and allocates no contiguous reduce buffer.
 ZERO1_FLAGS_IGNORED_VERSIONS = ((0, 4, 4), (0, 13, 0))  # [first version that ignores them, first that does not)
 
 
