@@ -117,7 +117,6 @@ def worker(cases_file: Path, out_file: Path) -> None:
 
 
 def _predict(config: dict, checkpointing: bool, reuse: int, prefetch: int) -> dict:
-    sys.path.insert(0, str(HERE.parent / "src"))
     from autotune.estimate.stage3_retention import gathered_at_turn
     from autotune.models.resolve import resolve_model
     from autotune.models.summary import summarize
@@ -148,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                    __file__, "--worker", str(cases), str(measured)]
         subprocess.run(command, env=env, check=True)
         result = json.loads(measured.read_text())
+    sys.path.insert(0, str(HERE.parent / "src"))  # the model's side runs from this checkout
     for row, (_, config, checkpointing, reuse, prefetch) in zip(result["rows"], chosen, strict=True):
         row.update(config=config, checkpointing=checkpointing, reuse_distance=reuse, prefetch_bucket=prefetch,
                    **_predict(config, checkpointing, reuse, prefetch))
@@ -157,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
               f"({row['error']:+.1%})  of {row['total_params']:,}")
     result.update(python=platform.python_version(), machine=platform.machine(),
                   date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), ranks=2)
-    sys.path.insert(0, str(HERE.parent / "src"))
     from autotune.atomic import atomic_write_json
 
     atomic_write_json(args.out, result)

@@ -12,10 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.test_estimate import summary
+from tests.test_estimate import summary, target
 
+from autotune.estimate import EstimateSettings, estimate
+from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.margin import LIVE_PARAMS_RELATIVE
 from autotune.estimate.stage3_retention import gathered_at_turn, retained_at_turn, step_trace
+from autotune.ladder import Candidate, Rung
 from autotune.models import ModelSummary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,12 +106,6 @@ def test_the_replay_matches_deepspeeds_gathered_state(tmp_path: Path):
 
 
 def test_a_prefetch_bucket_of_zero_in_a_users_config_prefetches_nothing():
-    from tests.test_estimate import target
-
-    from autotune.estimate import EstimateSettings, estimate
-    from autotune.estimate.knobs import ZeroKnobs
-    from autotune.ladder import Candidate, Rung
-
     model, where = llama(vocab=32_000, layers=40), target(8)
     knobs = ZeroKnobs.from_ds_config({"stage": 3, "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0},
                                      HIDDEN, stage=3)
