@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.emit import emit_launchers, write_configs
 from autotune.ladder import Candidate, Rung
 from autotune.launchers import LaunchCommands
+from autotune.trial.shm import remove_segments
 
 REPO = Path(__file__).resolve().parents[1]
 PLAIN = "examples/training/train_deepspeed.py"
@@ -61,9 +63,13 @@ def run_path(command: str, tmp_path: Path) -> dict:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
     }
     extra = HF_EXTRA + f" --output_dir {tmp_path / 'out'}" if HF in command else PLAIN_EXTRA
-    done = subprocess.run(
-        ["bash", "-c", command + extra], cwd=REPO, capture_output=True, text=True, env=env, timeout=900
-    )
+    started = time.time()
+    try:
+        done = subprocess.run(
+            ["bash", "-c", command + extra], cwd=REPO, capture_output=True, text=True, env=env, timeout=900
+        )
+    finally:
+        remove_segments([int(port)], since=started)  # what DeepSpeed's CPU all-reduce leaves (trial/shm.py)
     assert done.returncode == 0, (command, (done.stdout + done.stderr)[-4000:])
     lines = [line for line in done.stdout.splitlines() if line.startswith("ENGINE ")]
     assert lines, done.stdout[-2000:]

@@ -122,6 +122,7 @@ class HostfileLauncher:
             ranks=ranks,
             env={**os.environ, **self.env},
             rank_exit_codes=lambda _code, _log: {},  # DeepSpeed's launcher names failed pids, not ranks
+            master_port=self.master_port,
         )
 
     def run(self, spec: TrialSpec) -> TrialResult:

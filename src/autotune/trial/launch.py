@@ -17,6 +17,7 @@ from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.outcome import LaunchOutcome, build_result
 from autotune.trial.processes import BudgetWatch, new_tag, spawn, stop_processes, trial_env, wait_for
 from autotune.trial.report import log_path, read_reports
+from autotune.trial.shm import remove_segments
 from autotune.trial.types import TrialResult, TrialSpec
 
 WORKER_MODULE = "autotune.trial.worker"
@@ -59,6 +60,7 @@ class LaunchPlan:
     ranks: range  # the ranks this launcher starts and answers for
     env: Mapping[str, str]
     rank_exit_codes: Callable[[int | None, str], dict[int, int]]  # (launcher exit code, its log) -> per rank
+    master_port: int | None = None  # the rendezvous port, whose CPU all-reduce segments go after the trial (shm.py)
 
 
 def launch_trial(
@@ -84,6 +86,8 @@ def launch_trial(
     finally:
         stop_processes(process, tag, kill_grace_s)
         wait_for_release(gpus_before)
+        if spec.device == "cpu" and plan.master_port is not None:
+            remove_segments([plan.master_port], since=launched_at)
     log_text = launcher_log.read_text(errors="replace")
     outcome = LaunchOutcome(
         ranks=plan.ranks,

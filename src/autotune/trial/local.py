@@ -94,6 +94,7 @@ class LocalLauncher:
                 ranks=ranks,
                 env=env,
                 rank_exit_codes=lambda _code, log: torchrun_exit_codes(log),
+                master_port=port,
             )
         if spec.world_size != 1:
             raise UserError("more than one rank needs torchrun (use_torchrun=False allows world size 1 only)")
@@ -109,4 +110,5 @@ class LocalLauncher:
             ranks=ranks,
             env=env,
             rank_exit_codes=lambda code, _log: {} if code is None else {0: code},
+            master_port=port,
         )

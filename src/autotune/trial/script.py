@@ -49,6 +49,7 @@ from autotune.trial.outcome import BudgetBreach, describe_exit, first_error_line
 from autotune.trial.processes import free_port, new_tag, spawn, stop_processes, trial_env
 from autotune.trial.script_command import CommandTemplate, parse_command
 from autotune.trial.script_memory import GpuReader, TreeMemorySampler, visible_gpu_indices
+from autotune.trial.shm import command_ports, remove_segments
 from autotune.trial.types import RankMetrics, TrialResult, TrialSpec, TrialStatus
 
 # DeepSpeed's own defaults (autotuning/constants.py:59,62): profile from step 3, exit after step 6.
@@ -255,7 +256,7 @@ class ScriptLauncher:
         sampler.start()
         gpus_before = self.read_gpus() if spec.device == "cuda" else None
         log = trial_dir / "command.log"
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         process = spawn(argv, trial_env(env, tag, spec.device, spec.nprocs_per_node), log, self.cwd)
         timed_out, breach = False, None
         try:
@@ -263,6 +264,8 @@ class ScriptLauncher:
         finally:
             stop_processes(process, tag, self.kill_grace_s)
             wait_for_release(gpus_before, read_used=self.read_gpus)
+            if spec.device == "cpu":
+                remove_segments(command_ports(argv, port), since=started_at)
         outcome = ScriptOutcome(
             exit_code=None if timed_out or breach else process.returncode,
             log_text=log.read_text(errors="replace"),
