@@ -23,6 +23,7 @@ from autotune.estimate import (
     largest_micro_batch,
 )
 from autotune.estimate.activations import layer_bytes, logits_bytes_per_sample
+from autotune.estimate.buffers import PARAMETER_SIZED_COMPONENTS, reserve_left_after_reuse
 from autotune.estimate.knobs import DS_DEFAULT_BUCKET, DS_DEFAULT_PREFETCH, ZeroKnobs
 from autotune.estimate.model_states import model_states
 from autotune.estimate.runtime import (
@@ -159,19 +160,46 @@ def test_one_rank_at_zero3_gathers_nothing_unless_parameters_are_offloaded():
     assert gathered(one, Rung("z3+offload_opt+param")) > 0  # the partition lives in host RAM: copied to the GPU
 
 
-def test_unknown_zero_init_widens_the_stage3_margin_by_the_whole_16bit_model():
-    model, where = summary(), target(8)
+@pytest.mark.parametrize("total", [100_000_000, 4_000_000_000])
+def test_unknown_zero_init_widens_the_stage3_margin_by_the_unreused_16bit_model(total):
+    """Without zero.Init the whole cast model is cached once; an unknown zero.Init widens the margin by the same."""
+    model, where = summary(total_params=total, trainable_params=total), target(8)
     known = EstimateSettings(seq_len=512, knobs=ZeroKnobs(zero_init=True))
     unknown = EstimateSettings(seq_len=512, knobs=ZeroKnobs(zero_init=None))
     without = EstimateSettings(seq_len=512, knobs=ZeroKnobs(zero_init=False))
     candidate = Candidate(Rung.Z3, 1)
     a, b = estimate(model, where, candidate, known), estimate(model, where, candidate, unknown)
     assert b.gpu_peak_bytes == a.gpu_peak_bytes
-    assert b.gpu_uncertainty["zero_init_unknown"] == 2 * model.total_params
     c = estimate(model, where, candidate, without)
-    assert c.gpu_components["unpartitioned_model_reserve"] == 2 * model.total_params
+    left = c.gpu_components.get("unpartitioned_model_reserve", 0)
+    assert left == reserve_left_after_reuse(2 * total, c.gpu_components, model, 1, without)
+    assert b.gpu_uncertainty.get("zero_init_unknown", 0) == left
+    reusing = sum(c.gpu_components.get(name, 0) for name in PARAMETER_SIZED_COMPONENTS)
+    assert reusing > 0 and left <= max(0, 2 * total - reusing)
+    assert (left > 0) == (total > 1_000_000_000)  # a small model's gathered parameters fill its cached blocks
     z2 = estimate(model, where, Candidate(Rung.Z2, 1), unknown)
     assert "zero_init_unknown" not in z2.gpu_uncertainty  # only stage 3 partitions parameters
+
+
+def test_the_cached_whole_model_is_reused_by_tensors_that_fit_its_blocks():
+    """Without zero.Init the whole 16-bit model's freed blocks stay cached; gathered parameters, their gradients and
+    small activations land in them, so reserved memory is the reserve or those tensors, not both."""
+    model = summary(total_params=4_000_000_000, trainable_params=4_000_000_000)
+    settings = EstimateSettings(seq_len=512)
+    reserve = 2 * model.total_params
+    small = {"live_params": 100, "weight_grad_transient": 50, "activations": 30, "logits": 20, "model_states": 10**9}
+    fits = reserve_left_after_reuse(reserve, small, model, 1, settings)
+    tokens_fit = 512 * max(model.hidden_size, model.intermediate_size) <= model.largest_layer_params
+    logits_fit = 512 * model.vocab_size * 4 <= model.largest_layer_params * 2
+    assert fits == reserve - 150 - (30 if tokens_fit else 0) - (20 if logits_fit else 0)  # never the flat states
+    assert reserve_left_after_reuse(reserve, small, model, 10**6, settings) == reserve - 150  # no block holds these
+    assert reserve_left_after_reuse(100, {"live_params": 10**9}, model, 1, settings) == 0
+    z3 = Candidate(Rung.Z3, 1)
+    with_init = estimate(model, target(8), z3, replace(settings, knobs=ZeroKnobs(zero_init=True)))
+    without = estimate(model, target(8), z3, replace(settings, knobs=ZeroKnobs(zero_init=False)))
+    tensors = sum(v for k, v in without.gpu_components.items() if k != "allocator_slack")
+    tensors_init = sum(v for k, v in with_init.gpu_components.items() if k != "allocator_slack")
+    assert tensors - tensors_init == without.gpu_components["unpartitioned_model_reserve"] > 0
 
 
 # --- runtime overheads follow the stack ----------------------------------------------------------------------

@@ -135,6 +135,35 @@ def unpartitioned_model_bytes(model: ModelSummary, settings: EstimateSettings) -
     return model.total_params * _element_bytes(settings.precision)
 
 
+# The whole model's freed blocks stay in PyTorch's cache (that is what the reserve counts), and the caching
+# allocator serves later requests from cached blocks before it asks CUDA for more: a request over 1 MiB takes the
+# smallest cached large-pool block that holds it and splits off the rest (c10/cuda/CUDACachingAllocator.cpp
+# `get_free_block`, `should_split`; every cached block qualifies under the default max_split_size, SIZE_MAX unless
+# PYTORCH_CUDA_ALLOC_CONF sets one: CUDAAllocatorConfig.cpp `parseArgs`). The blocks are
+# the size of the model's parameters, so the tensors of training that are one parameter's size or smaller land in
+# them and take no new memory: gathered parameters and their weight gradients (the same shapes), and activations
+# and logits when one of their tensors fits in the largest parameter's block. The flat partitions and step buffers
+# are larger than any parameter and need segments of their own.
+PARAMETER_SIZED_COMPONENTS = ("persistent_params", "live_params", "prefetched_params", "weight_grad_transient")
+ACTIVATION_SIZED_COMPONENTS = ("activations", "backward_window")
+
+
+def reserve_left_after_reuse(
+    reserve: int, components: dict[str, int], model: ModelSummary, micro_batch: int, settings: EstimateSettings
+) -> int:
+    """What of the cached whole-model reserve the backward moment does not reuse (its reserved memory is then the
+    reserve or what reuses it, whichever is larger)."""
+    largest_block = model.largest_layer_params  # elements of the largest parameter-owning module
+    tokens = micro_batch * max(settings.seq_len, settings.decoder_seq_len or 0)
+    reusing = [*PARAMETER_SIZED_COMPONENTS]
+    if tokens * max(model.hidden_size, model.intermediate_size) <= largest_block:
+        reusing += ACTIVATION_SIZED_COMPONENTS
+    # the logits' widest copy is the loss's fp32 one: they reuse the blocks only when that fits
+    if tokens * model.vocab_size * _element_bytes("fp32") <= largest_block * _element_bytes(settings.precision):
+        reusing.append("logits")
+    return max(0, reserve - sum(components.get(name, 0) for name in reusing))
+
+
 def _largest_gradient(model: ModelSummary) -> int:
     """Elements of the largest weight gradient. A frozen base (LoRA) has none of its own: every gradient
     belongs to a trainable parameter, so none is larger than all of them together (measured with peft LoRA

@@ -8,6 +8,7 @@ from autotune.estimate.activations import activation_breakdown
 from autotune.estimate.buffers import (
     deepspeed_buffers,
     lazy_gradient_bytes,
+    reserve_left_after_reuse,
     tied_gradient_bytes,
     unpartitioned_model_bytes,
 )
@@ -143,6 +144,10 @@ def estimate(
         device.update(per_rank_host)
         device["process_baseline"] = CPU_PROCESS_BASELINE_BYTES
     else:
+        if "unpartitioned_model_reserve" in device:  # later tensors reuse the cached blocks (buffers.py)
+            device["unpartitioned_model_reserve"] = reserve_left_after_reuse(
+                device["unpartitioned_model_reserve"], device, model, candidate.micro_batch, settings
+            )
         # from the uncalibrated allocations, so that calibration stays a linear fit (see calibration.py)
         uncalibrated = sum(device.values()) - sum(activations.values()) + sum(raw_activations.values())
         allocated = sum(device.values())
@@ -150,11 +155,10 @@ def estimate(
         cache_excess = round((unpressured_reserve_fraction() - allocator_reserve_fraction()) * uncalibrated)
         runtime = runtime_overheads(target, settings)
         device.update({name: overhead.central for name, overhead in runtime.items()})
-        unknown_init = (
-            unpartitioned_model_bytes(model, settings)
-            if candidate.rung.stage == 3 and settings.knobs.zero_init is None
-            else 0
-        )
+        unknown_init = 0
+        if candidate.rung.stage == 3 and settings.knobs.zero_init is None:
+            whole = unpartitioned_model_bytes(model, settings)
+            unknown_init = reserve_left_after_reuse(whole, device, model, candidate.micro_batch, settings)
         margins = gpu_margins(device, model, runtime, allocated, calibration, unknown_init)
         margins.update({name: value for name, value in buffers.device_uncertainty.items() if value > 0})
         if end_of_backward_margin > 0:

@@ -201,6 +201,15 @@ def allocator_reserve_margin_fraction() -> float:
 UNPRESSURED_OBSERVATIONS: tuple[tuple[float, float, str], ...] = (
     (5.55, 6.39, "deepspeedai/DeepSpeed#522, ZeRO-2 + checkpointing, see_memory_usage Max_MA / CA"),
     (47.0, 55.0, "meta-llama/llama-cookbook PR #206, 'Max CUDA memory allocated / reserved'"),
+    # memory_status after a training step, peaks since the start (13B on 8 x A100-80GB as the issue tells it);
+    # a maintainer got ZeRO-3's peak down to ZeRO-2's with HfDeepSpeedConfig, the cache pair is still what ran
+    (52.3739, 57.1406, "deepspeedai/DeepSpeed#3734, ZeRO-2, 'MEMSTATS ... after training step' max alloc / cache"),
+    (56.1189, 69.2051, "deepspeedai/DeepSpeed#3734, ZeRO-3, 'MEMSTATS ... after training step' max alloc / cache"),
+    # Megatron-DeepSpeed report_memory after iteration 1, rank 0: ZeRO-2, TP 2, mb 8, seq 4096, flash-attn v2
+    (22332.37 / 1024, 32994.0 / 1024, "saforem2/Megatron-DeepSpeed ALCF/README.md (Polaris), max allocated / reserved"),
+    # see_memory_usage 'Engine after backward' of a ZeRO-3 + CPU offload micro-step (Mistral-7B, 2 x A100-80GB);
+    # CA (65.09) taken, as Max_CA is printed rounded to a whole GB
+    (62.2, 65.09, "cloneofsimo/reverse_eng_deepspeed_study day3/README.md, ZeRO-3 offload, Max_MA / CA"),
 )
 
 
