@@ -23,7 +23,7 @@ import platform
 import statistics
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -210,15 +210,24 @@ def _accelerate_cli(hf_id: str) -> str:
 
 
 def predicted_trial(
-    model: str, candidate: Candidate, seq_len: int, target: Target, device: str, precision: str, **trial: object
+    model: str,
+    candidate: Candidate,
+    seq_len: int,
+    target: Target,
+    device: str,
+    precision: str,
+    zero_init: bool = True,
+    **trial: object,
 ) -> tuple[ModelSummary, MemoryEstimate, TrialSpec]:
     """The prediction for one config and the trial that measures exactly that config (one node).
 
     `trial` sets the TrialSpec's measurement fields (steps, timeout, memory caps); the GPU kit uses this too.
+    `zero_init`: ZeRO-3 builds under deepspeed.zero.Init (False: the whole model first), predicted alike.
     """
     source = resolve_model(model)
     summary = summarize(source)
     settings = EstimateSettings(seq_len=seq_len, precision=precision, device=device)
+    settings = replace(settings, knobs=replace(settings.knobs, zero_init=zero_init))
     predicted = estimate(summary, target, candidate, settings)
     train = TrainSettings(
         world_size=target.gpus_per_node,
@@ -235,6 +244,7 @@ def predicted_trial(
         grad_checkpointing=candidate.grad_checkpointing,
         device=device,  # type: ignore[arg-type]
         nprocs_per_node=target.gpus_per_node,
+        zero_init=zero_init,
         **trial,  # type: ignore[arg-type]
     )
     return summary, predicted, spec

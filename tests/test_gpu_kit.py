@@ -65,6 +65,28 @@ def test_memory_rows_put_each_measure_beside_its_like_for_like_prediction(kit_mo
     assert kit.data["memory"]["summary"]["ok"] == len(rows)
 
 
+def test_a_point_without_zero_init_is_built_whole_and_predicted_so(kit_module, tmp_path: Path) -> None:
+    """The zero.Init twins: the trial builds the whole model first and the prediction carries the cached reserve."""
+    trials = FakeTrials()
+    kit = _kit(kit_module, tmp_path, trials)
+    kit_module.stage_memory(kit)
+    rows = kit.data["memory"]["rows"]
+    twins = [p for p in kit_module.DRY_MEMORY_POINTS if not p.zero_init]
+    assert twins and all(p.key.endswith("/no-zero-init") for p in twins)
+    for point in twins:
+        row = rows[point.key]
+        assert row["zero_init"] is False
+        assert row["predicted_components"]["unpartitioned_model_reserve"] > 0
+    built = {spec.zero_init for spec in trials.specs}
+    assert built == {True, False}
+    import points
+
+    keys = {p.key for p in points.GPU_MEMORY_POINTS}
+    for point in points.NO_ZERO_INIT_POINTS:  # each has its zero.Init twin in the list, to compare like for like
+        twin = points.MemoryPoint(point.model, point.rung, point.micro_batch, point.seq_len, point.grad_checkpointing)
+        assert point.key in keys and twin.key in keys
+
+
 def test_gpu_errors_subtract_what_lives_outside_torch(kit_module) -> None:
     row = {
         "predicted_bytes": 10 * GiB,

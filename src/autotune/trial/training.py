@@ -116,11 +116,13 @@ def build_trial_model(spec: TrialSpec, device: Any) -> Any:
     """A randomly initialised model: built on meta, then materialised once on the device.
 
     Building on meta skips torch's default init, and HF's init_weights then writes every tensor once
-    (to_empty leaves garbage, and tied weights must be re-tied).
+    (to_empty leaves garbage, and tied weights must be re-tied). ZeRO-3 without zero.Init takes this path too:
+    the whole model reaches the device and the engine partitions it (what the memory model's
+    unpartitioned_model_reserve is about).
     """
     from autotune.models.build import build_model
 
-    if zero_stage(spec.ds_config) == 3:
+    if zero_stage(spec.ds_config) == 3 and spec.zero_init:
         return _build_partitioned(spec, device)
     model, _ = build_model(
         spec.model_config, spec.architecture, device="meta", trust_remote_code=spec.trust_remote_code

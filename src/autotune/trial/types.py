@@ -31,6 +31,9 @@ class TrialSpec:
     optimizer: str = "adamw"  # autotune.optimizers name; a client-side one is built by the trial itself
     lora: dict | None = None  # autotune.lora.LoraSettings.to_dict() plus "model_type"; None: full fine-tuning
     decoder_seq_len: int | None = None  # encoder-decoders: the decoder's length (labels); None: seq_len
+    # ZeRO-3: build under deepspeed.zero.Init, as HF Trainer does; False builds the whole model on the device first
+    # and lets the engine partition it, as scripts that build before DeepSpeed starts do
+    zero_init: bool = True
 
     @property
     def world_size(self) -> int:
