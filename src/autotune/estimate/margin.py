@@ -56,7 +56,8 @@ def gpu_margins(
     """Bytes by which each component may exceed its prediction (CUDA only).
 
     unknown_zero_init_bytes: at stage 3 when nobody knows whether the model was built under zero.Init, the whole
-    16-bit model that would then reach the GPU first (buffers.unpartitioned_model_bytes).
+    16-bit model that would then reach the GPU first (buffers.unpartitioned_model_bytes), less what the step's
+    parameter-sized tensors would reuse of its cached blocks (buffers.reserve_left_after_reuse).
     """
     activation_relative = (
         ACTIVATION_RELATIVE_ENCODER_DECODER if model.family == "encoder-decoder" else ACTIVATION_RELATIVE
