@@ -23,7 +23,7 @@ import platform
 import statistics
 import subprocess
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -31,6 +31,7 @@ from pathlib import Path
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.estimate import EstimateSettings, estimate
 from autotune.estimate.ds_estimators import deepspeed_estimators
+from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.types import MemoryEstimate
 from autotune.hardware import Target, generic_gpu
 from autotune.ladder import Candidate, Mode, Rung
@@ -226,8 +227,8 @@ def predicted_trial(
     """
     source = resolve_model(model)
     summary = summarize(source)
-    settings = EstimateSettings(seq_len=seq_len, precision=precision, device=device)
-    settings = replace(settings, knobs=replace(settings.knobs, zero_init=zero_init))
+    knobs = ZeroKnobs(zero_init=zero_init)
+    settings = EstimateSettings(seq_len=seq_len, precision=precision, device=device, knobs=knobs)
     predicted = estimate(summary, target, candidate, settings)
     train = TrainSettings(
         world_size=target.gpus_per_node,

@@ -18,6 +18,7 @@ from tests.conftest import run_cli
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.ladder import Candidate, Rung
 from autotune.trial.script import ScriptLauncher
+from autotune.trial.shm import SEGMENT_PREFIX, SHM_DIRECTORY, segment_port
 from autotune.trial.types import TrialSpec
 
 JOBS = Path(__file__).parent / "scripts" / "user_jobs"
@@ -159,3 +160,21 @@ def test_misbehaving_scripts_are_classified_and_leave_nothing(
     assert reason in (result.error or "")
     assert result.command and "--fault" in result.command
     assert not _survivors(str(model_dir))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHM_DIRECTORY.is_dir(), reason="no /dev/shm")
+def test_a_deepspeed_launcher_trial_leaves_no_shared_memory_segment(model_dir: Path) -> None:
+    """The user's command through `deepspeed` on the CPU backend: the launcher sets LOCAL_SIZE, so each rank makes
+    a 66 MiB segment that DeepSpeed never unlinks (trial/shm.py); after the trial none with its port is left."""
+    launcher = ScriptLauncher([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1",
+                               "--master_port", "{master_port}", str(JOBS / "plain_deepspeed.py"),
+                               "--deepspeed_config", "{ds_config}", "--model-config", str(model_dir),
+                               "--seq-len", "{seq_len}"], kill_grace_s=2.0)  # fmt: skip
+    mine = f"{SEGMENT_PREFIX}_{os.getuid()}_*"
+    before = {path.name for path in SHM_DIRECTORY.glob(mine)}
+    result = launcher.run(_fault_spec(2))
+    assert result.status == "ok", result.error
+    port = int(result.command[result.command.index("--master_port") + 1])
+    left = {path.name for path in SHM_DIRECTORY.glob(mine)} - before
+    assert not [name for name in left if segment_port(name, os.getuid()) == port]

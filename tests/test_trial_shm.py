@@ -1,24 +1,15 @@
 """DeepSpeed's CPU all-reduce segments in /dev/shm: a trial removes the ones its rendezvous made, and only
-those (trial/shm.py)."""
+those (trial/shm.py). The real launcher trial is in tests/test_script_mode.py, beside the user's scripts."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from pathlib import Path
 
-import pytest
-
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.ladder import Candidate, Rung
-from autotune.trial.script import ScriptLauncher
-from autotune.trial.shm import SEGMENT_PREFIX, SHM_DIRECTORY, command_ports, remove_segments, segment_port
-from autotune.trial.types import TrialSpec
+from autotune.trial.shm import SEGMENT_PREFIX, command_ports, remove_segments, segment_port
 
 UID = os.getuid()
-JOBS = Path(__file__).parent / "scripts" / "user_jobs"
 
 
 def _segment(directory: Path, port: int, rank: int = 0, uid: int = UID, address: str = "127.0.0.1") -> Path:
@@ -56,28 +47,3 @@ def test_only_the_trials_own_segments_go(tmp_path: Path) -> None:
 
 def test_a_missing_directory_is_not_an_error(tmp_path: Path) -> None:
     assert remove_segments([29500], since=0.0, directory=tmp_path / "absent") == []
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not SHM_DIRECTORY.is_dir(), reason="no /dev/shm")
-def test_a_deepspeed_launcher_trial_leaves_no_segment(tmp_path: Path) -> None:
-    """The user's command through `deepspeed` on the CPU backend: the launcher sets LOCAL_SIZE, so each rank makes
-    a 66 MiB segment that DeepSpeed never unlinks; after the trial none with its port is left."""
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    profile = Path(__file__).parents[1] / "profiles" / "models" / "tiny-gpt2.json"
-    config = json.loads(profile.read_text())["config"]
-    (model_dir / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
-    launcher = ScriptLauncher([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1",
-                               "--master_port", "{master_port}", str(JOBS / "plain_deepspeed.py"),
-                               "--deepspeed_config", "{ds_config}", "--model-config", str(model_dir),
-                               "--seq-len", "{seq_len}"], kill_grace_s=2.0)  # fmt: skip
-    config = build_ds_config(Candidate(Rung.Z1, 2, False), TrainSettings(world_size=1))
-    spec = TrialSpec(model_config={}, architecture="GPT2LMHeadModel", family="decoder-only", ds_config=config,
-                     seq_len=32, device="cpu", timeout_s=600.0)  # fmt: skip
-    before = {path.name for path in SHM_DIRECTORY.glob(f"{SEGMENT_PREFIX}_{UID}_*")}
-    result = launcher.run(spec)
-    assert result.status == "ok", result.error
-    port = int(result.command[result.command.index("--master_port") + 1])
-    left = {path.name for path in SHM_DIRECTORY.glob(f"{SEGMENT_PREFIX}_{UID}_*")} - before
-    assert not [name for name in left if segment_port(name, UID) == port]
