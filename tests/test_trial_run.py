@@ -20,9 +20,10 @@ import pytest
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.ladder import Candidate, Rung
 from autotune.trial import LocalLauncher, TrialResult, TrialSpec, WarmWorkerPool, run_trial, tagged_processes
-from autotune.trial.faults import FAULT_ENV, fault_value
+from autotune.trial.faults import FAULT_ENV, LEAK_BYTES, fault_value
 from autotune.trial.ops import prebuild_ops
 from autotune.trial.processes import free_port
+from autotune.trial.warm import WARM_GROWTH_LIMIT_BYTES
 
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1024, "n_positions": 256}
 GENEROUS_TIMEOUT_S = 600.0  # other engineers share the 2 cores: only the hang test relies on a short timeout
@@ -195,4 +196,21 @@ def test_warm_pool_runs_every_rung_and_restarts_after_model_code_raises() -> Non
     cold, warm = first[0], [first[1], *second[1:]]
     assert "imports" not in cold.phases and cold.startup_s is not None
     assert all(r.startup_s is not None and r.startup_s < cold.startup_s for r in warm)
+    assert not survivors(mark)
+
+
+def test_warm_pool_replaces_workers_whose_memory_grows_between_trials() -> None:
+    """A trial's leftovers (here a fault that keeps 96 MiB per trial) must not reach the next trial's measurement."""
+    mark, env = marked_env(**{FAULT_ENV: fault_value("leak", "step")})
+    with WarmWorkerPool(env=env) as pool:
+        first, second = run_trial(tiny_spec(), pool), run_trial(tiny_spec(), pool)  # the second grows past the first
+        assert pool.restarts == 1 and len(pool.recycled) == 1
+        assert pool.recycled[0] >= LEAK_BYTES - WARM_GROWTH_LIMIT_BYTES // 2  # measured, give or take allocator noise
+        third = run_trial(tiny_spec(), pool)
+        assert pool.restarts == 2  # fresh workers for the third
+        fourth = run_trial(tiny_spec(), pool)  # warm again: the third set the new workers' floor, the fourth grew
+        assert (pool.restarts, len(pool.recycled)) == (2, 2)
+    for result in (first, second, third, fourth):
+        assert_measured(result)
+    assert third.startup_s and fourth.startup_s and fourth.startup_s < third.startup_s  # third cold, fourth warm
     assert not survivors(mark)

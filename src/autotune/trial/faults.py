@@ -12,8 +12,10 @@ import signal
 import time
 
 FAULT_ENV = "AUTOTUNE_TRIAL_FAULT"  # "<action>@<point>" or "<action>@<point>:<rank>"
-ACTIONS = ("hang", "sigkill", "raise", "memory_error", "oom_gpu")
+ACTIONS = ("hang", "sigkill", "raise", "memory_error", "oom_gpu", "leak")
 POINTS = ("entry", "start", "step")  # before imports; after imports; after the first training step
+LEAK_BYTES = 96 * 2**20  # "leak": what each time keeps for the life of the process (a warm worker's leftovers)
+_LEAKED: list[bytearray] = []  # the test seam's own: held on purpose, so a warm pool must notice the growth
 
 
 def fault_value(action: str, point: str, rank: int | None = None) -> str:
@@ -37,6 +39,9 @@ def maybe_inject_fault(point: str, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "memory_error":
         raise MemoryError("injected host allocation failure")
+    if action == "leak":
+        _LEAKED.append(bytearray(b"\x01" * LEAK_BYTES))  # written, so every page is resident
+        return
     if action == "oom_gpu":
         import torch
 

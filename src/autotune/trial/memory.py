@@ -32,6 +32,13 @@ def host_rss_peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def host_rss_bytes() -> int:
+    """This process's resident set now."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
 def reset_host_rss_peak() -> bool:
     try:
         _PROC_CLEAR_REFS.write_text(_RESET_PEAK_RSS)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.environment import select_accelerator
+from autotune.trial.deepspeed_globals import release_engine_globals
 from autotune.trial.faults import maybe_inject_fault
 from autotune.trial.memory import MemoryTracker, release_host_memory
 from autotune.trial.outcome import classify_exception
@@ -502,6 +503,9 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
             # error) must not replace the trial's own outcome; a warm worker restarts after failures anyway.
             with contextlib.suppress(Exception):
                 engine.destroy()
+        if model is not None:  # what destroy() leaves: DeepSpeed's module-level references (deepspeed_globals.py)
+            with contextlib.suppress(Exception):
+                release_engine_globals(model)
         engine = model = None
         free_memory(spec.device)
 

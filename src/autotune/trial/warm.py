@@ -26,8 +26,16 @@ from autotune.trial.launch import WORKER_MODULE
 from autotune.trial.local import torchrun_command, torchrun_exit_codes
 from autotune.trial.outcome import LaunchOutcome, build_result
 from autotune.trial.processes import BudgetWatch, free_port, new_tag, spawn, stop_processes, trial_env, wait_for
-from autotune.trial.report import log_path, read_reports, report_path, request_path
+from autotune.trial.report import RankReport, log_path, read_reports, report_path, request_path
 from autotune.trial.types import TrialResult, TrialSpec
+
+# How far a warm worker's resident set may grow, once a trial's memory is freed, above where it stood after its
+# first trial before the pool replaces it: beyond this, what the next trial measures would include an earlier
+# trial's leftovers, which the user's fresh process does not carry. Our measurement (benchmarks/README.md, "Warm
+# workers and DeepSpeed's leftovers"): across the demo's whole trial order (ZeRO-0 to 3, checkpointing, both
+# offloads), 54 MiB of growth once DeepSpeed's leftovers are dropped (imports and allocator high-water a fresh
+# process pays too), against 102 MiB of tensors left by each ZeRO-3 trial of the demo's small model before.
+WARM_GROWTH_LIMIT_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -38,6 +46,15 @@ class _Workers:
     pool_dir: Path
     gpus_before: dict[int, int] | None  # NVML used before the workers started: what stopping them must restore
     next_index: int = 0
+    rss_floor: dict[int, int] | None = None  # per rank, RSS after the first trial: what later trials start from
+
+    def grown_bytes(self, reports: Mapping[int, RankReport]) -> int:
+        """How far any rank's RSS after this trial lies above its floor (the first call sets the floor)."""
+        after = {rank: r.host_rss_after_bytes for rank, r in reports.items() if r.host_rss_after_bytes is not None}
+        if self.rss_floor is None:
+            self.rss_floor = after
+            return 0
+        return max((rss - self.rss_floor[rank] for rank, rss in after.items() if rank in self.rss_floor), default=0)
 
 
 class WarmWorkerPool:
@@ -64,6 +81,7 @@ class WarmWorkerPool:
         self.kill_grace_s = kill_grace_s
         self._workers: _Workers | None = None
         self.restarts = 0  # how many times workers were (re)started: the cost the pool did not save
+        self.recycled: list[int] = []  # growth (bytes) that made the pool replace healthy workers, one per time
 
     def __enter__(self) -> WarmWorkerPool:
         return self
@@ -122,6 +140,9 @@ class WarmWorkerPool:
         result = build_result(spec, reports, outcome)
         if not result.ok and stopped is None:
             stopped = self._stop()
+        if stopped is None and (grown := workers.grown_bytes(reports)) > WARM_GROWTH_LIMIT_BYTES:
+            self.recycled.append(grown)  # the next trial must not start on this one's leftovers
+            stopped = self._stop(graceful=True)
         if stopped is not None:
             self._remove(stopped)
         return result

@@ -13,6 +13,7 @@ DIR/rank<R>.json (a RankReport) and logs to DIR/rank<R>.log.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -136,7 +137,7 @@ def _next_request(pool_dir: Path, index: int) -> dict:
 
 def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
     """Run successive trials in this process; stop after the first failure (its state is suspect)."""
-    from autotune.trial.memory import MemoryTracker
+    from autotune.trial.memory import MemoryTracker, host_rss_bytes
 
     start_rank_files(pool_dir, placement.rank)
     import_runtime(device)
@@ -155,7 +156,8 @@ def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
                     f"warm worker is {placement.world_size}x{device}, trial wants {spec.world_size}x{spec.device}"
                 )
             memory.reset()
-            report = run_rank(spec, placement, clock, memory)
+            report = run_rank(spec, placement, clock, memory)  # returns once the trial's memory is freed
+            report = dataclasses.replace(report, host_rss_after_bytes=host_rss_bytes())
         except Exception as error:
             report = failure_report(placement.rank, error, clock)
         write_report(out_dir, report)
