@@ -10,8 +10,9 @@ from autotune import tune
 from autotune.dsconfig import validate_with_deepspeed
 from autotune.errors import NothingFitsError, UserError
 from autotune.ladder import Candidate, Rung
+from autotune.search import SearchEvent
 from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
-from autotune.tuner import TuneRequest
+from autotune.tuner import TuneRequest, _replaced_note
 
 MIB = 2**20
 
@@ -152,3 +153,12 @@ def test_real_cache_hit_answers_without_trials(tmp_path) -> None:
     second = tune(request)
     assert second.from_cache and second.trials_launched == 0
     assert second.config_path.read_bytes() == first.config_path.read_bytes()
+
+
+def test_replaced_warm_workers_get_a_progress_line() -> None:
+    events: list[SearchEvent] = []
+    note = _replaced_note(events.append)
+    assert note is not None and _replaced_note(None) is None
+    note(96 * 2**20)
+    assert [e.kind for e in events] == ["prepare"]  # the kind the progress printer shows as a plain line
+    assert "grew 96.0 MiB since their first trial" in events[0].message

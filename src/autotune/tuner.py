@@ -28,6 +28,7 @@ from autotune.search_modes import ModeRecord
 from autotune.stop import StopReason
 from autotune.training_choices import training_choices_report
 from autotune.trial.types import TrialLauncher, TrialResult
+from autotune.units import format_bytes
 
 __all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for"]
 
@@ -79,7 +80,9 @@ def _prepare_ops(device: str, observe: Callable[[SearchEvent], None]) -> None:
 
 
 @contextlib.contextmanager
-def _launcher_for(device: str, given: TrialLauncher | None, nodes: int = 1) -> Iterator[TrialLauncher]:
+def _launcher_for(
+    device: str, given: TrialLauncher | None, nodes: int = 1, observe: Callable[[SearchEvent], None] | None = None
+) -> Iterator[TrialLauncher]:
     """The caller's launcher, else warm workers on the CPU backend (start-up paid once) or a fresh
     process per GPU trial (a GPU trial must give all its memory back before the next one). Several
     nodes: srun inside a SLURM allocation, else one launcher per node with a chosen master port."""
@@ -104,8 +107,25 @@ def _launcher_for(device: str, given: TrialLauncher | None, nodes: int = 1) -> I
         return
     # glibc keeps freed arenas; returning large frees to the OS makes peak RSS the working set the memory
     # model predicts (about 20% lower than default glibc on CPU trials; benchmarks/results/estimate.md).
-    with WarmWorkerPool(env={"MALLOC_MMAP_THRESHOLD_": "65536"}) as pool:
+    with WarmWorkerPool(env={"MALLOC_MMAP_THRESHOLD_": "65536"}, on_replace=_replaced_note(observe)) as pool:
         yield pool
+
+
+def _replaced_note(observe: Callable[[SearchEvent], None] | None) -> Callable[[int], None] | None:
+    """The progress line for warm workers the pool replaced because their memory grew (trial/warm.py)."""
+    if observe is None:
+        return None
+
+    def note(grown: int) -> None:
+        observe(
+            SearchEvent(
+                "prepare",
+                message=f"new trial workers: the last ones' memory grew {format_bytes(grown)} since their first trial, "
+                "which the next trial would have measured on top of its own",
+            )
+        )
+
+    return note
 
 
 def script_launcher(request: TuneRequest) -> TrialLauncher | None:
@@ -198,8 +218,6 @@ def _smallest_shortfall(plan_data: dict | None, outcome: SearchOutcome | None) -
         ]
     if not shortfalls:
         return "no rung could be tried"
-    from autotune.units import format_bytes
-
     return f"smallest shortfall {format_bytes(min(shortfalls))} per {'rank' if outcome else 'GPU'}"
 
 
@@ -309,7 +327,8 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
         if launcher is None:
             _prepare_ops(request.device, observe)
         # one selection point: the caller's launcher, else the user's command (own-command mode), else ours
-        with _launcher_for(request.device, launcher or script_launcher(request), ctx.target.nodes) as chosen:
+        given = launcher or script_launcher(request)
+        with _launcher_for(request.device, given, ctx.target.nodes, observe) as chosen:
             outcome = _search(ctx, cache, chosen, observe)
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := _no_trial_completed(outcome)):

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +33,8 @@ from autotune.trial.types import TrialResult, TrialSpec
 # first trial before the pool replaces it: beyond this, what the next trial measures would include an earlier
 # trial's leftovers, which the user's fresh process does not carry. Our measurement (benchmarks/README.md, "Warm
 # workers and DeepSpeed's leftovers"): across the demo's whole trial order (ZeRO-0 to 3, checkpointing, both
-# offloads), 54 MiB of growth once DeepSpeed's leftovers are dropped (imports and allocator high-water a fresh
-# process pays too), against 102 MiB of tensors left by each ZeRO-3 trial of the demo's small model before.
+# offloads), 56 MiB of growth once DeepSpeed's leftovers are dropped (44 of it at the first ZeRO-1 trial: first-use
+# costs a fresh process pays too), against 102 MiB of tensors left by each ZeRO-3 trial of the demo's model before.
 WARM_GROWTH_LIMIT_BYTES = 64 * 2**20
 
 
@@ -72,7 +72,9 @@ class WarmWorkerPool:
         master_addr: str = "127.0.0.1",
         poll_interval_s: float = 0.02,
         kill_grace_s: float = 5.0,
+        on_replace: Callable[[int], None] | None = None,
     ) -> None:
+        """`on_replace(grown_bytes)`: called when healthy workers are replaced because their memory grew."""
         self.python = python
         self.env = dict(env or {})
         self.workdir = workdir
@@ -82,6 +84,7 @@ class WarmWorkerPool:
         self._workers: _Workers | None = None
         self.restarts = 0  # how many times workers were (re)started: the cost the pool did not save
         self.recycled: list[int] = []  # growth (bytes) that made the pool replace healthy workers, one per time
+        self.on_replace = on_replace
 
     def __enter__(self) -> WarmWorkerPool:
         return self
@@ -143,6 +146,8 @@ class WarmWorkerPool:
         if stopped is None and (grown := workers.grown_bytes(reports)) > WARM_GROWTH_LIMIT_BYTES:
             self.recycled.append(grown)  # the next trial must not start on this one's leftovers
             stopped = self._stop(graceful=True)
+            if self.on_replace is not None:
+                self.on_replace(grown)
         if stopped is not None:
             self._remove(stopped)
         return result
