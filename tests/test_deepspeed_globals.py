@@ -9,13 +9,11 @@ import os
 import subprocess
 import sys
 
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.ladder import Candidate, Rung
-from autotune.trial import TrialSpec
+from tests.test_trial_run import tiny_spec
+
+from autotune.ladder import Rung
 from autotune.trial.deepspeed_globals import lru_caches
 from autotune.trial.processes import free_port
-
-TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1024, "n_positions": 256}
 
 # Runs one trial in this process the way a warm worker does, then lists what of it is still alive.
 _ONE_TRIAL_THEN_COUNT = """
@@ -37,20 +35,6 @@ print(json.dumps({"status": report.status, "error": report.error, "alive": alive
 """
 
 
-def _spec(rung: Rung) -> TrialSpec:
-    settings = TrainSettings(world_size=1, precision="bf16", hidden_size=64)
-    return TrialSpec(
-        model_config=TINY_GPT2,
-        architecture="GPT2LMHeadModel",
-        family="decoder-only",
-        ds_config=build_ds_config(Candidate(rung, micro_batch=2), settings),
-        seq_len=64,
-        device="cpu",
-        warmup_steps=1,
-        max_steps=2,
-    )
-
-
 def test_nothing_of_a_zero3_trial_outlives_it() -> None:
     for rung in (Rung.Z3, Rung.Z3_OFFLOAD_ALL):
         env = {
@@ -64,7 +48,7 @@ def test_nothing_of_a_zero3_trial_outlives_it() -> None:
             "WORLD_SIZE": "1",
             "LOCAL_WORLD_SIZE": "1",
         }
-        spec = json.dumps(_spec(rung).to_dict())
+        spec = json.dumps(tiny_spec(rung).to_dict())  # the launcher tests' tiny GPT-2
         run = subprocess.run(
             [sys.executable, "-c", _ONE_TRIAL_THEN_COUNT, spec], env=env, capture_output=True, text=True, timeout=600
         )
