@@ -13,7 +13,7 @@ from tests.test_trial_run import tiny_spec
 
 from autotune.ladder import Rung
 from autotune.trial.deepspeed_globals import lru_caches
-from autotune.trial.processes import free_port
+from autotune.trial.processes import one_rank_env
 
 # Runs one trial in this process the way a warm worker does, then lists what of it is still alive.
 _ONE_TRIAL_THEN_COUNT = """
@@ -41,12 +41,7 @@ def test_nothing_of_a_zero3_trial_outlives_it() -> None:
             **os.environ,
             "DS_ACCELERATOR": "cpu",
             "OMP_NUM_THREADS": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "LOCAL_WORLD_SIZE": "1",
+            **one_rank_env(),
         }
         spec = json.dumps(tiny_spec(rung).to_dict())  # the launcher tests' tiny GPT-2
         run = subprocess.run(

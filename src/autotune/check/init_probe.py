@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 from autotune.check.rules import resolve_batch
 from autotune.check.values import batch_keys
+from autotune.trial.processes import one_rank_env
 
 # Failures that say the CPU backend lacks something a GPU has, not that the config is wrong.
 _BACKEND_LIMITS = (
@@ -56,24 +56,13 @@ def scaled_to_one_rank(config: dict[str, Any], world_size: int) -> dict[str, Any
     return scaled
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def run_init_check(config: dict[str, Any], world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> InitOutcome:
     """Initialise and step a tiny model with `config` in a subprocess; never raises for DeepSpeed's errors."""
     scaled = scaled_to_one_rank(config, world_size)
     env = {
         **os.environ,
         "DS_ACCELERATOR": "cpu",
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        **one_rank_env(),
     }
     try:
         done = subprocess.run(

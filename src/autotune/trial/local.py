@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autotune.errors import UserError
 from autotune.trial.launch import WORKER_MODULE, LaunchPlan, launch_trial, trial_directory, worker_args
-from autotune.trial.processes import free_port
+from autotune.trial.processes import free_port, one_rank_env
 from autotune.trial.types import TrialResult, TrialSpec
 
 # torchrun's failure table: "rank      : 1 (local_rank: 1)" then "exitcode  : -9 (pid: 1234)".
@@ -98,8 +98,7 @@ class LocalLauncher:
             )
         if spec.world_size != 1:
             raise UserError("more than one rank needs torchrun (use_torchrun=False allows world size 1 only)")
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                   MASTER_ADDR=self.master_addr, MASTER_PORT=str(port))  # fmt: skip
+        env.update(one_rank_env(self.master_addr, port))
         return LaunchPlan(
             command=lambda spec_path, out, at: [
                 self.python,

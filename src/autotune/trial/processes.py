@@ -36,6 +36,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def one_rank_env(master_addr: str = "127.0.0.1", port: int | None = None) -> dict[str, str]:
+    """The variables torchrun would set for a world of one rank, for a process we start without torchrun.
+
+    torch.distributed's env:// rendezvous reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; DeepSpeed and
+    accelerate read LOCAL_RANK and LOCAL_WORLD_SIZE. `port` defaults to a free one.
+    """
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(free_port() if port is None else port),
+    }
+
+
 def spawn(command: list[str], env: Mapping[str, str], log: Path, cwd: Path) -> subprocess.Popen:
     """Start the launcher in a new session with stdin closed and all output in `log`."""
     with open(log, "ab") as handle:

@@ -46,7 +46,7 @@ from autotune.errors import UserError
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.launch import trial_directory
 from autotune.trial.outcome import BudgetBreach, describe_exit, first_error_line, is_sigkill
-from autotune.trial.processes import free_port, new_tag, spawn, stop_processes, trial_env
+from autotune.trial.processes import free_port, new_tag, one_rank_env, spawn, stop_processes, trial_env
 from autotune.trial.script_command import CommandTemplate, parse_command
 from autotune.trial.script_memory import GpuReader, TreeMemorySampler, visible_gpu_indices
 from autotune.trial.shm import command_ports, remove_segments
@@ -304,8 +304,7 @@ class ScriptLauncher:
             if k not in _RANK_VARIABLES and not k.startswith("TORCHELASTIC_")  # e.g. the agent store of an outer job
         }
         if not self.template.starts_ranks():
-            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+            env.update(one_rank_env(port=port))
         return env
 
 

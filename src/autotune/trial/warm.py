@@ -25,7 +25,16 @@ from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.launch import WORKER_MODULE
 from autotune.trial.local import torchrun_command, torchrun_exit_codes
 from autotune.trial.outcome import LaunchOutcome, build_result
-from autotune.trial.processes import BudgetWatch, free_port, new_tag, spawn, stop_processes, trial_env, wait_for
+from autotune.trial.processes import (
+    BudgetWatch,
+    free_port,
+    new_tag,
+    one_rank_env,
+    spawn,
+    stop_processes,
+    trial_env,
+    wait_for,
+)
 from autotune.trial.report import RankReport, log_path, read_reports, report_path, request_path
 from autotune.trial.types import TrialResult, TrialSpec
 
@@ -170,8 +179,7 @@ class WarmWorkerPool:
             command = torchrun_command(self.python, spec, 0, self.master_addr, port, serve)
         else:
             command = [self.python, "-m", WORKER_MODULE, *serve]
-            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                       MASTER_ADDR=self.master_addr, MASTER_PORT=str(port))  # fmt: skip
+            env.update(one_rank_env(self.master_addr, port))
         tag = new_tag()
         gpus_before = nvml_used_bytes() if spec.device == "cuda" else None
         process = spawn(
