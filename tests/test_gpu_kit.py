@@ -41,7 +41,9 @@ class FakeTrials:
         if micro_batch > self.oom_above:
             return TrialResult(status="oom_gpu", error="CUDA out of memory", wall_s=1.0)
         peak = (1 + micro_batch) * GiB
-        rank = RankMetrics(0, peak - GiB // 2, peak - GiB // 4, peak, peak // 2, 0)
+        sites = {"peak_bytes": peak - GiB // 2, "sites": [{"site": "x.py:1 f", "bytes": 1, "blocks": 1}]}
+        sites = sites if spec.record_peak_sites else None
+        rank = RankMetrics(0, peak - GiB // 2, peak - GiB // 4, peak, peak // 2, 0, sites)
         return TrialResult(status="ok", ranks=[rank], samples_per_s=10.0 * micro_batch, wall_s=1.0)
 
 
@@ -63,6 +65,23 @@ def test_memory_rows_put_each_measure_beside_its_like_for_like_prediction(kit_mo
     expected = round(100 * (row["predicted_bytes"] - row["host_rss_peak_bytes"]) / row["host_rss_peak_bytes"], 1)
     assert row["error_pct_host_rss"] == expected
     assert kit.data["memory"]["summary"]["ok"] == len(rows)
+
+
+def test_site_rows_record_allocations_and_check_the_recording_against_their_memory_twin(
+    kit_module, tmp_path: Path
+) -> None:
+    trials = FakeTrials()
+    kit = _kit(kit_module, tmp_path, trials)
+    kit_module.stage_memory(kit)
+    assert not any(spec.record_peak_sites for spec in trials.specs)  # the memory stage's figures stay clean
+    kit_module.stage_sites(kit)
+    asked = trials.specs[len(kit_module.DRY_MEMORY_POINTS) :]
+    assert len(asked) == len(kit_module.DRY_SITE_POINTS) and all(spec.record_peak_sites for spec in asked)
+    rows = kit.data["sites"]["rows"]
+    assert set(rows) == {point.key for point in kit_module.DRY_SITE_POINTS}
+    for row in rows.values():
+        assert row["peak_sites"]["sites"] and row["predicted_components"]
+        assert row["allocated_vs_memory_stage_pct"] == 0.0  # same fake peak as its twin
 
 
 def test_a_point_without_zero_init_is_built_whole_and_predicted_so(kit_module, tmp_path: Path) -> None:
@@ -187,6 +206,8 @@ def test_dry_run_exercises_every_stage_for_real(tmp_path: Path) -> None:
     assert data["setup"]["ops"] and "error" not in data["setup"]["ops"]
     assert all(row["status"] == "ok" for row in data["memory"]["rows"].values())
     assert all(row["verdict"] == "as predicted" for row in data["oom"]["rows"].values())
+    sites = data["sites"]["rows"].values()  # the CPU backend has no allocation trace: the rows say so
+    assert sites and all(row["status"] == "ok" and "CUDA" in row["peak_sites"]["error"] for row in sites)
     assert data["tune"]["exit_code"] == 0 and data["tune"]["rerun"]["status"] == "ok"
     assert data["grid"]["complete"] and "tune_choice_vs_grid_best" in data["grid"]["summary"]
     assert data["side_by_side"]["exit_code"] == 0

@@ -13,6 +13,7 @@ skipped on the next run, so a run cut off by a time limit resumes where it stopp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -34,12 +35,14 @@ from points import (  # noqa: E402
     DRY_MODES,
     DRY_OOM_PROBES,
     DRY_SIDE_BY_SIDE,
+    DRY_SITE_POINTS,
     DRY_TUNE,
     EMULATED_CARD_GIB,
     GPU_MEMORY_POINTS,
     GPU_MODES,
     GPU_OOM_PROBES,
     GPU_SIDE_BY_SIDE,
+    GPU_SITE_POINTS,
     GPU_TUNE,
     MemoryPoint,
     ModesSetting,
@@ -57,7 +60,7 @@ from autotune.units import GiB  # noqa: E402
 from estimate_accuracy import environment as machine_and_versions  # noqa: E402
 from estimate_accuracy import predicted_trial  # noqa: E402
 
-STAGES = ("setup", "pinned", "memory", "oom", "modes", "tune", "grid", "side_by_side")
+STAGES = ("setup", "pinned", "memory", "sites", "oom", "modes", "tune", "grid", "side_by_side")
 DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "gpu" / "validation.json"
 
 
@@ -233,12 +236,19 @@ def _probe_json() -> dict:
 
 
 def trial_for(
-    point: MemoryPoint, kit: Kit, *, fraction: float | None, steps: int = 3, budget: int | None = None
+    point: MemoryPoint,
+    kit: Kit,
+    *,
+    fraction: float | None,
+    steps: int = 3,
+    budget: int | None = None,
+    record_sites: bool = False,
 ) -> dict:
     """Run one config for real and put the prediction for exactly that config beside it.
 
     fraction emulates a smaller card on the GPU; budget caps each rank's RSS on the CPU backend; with
-    neither, the limit is unbounded (the point is measured, not judged).
+    neither, the limit is unbounded (the point is measured, not judged). record_sites: also say whose
+    memory the peak was (trial/peak_sites.py).
     """
     if budget:
         limit = budget
@@ -262,6 +272,7 @@ def trial_for(
         gpu_memory_fraction=fraction,
         host_memory_budget_bytes=budget,
     )
+    spec = dataclasses.replace(spec, record_peak_sites=record_sites)
     used_before = gpu_used_bytes() if kit.device == "cuda" else None
     started = time.monotonic()
     result = kit.run_trial(spec)
@@ -297,6 +308,8 @@ def trial_for(
             nvml_baseline_bytes=rank.device_used_baseline_bytes,
             host_rss_peak_bytes=rank.host_rss_peak_bytes,
         )
+        if record_sites:
+            row["peak_sites"] = rank.peak_sites
     row.update(_errors(row, kit.device))
     return row
 
@@ -351,6 +364,37 @@ def stage_memory(kit: Kit) -> None:
             f"  {row['status']} nvml={_gib(row.get('nvml_peak_bytes'))} reserved={_gib(row.get('max_reserved_bytes'))}"
             f" predicted={_gib(row['predicted_bytes'])} errors={errors} {row.get('error') or ''}"
         )
+
+
+def stage_sites(kit: Kit) -> None:
+    """Whose memory each peak is: memory points again with every allocation recorded (trial/peak_sites.py).
+
+    The rows sit beside the prediction's components (`predicted_components`), so a reader sees which component
+    the model has wrong. The recording must not change GPU memory: each row's allocated peak is compared with
+    its memory-stage twin where that ran.
+    """
+    section = kit.section("sites")
+    rows = section.setdefault("rows", {})
+    twins = kit.section("memory").get("rows", {})
+    points = DRY_SITE_POINTS if kit.dry_run else GPU_SITE_POINTS
+    budget = 4 * GiB if kit.dry_run else None
+    for point in points:
+        if point.key in rows:
+            continue
+        if not kit.can_start(_expected_s(rows, 60 if kit.dry_run else 120)):
+            break
+        log(f"sites: {point.key}")
+        row = trial_for(point, kit, fraction=None, budget=budget, record_sites=True)
+        ours, twin = row.get("max_allocated_bytes"), twins.get(point.key, {}).get("max_allocated_bytes")
+        if ours and twin:
+            row["allocated_vs_memory_stage_pct"] = round(100 * (ours - twin) / twin, 2)
+        rows[point.key] = row
+        kit.save()
+        sites = row.get("peak_sites") or {}
+        log(f"  {row['status']} peak {_gib(sites.get('peak_bytes'))} predicted {_gib(row['predicted_bytes'])}"
+            f" {sites.get('error') or ''}")  # fmt: skip
+        for site in sites.get("sites", [])[:5]:
+            log(f"    {_gib(site['bytes'])} {site['site']}")
 
 
 def _expected_s(rows: dict, default: float) -> float:
@@ -703,6 +747,8 @@ def main(argv: list[str] | None = None) -> int:
             stage_pinned(kit)
         elif stage == "memory":
             stage_memory(kit)
+        elif stage == "sites":
+            stage_sites(kit)
         elif stage == "oom":
             stage_oom(kit)
         elif stage == "modes":

@@ -78,6 +78,22 @@ DRY_MEMORY_POINTS = [
 ]
 
 
+# Whose memory the peak is (trial/peak_sites.py): a few memory points again, now recording every allocation with
+# its Python stack. Separate trials because the recording costs host RAM (the trace), which would spoil the memory
+# stage's host-RAM figures; GPU memory is not touched by it, so each site row also checks its allocated peak
+# against its memory-stage twin. ZeRO-3 with full offload first: the published set's worst points (LlamaFactory
+# #5977, #7282) are that config, 34-39% above the model, and this says which part of the step holds the rest.
+GPU_SITE_POINTS = [
+    MemoryPoint("llama-3.2-3b", Rung.Z3_OFFLOAD_ALL, 4, 1024, True),
+    MemoryPoint("llama-3.2-1b", Rung.Z3, 4, 1024, True),
+    MemoryPoint("llama-3.2-3b", Rung.Z2, 4, 1024, True),
+    MemoryPoint("llama-3.2-1b", Rung.Z0, 4, 1024, False),
+]
+# The CPU backend has no allocation trace (peak_sites.py says why): the dry run's rows carry that note, which
+# checks the request's way from the kit through the worker and back.
+DRY_SITE_POINTS = DRY_MEMORY_POINTS[:2]
+
+
 @dataclass(frozen=True)
 class OomProbe:
     """One config under the emulated card: expect_oom says what the memory model predicts."""

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import resource
 from pathlib import Path
 from typing import Any
 
+from autotune.trial.peak_sites import PeakSiteRecorder
 from autotune.trial.types import RankMetrics
 
 _PROC_STATUS = Path("/proc/self/status")
@@ -83,7 +85,11 @@ def _nvml_used(handle: Any | None) -> int | None:
 
 
 class MemoryTracker:
-    """Call reset() when the trial starts, sample() after every step, metrics() at the end."""
+    """Call reset() when the trial starts, sample() after every step, metrics() at the end.
+
+    reset(record_sites=True) also records every allocation until metrics(), which then says whose memory the
+    peak was (trial/peak_sites.py).
+    """
 
     def __init__(self, device: str, local_rank: int) -> None:
         self.device = device
@@ -91,8 +97,14 @@ class MemoryTracker:
         self._nvml = _nvml_handle(local_rank) if device == "cuda" else None
         self._baseline_used = _nvml_used(self._nvml)
         self._peak_used: int | None = None
+        self._sites: PeakSiteRecorder | None = None
 
-    def reset(self) -> None:
+    def reset(self, record_sites: bool = False) -> None:
+        if self._sites is not None:  # a trial that ended before metrics(): stop its recording
+            self._sites.finish()
+            self._sites = None
+        if record_sites:
+            self._sites = PeakSiteRecorder(self.device, self.local_rank)
         reset_host_rss_peak()
         self._peak_used = None
         if self.device == "cuda":
@@ -100,6 +112,8 @@ class MemoryTracker:
 
             torch.cuda.reset_peak_memory_stats(self.local_rank)
         self.sample()
+        if self._sites is not None:
+            self._sites.start()
 
     def sample(self) -> None:
         used = _nvml_used(self._nvml)
@@ -107,6 +121,13 @@ class MemoryTracker:
             self._peak_used = max(used, self._peak_used or 0)
 
     def metrics(self, rank: int) -> RankMetrics:
+        measured = self._measured(rank)  # before the sites are worked out: that costs host memory of its own
+        if self._sites is None:
+            return measured
+        sites, self._sites = self._sites.finish(), None
+        return dataclasses.replace(measured, peak_sites=sites)
+
+    def _measured(self, rank: int) -> RankMetrics:
         self.sample()
         if self.device != "cuda":
             return RankMetrics(rank=rank, host_rss_peak_bytes=host_rss_peak_bytes())

@@ -34,6 +34,9 @@ class TrialSpec:
     # ZeRO-3: build under deepspeed.zero.Init, as HF Trainer does; False builds the whole model on the device first
     # and lets the engine partition it, as scripts that build before DeepSpeed starts do
     zero_init: bool = True
+    # Record every allocation and report whose memory the peak was (trial/peak_sites.py). Costs host memory and
+    # time (on the CPU backend it runs torch.profiler, which inflates RSS): for diagnosis runs, not for tuning.
+    record_peak_sites: bool = False
 
     @property
     def world_size(self) -> int:
@@ -51,6 +54,7 @@ class RankMetrics:
     device_used_bytes: int | None = None  # NVML device-level used: includes CUDA context and NCCL buffers
     host_rss_peak_bytes: int | None = None
     device_used_baseline_bytes: int | None = None  # NVML used before this rank touched the GPU (other tenants)
+    peak_sites: dict | None = None  # TrialSpec.record_peak_sites: trial/peak_sites.PeakSites.to_dict() or {"error"}
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def run_once(spec_path: Path, out_dir: Path, launched_at: float, placement: Plac
         memory = MemoryTracker(spec.device, placement.local_rank)  # NVML baseline before our CUDA context
         init_distributed(spec.device, placement.local_rank)
         clock.mark("dist_init")
-        memory.reset()
+        memory.reset(record_sites=spec.record_peak_sites)
         report = run_rank(spec, placement, clock, memory)
     except Exception as error:
         report = failure_report(placement.rank, error, clock)
@@ -155,7 +155,7 @@ def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
                 raise ValueError(
                     f"warm worker is {placement.world_size}x{device}, trial wants {spec.world_size}x{spec.device}"
                 )
-            memory.reset()
+            memory.reset(record_sites=spec.record_peak_sites)
             report = run_rank(spec, placement, clock, memory)  # returns once the trial's memory is freed
             report = dataclasses.replace(report, host_rss_after_bytes=host_rss_bytes())
         except Exception as error:
