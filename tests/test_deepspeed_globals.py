@@ -29,28 +29,31 @@ memory = MemoryTracker("cpu", 0)
 init_distributed("cpu", 0)
 report = run_rank(spec, placement, PhaseClock(time.time()), memory)
 gc.collect()
-kept = ("GPT2LMHeadModel", "DeepSpeedZeroOptimizer_Stage3", "PartitionedParameterCoordinator")
+kept = ("GPT2LMHeadModel", "PeftModelForCausalLM", "DeepSpeedZeroOptimizer_Stage3", "PartitionedParameterCoordinator")
 alive = sorted(type(o).__name__ for o in gc.get_objects() if type(o).__name__ in kept)
 print(json.dumps({"status": report.status, "error": report.error, "alive": alive}))
 """
 
 
+LORA = {"rank": 8, "target_modules": [], "alpha": None, "model_type": "gpt2"}  # peft's default targets
+
+
 def test_nothing_of_a_zero3_trial_outlives_it() -> None:
-    for rung in (Rung.Z3, Rung.Z3_OFFLOAD_ALL):
+    for rung, lora in ((Rung.Z3, None), (Rung.Z3_OFFLOAD_ALL, None), (Rung.Z3, LORA)):
         env = {
             **os.environ,
             "DS_ACCELERATOR": "cpu",
             "OMP_NUM_THREADS": "1",
             **one_rank_env(),
         }
-        spec = json.dumps(tiny_spec(rung).to_dict())  # the launcher tests' tiny GPT-2
+        spec = json.dumps(tiny_spec(rung, lora=lora).to_dict())  # the launcher tests' tiny GPT-2
         run = subprocess.run(
             [sys.executable, "-c", _ONE_TRIAL_THEN_COUNT, spec], env=env, capture_output=True, text=True, timeout=600
         )
         assert run.returncode == 0, run.stderr[-2000:]
         outcome = json.loads(run.stdout.strip().splitlines()[-1])
         assert outcome["status"] == "ok", outcome["error"]
-        assert outcome["alive"] == [], rung  # before: the model, its ZeRO-3 optimizer and coordinator stayed
+        assert outcome["alive"] == [], (rung, lora)  # before: the model, its ZeRO-3 optimizer and coordinator stayed
 
 
 def test_caches_are_found_behind_decorators_that_hide_them() -> None:
