@@ -108,7 +108,8 @@ def replay(trace: list[dict], before_bytes: int = 0) -> tuple[int, dict[int, tup
     """(peak allocated, blocks alive at that moment by address, the size of a failed request if any).
 
     Two passes: the first finds the event at which the total peaked, the second stops there, so a trace of
-    a million events is not copied at every new high.
+    a million events is not copied at every new high. Blocks allocated before the recording began count in
+    `before_bytes` throughout (the trace has no size for their frees); a trial's fresh process starts near 0.
     """
     total = peak = before_bytes
     peak_at = -1
