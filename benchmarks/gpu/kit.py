@@ -444,7 +444,8 @@ def stage_oom(kit: Kit) -> None:
         if not kit.can_start(_expected_s(rows, 90)):
             break
         log(f"oom: {probe.point.key} (predicted {'over' if probe.expect_oom else 'under'} the card)")
-        row = trial_for(probe.point, kit, fraction=fraction, budget=budget)
+        # record_sites: at an OOM the replay's peak is the live set when the request failed, and the failed size
+        row = trial_for(probe.point, kit, fraction=fraction, budget=budget, record_sites=True)
         expected = {"oom_gpu"} if kit.device == "cuda" else {"oom_host", "over_budget"}
         row["expect_oom"] = probe.expect_oom
         row["predicted_over_limit"] = row["predicted_bytes"] > row["limit_bytes"]
