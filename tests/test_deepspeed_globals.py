@@ -20,25 +20,44 @@ from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.ladder import Candidate, Rung
 from autotune.trial.deepspeed_globals import lru_caches, release_nvme_param_buffers
 from autotune.trial.processes import one_rank_env
+from autotune.trial.types import TrialSpec
+from autotune.trial.warm import WARM_GROWTH_LIMIT_BYTES
 
-# Runs one trial in this process the way a warm worker does, then lists what of it is still alive.
-_ONE_TRIAL_THEN_COUNT = """
+# Runs a trial `count` times in one process the way a warm worker does; after each, what of it is still alive
+# and the process's RSS.
+_TRIALS_IN_ONE_PROCESS = """
 import gc, json, os, sys, time
-from autotune.trial.memory import MemoryTracker
+from autotune.trial.memory import MemoryTracker, host_rss_bytes
 from autotune.trial.training import PhaseClock, import_runtime, init_distributed, run_rank
 from autotune.trial.types import TrialSpec
+from autotune.trial.warm import WARM_GROWTH_LIMIT_BYTES
 from autotune.trial.worker import placement_from_env
-spec = TrialSpec(**json.loads(sys.argv[1]))
+spec, count = TrialSpec(**json.loads(sys.argv[1])), int(sys.argv[2])
 placement = placement_from_env(os.environ)
 import_runtime("cpu")
 memory = MemoryTracker("cpu", 0)
 init_distributed("cpu", 0)
-report = run_rank(spec, placement, PhaseClock(time.time()), memory)
-gc.collect()
 kept = ("GPT2LMHeadModel", "PeftModelForCausalLM", "DeepSpeedZeroOptimizer_Stage3", "PartitionedParameterCoordinator")
-alive = sorted(type(o).__name__ for o in gc.get_objects() if type(o).__name__ in kept)
-print(json.dumps({"status": report.status, "error": report.error, "alive": alive}))
+after = []
+for _ in range(count):
+    report = run_rank(spec, placement, PhaseClock(time.time()), memory)
+    gc.collect()
+    alive = sorted(type(o).__name__ for o in gc.get_objects() if type(o).__name__ in kept)
+    after.append({"status": report.status, "error": report.error, "alive": alive, "rss": host_rss_bytes()})
+print(json.dumps(after))
 """
+
+
+def trials_in_one_process(spec: TrialSpec, count: int = 1) -> list[dict]:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **one_rank_env()}
+    run = subprocess.run(
+        [sys.executable, "-c", _TRIALS_IN_ONE_PROCESS, json.dumps(spec.to_dict()), str(count)],
+        env=env, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    after = json.loads(run.stdout.strip().splitlines()[-1])
+    assert all(trial["status"] == "ok" for trial in after), after
+    return after
 
 
 LORA = {"rank": 8, "target_modules": [], "alpha": None, "model_type": "gpt2"}  # peft's default targets
@@ -46,20 +65,8 @@ LORA = {"rank": 8, "target_modules": [], "alpha": None, "model_type": "gpt2"}  #
 
 def test_nothing_of_a_zero3_trial_outlives_it() -> None:
     for rung, lora in ((Rung.Z3, None), (Rung.Z3_OFFLOAD_ALL, None), (Rung.Z3, LORA)):
-        env = {
-            **os.environ,
-            "DS_ACCELERATOR": "cpu",
-            "OMP_NUM_THREADS": "1",
-            **one_rank_env(),
-        }
-        spec = json.dumps(tiny_spec(rung, lora=lora).to_dict())  # the launcher tests' tiny GPT-2
-        run = subprocess.run(
-            [sys.executable, "-c", _ONE_TRIAL_THEN_COUNT, spec], env=env, capture_output=True, text=True, timeout=600
-        )
-        assert run.returncode == 0, run.stderr[-2000:]
-        outcome = json.loads(run.stdout.strip().splitlines()[-1])
-        assert outcome["status"] == "ok", outcome["error"]
-        assert outcome["alive"] == [], (rung, lora)  # before: the model, its ZeRO-3 optimizer and coordinator stayed
+        (after,) = trials_in_one_process(tiny_spec(rung, lora=lora))  # the launcher tests' tiny GPT-2
+        assert after["alive"] == [], (rung, lora)  # before: the model, its ZeRO-3 optimizer and coordinator stayed
 
 
 def test_caches_are_found_behind_decorators_that_hide_them() -> None:
@@ -123,26 +130,6 @@ def test_the_parameter_swappers_locked_buffers_are_freed_once_each() -> None:
     assert release_nvme_param_buffers(model) == 0
 
 
-_TWO_TRIALS_THEN_RSS = """
-import json, os, sys, time
-from autotune.trial.memory import MemoryTracker, host_rss_bytes
-from autotune.trial.training import PhaseClock, import_runtime, init_distributed, run_rank
-from autotune.trial.types import TrialSpec
-from autotune.trial.worker import placement_from_env
-spec = TrialSpec(**json.loads(sys.argv[1]))
-placement = placement_from_env(os.environ)
-import_runtime("cpu")
-memory = MemoryTracker("cpu", 0)
-init_distributed("cpu", 0)
-rss = []
-for _ in range(2):
-    report = run_rank(spec, placement, PhaseClock(time.time()), memory)
-    assert report.status == "ok", report.error
-    rss.append(host_rss_bytes())
-print(json.dumps(rss))
-"""
-
-
 def _async_io_compatible() -> bool:
     from deepspeed.ops.op_builder import AsyncIOBuilder
 
@@ -156,11 +143,5 @@ def test_an_nvme_parameter_trial_gives_its_locked_swap_buffers_back(tmp_path: Pa
         pytest.skip("DeepSpeed's async_io op needs libaio (apt-get install libaio-dev)")
     settings = TrainSettings(world_size=1, precision="bf16", hidden_size=64, nvme_path=str(tmp_path))
     ds_config = build_ds_config(Candidate(Rung.Z3_NVME_ALL, micro_batch=2), settings)
-    spec = json.dumps(tiny_spec(Rung.Z3_NVME_ALL, ds_config=ds_config).to_dict())
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **one_rank_env()}
-    run = subprocess.run(
-        [sys.executable, "-c", _TWO_TRIALS_THEN_RSS, spec], env=env, capture_output=True, text=True, timeout=1500
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    first, second = json.loads(run.stdout.strip().splitlines()[-1])
-    assert second - first < 64 * 2**20  # the warm pool's own limit (trial/warm.py WARM_GROWTH_LIMIT_BYTES)
+    first, second = trials_in_one_process(tiny_spec(Rung.Z3_NVME_ALL, ds_config=ds_config), count=2)
+    assert second["rss"] - first["rss"] < WARM_GROWTH_LIMIT_BYTES  # the warm pool's own limit
