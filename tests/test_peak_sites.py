@@ -139,3 +139,28 @@ def test_a_trial_carries_the_answer_back_only_when_asked() -> None:
     assert "needs a CUDA device" in asked.ranks[0].peak_sites["error"]
     plain = launcher.run(tiny_spec(Rung.Z0))
     assert plain.status == "ok" and plain.ranks[0].peak_sites is None
+
+
+def test_the_cuda_recorder_drives_torchs_documented_api(monkeypatch) -> None:
+    """The CUDA path without a GPU: torch's three calls swapped for fakes that check what they are given, and the
+    keyword arguments checked against the installed torch's own signature."""
+    import inspect
+
+    accepted = inspect.signature(torch.cuda.memory._record_memory_history).parameters
+    assert {"context", "stacks", "max_entries", "clear_history"} <= set(accepted)
+    calls: list[tuple] = []
+    device_traces = [[alloc(1, 5 * MiB, DEEPSPEED)], [alloc(2, 7 * MiB, TRANSFORMERS), *free(2, 7 * MiB)]]
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: calls.append(("allocated", device)) or 3 * MiB)
+    monkeypatch.setattr(
+        torch.cuda.memory, "_record_memory_history", lambda *args, **kwargs: calls.append(("record", args, kwargs))
+    )
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"segments": [], "device_traces": device_traces})
+    recorder = PeakSiteRecorder("cuda", 1)
+    recorder.start()
+    result = recorder.finish()
+    assert calls[0] == ("allocated", 1)
+    assert calls[1][1] == ("all",) and calls[1][2]["stacks"] == "python" and calls[1][2]["clear_history"]
+    assert calls[-1] == ("record", (None,), {})  # recording stopped
+    assert result["source"] == "cuda_allocator_trace" and result["complete"]
+    # rank 1's trace, what was allocated before the trial on top
+    assert result["peak_bytes"] == 10 * MiB and result["sites"][-1]["site"] == BEFORE_TRIAL
