@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from autotune.dsconfig import stage3_buckets
 from autotune.estimate.pinned import pinned_bytes, pins_through_cuda
 from autotune.estimate.runtime import RuntimeStack, version_tuple
-from autotune.estimate.stage3_retention import gathered_at_turn
+from autotune.estimate.stage3_retention import gathered_at_turn, weight_matrices
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware import Target
 from autotune.ladder import Rung
@@ -311,6 +311,29 @@ def _stage0(model: ModelSummary, target: Target, settings: EstimateSettings) -> 
     }
 
 
+def zero_init_pinned_partitions(model: ModelSummary, target: Target, settings: EstimateSettings) -> int:
+    """Host RAM per rank that zero.Init's per-parameter pinned partitions keep after the engine has started.
+
+    With parameters offloaded to the CPU and pin_memory, zero.Init creates each parameter's partition on the host
+    and pins it on its own (deepspeed 0.19.8 runtime/zero/partition_parameters.py:1836-1843). The ZeRO-3
+    optimizer then copies every partition into one pinned flat buffer per group and points the parameter at it
+    (stage3.py:856-886 `_move_to_flat_buffer`, `src.data = dest.data` at 883; the buffer pinned at 888-910, both
+    called at 977-1003): the per-parameter tensors are freed.
+    Freed pinned memory is not given back: torch's CachingHostAllocator puts the block on its free list, still
+    page-locked (torch 2.13 ATen/core/CachingHostAllocator.h:734-749 `maybe_cache_block`; no size limit by
+    default, c10/core/AllocatorConfig.h:363), until a host `empty_cache`, which DeepSpeed never calls (its
+    `empty_cache` is the device's), and reuses a block only for a request of the same power-of-two size
+    (allocate, 301-312, `get_free_block` 621-633), which DeepSpeed's later buffers (whole sub-groups, the
+    gradient flat buffer) are not. So each partition's power-of-two block stays (estimate/pinned.py).
+    Published host figures this accounts for (not fitted to): LLaMA-33B, 8 x A100-40GB, full offload, seq 2048 used
+    "750-800G" of host RAM (deepspeedai/DeepSpeed#3448) and ran out of a 600G host; Qwen2.5-32B on one H100 with
+    full offload ran out of a 744G host (hiyouga/LlamaFactory#6755): benchmarks/README.md, "Host RAM of ZeRO-3
+    with parameter offload". Partitions are ceil(elements / world) of the model's dtype; norms and biases left out.
+    """
+    element = _element_bytes(settings.precision)
+    return sum(pinned_bytes(-(-size // target.world_size) * element, True) for size in weight_matrices(model))
+
+
 def deepspeed_buffers(
     model: ModelSummary, target: Target, rung: Rung, settings: EstimateSettings, grad_checkpointing: bool = False
 ) -> Buffers:
@@ -334,6 +357,8 @@ def deepspeed_buffers(
         # on the CPU backend the partition's copy "to the device" is the host buffer itself: unchanged there
         components["weight_grad_transient"] = stage3_offload_grad_transient(model, target, settings)
     host = _host_pinned(model, target, rung)
+    if rung.offload_param == "cpu" and settings.knobs.zero_init is not False and pins_through_cuda(settings):
+        host["zero_init_pinned_partitions"] = zero_init_pinned_partitions(model, target, settings)
     if rung.stage in (1, 2) and rung.offload_optimizer:
         # Stages 1-2 with optimizer offload allocate, at init and for the whole run, one 16-bit buffer of the
         # largest parameter's size on the device (temp_grad_buffer_for_gpu_offload) and one on the host, pinned

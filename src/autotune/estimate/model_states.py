@@ -150,9 +150,9 @@ def offloaded_stage3_host(
     with parameters offloaded, the 16-bit partitions in one pinned flat buffer (895-910). DeepSpeed's estimator
     says 16 (18 with parameters) bytes per parameter; the gradient flat buffer is what it leaves out. Sub-groups
     hold about sub_group_size elements of the rank's share (whole parameters, _create_fp16_sub_groups).
-    Not modelled: the per-parameter pinned partitions zero.Init makes with parameter offload
-    (partition_parameters.py:1843) before they are moved into the flat buffer, which torch's host allocator may
-    keep cached."""
+    The per-parameter pinned partitions zero.Init makes with parameter offload (partition_parameters.py:1843),
+    which torch's host allocator keeps cached after they are moved into the flat buffer, are a buffer of their
+    own (buffers.zero_init_pinned_partitions)."""
     partition = -(-trainable // world)
     sub_groups = max(1, -(-partition // max(1, sub_group_size)))  # cut from the rank's share (stage3.py:1212-1226)
     chunk = -(-partition // sub_groups)

@@ -40,8 +40,14 @@ def pinned_bytes(nbytes: int, rounded: bool) -> int:
 # Host components (estimate.MemoryEstimate.host_components) that DeepSpeed page-locks when the offload section
 # sets pin_memory: the offloaded fp32 master/gradient/16-bit buffers (model_states.py; at stage 3 the whole
 # offloaded figure, as DeepSpeed's estimator gives it), the 16-bit gradient staging buffer
-# (stage_1_and_2.py:656-658) and a partial-offload ratio's share (negative: kept on the GPU, estimate/modes.py).
-PINNED_WITH_PIN_MEMORY = ("offloaded_states", "offload_grad_staging", "partial_offload_host_saving")
+# (stage_1_and_2.py:656-658), a partial-offload ratio's share (negative: kept on the GPU, estimate/modes.py) and
+# zero.Init's per-parameter partitions that torch's host allocator keeps cached.
+PINNED_WITH_PIN_MEMORY = (
+    "offloaded_states",
+    "offload_grad_staging",
+    "partial_offload_host_saving",
+    "zero_init_pinned_partitions",  # buffers.zero_init_pinned_partitions
+)
 # The NVMe swap buffers are pinned whatever the section says (swap_tensor/).
 ALWAYS_PINNED = ("optimizer_swap_buffers", "param_swap_buffers")
 

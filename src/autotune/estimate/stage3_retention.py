@@ -72,6 +72,18 @@ def _block_modules(model: ModelSummary) -> tuple[list[tuple[str, int]], list[tup
     return self_attention + mlp_modules, self_attention + cross_attention + mlp_modules
 
 
+def weight_matrices(model: ModelSummary) -> list[int]:
+    """Elements of each weight matrix in the same layout (embedding, every block's modules, an untied output
+    layer); norms and biases left out, as above."""
+    encoder_modules, decoder_modules = _block_modules(model)
+    sizes = [model.embedding_params]
+    sizes += [size for _, size in encoder_modules] * model.num_layers
+    sizes += [size for _, size in decoder_modules] * model.num_decoder_layers
+    if not model.tied_embeddings:
+        sizes.append(output_layer_elements(model))
+    return sizes
+
+
 def step_trace(model: ModelSummary, grad_checkpointing: bool) -> tuple[list[Use], int]:
     """The step's module uses in order, and the index of the output layer's forward (the turn).
 
