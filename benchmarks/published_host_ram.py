@@ -74,12 +74,12 @@ def run_point(point: dict) -> dict:
     return row
 
 
+COLUMNS = ("point", "GPUs", "published", "predicted now (component)", "without it",
+           "verdict at the OOM limit: now / without")  # fmt: skip
+
+
 def table(rows: list[dict]) -> str:
-    lines = [
-        "| point | GPUs | published | predicted now (component) | without it"
-        " | verdict at the OOM limit: now / without |",
-        "|---|---:|---|---:|---:|---|",
-    ]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
         m = row["measurement"]
         published = f"{m['low_g']}-{m['high_g']}G used" if "low_g" in m else ""
