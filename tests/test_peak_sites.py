@@ -154,7 +154,8 @@ def test_the_cuda_recorder_drives_torchs_documented_api(monkeypatch) -> None:
     monkeypatch.setattr(
         torch.cuda.memory, "_record_memory_history", lambda *args, **kwargs: calls.append(("record", args, kwargs))
     )
-    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"segments": [], "device_traces": device_traces})
+    snapshot = {"segments": [], "device_traces": device_traces}
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: calls.append(("snapshot",)) or snapshot)
     recorder = PeakSiteRecorder("cuda", 1)
     recorder.start()
     result = recorder.finish()
@@ -164,3 +165,8 @@ def test_the_cuda_recorder_drives_torchs_documented_api(monkeypatch) -> None:
     assert result["source"] == "cuda_allocator_trace" and result["complete"]
     # rank 1's trace, what was allocated before the trial on top
     assert result["peak_bytes"] == 10 * MiB and result["sites"][-1]["site"] == BEFORE_TRIAL
+    calls.clear()
+    abandoned = PeakSiteRecorder("cuda", 0)  # a trial that ended before its figures were read
+    abandoned.start()
+    abandoned.stop()
+    assert ("snapshot",) not in calls and calls[-1] == ("record", (None,), {})  # stopped, nothing worked out

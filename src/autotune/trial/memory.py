@@ -101,7 +101,7 @@ class MemoryTracker:
 
     def reset(self, record_sites: bool = False) -> None:
         if self._sites is not None:  # a trial that ended before metrics(): stop its recording
-            self._sites.finish()
+            self._sites.stop()
             self._sites = None
         if record_sites:
             self._sites = PeakSiteRecorder(self.device, self.local_rank)

@@ -201,9 +201,12 @@ class PeakSiteRecorder:
         except Exception as error:
             return {"error": f"{type(error).__name__}: {error}"}
         finally:
-            self._stop()
+            self.stop()
 
-    def _stop(self) -> None:
+    def stop(self) -> None:
+        """Stop recording without working anything out (a trial that ended before its figures were read)."""
+        if not self._recording:
+            return
         self._recording = False
         try:
             import torch
