@@ -14,14 +14,12 @@ that version (the workers inherit it).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-from datetime import datetime, timezone
 from pathlib import Path
 
 import psutil
 
+from autotune.atomic import atomic_write_json
 from autotune.context import TuneContext
 from autotune.ladder import Candidate, Rung
 from autotune.request import TuneRequest
@@ -90,15 +88,6 @@ def run(ctx: TuneContext) -> dict:
     return {"trials": warm, "pool_restarts": restarts, "recycled_growth_bytes": recycled}
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def table(data: dict) -> str:
     lines = [
         "| trial | warm: status | warm peak | cold peak | warm - cold | worker RSS after |",
@@ -126,17 +115,16 @@ def main() -> None:
     prebuild_ops("cpu")
     ctx = demo_context()
     data = run(ctx)
-    from estimate_accuracy import environment  # benchmarks/ is the script's directory, so on sys.path
+    from compare.environment import git_revision, now_utc  # benchmarks/ is the script's directory, so on sys.path
+    from estimate_accuracy import environment
 
     data["environment"] = {
         **environment("cpu"),
-        "label": args.label or _commit(),
+        "label": args.label or git_revision(HERE.parent)["commit"],
         "pythonpath": os.environ.get("PYTHONPATH"),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": now_utc(),
     }
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(args.out)
+    atomic_write_json(args.out, data)
     print(table(data))
     print(f"pool restarts {data['pool_restarts']}, replaced on growth: {data['recycled_growth_bytes']}")
 
