@@ -130,17 +130,10 @@ def test_the_parameter_swappers_locked_buffers_are_freed_once_each() -> None:
     assert release_nvme_param_buffers(model) == 0
 
 
-def _async_io_compatible() -> bool:
-    from deepspeed.ops.op_builder import AsyncIOBuilder
-
-    return AsyncIOBuilder().is_compatible(verbose=False)
-
-
 @pytest.mark.slow
+@pytest.mark.nvme
 def test_an_nvme_parameter_trial_gives_its_locked_swap_buffers_back(tmp_path: Path) -> None:
     """Before: each such trial left its worker 957 MiB larger (5 x 1e8 16-bit swap elements, mlock'ed)."""
-    if not _async_io_compatible():
-        pytest.skip("DeepSpeed's async_io op needs libaio (apt-get install libaio-dev)")
     settings = TrainSettings(world_size=1, precision="bf16", hidden_size=64, nvme_path=str(tmp_path))
     ds_config = build_ds_config(Candidate(Rung.Z3_NVME_ALL, micro_batch=2), settings)
     first, second = trials_in_one_process(tiny_spec(Rung.Z3_NVME_ALL, ds_config=ds_config), count=2)

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import run_cli
-from tests.test_hook_run import FakeTune, hook_request, slurm_env
+from tests.test_hook_run import FakeTune, hook_request, slurm_env, slurm_launcher_chooser
 
 from autotune.hook import run_hook
 
@@ -20,7 +20,8 @@ OPTIONS = ["--device", "cpu", "--model", "tiny-gpt2", "--memory-budget", "1GiB",
 
 
 def publish_with_fake(shared: Path, env: dict[str, str], fake: FakeTune) -> None:
-    run_hook(hook_request(shared / "seed.json", shared), environ=env, tune_fn=fake)
+    request = hook_request(shared / "seed.json", shared)
+    run_hook(request, environ=env, tune_fn=fake, launcher_chooser=slurm_launcher_chooser)
 
 
 def test_print_env_is_safe_to_eval_and_points_at_the_config(tmp_path: Path) -> None:

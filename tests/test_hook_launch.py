@@ -52,6 +52,11 @@ def tiny_spec(nodes: int, nprocs_per_node: int = 1) -> TrialSpec:
     )
 
 
+def slurm_client(name: str) -> str | None:
+    """shutil.which where SLURM's client tools are installed: the launcher is built here, never run."""
+    return f"/usr/bin/{name}" if name == "srun" else None
+
+
 def test_one_node_uses_the_default_local_launcher(tmp_path: Path) -> None:
     assert choose_launcher(job(1), tmp_path, environ={"SLURM_JOB_ID": "9"}) is None
 
@@ -60,12 +65,13 @@ def test_trials_started_from_a_torchrun_worker_do_not_wait_for_its_agent_store(t
     worker_env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "SLURM_JOB_ID": "9"}
     local = choose_launcher(job(1), tmp_path, environ=worker_env)
     assert isinstance(local, LocalLauncher) and local.env == {"TORCHELASTIC_USE_AGENT_STORE": "False"}
-    srun = choose_launcher(job(2, ("a", "b")), tmp_path, environ=worker_env)
+    srun = choose_launcher(job(2, ("a", "b")), tmp_path, environ=worker_env, which=slurm_client)
     assert isinstance(srun, SlurmLauncher) and srun.env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
 
 
 def test_several_slurm_nodes_use_srun_with_trials_on_the_shared_dir(tmp_path: Path) -> None:
-    launcher = choose_launcher(job(2, ("gpu07", "gpu08"), "slurm"), tmp_path, environ={"SLURM_JOB_ID": "9"})
+    slurm = {"SLURM_JOB_ID": "9"}
+    launcher = choose_launcher(job(2, ("gpu07", "gpu08"), "slurm"), tmp_path, environ=slurm, which=slurm_client)
     assert isinstance(launcher, SlurmLauncher)
     assert launcher.workdir == tmp_path / "trials" and launcher.master_addr == "gpu07"
     assert launcher.env["SLURM_OVERLAP"] == "1" and launcher.master_port == TRIAL_MASTER_PORT
@@ -85,6 +91,8 @@ def test_several_nodes_outside_slurm_get_a_hostfile_for_the_deepspeed_launcher(t
 def test_several_nodes_without_a_way_to_reach_them_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no node list"):
         choose_launcher(job(2), tmp_path, {})
+    with pytest.raises(UserError, match="srun, which is not on PATH"):
+        choose_launcher(job(2, ("h1", "h2"), "slurm"), tmp_path, {"SLURM_JOB_ID": "9"}, which=lambda name: None)
     with pytest.raises(UserError, match="pdsh, which is not installed"):
         choose_launcher(job(2, ("h1", "h2")), tmp_path, {}, which=lambda name: None)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,12 +21,14 @@ import pytest
 from autotune.assumptions import assumptions_path, read_assumptions, write_assumptions
 from autotune.atomic import atomic_write_json
 from autotune.errors import NothingFitsError, UserError
-from autotune.hook import HookError, HookRequest, JobOverrides, run_hook
+from autotune.hook import HookError, HookRequest, HookResult, JobOverrides, run_hook
 from autotune.hook.coordinate import SharedSlot
+from autotune.hook.launch import choose_launcher
 from autotune.ladder import Candidate, Rung
 from autotune.search import SearchEvent, TrialRecord
 from autotune.stop import StopReason
-from autotune.trial.types import RankMetrics, TrialResult
+from autotune.trial import SlurmLauncher
+from autotune.trial.types import RankMetrics, TrialLauncher, TrialResult
 from autotune.tuner import TuneRequest, TuneResult, ds_config_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,9 +55,11 @@ class FakeTune:
         self.error = error
         self.stop_reason = stop_reason
         self.requests: list[TuneRequest] = []
+        self.launchers: list[TrialLauncher | None] = []
 
     def __call__(self, request: TuneRequest, launcher=None, observe=lambda event: None) -> TuneResult:
         self.requests.append(request)
+        self.launchers.append(launcher)
         if request.gpu_memory is not None:  # the hook's plan-only fallback
             return self._finish(request, PLANNED, verified=False)
         for candidate in self.trials:
@@ -84,6 +89,22 @@ class FakeTune:
 def hook_request(out: Path | str, shared: Path | str, strict: bool = False, **tuning) -> HookRequest:
     options = {"model": "tiny-gpt2", "device": "cpu", "memory_budget": "1GiB", "seq_len": 32, **tuning}
     return HookRequest(TuneRequest(out=str(out), **options), str(shared), strict=strict, poll_interval_s=0.05)
+
+
+def with_slurm_tools(name: str) -> str | None:
+    """shutil.which on a machine with SLURM's client tools: these tests' FakeTune never starts a trial, so the
+    multi-node launcher the hook picks (an srun step) is built, handed over and never run."""
+    return f"/usr/bin/{name}" if name in {"srun", "sbatch", "scontrol"} else shutil.which(name)
+
+
+def slurm_launcher_chooser(job, shared: Path, environ) -> TrialLauncher | None:
+    """The hook's real launcher choice, with srun resolved by with_slurm_tools (the tests run without SLURM)."""
+    return choose_launcher(job, shared, environ, which=with_slurm_tools)
+
+
+def slurm_hook(request: HookRequest, environ: dict[str, str], tune_fn: FakeTune) -> HookResult:
+    """run_hook inside a (simulated) SLURM job of several nodes."""
+    return run_hook(request, environ=environ, tune_fn=tune_fn, launcher_chooser=slurm_launcher_chooser)
 
 
 def slurm_env(job_id: str = "777", rank: int = 0) -> dict[str, str]:
@@ -123,8 +144,9 @@ def test_one_tunes_then_every_later_call_is_a_hit_with_identical_bytes(tmp_path:
 
 def test_the_job_shape_comes_from_slurm_and_changes_the_key(tmp_path: Path) -> None:
     fake = FakeTune()
-    result = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ=slurm_env(), tune_fn=fake)
+    result = slurm_hook(hook_request(tmp_path / "ds.json", tmp_path), slurm_env(), tune_fn=fake)
     assert (fake.requests[0].gpus, fake.requests[0].nodes, result.job.world_size) == (4, 2, 8)
+    assert isinstance(fake.launchers[0], SlurmLauncher)  # trials would span both nodes as one srun step
     alone = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=fake)
     assert alone.key != result.key and alone.role == "leader"
 
@@ -140,7 +162,7 @@ def test_best_verified_trial_is_written_when_tuning_crashes_and_strict_refuses_i
     assert json.loads((tmp_path / "ds.json").read_text()) == expected
     strict_out = tmp_path / "strict.json"
     with pytest.raises(HookError, match="--strict: no config written"):
-        run_hook(hook_request(strict_out, tmp_path / "shared", strict=True), environ=slurm_env(), tune_fn=fake)
+        slurm_hook(hook_request(strict_out, tmp_path / "shared", strict=True), slurm_env(), tune_fn=fake)
     assert not strict_out.exists()
 
 
@@ -166,7 +188,7 @@ def test_bad_input_fails_every_rank_of_the_job_with_one_tuning(tmp_path: Path) -
     fake = FakeTune(error=UserError("--seq-len 4096 exceeds the model's 256 positions"))
     for rank in (0, 5):
         with pytest.raises(UserError, match="exceeds the model's 256 positions"):
-            run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ=slurm_env(rank=rank), tune_fn=fake)
+            slurm_hook(hook_request(tmp_path / "ds.json", tmp_path), slurm_env(rank=rank), tune_fn=fake)
     assert len(fake.requests) == 1 and not (tmp_path / "ds.json").exists()
 
 
@@ -179,15 +201,15 @@ def test_nothing_fits_is_a_failure_not_a_fallback(tmp_path: Path) -> None:
 
 def test_later_jobs_reuse_a_finished_tuning_but_retry_a_fallback(tmp_path: Path) -> None:
     fake = FakeTune()
-    run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ=slurm_env("1"), tune_fn=fake)
-    later = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ=slurm_env("2"), tune_fn=fake)
+    slurm_hook(hook_request(tmp_path / "ds.json", tmp_path), slurm_env("1"), tune_fn=fake)
+    later = slurm_hook(hook_request(tmp_path / "ds.json", tmp_path), slurm_env("2"), tune_fn=fake)
     assert (later.role, len(fake.requests)) == ("hit", 1)
     failing = FakeTune(error=RuntimeError("boom"))
     shared = tmp_path / "other"
-    run_hook(hook_request(tmp_path / "ds.json", shared), environ=slurm_env("1"), tune_fn=failing)
-    same_job = run_hook(hook_request(tmp_path / "ds.json", shared), environ=slurm_env("1", rank=3), tune_fn=failing)
+    slurm_hook(hook_request(tmp_path / "ds.json", shared), slurm_env("1"), tune_fn=failing)
+    same_job = slurm_hook(hook_request(tmp_path / "ds.json", shared), slurm_env("1", rank=3), tune_fn=failing)
     assert same_job.role == "hit" and same_job.fallback
-    next_job = run_hook(hook_request(tmp_path / "ds.json", shared), environ=slurm_env("2"), tune_fn=FakeTune())
+    next_job = slurm_hook(hook_request(tmp_path / "ds.json", shared), slurm_env("2"), tune_fn=FakeTune())
     assert next_job.role == "leader" and next_job.record.status == "complete"
 
 
@@ -219,11 +241,11 @@ def test_contradictory_environment_is_a_user_error_before_any_tuning(tmp_path: P
 
 HOOK_PROCESS = """
 import json, sys
-from tests.test_hook_run import FakeTune, hook_request
+from tests.test_hook_run import FakeTune, hook_request, slurm_launcher_chooser
 from autotune.hook import run_hook
 
 out, shared, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
-result = run_hook(hook_request(out, shared), tune_fn=FakeTune(delay_s=delay))
+result = run_hook(hook_request(out, shared), tune_fn=FakeTune(delay_s=delay), launcher_chooser=slurm_launcher_chooser)
 print(json.dumps(result.to_dict()))
 """
 
