@@ -173,7 +173,7 @@ def test_tree_sampler_measures_rank_trees_and_gpus_from_outside(tmp_path: Path) 
     (metrics,) = sampler.metrics(range(1))
     assert metrics.host_rss_peak_bytes is not None and metrics.host_rss_peak_bytes >= 100 * 2**20
     assert sampler.tree_peak > metrics.host_rss_peak_bytes  # the launcher counts in the tree only
-    assert metrics.device_used_bytes == 7 * 2**30 and metrics.device_used_baseline_bytes == 5 * 2**30
+    assert metrics.device_used_bytes == 2 * 2**30 and metrics.device_used_baseline_bytes == 5 * 2**30  # own growth
 
 
 def test_cli_rejects_a_bad_command_in_one_line(tmp_path: Path) -> None:

@@ -1,8 +1,18 @@
-"""Peak memory of one rank during one trial: torch's allocator, NVML's device view, and host RSS.
+"""Peak memory of one rank during one trial: torch's allocator, this process's device memory, and host RSS.
 
 The three GPU figures differ on purpose: max allocated is what tensors needed, max reserved adds the
-caching allocator's slack, and NVML's used adds the CUDA context and NCCL buffers, i.e. what the next
-tenant of the card actually loses.
+caching allocator's slack, and the process's device memory adds what lives outside the allocator (CUDA
+context, NCCL buffers, lazily loaded kernels), i.e. what the next tenant of the card actually loses.
+
+The device figure is this process's own, never the card's `used`: that counts the driver's reservation and
+every other tenant, while the limit it is compared with (NVML `free`, target.free_memory_bytes) already
+excludes them. NVML's compute-process list gives it per pid; where our pid is not in it (a container's pid
+namespace: NVML reports host pids), `used` minus the level before our CUDA context stands in.
+
+A step's peak can be brief: under a set_per_process_memory_fraction cap the allocator frees its cache and
+retries inside the step, so a reading at step ends alone is low exactly near the cap. Two readings cover it: a
+sampler thread polls the process's figure while the trial runs, and torch's max_memory_reserved (exact, kept
+by the allocator itself) plus the memory outside the allocator as measured at step ends.
 """
 
 from __future__ import annotations
@@ -12,6 +22,8 @@ import ctypes
 import dataclasses
 import os
 import resource
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,49 +67,166 @@ def release_host_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _nvml_handle(local_rank: int) -> Any | None:
-    """NVML handle of this rank's GPU, found without touching CUDA so the baseline is taken before our context.
+# The sampler thread's period. NVML's memory queries answer in well under a millisecond (a driver ioctl); a
+# training step of the sizes tuned lasts 0.1-10 s, and the blocks behind a step's peak (activations, gathered
+# ZeRO-3 parameters, optimizer temporaries) live for at least a layer's kernels. Peaks shorter than this are
+# still covered by max_memory_reserved + the memory outside the allocator (see the module docstring).
+SAMPLE_PERIOD_S = 0.005
 
-    NVML numbers GPUs physically; CUDA_VISIBLE_DEVICES (indices or UUIDs) says which one local_rank means.
-    """
+
+def _load_nvml() -> Any | None:
     try:
         import pynvml
 
         pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # no NVML (CPU machines, MIG without access): the device figures are optional
+        return None
+
+
+def _nvml_handle(nvml: Any | None, local_rank: int) -> Any | None:
+    """NVML handle of this rank's GPU, found without touching CUDA so the baseline is taken before our context.
+
+    NVML numbers GPUs physically; CUDA_VISIBLE_DEVICES (indices or UUIDs) says which one local_rank means.
+    """
+    if nvml is None:
+        return None
+    try:
         visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
         ident = visible[local_rank] if visible else str(local_rank)
         if ident.isdigit():
-            return pynvml.nvmlDeviceGetHandleByIndex(int(ident))
-        return pynvml.nvmlDeviceGetHandleByUUID(ident)
-    except Exception:  # no NVML, no such device, MIG without access: the figure is optional
+            return nvml.nvmlDeviceGetHandleByIndex(int(ident))
+        return nvml.nvmlDeviceGetHandleByUUID(ident)
+    except Exception:  # no such device
         return None
 
 
-def _nvml_used(handle: Any | None) -> int | None:
-    if handle is None:
-        return None
-    try:
-        import pynvml
+@dataclasses.dataclass(frozen=True)
+class DeviceView:
+    """NVML's view of one GPU, for one process: the card's used/total and this process's own bytes."""
 
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-    except Exception:
+    nvml: Any | None
+    handle: Any | None
+    pid: int
+
+    def card_used(self) -> int | None:
+        try:
+            return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used) if self.handle is not None else None
+        except Exception:
+            return None
+
+    def card_total(self) -> int | None:
+        try:
+            return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).total) if self.handle is not None else None
+        except Exception:
+            return None
+
+    def own_bytes(self) -> int | None:
+        """This pid's device memory from NVML's compute-process list; None where the list does not show it
+        (pid namespaces, no per-process accounting) or the driver cannot say (usedGpuMemory unavailable)."""
+        if self.handle is None:
+            return None
+        try:
+            processes = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except Exception:
+            return None
+        for process in processes:
+            used = getattr(process, "usedGpuMemory", None)
+            if process.pid == self.pid and used is not None and used < 2**63:  # NVML_VALUE_NOT_AVAILABLE is ~0
+                return int(used)
         return None
+
+
+class PeakSampler:
+    """A daemon thread that keeps the highest value read() returned between start() and stop()."""
+
+    def __init__(self, read: Callable[[], int | None], period_s: float = SAMPLE_PERIOD_S) -> None:
+        self._read = read
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.peak: int | None = None
+
+    def offer(self, value: int | None) -> None:
+        if value is not None and (self.peak is None or value > self.peak):
+            self.peak = value
+
+    def start(self) -> None:
+        self.stop()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="device-memory-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.offer(self._read())
+            self._stop.wait(self._period_s)
+
+
+def allocator_fraction(card_bytes: int, outside_bytes: int, cuda_total_bytes: int) -> float:
+    """The set_per_process_memory_fraction that keeps the whole process inside an emulated card of card_bytes.
+
+    torch caps the caching allocator at fraction x the device total as CUDA reports it, not as NVML does
+    (c10/cuda/CUDACachingAllocator.cpp setMemoryFraction: `fraction * device_total` from cudaMemGetInfo, in
+    torch 2.4+ `device_prop.totalGlobalMem`, the same figure; NVML's total is larger by the driver's
+    reservation). What lives outside the allocator (CUDA context, NCCL buffers, lazily loaded kernels) counts
+    against a real card too, so it comes off the allocator's share.
+    """
+    return max(0.0, min(1.0, (card_bytes - outside_bytes) / cuda_total_bytes))
 
 
 class MemoryTracker:
     """Call reset() when the trial starts, sample() after every step, metrics() at the end.
 
     reset(record_sites=True) also records every allocation until metrics(), which then says whose memory the
-    peak was (trial/peak_sites.py).
+    peak was (trial/peak_sites.py). limit_device() emulates a smaller card for the whole process.
+
+    nvml and allocator are swappable for tests (a fake NVML, a fake torch.cuda); the real ones are the default.
     """
 
-    def __init__(self, device: str, local_rank: int) -> None:
+    def __init__(self, device: str, local_rank: int, nvml: Any | None = None, allocator: Any | None = None) -> None:
         self.device = device
         self.local_rank = local_rank
-        self._nvml = _nvml_handle(local_rank) if device == "cuda" else None
-        self._baseline_used = _nvml_used(self._nvml)
-        self._peak_used: int | None = None
+        if device == "cuda":
+            nvml = nvml if nvml is not None else _load_nvml()
+            self._view = DeviceView(nvml, _nvml_handle(nvml, local_rank), os.getpid())
+        else:
+            self._view = DeviceView(None, None, os.getpid())
+        self._allocator = allocator
+        self._baseline_used = self._view.card_used()  # before our CUDA context: what others (and the driver) hold
+        self._sampler = PeakSampler(self.process_device_bytes)
+        self._outside: int | None = None  # this process's device memory outside torch's allocator, at step ends
+        self._card_bytes: int | None = None  # the emulated card, when limit_device() set one
         self._sites: PeakSiteRecorder | None = None
+
+    @property
+    def cuda(self) -> Any:
+        if self._allocator is None:
+            import torch
+
+            self._allocator = torch.cuda
+        return self._allocator
+
+    def process_device_bytes(self) -> int | None:
+        """This process's device memory: NVML's per-process figure, else card used minus the pre-context level."""
+        own = self._view.own_bytes()
+        if own is not None:
+            return own
+        used = self._view.card_used()
+        if used is None or self._baseline_used is None:
+            return None
+        return max(0, used - self._baseline_used)
+
+    def source(self) -> str | None:
+        if self._view.handle is None:
+            return None
+        return "nvml_process" if self._view.own_bytes() is not None else "nvml_used_minus_baseline"
 
     def reset(self, record_sites: bool = False) -> None:
         if self._sites is not None:  # a trial that ended before metrics(): stop its recording
@@ -106,19 +235,56 @@ class MemoryTracker:
         if record_sites:
             self._sites = PeakSiteRecorder(self.device, self.local_rank)
         reset_host_rss_peak()
-        self._peak_used = None
+        self._sampler.stop()
+        self._sampler.peak = None
+        self._outside = None
         if self.device == "cuda":
-            import torch
-
-            torch.cuda.reset_peak_memory_stats(self.local_rank)
+            self.cuda.reset_peak_memory_stats(self.local_rank)
+            if self._view.handle is not None:
+                self._sampler.start()
         self.sample()
         if self._sites is not None:
             self._sites.start()
 
+    def limit_device(self, fraction_of_card: float | None) -> None:
+        """Emulate a card of fraction_of_card x this card's total (NVML's, as the tuner's limit is computed) for
+        the whole process; None lifts a cap a warm worker's earlier trial set."""
+        if self.device != "cuda":
+            return
+        total = self._view.card_total()
+        if fraction_of_card is None or total is None:
+            self._card_bytes = None
+            self.cuda.set_per_process_memory_fraction(fraction_of_card or 1.0, self.local_rank)
+            return
+        self._card_bytes = int(fraction_of_card * total)
+        self._apply_cap()
+
+    def _apply_cap(self) -> None:
+        if self._card_bytes is None:
+            return
+        _free, cuda_total = self.cuda.mem_get_info(self.local_rank)
+        outside = self._outside_now() or 0
+        self._outside = max(self._outside or 0, outside)
+        fraction = allocator_fraction(self._card_bytes, self._outside, int(cuda_total))
+        self.cuda.set_per_process_memory_fraction(fraction, self.local_rank)
+
+    def _outside_now(self) -> int | None:
+        own = self.process_device_bytes()
+        if own is None:
+            return None
+        return max(0, own - int(self.cuda.memory_reserved(self.local_rank)))
+
     def sample(self) -> None:
-        used = _nvml_used(self._nvml)
-        if used is not None:
-            self._peak_used = max(used, self._peak_used or 0)
+        """At a step end: the process's figure, and what lives outside the allocator now (NCCL's buffers and
+        cuBLAS's kernels arrive with the first collective and matmul, so an emulated card's cap follows them)."""
+        if self.device != "cuda":
+            return
+        self._sampler.offer(self.process_device_bytes())
+        outside = self._outside_now()
+        if outside is not None:
+            self._outside = max(self._outside or 0, outside)
+        if self._card_bytes is not None:
+            self._apply_cap()
 
     def metrics(self, rank: int) -> RankMetrics:
         measured = self._measured(rank)  # before the sites are worked out: that costs host memory of its own
@@ -129,15 +295,23 @@ class MemoryTracker:
 
     def _measured(self, rank: int) -> RankMetrics:
         self.sample()
+        self._sampler.stop()
         if self.device != "cuda":
             return RankMetrics(rank=rank, host_rss_peak_bytes=host_rss_peak_bytes())
-        import torch
-
+        max_reserved = int(self.cuda.max_memory_reserved(self.local_rank))
+        readings = [self._sampler.peak]
+        if self._outside is not None:
+            readings.append(max_reserved + self._outside)
+        known = [r for r in readings if r is not None]
         return RankMetrics(
             rank=rank,
-            max_allocated_bytes=int(torch.cuda.max_memory_allocated(self.local_rank)),
-            max_reserved_bytes=int(torch.cuda.max_memory_reserved(self.local_rank)),
-            device_used_bytes=self._peak_used,
+            max_allocated_bytes=int(self.cuda.max_memory_allocated(self.local_rank)),
+            max_reserved_bytes=max_reserved,
+            device_used_bytes=max(known) if known else None,
             host_rss_peak_bytes=host_rss_peak_bytes(),
             device_used_baseline_bytes=self._baseline_used,
+            device_outside_allocator_bytes=self._outside,
+            device_sampled_peak_bytes=self._sampler.peak,
+            device_memory_source=self.source(),
+            emulated_card_bytes=self._card_bytes,
         )

@@ -7,8 +7,10 @@ and never below the rank process's own high-water mark (VmHWM, exact even betwee
 RSS counts pages shared copy-on-write with forked workers more than once: an over- rather than an
 under-estimate. Processes that are no rank (the launcher) count in the tree total only.
 
-GPU: NVML's used memory of each of the trial's GPUs, sampled by the parent (device-level: includes the
-CUDA context, NCCL buffers and any other tenant), minus nothing; the pre-trial level is kept beside it.
+GPU: NVML's used memory of each of the trial's GPUs, sampled by the parent, minus its pre-trial level (other
+tenants and the driver's reservation, which the limit it is compared with already excludes); the level is
+kept beside it. Another tenant that grows during the trial still counts: from outside, the command's
+processes have no pids NVML is sure to show (a container's pid namespace).
 """
 
 from __future__ import annotations
@@ -91,11 +93,16 @@ class TreeMemorySampler:
                 RankMetrics(
                     rank=rank,
                     host_rss_peak_bytes=peaks.get(rank),
-                    device_used_bytes=self.gpu_peaks.get(gpu) if gpu is not None else None,
+                    device_used_bytes=self._gpu_growth(gpu),
                     device_used_baseline_bytes=self.gpu_baseline.get(gpu) if gpu is not None else None,
                 )
             )
         return result
+
+    def _gpu_growth(self, gpu: int | None) -> int | None:
+        if gpu is None or gpu not in self.gpu_peaks:
+            return None
+        return max(0, self.gpu_peaks[gpu] - self.gpu_baseline.get(gpu, 0))
 
     def _trial_processes(self) -> list[psutil.Process]:
         found = []

@@ -397,15 +397,6 @@ def timed_steps(
     )
 
 
-def limit_gpu_memory(spec: TrialSpec, local_rank: int) -> None:
-    """Emulate a smaller card; reset to the whole card when a warm worker moves to a trial without a cap."""
-    if spec.device != "cuda":
-        return
-    import torch
-
-    torch.cuda.set_per_process_memory_fraction(spec.gpu_memory_fraction or 1.0, local_rank)
-
-
 def engine_mode_facts(engine: Any) -> dict:
     """What the engine runs for the modes of issue 19, read from its parsed config and its optimizer.
 
@@ -447,7 +438,7 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
 
     engine = model = None
     try:
-        limit_gpu_memory(spec, placement.local_rank)
+        memory.limit_device(spec.gpu_memory_fraction)  # the whole process inside the emulated card
         device = torch.device("cuda", placement.local_rank) if spec.device == "cuda" else torch.device("cpu")
         model = build_trial_model(spec, device)
         parameters = count_parameters(model)

@@ -51,10 +51,16 @@ class RankMetrics:
     rank: int
     max_allocated_bytes: int | None = None
     max_reserved_bytes: int | None = None
-    device_used_bytes: int | None = None  # NVML device-level used: includes CUDA context and NCCL buffers
+    # This rank's own device memory at its peak (trial/memory.py): allocator plus CUDA context, NCCL buffers and
+    # kernels; never other tenants' memory or the driver's reservation (the limit it is compared with excludes them)
+    device_used_bytes: int | None = None
     host_rss_peak_bytes: int | None = None
-    device_used_baseline_bytes: int | None = None  # NVML used before this rank touched the GPU (other tenants)
+    device_used_baseline_bytes: int | None = None  # NVML card used before this rank touched the GPU (other tenants)
     peak_sites: dict | None = None  # TrialSpec.record_peak_sites: trial/peak_sites.PeakSites.to_dict() or {"error"}
+    device_outside_allocator_bytes: int | None = None  # own device memory outside torch's allocator, at step ends
+    device_sampled_peak_bytes: int | None = None  # the sampler thread's highest own-process reading
+    device_memory_source: str | None = None  # "nvml_process" (per-pid list) | "nvml_used_minus_baseline"
+    emulated_card_bytes: int | None = None  # TrialSpec.gpu_memory_fraction as bytes: the whole process was capped
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,7 @@ class TrialResult:
 
     @property
     def peak_memory_bytes(self) -> int | None:
-        """Worst rank's peak as the device shows it (GPU: NVML used, else reserved; CPU: host RSS)."""
+        """Worst rank's own peak (GPU: its device memory, else max reserved; CPU: host RSS)."""
         values = [r.device_used_bytes or r.max_reserved_bytes or r.host_rss_peak_bytes for r in self.ranks]
         values = [v for v in values if v]
         return max(values) if values else None

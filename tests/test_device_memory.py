@@ -1,0 +1,185 @@
+"""The tuner's GPU memory figures without a GPU: a fake NVML (the card as the driver shows it, with another
+tenant on it) and a fake torch.cuda allocator (reserved grows and shrinks as a step runs).
+
+The fakes hold only what the driver and the allocator would report; what the tracker makes of it is checked.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from autotune.trial.memory import MemoryTracker, PeakSampler, allocator_fraction
+from autotune.trial.types import RankMetrics, TrialResult
+from autotune.units import GiB, MiB
+
+CARD_TOTAL = 80 * GiB  # NVML's total
+CUDA_TOTAL = 79 * GiB  # cudaMemGetInfo's total: the driver keeps a reservation NVML counts in total
+DRIVER_RESERVED = 600 * MiB  # what NVML's used shows on an idle card
+OTHER_TENANT = 10 * GiB
+CONTEXT = 500 * MiB  # our CUDA context, outside the allocator
+
+
+@dataclass
+class FakeCard:
+    """One GPU: processes by pid with their device bytes; NVML used = driver reservation + every process."""
+
+    processes: dict[int, int] = field(default_factory=lambda: {999_999: OTHER_TENANT})
+    per_process_visible: bool = True  # False: a container whose pids NVML does not show
+
+    def used(self) -> int:
+        return DRIVER_RESERVED + sum(self.processes.values())
+
+
+class FakeNvml:
+    def __init__(self, card: FakeCard) -> None:
+        self.card = card
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        return f"gpu{index}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        return uuid
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> SimpleNamespace:
+        used = self.card.used()
+        return SimpleNamespace(total=CARD_TOTAL, used=used, free=CARD_TOTAL - used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[SimpleNamespace]:
+        if not self.card.per_process_visible:
+            return [SimpleNamespace(pid=1, usedGpuMemory=sum(self.card.processes.values()))]
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.card.processes.items()]
+
+
+class FakeAllocator:
+    """torch.cuda's caching allocator for one process on the fake card; its reserved bytes are on the card."""
+
+    def __init__(self, card: FakeCard, outside: int = CONTEXT) -> None:
+        self.card = card
+        self.outside = outside
+        self.reserved = 0
+        self.allocated_peak = 0
+        self.reserved_peak = 0
+        self.fraction = 1.0
+        self._sync()
+
+    def _sync(self) -> None:
+        self.card.processes[os.getpid()] = self.outside + self.reserved
+
+    def reserve(self, size: int) -> None:
+        if self.reserved + size > self.fraction * CUDA_TOTAL:
+            raise RuntimeError("CUDA out of memory")
+        self.reserved += size
+        self.reserved_peak = max(self.reserved_peak, self.reserved)
+        self.allocated_peak = max(self.allocated_peak, self.reserved)
+        self._sync()
+
+    def release(self, size: int) -> None:
+        self.reserved -= size
+        self._sync()
+
+    def reset_peak_memory_stats(self, device: int) -> None:
+        self.reserved_peak = self.reserved
+        self.allocated_peak = self.reserved
+
+    def memory_reserved(self, device: int) -> int:
+        return self.reserved
+
+    def max_memory_reserved(self, device: int) -> int:
+        return self.reserved_peak
+
+    def max_memory_allocated(self, device: int) -> int:
+        return self.allocated_peak
+
+    def mem_get_info(self, device: int) -> tuple[int, int]:
+        return CUDA_TOTAL - self.card.used(), CUDA_TOTAL
+
+    def set_per_process_memory_fraction(self, fraction: float, device: int) -> None:
+        self.fraction = fraction
+
+
+def _tracker(card: FakeCard) -> tuple[MemoryTracker, FakeAllocator]:
+    tracker = MemoryTracker("cuda", 0, nvml=FakeNvml(card), allocator=None)  # baseline: before our context
+    allocator = FakeAllocator(card)
+    tracker._allocator = allocator
+    return tracker, allocator
+
+
+@pytest.mark.parametrize("per_process_visible", [True, False])
+def test_another_tenants_10_gib_are_not_counted_in_our_peak(
+    monkeypatch: pytest.MonkeyPatch, per_process_visible: bool
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    card = FakeCard(per_process_visible=per_process_visible)
+    tracker, allocator = _tracker(card)
+    tracker.reset()
+    allocator.reserve(6 * GiB)
+    tracker.sample()
+    metrics = tracker.metrics(0)
+    assert metrics.device_used_bytes == CONTEXT + 6 * GiB  # neither the other tenant nor the driver's share
+    assert metrics.device_used_baseline_bytes == DRIVER_RESERVED + OTHER_TENANT
+    assert metrics.device_memory_source == ("nvml_process" if per_process_visible else "nvml_used_minus_baseline")
+    assert metrics.device_outside_allocator_bytes == CONTEXT
+    assert TrialResult("ok", ranks=[metrics]).peak_memory_bytes == CONTEXT + 6 * GiB
+
+
+def test_a_peak_inside_a_step_is_caught_though_every_step_end_is_low(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    card = FakeCard()
+    tracker, allocator = _tracker(card)
+    tracker.reset()
+    allocator.reserve(2 * GiB)
+    tracker.sample()
+    allocator.reserve(9 * GiB)  # the step's transient peak: freed (empty_cache on retry) before the step ends
+    allocator.release(9 * GiB)
+    tracker.sample()
+    metrics = tracker.metrics(0)
+    assert metrics.device_used_bytes == CONTEXT + 11 * GiB  # max_reserved + outside, not the step ends' 2.5 GiB
+
+
+def test_the_sampler_thread_keeps_the_highest_reading() -> None:
+    readings = iter([1, 5, 3] + [2] * 10_000)
+    sampler = PeakSampler(lambda: next(readings, 2), period_s=0.0005)
+    sampler.start()
+    deadline = time.monotonic() + 5
+    while sampler.peak != 5 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    sampler.stop()
+    assert sampler.peak == 5
+
+
+def test_an_emulated_card_caps_the_whole_process_not_only_the_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    card = FakeCard()
+    tracker, allocator = _tracker(card)
+    tracker.reset()
+    fraction = 24 * GiB / CARD_TOTAL
+    tracker.limit_device(fraction)
+    card_bytes = int(fraction * CARD_TOTAL)
+    assert tracker.metrics(0).emulated_card_bytes == card_bytes
+    # what the allocator may hold: the card less the context, as a share of CUDA's total (torch's base)
+    assert allocator.fraction * CUDA_TOTAL == pytest.approx(card_bytes - CONTEXT, abs=1)
+    allocator.outside += 300 * MiB  # NCCL's buffers arrive with the first collective
+    allocator.reserve(GiB)
+    tracker.sample()
+    assert allocator.fraction * CUDA_TOTAL == pytest.approx(card_bytes - CONTEXT - 300 * MiB, abs=1)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        allocator.reserve(card_bytes - CONTEXT - 300 * MiB)  # would put the process past 24 GiB
+    tracker.limit_device(None)
+    assert allocator.fraction == 1.0
+
+
+def test_allocator_fraction_is_of_cuda_total_and_never_negative() -> None:
+    assert allocator_fraction(24 * GiB, GiB, 46 * GiB) == pytest.approx(0.5)
+    assert allocator_fraction(GiB, 2 * GiB, 80 * GiB) == 0.0
+    assert allocator_fraction(100 * GiB, 0, 80 * GiB) == 1.0
+
+
+def test_cpu_tracker_reports_host_rss_only() -> None:
+    metrics = MemoryTracker("cpu", 0).metrics(0)
+    assert metrics.host_rss_peak_bytes and metrics.device_used_bytes is None
+    assert RankMetrics(**metrics.__dict__) == metrics
