@@ -108,34 +108,38 @@ def test_oom_with_nothing_run_jumps_by_the_memory_model() -> None:
         assert first_success <= 2, statuses
 
 
-def test_two_close_configs_are_remeasured_interleaved_and_the_margin_reported() -> None:
-    """Two configs 3% apart with 20% step-time spread: one measurement must not decide."""
+def test_two_close_configs_are_remeasured_interleaved_and_a_tie_goes_to_the_simpler() -> None:
+    """Candidates within each other's noise (steps spread +-10%): re-measured interleaved (A, B, A, B), and
+    with the spread still wider than the margin the pick is the simpler config, said to be a tie."""
+    from autotune.close_call import simplicity
+
     machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
     order: list[Candidate] = []
-    repeats: dict[Candidate, int] = {}
 
     def noisy(candidate: Candidate) -> tuple[TrialResult, bool]:
         order.append(candidate)
         result, _ = machine.run(candidate)
         if not result.ok:
             return result, False
-        repeats[candidate] = repeats.get(candidate, 0) + 1
         step = result.step_times_s[0]
-        return replace(result, step_times_s=[step * 0.9, step, step * 1.1]), False
+        return replace(result, step_times_s=[step * f for f in (0.7, 0.85, 1.0, 1.15, 1.3)]), False
 
     outcome = Search(machine.model, target, settings, noisy, rungs, micro_batches, SearchLimits(40)).run_search()
-    assert outcome.remeasured and outcome.margin is not None and outcome.noise == pytest.approx(0.2)
-    best = outcome.best.candidate
-    assert repeats[best] == 2 and order[-1] == best
-    runner_up = order[-2]
-    assert repeats[runner_up] == 2 and runner_up != best
-    assert "margin" in outcome.to_dict()
+    verdict = outcome.verdict
+    assert outcome.remeasured and verdict is not None and verdict.tie and verdict.remeasured
+    a, b = order[-4], order[-3]
+    assert order[-4:] == [a, b, a, b] and a != b  # interleaved, not A, A, B, B
+    assert {a, b} == {verdict.pick, verdict.runner_up}
+    assert simplicity(verdict.pick) < simplicity(verdict.runner_up)
+    assert outcome.best.candidate == verdict.pick and outcome.noise == pytest.approx(verdict.spread)
+    assert outcome.to_dict()["verdict"]["tie"] is True
 
 
 def test_a_clear_winner_is_not_remeasured() -> None:
     machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
     outcome = Search(machine.model, target, settings, machine.run, rungs, micro_batches).run_search()
     assert not outcome.remeasured and outcome.noise == 0.0 and outcome.margin is not None
+    assert outcome.verdict is not None and not outcome.verdict.tie and outcome.margin > 0
     assert len(set(machine.launched)) == len(machine.launched)
 
 

@@ -15,7 +15,7 @@ from autotune.trial.local import torchrun_exit_codes
 from autotune.trial.outcome import BudgetBreach, LaunchOutcome, build_result, classify_exception, first_error_line
 from autotune.trial.report import RankReport
 from autotune.trial.slurm import first_hostname, srun_exit_codes
-from autotune.trial.throughput import flops_per_token, is_stable, throughput
+from autotune.trial.throughput import flops_per_token, throughput
 from autotune.trial.types import RankMetrics, TrialResult
 
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1024, "n_positions": 256}
@@ -212,12 +212,6 @@ def test_budget_checked_on_reported_peaks_for_cpu_only() -> None:
 
 
 # --- throughput arithmetic -----------------------------------------------------------------------
-
-
-def test_stability_needs_three_close_steps() -> None:
-    assert not is_stable([1.0, 1.0])
-    assert is_stable([3.0, 1.0, 1.05, 0.97])
-    assert not is_stable([1.0, 1.0, 1.3])
 
 
 def test_flops_count_recompute_as_hardware_work_only() -> None:

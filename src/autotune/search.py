@@ -8,13 +8,15 @@ trials, cached results and tests.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from autotune.close_call import Verdict, settle
 from autotune.estimate import calibrate, calibrate_oom, check_fit, estimate
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
 from autotune.hardware import Target
 from autotune.ladder import Candidate, Mode, Rung
+from autotune.measurement import Speed, pooled
 from autotune.models import ModelSummary
 from autotune.search_modes import ModeChoice, ModeRecord, ModesFor, is_ratio_mode, no_modes, smallest_fitting_ratio
 from autotune.speed import (
@@ -134,9 +136,10 @@ class SearchOutcome:
     calibration: Calibration = field(default_factory=Calibration)
     stop_reason: StopReason | None = None
     stop_message: str = ""  # the reason in words, for people
-    margin: float | None = None  # best vs runner-up, relative, after any re-measurement
-    noise: float | None = None  # the larger relative step-time spread of the two
+    margin: float | None = None  # pick vs runner-up, relative, after any re-measurement (close_call.Verdict)
+    noise: float | None = None  # the larger relative half-width of the two medians' intervals
     remeasured: bool = False
+    verdict: Verdict | None = None  # the pick, runner-up, speeds with spreads, tie or not
     modes: list[ModeRecord] = field(default_factory=list)  # every mode considered on every rung, and its fate
 
     @property
@@ -154,16 +157,9 @@ class SearchOutcome:
             "margin": self.margin,
             "noise": self.noise,
             "remeasured": self.remeasured,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
             "modes": [m.to_dict() for m in self.modes],
         }
-
-
-def relative_spread(step_times_s: list[float]) -> float:
-    """(slowest - fastest) / median of a trial's measured steps; 0 with fewer than two."""
-    if len(step_times_s) < 2:
-        return 0.0
-    ordered = sorted(step_times_s)
-    return (ordered[-1] - ordered[0]) / ordered[len(ordered) // 2]
 
 
 RunTrial = Callable[[Candidate], tuple[TrialResult, bool]]  # -> (result, came from cache)
@@ -414,49 +410,41 @@ class Search:
         """Seconds per micro-batch on one rank; independent of gradient accumulation and world size."""
         return record.candidate.micro_batch * self.target.world_size / (record.result.samples_per_s or 1.0)
 
-    # -- noise ------------------------------------------------------------------------------------------
-    def _speeds(self, candidate: Candidate) -> list[TrialRecord]:
+    # -- the pick: beyond noise, or the simpler config (autotune.close_call) -----------------------------
+    def _fitted(self, candidate: Candidate, since: int = 0) -> list[TrialRecord]:
         return [
-            t for t in self.outcome.trials if t.candidate == candidate and t.within_headroom and t.result.samples_per_s
+            t
+            for t in self.outcome.trials[since:]
+            if t.candidate == candidate and t.within_headroom and t.result.samples_per_s
         ]
 
-    def _mean_speed(self, candidate: Candidate) -> float:
-        records = self._speeds(candidate)
-        return sum(t.result.samples_per_s or 0.0 for t in records) / max(1, len(records))
+    def _speed(self, candidate: Candidate, since: int = 0) -> Speed | None:
+        return pooled([(t.result.step_times_s, t.result.samples_per_s) for t in self._fitted(candidate, since)])
 
-    def _rank_key(self, candidate: Candidate) -> tuple[float, int, int, int]:
-        """Faster first; on an exact tie the earlier rung (less offload, less host RAM), then no checkpointing,
-        then the classic rung over a mode (fewer settings to get right)."""
-        return (
-            self._mean_speed(candidate),
-            -candidate.rung.order,
-            -int(candidate.grad_checkpointing),
-            -len(candidate.mode.parts),
-        )
+    def _remeasure(self, candidates: Sequence[Candidate], rounds: int) -> dict[Candidate, Speed] | None:
+        """Interleaved rounds (A, B, A, B); each candidate's speed from these trials alone, None when the budget
+        ran out or a trial did not fit."""
+        since = len(self.outcome.trials)
+        self.outcome.remeasured = True
+        for _ in range(rounds):
+            for candidate in candidates:
+                if self._budget_spent() or not self._trial(candidate).within_headroom:
+                    return None
+        speeds = {c: self._speed(c, since) for c in candidates}
+        return {c: s for c, s in speeds.items() if s is not None}
 
     def _settle_close_call(self) -> None:
-        """When the two best differ by less than their measured step-time spread, re-measure both,
-        interleaved (runner-up, then best), and decide on the mean; the margin goes in the outcome."""
+        """The pick among everything measured: faster only beyond the measured spread; a tie is re-measured
+        interleaved and then goes to the simpler, safer config. Verdict, margin and spread go in the outcome."""
         # in trial order (not a set's hash order), so an exact tie resolves the same way in every process
         fitted = dict.fromkeys(t.candidate for t in self.outcome.trials if t.within_headroom and t.result.samples_per_s)
-        ranked = sorted(fitted, key=self._rank_key, reverse=True)
-        if len(ranked) < 2:
+        speeds = {c: s for c in fitted if (s := self._speed(c)) is not None}
+        verdict = settle(speeds, self._remeasure)
+        if verdict is None:
             return
-        first, second = ranked[0], ranked[1]
-        noise = max(relative_spread(t.result.step_times_s) for c in (first, second) for t in self._speeds(c))
-        margin = (self._mean_speed(first) - self._mean_speed(second)) / self._mean_speed(second)
-        if margin < noise and not self._budget_left():
-            self.outcome.remeasured = True
-            for candidate in (second, first):
-                record = self._trial(candidate)
-                if not record.within_headroom:
-                    break
-            ranked = sorted((first, second), key=self._rank_key, reverse=True)
-            first, second = ranked
-            margin = (self._mean_speed(first) - self._mean_speed(second)) / self._mean_speed(second)
-        best = max(self._speeds(first), key=lambda t: t.result.samples_per_s or 0.0)
-        self.outcome.best = best
-        self.outcome.margin, self.outcome.noise = margin, noise
+        self.outcome.verdict = verdict
+        self.outcome.best = max(self._fitted(verdict.pick), key=lambda t: t.result.samples_per_s or 0.0)
+        self.outcome.margin, self.outcome.noise = verdict.margin, verdict.spread
 
     # -- the walk ----------------------------------------------------------------------------------
     def _rung_group(self, rung: Rung, ckpt: bool, mode: Mode = Mode()) -> None:

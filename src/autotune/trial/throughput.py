@@ -1,21 +1,9 @@
-"""Step-time stability and the FLOP arithmetic behind TFLOP/s and MFU (no torch import: the parent uses it)."""
+"""The FLOP arithmetic behind TFLOP/s and MFU (no torch import: the parent uses it)."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-
-STABLE_WINDOW = 3  # measured steps compared with each other
-STABLE_TOLERANCE = 0.10  # each within 10 % of the window's median
-
-
-def is_stable(step_times_s: list[float], window: int = STABLE_WINDOW, tolerance: float = STABLE_TOLERANCE) -> bool:
-    """True once the last `window` steps agree: more steps would not change the median much."""
-    if len(step_times_s) < window:
-        return False
-    recent = step_times_s[-window:]
-    middle = statistics.median(recent)
-    return all(abs(t - middle) <= tolerance * middle for t in recent)
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.environment import select_accelerator
+from autotune.measurement import MIN_STEPS, enough_steps
 from autotune.trial.deepspeed_globals import release_engine_globals
 from autotune.trial.faults import maybe_inject_fault
 from autotune.trial.memory import MemoryTracker, release_host_memory
 from autotune.trial.outcome import classify_exception
 from autotune.trial.report import RankReport
-from autotune.trial.throughput import flops_per_token, is_stable
+from autotune.trial.throughput import flops_per_token
 from autotune.trial.types import TrialSpec
 
 
@@ -290,25 +291,25 @@ def _slowest_rank(seconds: float, world_size: int, device: Any) -> float:
 
 @dataclass(frozen=True)
 class StepTimes:
-    """What one launch measured: whole optimizer steps (equivalent), and the parts they are made of.
+    """What one launch measured: whole optimizer steps, and the parts they are made of.
 
-    Micro-steps are timed, not accumulation cycles: a cycle is `accumulation` micro-steps plus the
-    optimizer step, so it is computed from a timed boundary micro-step and timed plain micro-steps;
-    a trial with a large gradient accumulation costs no more than one without.
+    A measured step is a whole accumulation cycle, timed as one: `accumulation` micro-steps, the optimizer step
+    on the last, and for offload the host work, so the figure is what the user's job pays per optimizer step.
+    The parts (a plain micro-step, a plain micro-step at a smaller micro-batch) are timed after it for the
+    search's step-time line (autotune.speed, A3).
     """
 
-    step_times_s: list[float]  # per measured boundary step, as a whole accumulation cycle
+    step_times_s: list[float]  # per measured optimizer step, warm-up excluded
     micro_step_s: float | None = None  # forward + backward at the trial's micro-batch (median)
-    optimizer_step_s: float | None = None  # what a boundary adds: reduction, optimizer, offload copies
+    optimizer_step_s: float | None = None  # what a step adds to its micro-steps: reduction, optimizer, offload
     accumulation: int = 1
     smaller_micro_batch: int | None = None  # the second point of this launch
     smaller_micro_step_s: float | None = None
 
 
-# The parts of a step (plain micro-steps, the smaller micro-batch) are timed for a fixed few steps, not
-# until stable: on a loaded machine "until stable" runs to max_steps three times over and tripled trial
-# time (the README demo's first trial hit the 900 s timeout that way). Their median is what is used.
-PART_STEPS = 3  # = throughput.STABLE_WINDOW
+# The parts of a step (plain micro-steps, the smaller micro-batch) are timed for a fixed few steps: they feed
+# the search's bounds, not the figure it decides on. Their median is what is used.
+PART_STEPS = 3
 
 
 def _timed(run: Any, placement: Placement, device: Any, memory: MemoryTracker, steps: int) -> list[float]:
@@ -325,11 +326,13 @@ def _timed(run: Any, placement: Placement, device: Any, memory: MemoryTracker, s
     return times
 
 
-def _timed_until_stable(
+def _timed_until_enough(
     run: Any, spec: TrialSpec, placement: Placement, device: Any, memory: MemoryTracker
 ) -> list[float]:
+    """Whole steps until their median is known well enough (autotune.measurement.enough_steps); every rank
+    sees the same all-reduced times, so all stop at the same step."""
     times: list[float] = []
-    while len(times) < spec.max_steps and not is_stable(times):
+    while not enough_steps(times, spec.max_steps, spec.max_measure_s, min(MIN_STEPS, spec.max_steps)):
         times += _timed(run, placement, device, memory, 1)
     return times
 
@@ -345,6 +348,12 @@ def job_accumulation(engine: Any, world_size: int) -> int:
     return max(1, engine.train_batch_size() // max(1, micro_batch * world_size))
 
 
+def _optimizer_step(engine: Any, batch: dict[str, Any], accumulation: int) -> None:
+    """One whole optimizer step: accumulation - 1 plain micro-steps, then the boundary one."""
+    for index in range(accumulation):
+        _micro_step(engine, batch, boundary=index == accumulation - 1)
+
+
 def timed_steps(
     engine: Any,
     batch: dict[str, Any],
@@ -354,10 +363,10 @@ def timed_steps(
     clock: PhaseClock,
     smaller_batch: dict[str, Any] | None = None,
 ) -> StepTimes:
-    """Warm-up, then boundary micro-steps (micro-step + optimizer step) until stable, then plain
-    micro-steps at this micro-batch and at a smaller one, in the same process: one launch gives two
-    points of the step-time line. Every warm-up step is a boundary, so the optimizer's state and the
-    peak memory of a real step are reached before anything is timed."""
+    """Warm-up, then whole optimizer steps until their median is known well enough, then plain micro-steps at
+    this micro-batch and at a smaller one, in the same process: one launch gives two points of the step-time
+    line. Every warm-up step is a boundary, so the optimizer's state and the peak memory of a real step are
+    reached before anything is timed."""
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
@@ -369,17 +378,18 @@ def timed_steps(
             maybe_inject_fault("step", placement.rank)
     accelerator.synchronize()
     clock.mark("warmup")
-    boundary = _timed_until_stable(lambda: _micro_step(engine, batch, True), spec, placement, engine.device, memory)
+    steps = _timed_until_enough(
+        lambda: _optimizer_step(engine, batch, accumulation), spec, placement, engine.device, memory
+    )
     if spec.warmup_steps == 0:
         maybe_inject_fault("step", placement.rank)
-    needs_parts = accumulation > 1 or smaller_batch is not None
-    if not needs_parts:
+    if accumulation == 1 and smaller_batch is None:
         clock.mark("measured")
-        return StepTimes(step_times_s=boundary)
+        return StepTimes(step_times_s=steps)
     parts = min(PART_STEPS, spec.max_steps)
     plain = _timed(lambda: _micro_step(engine, batch, False), placement, engine.device, memory, parts)
     micro = statistics.median(plain)
-    optimizer = max(0.0, statistics.median(boundary) - micro)
+    optimizer = max(0.0, statistics.median(steps) - accumulation * micro)
     smaller_mb = smaller_s = None
     if smaller_batch is not None:
         smaller = _timed(lambda: _micro_step(engine, smaller_batch, False), placement, engine.device, memory, parts)
@@ -388,7 +398,7 @@ def timed_steps(
     engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own counting
     clock.mark("measured")
     return StepTimes(
-        step_times_s=[b + (accumulation - 1) * micro for b in boundary],
+        step_times_s=steps,
         micro_step_s=micro,
         optimizer_step_s=optimizer,
         accumulation=accumulation,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol
 
+from autotune.measurement import MAX_MEASURE_S, MAX_STEPS
+
 # "incomplete": an own-command trial (trial/script.py) that exited before the profiled steps
 TrialStatus = Literal["ok", "oom_gpu", "oom_host", "over_budget", "timeout", "error", "incomplete"]
 
@@ -21,7 +23,10 @@ class TrialSpec:
     nprocs_per_node: int = 1
     nodes: int = 1
     warmup_steps: int = 2
-    max_steps: int = 10  # measured steps stop earlier once step times are stable
+    # measured whole optimizer steps: at most max_steps / max_measure_s, fewer once their median is known well
+    # enough (autotune.measurement.enough_steps)
+    max_steps: int = MAX_STEPS
+    max_measure_s: float = MAX_MEASURE_S
     timeout_s: float = 600.0
     gpu_memory_fraction: float | None = None  # emulate a smaller card via set_per_process_memory_fraction
     host_memory_budget_bytes: int | None = None  # CPU backend: peak RSS per rank above this is over budget
