@@ -51,17 +51,22 @@ def test_zero3_is_measured_after_zero2_offload_although_the_ladder_puts_it_later
     assert rungs.index(Rung.Z2_OFFLOAD_OPT) < rungs.index(Rung.Z3)
 
 
-def _machine(name: str):
+def _machine(name: str, powers_of_two: bool = False):
+    """A scenario's machine and grid; `powers_of_two` pins the grid as `--micro-batches 1,2,4,...` would."""
     from gpu_sim.scenarios import SCENARIOS
     from search_quality import RUNGS, cluster, grid
 
     scenario = next(s for s in SCENARIOS if s.name == name)
     machine, target, settings = cluster(scenario)
-    return machine, target, settings, RUNGS, grid(scenario, machine.world)
+    micro_batches = grid(scenario, machine.world)
+    if powers_of_two:
+        micro_batches = [m for m in micro_batches if m & (m - 1) == 0]
+    return machine, target, settings, RUNGS, micro_batches
 
 
 def test_timeout_at_the_seed_retries_a_smaller_micro_batch_and_is_remembered() -> None:
-    machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
+    # a pinned power-of-two grid: one retry at half the micro-batch reaches one that runs within the timeout
+    machine, target, settings, rungs, micro_batches = _machine("memory-not-binding", powers_of_two=True)
     calls: list[Candidate] = []
 
     def slow_above_2(candidate: Candidate) -> tuple[TrialResult, bool]:

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from autotune.ladder import Candidate, Rung
-from gpu_sim.machine import SimulatedCluster
+from gpu_sim.machine import TRIAL_STARTUP_S, SimulatedCluster
 
 METRIC_PERCENT_DIFF_CONST = 0.05  # deepspeed/autotuning/constants.py:21
 MAX_MICRO_BATCH = 1024  # autotuning config default max_train_micro_batch_size_per_gpu
@@ -28,6 +28,9 @@ STAGE_RUNGS = (Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z3)
 class DsRun:
     machine: SimulatedCluster
     memory_limit: float  # the same per-GPU limit autotune gets (as --gpu-memory-fraction would enforce)
+    # autotuning config `max_train_batch_size` (autotuner.py:250-256): a user with a fixed global batch sets it,
+    # which caps the micro-batch at that batch / GPUs; gas = its per-GPU share // micro-batch (autotuner.py:759)
+    max_train_batch_size: int | None = None
     records: dict[Candidate, float] = field(default_factory=dict)  # experiment -> metric (0 = failed)
     launches: int = 1  # the model-info profile run
 
@@ -39,6 +42,13 @@ class DsRun:
             within = self.machine.gpu_bytes(candidate) <= self.memory_limit
             self.records[candidate] = (result.samples_per_s or 0.0) if result.ok and within else 0.0
         return self.records[candidate]
+
+    @property
+    def max_micro_batch(self) -> int:
+        """autotuner.py `max_train_micro_batch_size_per_gpu` (lines 250-256)."""
+        if self.max_train_batch_size:
+            return min(MAX_MICRO_BATCH, self.max_train_batch_size // self.machine.world)
+        return MAX_MICRO_BATCH
 
     # --- autotuner.py -----------------------------------------------------------------------------
     def instantiation_bytes(self, stage: int) -> float:
@@ -65,9 +75,9 @@ class DsRun:
         if not self.experiment(rung, low_start):
             return -1, -1
         used.append(low_start)
-        max_mb = min(calculated_max, MAX_MICRO_BATCH)
+        max_mb = min(calculated_max, self.max_micro_batch)
         for mb in (math.ceil(1.05 * max_mb), max_mb, int(0.95 * max_mb)):
-            if mb > MAX_MICRO_BATCH or mb < 1:
+            if mb > self.max_micro_batch or mb < 1:
                 continue
             if mb in used:
                 return low_start, mb
@@ -137,8 +147,15 @@ class DsRun:
         return max(ran, key=ran.get, default=None)  # type: ignore[arg-type]
 
 
-def ds_autotuning(machine: SimulatedCluster, memory_limit: float) -> tuple[Candidate | None, int]:
-    """DeepSpeed Autotuning's pick and the launches it spent (profile run included); a trial whose peak is
-    over `memory_limit` fails, as it would on a card of that size."""
-    run = DsRun(machine, memory_limit)
-    return run.tune(), run.launches
+def ds_autotuning(
+    machine: SimulatedCluster, memory_limit: float, max_train_batch_size: int | None = None
+) -> tuple[Candidate | None, int, float]:
+    """DeepSpeed Autotuning's pick, the launches it spent (profile run included) and their simulated seconds (the
+    profile run counted as one start-up); a trial whose peak is
+    over `memory_limit` fails, as it would on a card of that size. `max_train_batch_size`: its autotuning config
+    key, set to a fixed global batch (it then never exceeds that batch, though a micro-batch that does not divide
+    the per-GPU share runs a smaller one: gas is floored)."""
+    run = DsRun(machine, memory_limit, max_train_batch_size)
+    pick = run.tune()
+    wall = TRIAL_STARTUP_S + sum(machine.trial_seconds(c) for c in run.records)
+    return pick, run.launches, wall

@@ -52,8 +52,8 @@ SCENARIOS = (
         WORKSTATION_4090,
         1,
         1024,
-        what="RTX 4090 24 GB: without checkpointing micro-batch 4 fits; checkpointing reaches 16 and its "
-        "better GPU use outweighs the recompute",
+        what="RTX 4090 24 GB: without checkpointing micro-batch 6 fits (4 on powers of two), with checkpointing 25 "
+        "(16): on integers, micro-batch 6 without the recompute beats checkpointing; on powers of two it did not",
     ),
     Scenario(
         "offload-and-checkpointing",
@@ -109,5 +109,32 @@ SCENARIOS = (
         what="2 g5 nodes over 40 Gb/s Ethernet, global batch 32 (micro-batch at most 4 per rank): ZeRO-3's "
         "all-gathers cross the slow link every micro-step; ZeRO++ (int8 weights, hpZ in-node backward gather, "
         "int4 gradients) cuts that traffic and wins",
+    ),
+    Scenario(
+        "boundary-between-powers-fixed-batch",
+        "opt-1.3b",
+        WORKSTATION_4090,
+        1,
+        1024,
+        global_batch=48,
+        what="two RTX 4090s, global batch 48 (24 per GPU): the micro-batch must divide 24; 12 with checkpointing "
+        "fits and is fastest, between the powers of two 8 and 16",
+    ),
+    Scenario(
+        "boundary-at-11",
+        "gpt2-xl",
+        WORKSTATION_4090,
+        1,
+        1024,
+        what="gpt2-xl on two RTX 4090s: with checkpointing micro-batch 11 is the largest that fits, far from 8 and 16",
+    ),
+    Scenario(
+        "no-checkpointing-between-powers",
+        "gpt2-large",
+        WORKSTATION_4090,
+        1,
+        2048,
+        what="gpt2-large at 2048 tokens on two RTX 4090s: without checkpointing micro-batch 3 fits (2 on powers of "
+        "two) and beats every checkpointed micro-batch; on powers of two checkpointing at 8 looked best",
     ),
 )

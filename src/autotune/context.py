@@ -195,6 +195,11 @@ class TuneContext:
         request = replace(request, global_batch=global_batch)
         rungs, unavailable = chosen_rungs(request)
         grid = micro_batch_grid(request, target.world_size)
+        if global_batch is not None and request.micro_batch is None and request.micro_batches is None:
+            notes.append(
+                f"global batch {global_batch} is fixed: the micro-batches tried are the divisors of its per-rank share"
+                f" {global_batch // target.world_size} ({', '.join(map(str, grid))}), so the accumulation is whole"
+            )
         stack = runtime_stack(target, request.device)
         return cls(request, model, target, precision, seq_len, grid, rungs, unavailable, notes, lora=lora,
                    batch_chosen_by=chosen_by, stack=stack, decoder_seq_len=decoder_seq_len,

@@ -237,13 +237,14 @@ def default_seq_len(max_positions: int | None) -> int:
 
 
 def micro_batch_grid(request: TuneRequest, world_size: int) -> list[int]:
-    """The micro-batches the search may try, ascending; with --global-batch only whole accumulations."""
+    """The micro-batches the search may try, ascending; with --global-batch only whole accumulations.
+
+    By default every integer up to --max-micro-batch: the largest micro-batch that fits is rarely a power of two,
+    and the next power of two not fitting is often the only reason checkpointing looked needed. The search
+    bisects this grid by the memory model and measured peaks, so its size costs predictions, not trials.
+    --micro-batches pins a grid (e.g. powers of two)."""
     fixed = (request.micro_batch,) if request.micro_batch is not None else None
-    grid = list(
-        fixed
-        or request.micro_batches
-        or [2**i for i in range(request.max_micro_batch.bit_length()) if 2**i <= request.max_micro_batch]
-    )
+    grid = list(fixed or request.micro_batches or range(1, request.max_micro_batch + 1))
     if request.global_batch is None:
         return sorted(set(grid))
     per_rank, remainder = divmod(request.global_batch, world_size)

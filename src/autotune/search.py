@@ -22,9 +22,11 @@ from autotune.search_modes import ModeChoice, ModeRecord, ModesFor, is_ratio_mod
 from autotune.speed import (
     BoundContext,
     GroupMeasurements,
+    StepLine,
     checkpointing_cost,
     could_beat,
     dominated_rungs,
+    fit_step_line,
     optimizer_saving_s,
 )
 from autotune.stop import StopReason
@@ -162,6 +164,24 @@ class SearchOutcome:
         }
 
 
+def largest_where(values: list[int], holds: Callable[[int], bool]) -> int | None:
+    """Largest of `values` (ascending) for which `holds`, a predicate true up to some point and false after it
+    (memory that grows with the micro-batch); None when it holds for none. log2(len) calls."""
+    low, high, found = 0, len(values) - 1, None
+    while low <= high:
+        middle = (low + high) // 2
+        if holds(values[middle]):
+            found, low = values[middle], middle + 1
+        else:
+            high = middle - 1
+    return found
+
+
+def same_group(a: Candidate, b: Candidate) -> bool:
+    """Same rung, checkpointing and mode: the micro-batch is all that differs (one memory line, one speed line)."""
+    return a.rung is b.rung and a.grad_checkpointing == b.grad_checkpointing and a.mode == b.mode
+
+
 RunTrial = Callable[[Candidate], tuple[TrialResult, bool]]  # -> (result, came from cache)
 
 
@@ -208,15 +228,17 @@ class Search:
         return self.memory.estimate(self.model, self.target, candidate, self.settings, self.calibration)
 
     def _predicted_max(self, rung: Rung, ckpt: bool, margin: float, mode: Mode = Mode()) -> int | None:
-        """Largest eligible micro-batch whose predicted peak is within (1 + margin) of the limit."""
-        best = None
-        for mb in self.micro_batches:
+        """Largest eligible micro-batch whose predicted peak is within (1 + margin) of the limit (with no margin,
+        also within check_fit's own margins). Memory grows with the micro-batch, so a bisection is exact and the
+        integer grid costs log2(len) predictions, not one per micro-batch."""
+
+        def fits(mb: int) -> bool:
             predicted = self._estimate(Candidate(rung, mb, ckpt, mode))
             if predicted.gpu_peak_bytes > self.limit_bytes * (1 + margin):
-                break
-            if check_fit(predicted, self.target, self.limits.headroom).fits or margin > 0:
-                best = mb
-        return best
+                return False
+            return margin > 0 or check_fit(predicted, self.target, self.limits.headroom).fits
+
+        return largest_where(self.micro_batches, fits)
 
     # -- budget ------------------------------------------------------------------------------------
     def _budget_spent(self) -> tuple[StopReason, str] | None:
@@ -296,24 +318,45 @@ class Search:
         self.outcome.skipped.append(SkipRecord(rung, ckpt, reason, mode))
         self.observe(SearchEvent("skip", Candidate(rung, self.micro_batches[0], ckpt, mode), reason))
 
-    def _fits_with(self, candidate: Candidate, calibration: Calibration) -> bool:
+    def _fits_with(self, candidate: Candidate, calibration: Calibration, margin: float = TRY_MARGIN) -> bool:
         predicted = self.memory.estimate(self.model, self.target, candidate, self.settings, calibration)
-        return predicted.gpu_peak_bytes <= self.limit_bytes * (1 + TRY_MARGIN)
+        return predicted.gpu_peak_bytes <= self.limit_bytes * (1 + margin)
 
     def _next_micro_batch(
         self, rung: Rung, ckpt: bool, ok: int | None, bad: int | None, guided: bool, mode: Mode = Mode()
     ) -> int | None:
-        """Next micro-batch strictly between the largest that ran and the smallest that did not, among
-        those the calibrated memory model does not rule out (no trial on a predicted non-fit)."""
+        """Next micro-batch strictly between the largest that ran and the smallest that did not.
+
+        Guided: the largest the memory model, calibrated on this run's measured peaks, puts within the limit (a
+        trial is never spent on a predicted non-fit; the calibration fits its activation slope and offset on the
+        measured points, so two peaks of a group draw that group's line). Once a guess above a fit failed, the
+        midpoint of the predicted fits (bisection). None when the model says nothing between them fits: the
+        largest that ran is the boundary, unless the pick's confirmation (`_confirm_boundary`) finds otherwise."""
         between = [m for m in self.micro_batches if (ok is None or m > ok) and (bad is None or m < bad)]
         if not between:
             return None
         if ok is None and bad is not None:
             return self._after_first_failure(rung, ckpt, bad, between, mode)
-        predicted = [m for m in between if self._fits_with(Candidate(rung, m, ckpt, mode), self.calibration)]
-        if not predicted:
+        line = self._peak_line(Candidate(rung, between[0], ckpt, mode))
+        if line is not None:  # the group's own measured peaks: memory is linear in the micro-batch
+            top = largest_where(between, lambda m: line.seconds(m) <= self.limit_bytes)
+        else:
+            top = largest_where(between, lambda m: self._fits_with(Candidate(rung, m, ckpt, mode), self.calibration))
+        if top is None:
             return None if ok is not None else between[0]
+        predicted = [m for m in between if m <= top]
         return predicted[-1] if guided else predicted[len(predicted) // 2]
+
+    def _peak_line(self, candidate: Candidate) -> StepLine | None:
+        """Peak bytes = intercept + slope x micro-batch, fitted on the measured peaks of `candidate`'s group (two
+        micro-batches at least). The calibration pools its slope over every group (autotune.estimate.calibration);
+        within one group the measured line is the better guide to where the limit falls."""
+        points = [
+            (float(t.candidate.micro_batch), float(t.result.peak_memory_bytes))
+            for t in self.outcome.trials
+            if same_group(t.candidate, candidate) and t.result.peak_memory_bytes and not t.from_cache
+        ]
+        return fit_step_line(points)
 
     def _after_first_failure(self, rung: Rung, ckpt: bool, bad: int, below: list[int], mode: Mode = Mode()) -> int:
         """Nothing of this group ran yet and `bad` did not fit: jump by the memory model, not one grid step.
@@ -326,26 +369,38 @@ class Search:
         failed_candidate = Candidate(rung, bad, ckpt, mode)
         failed = next((t for t in reversed(self.outcome.trials) if t.candidate == failed_candidate), None)
         peak = failed.result.peak_memory_bytes if failed else None
-        at_least = max(peak or 0, self.target.free_memory_bytes)
+        # a peak measured over the headroom is the truth, already in the calibration; an OOM only a lower bound
+        at_least = peak or self.target.free_memory_bytes
         pessimistic = self.memory.calibrate(
             self.calibration, self.model, self.target, failed_candidate, self.settings, at_least
         )
-        fitting = [m for m in below if self._fits_with(Candidate(rung, m, ckpt, mode), pessimistic)]
-        return fitting[-1] if fitting else below[0]
+        # within the limit itself: the calibrated model has this group's evidence; a margin over it would step
+        # down one integer micro-batch per trial
+        fitting = largest_where(below, lambda m: self._fits_with(Candidate(rung, m, ckpt, mode), pessimistic, 0.0))
+        guess = fitting or below[0]
+        failures = sum(same_group(t.candidate, failed_candidate) and t.memory_failure for t in self.outcome.trials)
+        # the model was wrong twice in this group (it misses memory it does not know of): halve the interval too,
+        # so a dense integer grid costs log2 of its length in OOMs at worst, not one per step the model moves
+        return min(guess, below[len(below) // 2]) if failures >= 2 else guess
 
-    def _search_group(self, rung: Rung, ckpt: bool, seed: int, mode: Mode = Mode()) -> None:
-        """Largest micro-batch that runs for one (rung, checkpointing) group, seeded by the prediction.
+    def _search_group(
+        self, rung: Rung, ckpt: bool, seed: int, mode: Mode = Mode(), ok: int | None = None, bad: int | None = None
+    ) -> None:
+        """Largest micro-batch that runs for one (rung, checkpointing) group, seeded by the prediction; `ok` and
+        `bad` carry what an earlier walk of the group found (the pick's confirmation continues one).
 
         A timeout before anything in the group ran is retried once at a smaller micro-batch (shorter
-        steps) before the group is abandoned; a timeout bounds the group from above like an OOM.
+        steps) before the group is abandoned; a timeout bounds the group from above like an OOM. The walk
+        stops early once the next micro-batch cannot beat the best measured (its own line, A3, bounds it).
         """
-        ok: int | None = None
-        bad: int | None = None
         mb: int | None = seed
         guided = True
         retried_timeout = False
         while mb is not None:
             if self._stop_if_spent():
+                return
+            if ok is not None and (why := self._bounded(Candidate(rung, mb, ckpt, mode))):
+                self.observe(SearchEvent("skip", Candidate(rung, mb, ckpt, mode), why))
                 return
             record = self._trial(Candidate(rung, mb, ckpt, mode))
             if record.over_host_headroom:  # host buffers barely depend on the micro-batch: the rung is out
@@ -433,6 +488,33 @@ class Search:
         speeds = {c: self._speed(c, since) for c in candidates}
         return {c: s for c, s in speeds.items() if s is not None}
 
+    def _confirm_boundary(self) -> None:
+        """The pick ends on the largest micro-batch of its group that ran; the memory model only predicted that the
+        next one does not fit. Unless a trial already showed it (an OOM or over the headroom there or below), one
+        trial at the next eligible micro-batch confirms the boundary, and a fit there walks the group on upward
+        (its calibrated line now has two measured points). Repeated while the pick moves; offload ratios confirm
+        their own setting (`_confirm_ratio`)."""
+        confirmed: set[Candidate] = set()
+        while (best := self.outcome.best) is not None and best.candidate not in confirmed:
+            pick = best.candidate
+            confirmed.add(pick)
+            above = [m for m in self.micro_batches if m > pick.micro_batch]
+            if not above or is_ratio_mode(pick.mode) or self._stop_if_spent():
+                return
+            group = [
+                t
+                for t in self.outcome.trials
+                if same_group(t.candidate, pick) and t.candidate.micro_batch > pick.micro_batch
+            ]
+            if any(t.within_headroom for t in group):
+                return  # a larger one ran and was slower: the boundary is not what limits the pick
+            failed = [t.candidate.micro_batch for t in group if not t.within_headroom]
+            if failed and min(failed) <= above[0]:
+                return
+            self._search_group(
+                pick.rung, pick.grad_checkpointing, above[0], pick.mode, pick.micro_batch, min(failed, default=None)
+            )
+
     def _settle_close_call(self) -> None:
         """The pick among everything measured: faster only beyond the measured spread; a tie is re-measured
         interleaved and then goes to the simpler, safer config. Verdict, margin and spread go in the outcome."""
@@ -487,6 +569,7 @@ class Search:
         for rung, ckpt in groups:
             for choice, record in options.get(rung, []):
                 self._mode_group(rung, ckpt, choice, record)
+        self._confirm_boundary()
         self._settle_close_call()
         self._finish_mode_records()
         if self.outcome.stop_reason is None:
