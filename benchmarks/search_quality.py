@@ -64,7 +64,11 @@ def mode_options(scenario: Scenario) -> dict[Rung, list[ModeOption]]:
     """autotune.modes' own answer for this machine, per rung. A mode the simulator has no model of (ZenFlow,
     SuperOffload) cannot be "run" here: it is passed on as not trial-verifiable, so the search plans and lists it
     but never picks it, exactly as on a backend that cannot run it."""
-    facts = ModeFacts(nodes=scenario.nodes, gpus_per_node=scenario.node.gpus_per_node, device="cuda")
+    # every mode, the ones that change the training included (--allow-approximate): the search's quality is measured
+    # over all of them
+    facts = ModeFacts(
+        nodes=scenario.nodes, gpus_per_node=scenario.node.gpus_per_node, device="cuda", allow_approximate=True
+    )
     return {
         rung: [
             option if models_mode(option.mode) else replace(option, trial_verifiable=False)

@@ -403,10 +403,14 @@ def test_config_ratio_below_stage_3_is_deepspeeds_refusal(capsys, tmp_path):
 
 
 LLAMA_1B_ON_4090 = ("--model", "llama-3.2-1b", "--gpus", "1", "--gpu-type", "rtx-4090", "--seq-len", "1024")
+# A partial offload ratio changes the update (autotune.modes.approximation): considered only with the opt-in.
+WITH_RATIO = (*LLAMA_1B_ON_4090, "--allow-approximate")
 
 
 def test_plan_shows_the_modes_as_predictions_after_the_classic_pick(capsys):
     code, out, _ = plan(capsys, *LLAMA_1B_ON_4090)
+    assert code == 0 and "offload ratio" not in out and "--allow-approximate" in out  # said, not tried, by default
+    code, out, _ = plan(capsys, *WITH_RATIO)
     assert code == 0
     after_pick = out[out.index("Fastest predicted to fit") :]
     assert "Modern modes, predicted (not trial-verified: worth a trial on the target" in after_pick
@@ -416,7 +420,7 @@ def test_plan_shows_the_modes_as_predictions_after_the_classic_pick(capsys):
     reasons = [line for line in reasons if line.startswith("  ")]
     assert reasons and len(reasons) == len(set(reasons))
     assert any("ZeRO++" in line and "one node" in line for line in reasons)
-    code, data = plan_json(capsys, *LLAMA_1B_ON_4090)
+    code, data = plan_json(capsys, *WITH_RATIO)
     assert "mode" not in data["recommended"]  # a mode is never the pick: no trial measured its speed
     predicted = [p for p in data["modes"]["predicted"] if p["rung"] == "z3+offload_opt" and p["fits"]]
     assert predicted and predicted[0]["mode"].startswith("offload ratio")
@@ -435,14 +439,14 @@ def _named_ratio(message: str) -> tuple[float, int]:
 def test_nothing_classic_fits_but_partial_offload_does_and_the_message_says_so(capsys, tmp_path):
     """12 GiB of host RAM: full optimizer offload is over it, ZeRO-3 over the GPU; a ratio in between fits both.
     The ratio named is the smallest whose peak + margin fits (host checked too): one step lower does not."""
-    args = (*LLAMA_1B_ON_4090, "--host-memory", "14GiB", "--rungs", "z3,z3+offload_opt")
+    args = (*WITH_RATIO, "--host-memory", "14GiB", "--rungs", "z3,z3+offload_opt")
     code, out, err = plan(capsys, *args)
     assert code == 3
     ratio, micro_batch = _named_ratio(err)
     assert _named_ratio(" ".join(out.split())) == (ratio, micro_batch)
     request = TuneRequest(
         model="llama-3.2-1b", gpus=1, gpu_type="rtx-4090", seq_len=1024, host_memory="14GiB",
-        out=str(tmp_path / "ds.json"), use_cache=False,
+        out=str(tmp_path / "ds.json"), use_cache=False, allow_approximate=True,
     )  # fmt: skip
     ctx = TuneContext.build(request, outputs=False)
 

@@ -223,7 +223,7 @@ def test_modes_take_only_the_budget_the_classic_ladder_left() -> None:
 
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_report_lists_every_considered_mode_with_its_reason(nodes: int) -> None:
-    facts = ModeFacts(nodes=nodes, gpus_per_node=4, device="cuda")
+    facts = ModeFacts(nodes=nodes, gpus_per_node=4, device="cuda", allow_approximate=True)
     machine = FakeMachine(memory_bytes=16 * GIB)
     search = _search(machine, FakeMemory(), {}, [Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT])
     search.modes = lambda rung: considered_modes(rung, facts)
@@ -330,6 +330,7 @@ def _tune_request(tmp_path, **overrides):
         rungs=(Rung.Z3_OFFLOAD_OPT,),
         out=str(tmp_path / "ds_config.json"),
         use_cache=False,
+        allow_approximate=True,  # a partial offload ratio changes the update (autotune.modes.approximation)
     )
     return TuneRequest(**{**base, **overrides})
 
@@ -353,6 +354,8 @@ def test_tune_passes_the_modes_to_the_search_and_writes_the_winning_ratio(tmp_pa
     assert any(not m["applies"] and "one node" in m["reason"] for m in modes)
     text = result.report_path.read_text()
     assert "## Modern modes" in text and "A mode won" in text
+    changed = [note for note in result.report["notes"] if note.startswith("changes the training:")]
+    assert len(changed) == 1 and "partial offload" in changed[0]  # one line says what the picked mode changes
     from autotune.report_plot import _trial_rows
 
     assert any("ratio" in row["label"] for row in _trial_rows(result.report))  # the chart names the mode too
@@ -399,7 +402,9 @@ def test_plan_only_lists_the_modes_as_predictions(tmp_path) -> None:
     from autotune import tune
     from autotune.tuner import TuneRequest
 
-    request = TuneRequest(model="llama-2-7b", gpus=4, gpu_type="a10g", seq_len=256, out=str(tmp_path / "ds.json"))
+    request = TuneRequest(
+        model="llama-2-7b", gpus=4, gpu_type="a10g", seq_len=256, out=str(tmp_path / "ds.json"), allow_approximate=True
+    )
     result = tune(request)
     assert not result.verified and result.candidate is not None and result.candidate.mode.is_classic
     modes = result.report["modes"]

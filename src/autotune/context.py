@@ -277,6 +277,8 @@ class TuneContext:
             **({"command": list(request.command)} if request.command else {}),
             # the kernels change the predictions the search and plan-only answers use; stock keeps the old keys
             **({"kernels": request.kernels} if request.kernels != "stock" else {}),
+            # the opt-in widens the search: never the same answer as a same-training tuning
+            **({"allow_approximate": True} if request.allow_approximate else {}),
         }
 
     @property

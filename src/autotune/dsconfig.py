@@ -23,12 +23,14 @@ DS_DEFAULT_PERSISTENCE_THRESHOLD = 100_000
 DS_DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
 
 # ZenFlow's documented defaults, written out so the emitted config says what runs (deepspeed/runtime/zenflow/
-# zenflow_config.py, ZenFlowConfig field defaults; the same values as DeepSpeed's ZenFlow tutorial config).
+# zenflow_config.py, ZenFlowConfig field defaults; the same values as DeepSpeed's ZenFlow tutorial config), except
+# update_interval: ZenFlow overwrites the engine's gradient_accumulation_steps with it (runtime/zenflow/engine.py:69),
+# and "auto" makes that 0 (engine.py:48-50), which breaks every loop over engine.gradient_accumulation_steps().
+# `zenflow_section` writes the candidate's accumulation there instead.
 ZENFLOW_DEFAULTS: dict[str, Any] = {
     "topk_ratio": 0.1,
     "select_strategy": "auto",
     "select_interval": "auto",
-    "update_interval": "auto",
     "full_warm_up_rounds": 0,
     "overlap_step": False,
 }
@@ -78,7 +80,13 @@ def stage3_buckets(hidden_size: int | None) -> dict[str, int]:
     }
 
 
-def zero_section(candidate: Candidate, settings: TrainSettings) -> dict[str, Any]:
+def zenflow_section(accumulation: int) -> dict[str, Any]:
+    """ZenFlow's section with update_interval = the stated accumulation, so engine.gradient_accumulation_steps()
+    (which ZenFlow sets to update_interval, runtime/zenflow/engine.py:52-54,69) is what the report states."""
+    return {**ZENFLOW_DEFAULTS, "update_interval": accumulation}
+
+
+def zero_section(candidate: Candidate, settings: TrainSettings, accumulation: int = 1) -> dict[str, Any]:
     rung = candidate.rung
     stage = rung.stage
     zero: dict[str, Any] = {"stage": stage}
@@ -100,14 +108,14 @@ def zero_section(candidate: Candidate, settings: TrainSettings) -> dict[str, Any
         zero[section] = {"device": device, "pin_memory": True}
         if device == "nvme":
             zero[section]["nvme_path"] = settings.nvme_path or "/local_nvme"
-    zero.update(mode_fields(candidate, settings))
+    zero.update(mode_fields(candidate, settings, accumulation))
     offload_extra = zero.pop("offload_optimizer_extra", None)
     if offload_extra:
         zero["offload_optimizer"].update(offload_extra)
     return zero
 
 
-def mode_fields(candidate: Candidate, settings: TrainSettings) -> dict[str, Any]:
+def mode_fields(candidate: Candidate, settings: TrainSettings, accumulation: int = 1) -> dict[str, Any]:
     """The zero_optimization fields of the candidate's modern mode (issue 19); {} for the classic mode.
 
     Keys under offload_optimizer come back under "offload_optimizer_extra" for zero_section to merge. Whether the
@@ -131,7 +139,7 @@ def mode_fields(candidate: Candidate, settings: TrainSettings) -> dict[str, Any]
     if mode.zenflow:
         if rung.stage not in (1, 2) or rung.offload_optimizer != "cpu":
             raise ValueError("ZenFlow needs ZeRO-1/2 with CPU optimizer offload")
-        fields["zenflow"] = dict(ZENFLOW_DEFAULTS)
+        fields["zenflow"] = zenflow_section(accumulation)
     if mode.hpz_partition_size != 1 or mode.quantized_weights or mode.quantized_gradients:
         if rung.stage != 3:
             raise ValueError("ZeRO++ (hpZ, qwZ, qgZ) needs ZeRO-3")
@@ -167,7 +175,7 @@ def build_ds_config(candidate: Candidate, settings: TrainSettings) -> dict[str, 
         "train_micro_batch_size_per_gpu": candidate.micro_batch,
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": settings.gradient_clipping,
-        "zero_optimization": zero_section(candidate, settings),
+        "zero_optimization": zero_section(candidate, settings, accumulation),
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
     }

@@ -91,6 +91,8 @@ class ModeFacts:
     device: str = "cuda"  # 'cuda' | 'cpu' (the CPU backend, DS_ACCELERATOR=cpu)
     superchip: bool = False  # host and GPU share a fast coherent link (GH200-class); hardware profile's flag
     ds_optimizer: bool = True  # the config has a DeepSpeed optimizer section (adamw / torch-adamw), not a client one
+    precision: str = "bf16"  # the training's precision: SuperOffload's update is exact only without a loss scale
+    allow_approximate: bool = False  # --allow-approximate: modes that change the update rule or numerics may apply
 
     @property
     def world_size(self) -> int:
@@ -109,7 +111,9 @@ def is_superchip(gpu_key: str, gpu_name: str) -> bool:
     return any(marker in text for marker in SUPERCHIP_MARKERS)
 
 
-def facts_for(target: Target, device: str, ds_optimizer: bool = True) -> ModeFacts:
+def facts_for(
+    target: Target, device: str, ds_optimizer: bool = True, precision: str = "bf16", allow_approximate: bool = False
+) -> ModeFacts:
     """ModeFacts for a planning or tuning target: its layout, backend and whether its GPU is a superchip."""
     return ModeFacts(
         nodes=target.nodes,
@@ -117,7 +121,62 @@ def facts_for(target: Target, device: str, ds_optimizer: bool = True) -> ModeFac
         device="cpu" if device == "cpu" else "cuda",
         superchip=device != "cpu" and is_superchip(target.gpu.key, target.gpu.name),
         ds_optimizer=ds_optimizer,
+        precision=precision,
+        allow_approximate=allow_approximate,
     )
+
+
+# What each mode that is not the same training changes, in one line (the summary's words when one is picked).
+# Read in DeepSpeed 0.19.8 (paths relative to the `deepspeed` package):
+# - ZenFlow: runtime/zenflow/zenflow_stage_1_and_2.py selects the top-k gradient columns (topk_ratio) and steps
+#   them each iteration; the other columns' updates are accumulated and applied every update_interval steps on
+#   the CPU (runtime/zenflow/engine.py:48-69): a different optimizer algorithm.
+# - qwZ / qgZ: runtime/zero/config.py:328-343; weights are all-gathered as int8 blocks
+#   (partition_parameters.py:1491-1496, CUDAQuantizer) and gradients reduce-scattered as int4
+#   (runtime/comm/coalesced_collectives.py:34, all_to_all_quant_reduce): lossy numerics.
+# - Partial offload ratio: the sub-groups kept on the device step with a torch AdamW built ONCE from param group 0's
+#   lr/betas/eps/weight_decay (runtime/zero/stage3.py:313-322, used at 1256-1258) while an lr scheduler updates the
+#   ZeRO optimizer's param_groups, which are DeepSpeedCPUAdam's (stage3.py:3345-3349): under any lr schedule the
+#   device share keeps the initial lr, and a type "Adam" (L2) config gets decoupled (AdamW) decay there.
+# - SuperOffload: exact in bf16/fp32: CPU sub-groups step asynchronously during backward with the group's current
+#   lr (superoffload/superoffload_stage3.py:169-178), rolled back on overflow or a non-finite norm (205-218), and
+#   stepped only after unscaling and clipping when gradient_clipping is set (248-253). In fp16 without clipping the
+#   asynchronous step sees the loss-SCALED gradient (the unscale comes later, 243), so Adam's eps acts as eps/scale.
+# - hpZ is exact: the secondary partition is dropped after every optimizer step (stage3.py:2835-2846,
+#   invalidate_secondary_tensor 755-759) and rebuilt by copying the updated parameter (partition_parameters.py:
+#   1940-1947), so forward/backward all-gather the same 16-bit weights; only the gather's process group changes.
+APPROXIMATE_FLAG = "--allow-approximate"
+
+
+def approximation(mode: Mode, facts: ModeFacts) -> str:
+    """What `mode` changes about the training, in one line; "" when it trains the same model the same way."""
+    changes = []
+    if mode.zenflow:
+        changes.append(
+            "ZenFlow updates only the top-k gradient columns each step and applies the rest later on the CPU"
+            " (a different optimizer algorithm)"
+        )
+    if mode.quantized_weights:
+        changes.append("ZeRO++ qwZ all-gathers weights as int8 (lossy)")
+    if mode.quantized_gradients:
+        changes.append("ZeRO++ qgZ reduce-scatters gradients as int4 (lossy)")
+    if mode.offload_ratio != 1.0:
+        changes.append(
+            "partial offload steps its device share with a torch AdamW fixed at the initial lr/betas/weight decay"
+            " (an lr schedule does not reach it; stage3.py:313-322)"
+        )
+    if mode.super_offload and facts.precision == "fp16":
+        changes.append("SuperOffload in fp16 steps on loss-scaled gradients (Adam's eps scaled)")
+    return "; ".join(changes)
+
+
+def _same_training_only(option: ModeOption, facts: ModeFacts) -> ModeOption:
+    """An applicable mode that changes the training applies only with the explicit opt-in."""
+    what = approximation(option.mode, facts)
+    if not option.applies or not what or facts.allow_approximate:
+        return option
+    reason = f"changes the training ({what}); tried only with {APPROXIMATE_FLAG}"
+    return ModeOption(option.mode, option.family, False, reason, False)
 
 
 @dataclass(frozen=True)
@@ -321,7 +380,7 @@ def considered_modes(rung: Rung, facts: ModeFacts) -> list[ModeOption]:
     options = [_partial_offload(rung, facts), _zenflow(rung, facts)]
     options += _zero_plus_plus(rung, facts)
     options.append(_super_offload(rung, facts))
-    return options
+    return [_same_training_only(option, facts) for option in options]
 
 
 def applicable_modes(rung: Rung, facts: ModeFacts) -> list[Mode]:
@@ -333,6 +392,8 @@ def mode_applies(rung: Rung, mode: Mode, facts: ModeFacts) -> bool:
     """Whether this exact mode may be emitted on `rung` (the classic mode always may)."""
     if mode.is_classic:
         return True
+    if approximation(mode, facts) and not facts.allow_approximate:
+        return False
     if mode.offload_ratio != 1.0:
         other = Mode(offload_ratio=1.0, **{k: v for k, v in mode.to_dict().items() if k != "offload_ratio"})
         return _partial_offload(rung, facts).applies and (other.is_classic or mode_applies(rung, other, facts))

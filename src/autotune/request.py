@@ -70,6 +70,10 @@ class TuneRequest:
     # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
     # substituted in (trial/script_mode.py); None: our synthetic worker.
     command: tuple[str, ...] | None = None
+    # Modes that change the update rule or the numerics (ZenFlow, ZeRO++ quantization, partial offload ratio;
+    # autotune.modes.approximation) join the search only when the user opts in: by default the tuned config trains
+    # the same model the same way (same optimizer math, global batch and precision).
+    allow_approximate: bool = False
 
 
 def default_of(name: str) -> Any:

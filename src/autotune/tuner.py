@@ -17,7 +17,7 @@ from autotune.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.environment import deepspeed_accelerator, preserved_environment
 from autotune.errors import NothingFitsError, TrialsFailedError, UserError
 from autotune.ladder import Candidate
-from autotune.modes import ModeFacts, considered_modes, facts_for, ratio_grid
+from autotune.modes import ModeFacts, approximation, considered_modes, facts_for, ratio_grid
 from autotune.optimizers import optimizer_kind
 from autotune.paths import cache_dir
 from autotune.recommend import host_line, passed_over_line, recommend
@@ -140,7 +140,8 @@ def script_launcher(request: TuneRequest) -> TrialLauncher | None:
 def mode_facts(ctx: TuneContext) -> ModeFacts:
     """What autotune.modes needs to decide which modes apply to this tuning run."""
     request = ctx.request
-    return facts_for(ctx.target, request.device, ds_optimizer=optimizer_kind(request.optimizer).ds_type is not None)
+    ds_optimizer = optimizer_kind(request.optimizer).ds_type is not None
+    return facts_for(ctx.target, request.device, ds_optimizer, ctx.precision, request.allow_approximate)
 
 
 def _never_run(candidate: Candidate) -> tuple[TrialResult, bool]:
@@ -351,6 +352,8 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
     data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
     if not ctx.verified:
         data["notes"] = [*data["notes"], *plan_notes]
+    if changes := approximation(candidate.mode, mode_facts(ctx)):  # only reachable with --allow-approximate
+        data["notes"] = [*data["notes"], f"changes the training: {changes}"]
     data["batch"] = describe_global_batch(
         config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step
     ).to_dict()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from autotune.cli.options import (
+    AllowApproximateOpt,
     AttentionOpt,
     D,
     DecoderSeqLenOpt,
@@ -130,6 +131,7 @@ def hook_command(
     trial_timeout: TrialTimeoutOpt = D.trial_timeout_s,
     report_dir: ReportDirOpt = D.report_dir,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
+    allow_approximate: AllowApproximateOpt = D.allow_approximate,
     optimizer: OptimizerOpt = D.optimizer,
     lora_rank: LoraRankOpt = D.lora_rank,
     lora_targets: LoraTargetsOpt = None,
@@ -163,6 +165,7 @@ def hook_command(
         out=out,
         report_dir=report_dir,
         trust_remote_code=trust_remote_code,
+        allow_approximate=allow_approximate,
         optimizer=optimizer,
         lora_rank=lora_rank,
         lora_targets=parse_name_list(lora_targets),

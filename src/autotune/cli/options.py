@@ -132,6 +132,14 @@ GradCkptOpt = Annotated[
         help="The model uses gradient checkpointing (for a config's fit; default: as the tuning recorded, else off).",
     ),
 ]
+AllowApproximateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-approximate",
+        help="Also try modes that change the training (ZenFlow's selective updates, ZeRO++ int8/int4 quantization,"
+        " a partial offload ratio); off by default so the config trains the same model the same way.",
+    ),
+]
 TrustRemoteCodeOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow custom model code from the HF cache.")
 ]

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from autotune.cli.options import (
+    AllowApproximateOpt,
     AttentionOpt,
     D,
     DecoderSeqLenOpt,
@@ -263,6 +264,7 @@ def plan_command(
     rungs: RungsOpt = None,
     nvme_path: NvmePathOpt = D.nvme_path,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
+    allow_approximate: AllowApproximateOpt = D.allow_approximate,
     config: UserConfigOpt = D.config,
     micro_batch: MicroBatchOpt = D.micro_batch,
     optimizer: OptimizerOpt = D.optimizer,
@@ -300,6 +302,7 @@ def plan_command(
         rungs=parse_rung_list(rungs),
         nvme_path=nvme_path,
         trust_remote_code=trust_remote_code,
+        allow_approximate=allow_approximate,
         optimizer=optimizer,
         lora_rank=lora_rank,
         lora_targets=parse_name_list(lora_targets),

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.status import Status
 
 from autotune.cli.options import (
+    AllowApproximateOpt,
     AttentionOpt,
     CacheDirOpt,
     D,
@@ -195,6 +196,7 @@ def tune_command(
     lora_targets: LoraTargetsOpt = None,
     host_memory: HostMemoryOpt = D.host_memory,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
+    allow_approximate: AllowApproximateOpt = D.allow_approximate,
     as_json: JsonOpt = False,
     command: UserCommandArg = None,
 ) -> None:
@@ -233,6 +235,7 @@ def tune_command(
         cache_dir=cache_dir,
         script=script,
         trust_remote_code=trust_remote_code,
+        allow_approximate=allow_approximate,
         tokens_per_step=tokens_per_step,
         optimizer=optimizer,
         lora_rank=lora_rank,
