@@ -83,7 +83,7 @@ def test_the_hook_asks_the_question_tune_asks(tmp_path: Path, monkeypatch) -> No
 
     seen = []
 
-    def capture(request, observe=None):
+    def capture(request, **callbacks):
         seen.append(request.tuning)
         raise SystemExit(0)
 

@@ -47,7 +47,9 @@ def emitted(
     settings = TrainSettings(world_size=world, global_batch=global_batch, hidden_size=64, optimizer=optimizer)
     config = build_ds_config(candidate, settings)
     config_path, _ = write_configs(config, world, tmp_path / "ds_config.json", hf=True)
-    return emit_launchers(config, candidate, config_path, world, 1, PLAIN, optimizer, lora_rank, hf_script=HF)
+    return emit_launchers(
+        config, candidate, config_path, world, 1, PLAIN, optimizer, lora_rank, hf_script=HF, device="cpu"
+    )
 
 
 def run_path(command: str, tmp_path: Path) -> dict:
@@ -55,9 +57,8 @@ def run_path(command: str, tmp_path: Path) -> dict:
     port = str(_free_port())
     command = command.replace("deepspeed --num_gpus", f"deepspeed --master_port {port} --num_gpus")
     command = command.replace("torchrun --nproc-per-node", f"torchrun --master-port {port} --nproc-per-node")
-    env = {
-        **os.environ,
-        "DS_ACCELERATOR": "cpu",
+    env = {  # no DS_ACCELERATOR: a command tuned on the CPU backend says so itself
+        **{k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"},
         "TOKENIZERS_PARALLELISM": "false",
         "MASTER_PORT": port,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
@@ -79,7 +80,9 @@ def run_path(command: str, tmp_path: Path) -> dict:
 def test_commands_use_each_launchers_own_conventions(tmp_path: Path) -> None:
     launch = emitted(tmp_path, Candidate(Rung.Z3, 2, True), 2, 8)
     assert f"{PLAIN} --deepspeed --deepspeed_config {tmp_path / 'ds_config.json'}" in launch.deepspeed
-    assert launch.torchrun.startswith("OMP_NUM_THREADS=$(( $(nproc) / 2 )) torchrun")
+    assert launch.torchrun.startswith("DS_ACCELERATOR=cpu OMP_NUM_THREADS=$(( $(nproc) / 2 )) torchrun")
+    printed = (launch.deepspeed, launch.hf_trainer, launch.accelerate)
+    assert all(command.startswith("DS_ACCELERATOR=cpu ") for command in printed)
     assert f"--deepspeed {tmp_path / 'ds_config.hf.json'}" in launch.hf_trainer
     assert (
         launch.hf_flags

@@ -294,3 +294,19 @@ def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tm
     assert not first.from_cache and again.from_cache and again.trials_launched == 0
     assert again.ds_config == first.ds_config and first.ds_config["scheduler"] == {"type": "WarmupLR"}  # type: ignore[index]
     assert again.report["own_command"]["train_command"] == first.report["own_command"]["train_command"]
+
+
+def test_the_printed_command_carries_the_environment_its_trials_had(tmp_path: Path) -> None:
+    """Without a launcher the trials set the one-rank variables; printed without them, `python3 train.py`
+    made DeepSpeed look for MPI ("No module named 'mpi4py'"). The end-to-end run is in test_script_mode.py."""
+    from autotune.trial.script_mode import train_command
+
+    bare = parse_command(["python3", "train.py", "--deepspeed_config", "{ds_config}", "--mb", "{micro_batch}"])
+    line = train_command(bare, _spec(nprocs_per_node=1), tmp_path / "ds config.json")
+    assert line == (
+        "DS_ACCELERATOR=cpu RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1"
+        f" MASTER_PORT=29500 python3 train.py --deepspeed_config '{tmp_path / 'ds config.json'}' --mb 4"
+    )
+    launched = parse_command(["torchrun", "--nproc-per-node", "{gpus}", "train.py", "--deepspeed", "{ds_config}"])
+    on_gpu = train_command(launched, _spec(device="cuda"), tmp_path / "c.json")
+    assert on_gpu == f"torchrun --nproc-per-node 2 train.py --deepspeed {tmp_path / 'c.json'}"  # the launcher's ranks

@@ -17,11 +17,13 @@ from tests.conftest import run_cli
 
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.ladder import Candidate, Rung
+from autotune.trial.processes import one_rank_env
 from autotune.trial.script import ScriptLauncher
 from autotune.trial.shm import SEGMENT_PREFIX, SHM_DIRECTORY, segment_port
 from autotune.trial.types import TrialSpec
 
 JOBS = Path(__file__).parent / "scripts" / "user_jobs"
+RANK_VARIABLES = set(one_rank_env(port=0))
 PROFILE = Path(__file__).parents[1] / "profiles" / "models" / "tiny-gpt2.json"
 
 
@@ -54,10 +56,11 @@ def _tune(tmp_path: Path, model_dir: Path, options: list[str], command: list[str
 
 
 def _train_with_answer(report: dict, extra: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    argv = [*shlex.split(report["own_command"]["train_command"]), *extra]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}  # fmt: skip
-    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    """The printed command as printed (through the shell), in an environment without rank or accelerator
+    variables: what a user who pastes it has."""
+    command = f"{report['own_command']['train_command']} {shlex.join(extra)}"
+    env = {k: v for k, v in os.environ.items() if k not in {*RANK_VARIABLES, "DS_ACCELERATOR"}}
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
 
 
 def _assert_trials_ran_the_command(report: dict, script: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from autotune.sharing import file_mode_for, make_dirs
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write to a temp file in the target directory, fsync, then rename over the target.
 
     Mode 0644, or 0664 inside a shared-group (setgid) directory so the group can replace it (sharing.py).
@@ -20,8 +20,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     make_dirs(target.parent)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp_name, file_mode_for(target.parent))
@@ -30,6 +30,11 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     return target
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """`atomic_write_bytes` of the UTF-8 text."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike[str], data: Any) -> Path:

@@ -26,6 +26,7 @@ def emit_launchers(
     lora_rank: int | None = None,
     hf_script: str | None = None,
     kernels: str = "stock",
+    device: str = "cuda",
 ) -> LaunchCommands:
     """Write the accelerate config beside `config_path` (the .hf.json is written by write_configs) and
     return the command for every launcher, all read off the same emitted config."""
@@ -49,6 +50,7 @@ def emit_launchers(
         nodes=nodes,
         script=script,
         hf_script=hf_script or script,
+        device=device,
     )
     try:
         write_accelerate_config(run)

@@ -42,6 +42,7 @@ class TunedRun:
     nodes: int = 1
     script: str = "train.py"  # a plain DeepSpeed script (deepspeed and torchrun paths)
     hf_script: str = "train.py"  # an HF Trainer script (HF Trainer and accelerate paths)
+    device: str = "cuda"  # "cpu": DeepSpeed's CPU backend, which a launched process selects by DS_ACCELERATOR
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,19 @@ def launch_commands(run: TunedRun) -> LaunchCommands:
     rendezvous = f" --nnodes {nodes} --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500" if nodes > 1 else ""
     flags = hf_trainer_flags(run)
     machine = " --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR" if nodes > 1 else ""
+    env = accelerator_prefix(run.device)
     return LaunchCommands(
-        deepspeed=f"{ds_launcher} {plain}",
-        torchrun=f"{threads}torchrun{rendezvous} --nproc-per-node {gpus} {plain}",
-        hf_trainer=f"{ds_launcher} {run.hf_script} --deepspeed {run.hf_config_path} {flags}",
-        accelerate=f"accelerate launch --config_file {run.accelerate_config_path}{machine} {run.hf_script} {flags}",
+        deepspeed=f"{env}{ds_launcher} {plain}",
+        torchrun=f"{env}{threads}torchrun{rendezvous} --nproc-per-node {gpus} {plain}",
+        hf_trainer=f"{env}{ds_launcher} {run.hf_script} --deepspeed {run.hf_config_path} {flags}",
+        accelerate=f"{env}accelerate launch --config_file {run.accelerate_config_path}{machine}"
+        f" {run.hf_script} {flags}",
         hf_flags=flags,
     )
+
+
+def accelerator_prefix(device: str) -> str:
+    """`DS_ACCELERATOR=cpu ` for the CPU backend, which the tuning measured: without it DeepSpeed picks CUDA on
+    any machine where torch sees a GPU (deepspeed 0.19.8 accelerator/real_accelerator.py:200-205), and falls
+    back to the CPU only with a warning elsewhere."""
+    return "DS_ACCELERATOR=cpu " if device == "cpu" else ""

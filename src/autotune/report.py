@@ -225,8 +225,11 @@ def _own_command_lines(own: dict[str, Any], trials: list[dict[str, Any]]) -> lis
     return lines
 
 
+REPORT_STEM = "autotune-report"
+
+
 def write_report(
-    data: dict[str, Any], out_dir: Path, stem: str = "autotune-report", redraw: bool = True
+    data: dict[str, Any], out_dir: Path, stem: str = REPORT_STEM, redraw: bool = True
 ) -> tuple[Path, Path]:
     """The JSON, the picture (when matplotlib is there) and the markdown that embeds it.
 

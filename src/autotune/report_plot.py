@@ -8,11 +8,11 @@ state and no display is touched in the caller's process.
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Any
 
+from autotune.atomic import atomic_write_bytes
 from autotune.ladder import Mode
 
 MIB = 2**20
@@ -79,15 +79,9 @@ def write_report_plot(data: dict[str, Any], path: Path) -> tuple[Path | None, st
     speed.bar(positions, [r["speed"] for r in rows], 0.5, color="tab:green")
     speed.set_ylabel("measured samples/s")
     speed.set_xticks(positions, [r["label"] for r in rows], fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(handle)
-    try:
-        figure.savefig(temporary, dpi=110)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=110)
+    atomic_write_bytes(path, image.getvalue())  # the mode of every other output, never half a picture
     return path, embed_line(path)
 
 

@@ -67,12 +67,11 @@ def _results_cache(request: TuneRequest) -> ResultsCache | None:
 def _prepare_ops(device: str, observe: Callable[[SearchEvent], None]) -> None:
     """Load DeepSpeed's JIT ops once before the first trial, in a child with the trials' interpreter and
     environment (building there if needed), so no trial timeout absorbs a build or a stale build lock."""
-    from autotune.trial.ops import ensure_ops_ready, ops_built
+    from autotune.trial.ops import ensure_ops_ready, extensions_dir, ops_built
 
     if not ops_built(device):
-        observe(
-            SearchEvent("prepare", message="building DeepSpeed ops once (minutes; cached in ~/.cache/torch_extensions)")
-        )
+        where = f"cached in {extensions_dir()}, TORCH_EXTENSIONS_DIR"
+        observe(SearchEvent("prepare", message=f"building DeepSpeed ops once (minutes; {where})"))
     try:
         ensure_ops_ready(device, report=lambda message: observe(SearchEvent("prepare", message=message)))
     except (RuntimeError, OSError) as error:
@@ -449,6 +448,7 @@ def _launch(ctx: TuneContext, config: dict, candidate: Candidate, config_path: P
         ctx.request.optimizer,
         ctx.request.lora_rank,
         kernels=ctx.request.kernels,
+        device=ctx.request.device,
     )
 
 

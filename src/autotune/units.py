@@ -54,3 +54,13 @@ def format_bytes(n: float | None) -> str:
         if n >= size:
             return f"{sign}{n / size:.1f} {unit}"
     return f"{sign}{int(n)} B"
+
+
+def format_duration(seconds: float) -> str:
+    """'42s', '3m12s', '1h05m': short enough for a progress line."""
+    whole = max(round(seconds), 0)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"

@@ -43,14 +43,14 @@ from autotune.cli.options import (
     UserCommandArg,
     say_assumed_units,
 )
-from autotune.cli.output import print_json
+from autotune.cli.output import err_console, print_json, stamped
 from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
+from autotune.cli.tune import TrialProgress
 from autotune.errors import UserError
 from autotune.terminate import sigterm_raises
 
 if TYPE_CHECKING:
     from autotune.hook import HookResult
-    from autotune.search import SearchEvent
 
 _BANNER = "!" * 100
 
@@ -78,14 +78,12 @@ def _summary(result: HookResult) -> str:
     return (
         f"autotune hook: {result.job.describe()}; {how} ({record.source}{trials}{choice});"
         f" config {result.config_path} (sha256 {(record.config_sha256 or '')[:16]}) in {result.elapsed_s:.1f} s"
+        + (f"; report {result.report_path}" if result.report_path else "")
     )
 
 
-def _trial_printer(event: SearchEvent) -> None:
-    if event.kind == "trial_end" and event.record is not None:
-        result = event.record.result
-        speed = f", {result.samples_per_s:.2f} samples/s" if result.samples_per_s else ""
-        print(f"autotune hook: trial {event.record.candidate.key}: {result.status}{speed}", file=sys.stderr)
+def _say(line: str) -> None:
+    print(stamped(f"hook: {line}"), file=sys.stderr, flush=True)
 
 
 def hook_command(
@@ -188,7 +186,8 @@ def hook_command(
     try:
         # SIGTERM (scancel, time limit): trials stopped, best verified config published, exit 143 (terminate.py)
         with sigterm_raises():
-            result = run_hook(request, observe=_trial_printer)
+            progress = TrialProgress(err_console(), max_trials, enabled=True)  # the lines `tune` prints
+            result = run_hook(request, observe=progress, say=_say)
     except HookError as error:
         print(f"autotune: error: {error}", file=sys.stderr)
         raise SystemExit(error.exit_code) from None

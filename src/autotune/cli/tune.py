@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -50,7 +51,7 @@ from autotune.cli.options import (
 from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
 from autotune.terminate import Terminated, sigterm_raises
-from autotune.units import format_bytes
+from autotune.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
     from autotune.hook.leader import BestVerified
@@ -71,6 +72,8 @@ class TrialProgress:
         self.count = 0
         self.started = time.monotonic()
         self.status: Status | None = None
+        self.trial_started: float | None = None
+        self.durations: list[float] = []  # wall seconds of each trial launched so far (not cache reads)
 
     def line(self, message: str) -> None:
         if self.live:
@@ -81,10 +84,15 @@ class TrialProgress:
     def __call__(self, event: SearchEvent) -> None:
         if not self.enabled:
             return
-        elapsed = time.monotonic() - self.started
+        now = time.monotonic()
+        elapsed = now - self.started
         if event.kind == "trial_start" and event.candidate:
             self.count += 1
-            text = f"trial {self.count} (budget {self.max_trials}): {event.candidate.describe()}  [{elapsed:.0f} s]"
+            self.trial_started = now
+            text = (
+                f"trial {self.count} (budget {self.max_trials}): {event.candidate.describe()}  [{elapsed:.0f} s]"
+                f"{self.eta()}"
+            )
             if self.live:
                 self.status = self.err.status(text)
                 self.status.start()
@@ -96,6 +104,8 @@ class TrialProgress:
             self.status = None
         if event.kind == "trial_end" and event.record:
             record = event.record
+            if not record.from_cache and self.trial_started is not None:
+                self.durations.append(now - self.trial_started)
             result = record.result
             speed = f", {result.samples_per_s:.2f} samples/s" if result.samples_per_s else ""
             cached = " (cached)" if record.from_cache else ""
@@ -109,6 +119,20 @@ class TrialProgress:
             self.line(event.message)
         elif event.kind == "skip":
             self.line(f"skip {_group_label(event.candidate)}: {event.message}")
+
+
+    def eta(self) -> str:
+        """What the trials so far say about this one and the rest: nothing before one has run."""
+        if not self.durations:
+            return ""
+        typical = statistics.median(self.durations)
+        left = max(self.max_trials - self.count, 0)
+        spread = f" ({format_duration(min(self.durations))}-{format_duration(max(self.durations))})"
+        return (
+            f"; expect ~{format_duration(typical)}, the median of {len(self.durations)} trial(s) so far"
+            f"{spread if len(self.durations) > 1 else ''}; at most {left} more after it"
+            f" (~{format_duration(left * typical)})"
+        )
 
 
 def _group_label(candidate: Candidate | None) -> str:

@@ -185,18 +185,38 @@ def _describe(pid: int) -> str:
 
 def _leader_note(slot: SharedSlot, holders: Callable[[Path], list[int]] = local_lock_holders) -> str:
     """Who holds the lock: the note the tuner left, unless this node shows that the note is stale."""
+    info = read_leader_note(slot)
     try:
-        info = json.loads(slot.leader_path.read_text())
         since = time.strftime("%H:%M:%S", time.localtime(info["started"]))
         note = f"the tuning process ({info['host']} pid {info['pid']}, tuning since {since})"
         host, pid = info["host"], int(info["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         note, host, pid = "the tuning process", None, None
     here = holders(slot.lock_path)
     if not here or (host == socket.gethostname() and pid in here):
         return note
     stale = f"; {slot.leader_path.name} names {host} pid {pid}, which does not hold it" if pid is not None else ""
     return f"the lock holder on {socket.gethostname()}, {', '.join(map(_describe, here))}{stale}"
+
+
+def read_leader_note(slot: SharedSlot) -> dict:
+    """The tuner's note (who, since when, how far: `progress`), or {} when absent or unreadable."""
+    try:
+        note = json.loads(slot.leader_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return note if isinstance(note, dict) else {}
+
+
+def note_progress(slot: SharedSlot, progress: dict) -> None:
+    """The tuner's progress in its note, for the processes waiting on it to print (informational only)."""
+    note = read_leader_note(slot)
+    if note.get("pid") == os.getpid() and note.get("host") == socket.gethostname():
+        atomic_write_text(slot.leader_path, json.dumps({**note, "progress": progress}) + "\n")
+
+
+# How often a waiting process says it is still waiting: a SLURM log shows it is alive and what it waits for.
+WAIT_REPORT_INTERVAL_S = 60.0
 
 
 def _lock(slot: SharedSlot) -> filelock.FileLock:
@@ -237,17 +257,20 @@ def coordinate(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     vet: Callable[[HookRecord], str | None] = lambda record: None,
+    waiting: Callable[[float], None] = lambda waited_s: None,
 ) -> Coordinated:
     """Return an acceptable published record, producing and publishing it if this process wins the lock.
 
     `vet` is asked about every record read from the slot (not one this process produced): a reason
-    (e.g. DeepSpeed's parser refusing its config) makes the record count as untrusted."""
+    (e.g. DeepSpeed's parser refusing its config) makes the record count as untrusted. `waiting` is told the
+    seconds waited when this process starts waiting for another tuner, and every WAIT_REPORT_INTERVAL_S after."""
     make_dirs(slot.directory)
     started = clock()
     deadline = started + wait_timeout_s
     lock = _lock(slot)
     ignored = None
     first_look = True
+    next_report = started
     while True:
         record, problem = _look(slot, vet)
         ignored = problem or ignored
@@ -261,6 +284,9 @@ def coordinate(
                 f"timed out after {wait_timeout_s:.0f} s waiting for {_leader_note(slot)} to publish a config"
                 f" (lock {slot.lock_path}); raise --wait-timeout or look at that process"
             )
+        if clock() >= next_report:
+            waiting(clock() - started)
+            next_report += WAIT_REPORT_INTERVAL_S
         sleep(poll_interval_s)
     waited = clock() - started
     try:

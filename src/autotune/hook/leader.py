@@ -24,7 +24,9 @@ from autotune.assumptions import read_assumptions
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook.coordinate import HookRecord, RecordStatus
 from autotune.hook.env import JobEnv
+from autotune.hook.outputs import published_outputs
 from autotune.leftovers import owned_tempdir, sweep
+from autotune.report import REPORT_STEM
 from autotune.request import memory_size
 from autotune.stop import StopReason
 from autotune.terminate import Terminated
@@ -124,14 +126,19 @@ def _details(result: TuneResult) -> dict:
         "stop_reason": result.stop_reason.value,
         "stop_message": report.get("stop_message"),
         "choice": (report.get("choice") or {}).get("description"),
-        "report_path": str(result.report_path) if result.report_path else None,
         "from_cache": result.from_cache,
     }
 
 
+def _outputs(result: TuneResult, staged: Path) -> dict:
+    """The record's `outputs` (hook/outputs.py): what every process writes beside its --out."""
+    picture = staged.parent / f"{REPORT_STEM}.png"
+    return published_outputs(result.candidate, result.report if result.report_path else None, staged, picture)
+
+
 def _from_result(leader: LeaderJob, result: TuneResult, staged: Path) -> HookRecord:
     text = staged.read_text()
-    details = _details(result)
+    details = {**_details(result), "outputs": _outputs(result, staged)}
     if not result.verified:
         warning = "plan-only recommendation: no trial verified it"
         return leader.record("fallback", text, "plan only", False, warning=warning, details=details)
@@ -158,6 +165,7 @@ def _best_verified(
     candidate = best.record.candidate
     write_configs(_ds_config_for(leader.tuning, candidate), leader.job.world_size, staged, validate=validate)
     details = {"trials_launched": best.launched, "samples_per_s": best.record.result.samples_per_s, **details}
+    details["outputs"] = published_outputs(candidate, None, staged, None)
     warning = f"{reason}; wrote the best config verified so far ({candidate.describe()})"
     return leader.record("fallback", staged.read_text(), "best verified so far", True, warning=warning, details=details)
 
@@ -186,21 +194,23 @@ def _fallback(leader: LeaderJob, reason: str, best: BestVerified, staged: Path) 
     except (UserError, NothingFitsError) as error:
         kind = "user" if isinstance(error, UserError) else "nothing_fits"
         return leader.record("failed", None, "none", False, error_kind=kind, error=f"{reason}; plan-only: {error}")
-    details = {**_details(result), "trials_launched": best.launched}
+    details = {**_details(result), "trials_launched": best.launched, "outputs": _outputs(result, staged)}
     warning = f"{reason}; wrote the plan-only recommendation for {format_bytes(per_rank)} per rank, NOT verified"
     return leader.record("fallback", staged.read_text(), "plan only", False, warning=warning, details=details)
 
 
 def tune_and_record(leader: LeaderJob, staging_parent: Path) -> HookRecord:
-    """Tune for the job (config staged in a private directory) and turn any outcome into a record.
+    """Tune for the job (config and report staged in a private directory) and turn any outcome into a record.
 
-    The record carries the `ds_config.autotune.json` the tuner wrote beside the staged config, so every process
-    writes it beside its own --out and `autotune check` there asks the question the tuner answered."""
+    The record carries what the tuner wrote there (hook/outputs.py), among it the `ds_config.autotune.json`
+    beside the staged config, so every process writes the same files at its own --out and `autotune check`
+    there asks the question the tuner answered."""
     sweep(staging_parent, "")  # staging dirs of tuners that were SIGKILLed on this host
     staging = owned_tempdir(f"{leader.key}.", staging_parent)
     staged = staging / "ds_config.json"
     try:
-        record = _record_outcome(replace(leader, tuning=replace(leader.tuning, out=str(staged))), staged)
+        tuning = replace(leader.tuning, out=str(staged), report_dir=str(staging))
+        record = _record_outcome(replace(leader, tuning=tuning), staged)
         assumptions = read_assumptions(staged) if record.config_text is not None else None
         return replace(record, details={**record.details, "assumptions": assumptions}) if assumptions else record
     finally:

@@ -18,14 +18,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from autotune.assumptions import assumptions_path
-from autotune.atomic import atomic_write_json, atomic_write_text
+from autotune.atomic import atomic_write_text
 from autotune.cache import library_versions, run_key
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook.coordinate import HookError, HookRecord, Role, SharedSlot, coordinate
 from autotune.hook.env import JobEnv, JobOverrides, detect_job_env
 from autotune.hook.launch import choose_launcher
 from autotune.hook.leader import LeaderJob, TuneFn, real_tune, tune_and_record
+from autotune.hook.outputs import write_outputs
+from autotune.hook.progress import ProgressNote, waiting_line
+from autotune.hook.verdicts import KnownValid, default_verdicts_path, verdict_key
 from autotune.paths import cache_dir
 from autotune.terminate import Terminated
 
@@ -68,6 +70,7 @@ class HookResult:
     waited_s: float
     elapsed_s: float
     ignored: str | None = None  # why a record found in the shared dir was not trusted
+    report_path: Path | None = None  # autotune-report.md, when the tuning left one
 
     @property
     def fallback(self) -> bool:
@@ -89,7 +92,8 @@ class HookResult:
             "waited_s": round(self.waited_s, 3),
             "elapsed_s": round(self.elapsed_s, 3),
             "ignored_record": self.ignored,
-            "details": record.details,
+            "report_path": str(self.report_path) if self.report_path else None,
+            "details": {k: v for k, v in record.details.items() if k != "outputs"},  # outputs: the files written
         }
 
 
@@ -146,14 +150,19 @@ def _raise_failure(record: HookRecord, role: Role) -> NoReturn:
     raise HookError(message)
 
 
-def config_vetter(world_size: int) -> Callable[[HookRecord], str | None]:
-    """DeepSpeed's parser at the job's world size, once per distinct config, for every record read back."""
+def config_vetter(world_size: int, known: KnownValid) -> Callable[[HookRecord], str | None]:
+    """DeepSpeed's parser at the job's world size, once per distinct config, for every record read back;
+    a config this user already saw DeepSpeed accept (`known`, verdicts.py) is not parsed again."""
     verdicts: dict[str | None, str | None] = {}
 
     def vet(record: HookRecord) -> str | None:
         digest = record.config_sha256
         if digest not in verdicts:
-            verdicts[digest] = _deepspeed_verdict(record.config_text or "", world_size)
+            text = record.config_text or ""
+            key = verdict_key(text, world_size)
+            verdicts[digest] = None if key in known else _deepspeed_verdict(text, world_size)
+            if verdicts[digest] is None:
+                known.add(key)
         return verdicts[digest]
 
     return vet
@@ -182,8 +191,12 @@ def run_hook(
     launcher_chooser: LauncherChooser = choose_launcher,
     gpu_prober: GpuProber = _default_gpus,
     observe: Callable[[SearchEvent], None] = lambda event: None,
+    say: Callable[[str], None] = lambda line: None,
+    verdicts_path: Path | None = None,
 ) -> HookResult:
-    """Give this process the job's config at `request.tuning.out`; raises UserError, NothingFitsError, HookError."""
+    """Give this process the job's config, and the files `tune` writes beside it, at `request.tuning.out`;
+    raises UserError, NothingFitsError, HookError. `say` gets the waiting lines (a waiting process prints
+    nothing else for as long as the tuning takes); `verdicts_path` defaults to verdicts.py's file."""
     started, started_wall = time.monotonic(), time.time()
     tuning = request.tuning
     gpus = gpu_prober() if tuning.device == "cuda" else []
@@ -206,12 +219,17 @@ def run_hook(
     key = job_key(tuning, job)
     hardware = hardware_fingerprint(tuning, gpus)
     slot = SharedSlot(shared / "hook", key)
+    known = KnownValid(default_verdicts_path() if verdicts_path is None else verdicts_path)
 
     def produce() -> HookRecord:
         # Own-command mode: tune() runs the user's command itself (trial/script.py), on this node.
         choose = lambda: None if tuning.command else launcher_chooser(job, shared, environ)  # noqa: E731
-        leader = LeaderJob(key, job, hardware, tuning, choose, observe, tune_fn)
-        return tune_and_record(leader, slot.directory / "staging")
+        publishing = ProgressNote(slot, tuning.max_trials, observe)
+        leader = LeaderJob(key, job, hardware, tuning, choose, publishing, tune_fn)
+        record = tune_and_record(leader, slot.directory / "staging")
+        if record.config_text is not None and not record.details.get("terminated"):  # tune() validated it
+            known.add(verdict_key(record.config_text, job.world_size))
+        return record
 
     outcome = coordinate(
         slot,
@@ -219,7 +237,8 @@ def run_hook(
         produce=produce,
         wait_timeout_s=request.wait_timeout,
         poll_interval_s=request.poll_interval_s,
-        vet=config_vetter(job.world_size),
+        vet=config_vetter(job.world_size, known),
+        waiting=lambda waited_s: say(waiting_line(slot, job, waited_s)),
     )
     record = outcome.record
     if record.status == "failed" or record.config_text is None:
@@ -228,12 +247,20 @@ def run_hook(
         raise HookError(f"--strict: no config written, because {record.warning}")
     try:
         path = atomic_write_text(request.tuning.out, record.config_text or "")
-        if isinstance(record.details.get("assumptions"), dict):  # what `autotune check` reads beside the config
-            atomic_write_json(assumptions_path(path), record.details["assumptions"])
+        report = write_outputs(record, tuning, job, path.resolve(), Path(tuning.report_dir or path.parent))
     except OSError as error:
-        raise UserError(f"cannot write {request.tuning.out}: {error.strerror or error}") from None
+        why = error.strerror or error
+        raise UserError(f"cannot write {request.tuning.out} or the files beside it: {why}") from None
     if outcome.role == "leader" and record.details.get("terminated"):
         raise Terminated(f"{record.warning}, to {path} and the shared directory")
     return HookResult(
-        outcome.role, path.resolve(), record, job, key, outcome.waited_s, time.monotonic() - started, outcome.ignored
+        outcome.role,
+        path.resolve(),
+        record,
+        job,
+        key,
+        outcome.waited_s,
+        time.monotonic() - started,
+        outcome.ignored,
+        report.resolve() if report else None,
     )

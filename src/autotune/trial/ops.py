@@ -106,20 +106,20 @@ def ensure_ops_ready(
     if held:
         report(f"waiting for a torch-extensions build in progress (lock {held[0]})")
     try:
-        return prebuild_ops(device, python, timeout_s, env)
+        return prebuild_ops(device, python, timeout_s, env, report)
     except subprocess.TimeoutExpired:
         locks = build_locks(device, env)
         why = f"; build lock {locks[0]} is still held (remove it if no build is running)" if locks else ""
         raise RuntimeError(f"DeepSpeed ops for {device} were not ready within {timeout_s:.0f} s{why}") from None
 
 
-def build_ops(device: str) -> dict[str, float]:
-    """In this process: load (building if needed) each op; seconds per op."""
+def build_ops(device: str, names: tuple[str, ...] = ()) -> dict[str, float]:
+    """In this process: load (building if needed) each op (`names`, default all a trial loads); seconds per op."""
     select_accelerator(device)
     from deepspeed.accelerator import get_accelerator
 
     seconds = {}
-    for name in TRIAL_OPS[device]:
+    for name in names or TRIAL_OPS[device]:
         started = time.perf_counter()
         get_accelerator().create_op_builder(name).load()
         seconds[name] = round(time.perf_counter() - started, 2)
@@ -127,20 +127,47 @@ def build_ops(device: str) -> dict[str, float]:
 
 
 def prebuild_ops(
-    device: str = "cpu", python: str = sys.executable, timeout_s: float = 3600.0, env: dict[str, str] | None = None
+    device: str = "cpu",
+    python: str = sys.executable,
+    timeout_s: float = 3600.0,
+    env: dict[str, str] | None = None,
+    report: Callable[[str], None] = lambda message: None,
 ) -> dict[str, float]:
-    """In a child process, so the caller never imports torch; seconds per op (a few each once cached)."""
-    completed = subprocess.run(
-        [python, "-m", "autotune.trial.ops", "--device", device],
-        env={**(os.environ if env is None else env), "DS_ACCELERATOR": device},
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    lines = completed.stdout.strip().splitlines()
-    if completed.returncode != 0 or not lines:
-        tail = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+    """In child processes, so the caller never imports torch: one per op, all at once, a line as each is ready;
+    seconds per op (a few each once cached). Each op builds in its own directory under its own torch build
+    lock, so the builds do not interfere; run one after another they took the sum of their times."""
+    env = {**(os.environ if env is None else env), "DS_ACCELERATOR": device}
+    started = time.monotonic()
+    children = {name: _start_op(python, device, name, env) for name in TRIAL_OPS[device]}
+    seconds: dict[str, float] = {}
+    try:
+        while children:
+            for name, child in list(children.items()):
+                if child.poll() is None:
+                    continue
+                del children[name]
+                seconds |= _op_outcome(child, device)
+                report(f"DeepSpeed op {name} ready after {time.monotonic() - started:.0f} s")
+            if children and time.monotonic() - started > timeout_s:
+                raise subprocess.TimeoutExpired([python, "-m", "autotune.trial.ops"], timeout_s)
+            time.sleep(0.2)
+    finally:
+        for child in children.values():  # on a timeout or an error: no build is left running
+            child.kill()
+            child.communicate()
+    return seconds
+
+
+def _start_op(python: str, device: str, name: str, env: dict[str, str]) -> subprocess.Popen:
+    command = [python, "-m", "autotune.trial.ops", "--device", device, "--op", name]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _op_outcome(child: subprocess.Popen, device: str) -> dict[str, float]:
+    stdout, stderr = child.communicate()
+    lines = stdout.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"building DeepSpeed ops for {device} failed: {tail}")
     return json.loads(lines[-1])
 
@@ -148,4 +175,6 @@ def prebuild_ops(
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m autotune.trial.ops", description=__doc__)
     parser.add_argument("--device", choices=sorted(TRIAL_OPS), default="cpu")
-    print(json.dumps(build_ops(parser.parse_args().device)))
+    parser.add_argument("--op", action="append", default=[], help="one op builder (repeatable; default: all)")
+    arguments = parser.parse_args()
+    print(json.dumps(build_ops(arguments.device, tuple(arguments.op))))

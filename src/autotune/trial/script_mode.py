@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UserError
+from autotune.launchers import accelerator_prefix
+from autotune.trial.processes import one_rank_env
 from autotune.trial.script import END_PROFILE_STEP, START_PROFILE_STEP, final_command
 from autotune.trial.script_command import CommandTemplate, parse_command
 
@@ -52,5 +54,15 @@ def command_report(request: TuneRequest, spec: TrialSpec, config_path: Path) -> 
             f" (flops profiled at step {START_PROFILE_STEP}), rank 0; excludes data loading and the script's"
             " own work between engine calls"
         ),
-        "train_command": shlex.join(final_command(template, spec, config_path)),
+        "train_command": train_command(template, spec, config_path),
     }
+
+
+def train_command(template: CommandTemplate, spec: TrialSpec, config_path: Path) -> str:
+    """The user's command as it runs outside the tuner: with the chosen values, and with the environment the
+    trials gave it. A command without a launcher gets the one-rank variables torchrun would set (else
+    `deepspeed.init_distributed` falls back to MPI discovery: "No module named 'mpi4py'"), on DeepSpeed's
+    default port; on the CPU backend, DS_ACCELERATOR=cpu."""
+    argv = shlex.join(final_command(template, spec, config_path))
+    rank_env = "" if template.starts_ranks() else "".join(f"{k}={v} " for k, v in one_rank_env(port=29500).items())
+    return f"{accelerator_prefix(spec.device)}{rank_env}{argv}"

@@ -1,0 +1,98 @@
+"""The files every hook process leaves at its own --out: the same six `tune` writes, naming that --out.
+
+The tuner works in a private staging directory (nothing reaches --out before the record says it may), so
+the paths in what it wrote there die with it. It publishes what the files are made of instead (the
+config, the chosen candidate, the report data, the picture) and every process, the tuner included, writes
+them from the record: the config byte for byte, its `.hf.json` and `.accelerate.yaml`, the
+`.autotune.json` that `autotune check` reads, and `autotune-report.{md,json,png}` in the report directory,
+with every path and launch command pointing at this process's --out. Nothing here imports torch or
+DeepSpeed: a cache hit stays a file read and a few writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.assumptions import assumptions_path
+from autotune.atomic import atomic_write_bytes, atomic_write_json
+from autotune.dsconfig import hf_variant
+from autotune.emit import emit_launchers
+from autotune.hook.env import JobEnv
+from autotune.ladder import Candidate
+from autotune.report import REPORT_STEM, write_report
+
+if TYPE_CHECKING:
+    from autotune.hook.coordinate import HookRecord
+    from autotune.request import TuneRequest
+
+
+def published_outputs(candidate: Candidate | None, report: dict | None, staged: Path, picture: Path | None) -> dict:
+    """What the tuner adds to its record so that any process can write the outputs (see the module doc)."""
+    outputs: dict[str, Any] = {"staged_config": str(staged)}
+    if candidate is not None:
+        outputs["candidate"] = candidate.to_dict()
+    if report is not None:
+        outputs["report"] = report
+    if picture is not None and picture.is_file():
+        outputs["picture_png"] = base64.b64encode(picture.read_bytes()).decode("ascii")
+    return outputs
+
+
+def write_outputs(
+    record: HookRecord, tuning: TuneRequest, job: JobEnv, config_path: Path, report_dir: Path
+) -> Path | None:
+    """Write everything beside `config_path` (already written) and the report in `report_dir`; the report's
+    path, or None when the record carries no report (a tuning cut short keeps only its config)."""
+    config = json.loads(record.config_text or "{}")
+    outputs = record.details.get("outputs") or {}
+    hf_path = atomic_write_json(config_path.with_suffix(".hf.json"), hf_variant(config))
+    if isinstance(record.details.get("assumptions"), dict):  # what `autotune check` reads beside the config
+        atomic_write_json(assumptions_path(config_path), record.details["assumptions"])
+    launch = None
+    if outputs.get("candidate"):
+        candidate = Candidate.from_dict(outputs["candidate"])
+        launch = emit_launchers(
+            config,
+            candidate,
+            config_path,
+            job.gpus_per_node,
+            job.nodes,
+            tuning.script or "train.py",
+            tuning.optimizer,
+            tuning.lora_rank,
+            kernels=tuning.kernels,
+            device=tuning.device,
+        )
+    report = outputs.get("report")
+    if not isinstance(report, dict):
+        return None
+    picture = _picture(outputs)
+    if picture is not None:
+        atomic_write_bytes(report_dir / f"{REPORT_STEM}.png", picture)
+    data = {**report, "config_path": str(config_path), "hf_config_path": str(hf_path)}
+    if launch is not None:
+        data["launch"] = launch.to_dict()
+    if isinstance(report.get("own_command"), dict) and outputs.get("staged_config"):
+        data["own_command"] = _retarget(report["own_command"], outputs["staged_config"], config_path)
+    report_md, _ = write_report(data, report_dir, redraw=picture is None)
+    return report_md
+
+
+def _picture(outputs: dict) -> bytes | None:
+    try:
+        return base64.b64decode(outputs["picture_png"], validate=True) if outputs.get("picture_png") else None
+    except (binascii.Error, TypeError):
+        return None
+
+
+def _retarget(own: dict, staged: str, config_path: Path) -> dict:
+    """Own-command mode: the printed command names the staged config (a path no other text contains: a fresh
+    private directory); name --out instead, quoted as the shell needs it."""
+    target = str(config_path)
+    before, after = (staged, target) if shlex.quote(target) == target else (shlex.quote(staged), shlex.quote(target))
+    return {**own, "train_command": own["train_command"].replace(before, after)}
