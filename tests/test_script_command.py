@@ -101,9 +101,14 @@ def _outcome(**changes: object) -> ScriptOutcome:
         ("include/alloc.h:103 NCCL WARN Failed to CUDA calloc 6291456 bytes", 1, "oom_gpu"),
         ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory", 1, "oom_host"),
         ("MemoryError", 1, "oom_host"),
-        ("", 137, "oom_host"),
-        ("", -9, "oom_host"),
-        ("rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 77)", 1, "oom_host"),
+        ("", 137, "inconclusive"),  # SIGKILL with no OOM evidence: from outside, not a memory verdict
+        ("", -9, "inconclusive"),
+        ("", -11, "inconclusive"),  # SIGSEGV
+        ("", 134, "inconclusive"),  # SIGABRT through a shell
+        ("rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 77)", 1, "inconclusive"),
+        ("RuntimeError: CUDA driver error: out of memory", 1, "oom_gpu"),
+        ("OSError: [Errno 28] No space left on device", 1, "inconclusive"),
+        ("torch.distributed.DistNetworkError: The client socket has failed to connect", 1, "inconclusive"),
         ("Traceback (most recent call last):\nValueError: user code failed\nChildFailedError: x", 1, "error"),
         ("", 0, "incomplete"),
         ("", 3, "error"),

@@ -180,9 +180,14 @@ def test_root_cause_wins_over_peers_that_died_with_it() -> None:
     assert (result.status, result.error) == ("oom_gpu", "OutOfMemoryError: CUDA out of memory.")
 
 
-def test_missing_report_after_sigkill_is_host_oom(tmp_path: Path) -> None:
+def test_missing_report_after_sigkill_is_host_oom_only_with_the_kernels_word(tmp_path: Path) -> None:
     outcome = LaunchOutcome(ranks=range(1), wall_s=1.0, exit_codes={0: -9}, logs={0: tmp_path / "none.log"})
-    assert build_result(make_spec(), {}, outcome).status == "oom_host"
+    assert build_result(make_spec(), {}, outcome).status == "inconclusive"
+    evidence = "the memory cgroup's oom_kill count rose by 1 during the trial (memory.events)"
+    seen = LaunchOutcome(ranks=range(1), wall_s=1.0, exit_codes={0: -9}, logs={0: tmp_path / "none.log"},
+                         oom_evidence=evidence)  # fmt: skip
+    result = build_result(make_spec(), {}, seen)
+    assert result.status == "oom_host" and evidence in (result.error or "")
 
 
 def test_missing_report_takes_the_error_line_from_the_rank_log(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
 from autotune.search_modes import ModeRecord
 from autotune.stop import StopReason
 from autotune.training_choices import training_choices_report
-from autotune.trial.types import TrialLauncher, TrialResult
+from autotune.trial.types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec
 from autotune.units import format_bytes
 
 __all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for"]
@@ -184,12 +184,25 @@ def _search(
     def run(candidate: Candidate) -> tuple[TrialResult, bool]:
         if candidate in cached:
             return cached[candidate], True
-        result = launcher.run(ctx.spec(candidate))
-        if cache and result.status != "timeout":  # a timeout may be the budget, not the config
+        result = run_trial(launcher, ctx.spec(candidate), observe, candidate)
+        if cache and result.status in DETERMINISTIC_STATUSES:  # what a rerun would give again, nothing else
             cache.put_trial(key, candidate, result)
         return result, False
 
     return _context_search(ctx, run, observe).run_search()
+
+
+def run_trial(
+    launcher: TrialLauncher, spec: TrialSpec, observe: Callable[[SearchEvent], None], candidate: Candidate
+) -> TrialResult:
+    """One trial; an inconclusive failure (a signal from outside, a crash, the network or the file system: nothing
+    about the candidate) is run once more, and if it fails the same way again it stays inconclusive."""
+    result = launcher.run(spec)
+    if result.status != "inconclusive":
+        return result
+    why = f"trial {candidate.key} inconclusive ({result.error}); running it once more"
+    observe(SearchEvent("prepare", candidate, message=why))
+    return launcher.run(spec)
 
 
 def _no_trial_completed(outcome: SearchOutcome) -> str | None:

@@ -14,6 +14,7 @@ from autotune.atomic import atomic_write_json
 from autotune.leftovers import claim, owned_tempdir, sweep
 from autotune.sharing import make_dirs
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
+from autotune.trial.oom_evidence import OomKillWatch
 from autotune.trial.outcome import LaunchOutcome, build_result
 from autotune.trial.processes import BudgetWatch, new_tag, spawn, stop_processes, trial_env, wait_for
 from autotune.trial.report import log_path, read_reports
@@ -72,6 +73,7 @@ def launch_trial(
     gpus_before = nvml_used_bytes() if spec.device == "cuda" else None
     launched_at = time.time()
     started = time.monotonic()
+    oom_watch = OomKillWatch.start()
     process = spawn(
         plan.command(spec_path, trial_dir, launched_at),
         trial_env(plan.env, tag, spec.device, spec.nprocs_per_node),
@@ -89,13 +91,15 @@ def launch_trial(
         if spec.device == "cpu" and plan.master_port is not None:
             remove_segments([plan.master_port], since=launched_at)
     log_text = launcher_log.read_text(errors="replace")
+    exit_codes = plan.rank_exit_codes(process.returncode, log_text)
     outcome = LaunchOutcome(
         ranks=plan.ranks,
         wall_s=time.monotonic() - started,
         timed_out=waited.timed_out,
         budget_breach=waited.breach,
-        exit_codes=plan.rank_exit_codes(process.returncode, log_text),
+        exit_codes=exit_codes,
         logs={rank: log_path(trial_dir, rank) for rank in plan.ranks},
         launcher_log=launcher_log,
+        oom_evidence=oom_watch.explain(exit_codes, trial_dir, plan.ranks),
     )
     return build_result(spec, read_reports(trial_dir, plan.ranks), outcome)

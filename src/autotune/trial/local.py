@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autotune.errors import UserError
 from autotune.trial.launch import WORKER_MODULE, LaunchPlan, launch_trial, trial_directory, worker_args
-from autotune.trial.processes import free_port, one_rank_env
+from autotune.trial.processes import free_port, one_rank_env, own_trial_env
 from autotune.trial.types import TrialResult, TrialSpec
 
 # torchrun's failure table: "rank      : 1 (local_rank: 1)" then "exitcode  : -9 (pid: 1234)".
@@ -32,6 +32,9 @@ def torchrun_command(
         f"--nproc-per-node={spec.nprocs_per_node}",
         f"--master-addr={master_addr}",
         f"--master-port={master_port}",
+        # our own rendezvous, said outright: nothing an outer job set (PET_RDZV_*) may take its place
+        "--rdzv-backend=static",
+        f"--rdzv-endpoint={master_addr}:{master_port}",
         "--max-restarts=0",
         "--monitor-interval=0.1",
         "-m", WORKER_MODULE, *worker,
@@ -84,7 +87,7 @@ class LocalLauncher:
         owner = os.getpid()
         first = self.node_rank * spec.nprocs_per_node
         ranks = range(first, first + spec.nprocs_per_node)
-        env = {**os.environ, **self.env}
+        env = own_trial_env({**os.environ, **self.env})
         torchrun = self.use_torchrun if self.use_torchrun is not None else spec.world_size > 1
         if torchrun:
             return LaunchPlan(

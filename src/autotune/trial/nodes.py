@@ -20,7 +20,7 @@ from autotune.trial.processes import free_port
 from autotune.trial.types import TrialResult, TrialSpec
 
 # Root cause first, as in outcome.py: a node that ran out of memory makes the others fail to connect.
-_PRIORITY = ("oom_gpu", "oom_host", "over_budget", "timeout", "error", "ok")
+_PRIORITY = ("oom_gpu", "oom_host", "over_budget", "timeout", "inconclusive", "error", "ok")
 
 
 def merge_node_results(results: list[TrialResult]) -> TrialResult:

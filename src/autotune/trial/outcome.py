@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import signal
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from autotune.units import format_bytes
 _GPU_OOM_MESSAGES = (
     "cuda out of memory",  # torch.OutOfMemoryError from the caching allocator (c10/cuda/CUDACachingAllocator.cpp)
     "cuda error: out of memory",  # C10_CUDA_CHECK on cudaErrorMemoryAllocation (c10/cuda/CUDAException.cpp)
+    # C10_CUDA_DRIVER_CHECK: "CUDA driver error: " + cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY), which is
+    # "out of memory" (torch/include/c10/cuda/driver_api.h:19, ATen/cuda/Exceptions.h:193): expandable segments'
+    # cuMemCreate, NVLS/symmetric memory
+    "cuda driver error: out of memory",
     "cudaerrormemoryallocation",  # the CUDA runtime's enum name, printed by some extensions
     # cuBLAS: "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`" (torch's
     # TORCH_CUDABLAS_CHECK in ATen/cuda/Exceptions.h; cublasLt handles the same way)
@@ -28,6 +33,10 @@ _GPU_OOM_MESSAGES = (
     # status name from cudnnGetErrorString)
     "cudnn_status_alloc_failed",
     "cusolver_status_alloc_failed",  # torch's TORCH_CUSOLVER_CHECK (ATen/cuda/Exceptions.h)
+    # NCCL's own allocator: WARN("Failed to CUDA calloc %ld bytes", ...) and "Failed to CUDA calloc async %ld
+    # bytes" (NCCL src/include/alloc.h, ncclCudaCalloc / ncclCudaCallocAsync), logged before torch's
+    # "ncclUnhandledCudaError" DistBackendError
+    "failed to cuda calloc",
     "hip out of memory",  # ROCm builds of the messages above
     "hip error: out of memory",
     "hiperroroutofmemory",
@@ -39,8 +48,33 @@ _GPU_OOM_MESSAGES = (
 # 2 is cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY. Older NCCL: "Cuda failure 'out of memory'".
 _NCCL_OOM = re.compile(r"cuda failure (?:\d+ )?'out of memory'")
 _HOST_OOM_MESSAGES = ("defaultcpuallocator: can't allocate memory", "std::bad_alloc")
-# Root cause first: a rank that ran out of memory makes its peers fail with connection errors.
-_STATUS_PRIORITY: tuple[TrialStatus, ...] = ("oom_gpu", "oom_host", "over_budget", "error")
+# A pinned (page-locked) host buffer comes from cudaHostAlloc in torch's CachingHostAllocator
+# (ATen/cuda/CachingHostAllocator.cpp allocate_host_memory: C10_CUDA_CHECK(cudaHostAlloc(...))), so its failure
+# reads "CUDA error: out of memory" like a device one. It is told apart by where it was raised: Tensor.pin_memory()
+# or an allocation with pin_memory=True (DeepSpeed's pinned offload buffers go through
+# accelerator/cuda_accelerator.py `pin_memory`: `return tensor.pin_memory()`), or, with
+# TORCH_SHOW_CPP_STACKTRACES, the host allocator's C++ frames. It is a host limit (RAM, RLIMIT_MEMLOCK), not GPU memory.
+_PINNED_PATH_MARKERS = ("pin_memory", "cudahostalloc", "cachinghostallocator", "cudahostregister")
+PINNED_HOST_FAILURE = "pinned host allocation failed (page-locked host memory: host RAM or `ulimit -l`)"
+# Failures that say nothing about the candidate: the network, the rendezvous, the file system, a signal from
+# outside. Torch's rendezvous and store raise DistNetworkError/DistStoreError (torch/distributed/__init__.py);
+# gloo's TCP transport says "Connection closed by peer" / "Connection reset by peer"
+# (third_party/gloo/gloo/transport/tcp/pair.cc).
+_INCONCLUSIVE_TYPES = ("DistNetworkError", "DistStoreError")
+_INCONCLUSIVE_TEXTS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "connection refused",
+    "no space left on device",
+    "broken pipe",
+)
+_INCONCLUSIVE_LINE = re.compile(
+    r"^(?:[\w]+\.)*(?:OSError|IOError|ConnectionError|ConnectionResetError|ConnectionRefusedError|"
+    r"ConnectionAbortedError|BrokenPipeError|TimeoutError|DistNetworkError|DistStoreError)\b"
+)
+# Root cause first: a rank that ran out of memory makes its peers fail with connection errors, and a rank that
+# died unexplained makes its peers raise whatever they raise (which says nothing about the candidate).
+_STATUS_PRIORITY: tuple[TrialStatus, ...] = ("oom_gpu", "oom_host", "over_budget", "inconclusive", "error")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")
 _LAUNCHER_NOISE = ("ChildFailedError", "SignalException")
 
@@ -51,12 +85,45 @@ def is_gpu_oom_text(text: str) -> bool:
     return any(m in lowered for m in _GPU_OOM_MESSAGES) or bool(_NCCL_OOM.search(lowered))
 
 
+def is_host_oom_text(text: str) -> bool:
+    lowered = text.lower()
+    return lowered.lstrip().startswith("memoryerror") or any(m in lowered for m in _HOST_OOM_MESSAGES)
+
+
+def oom_status(text: str, raised_in: str = "") -> TrialStatus | None:
+    """The out-of-memory class an error text names, or None: the one matcher for our workers and own commands.
+
+    `raised_in`: where it was raised (traceback frames and their source lines), which tells a failed pinned host
+    allocation from a device one.
+    """
+    if is_gpu_oom_text(text):
+        return "oom_host" if is_pinned_path(raised_in + "\n" + text) else "oom_gpu"
+    return "oom_host" if is_host_oom_text(text) else None
+
+
+def is_pinned_path(text: str) -> bool:
+    lowered = text.lower()
+    return any(marker in lowered for marker in _PINNED_PATH_MARKERS)
+
+
+def is_inconclusive_text(text: str) -> bool:
+    """A network, rendezvous or file-system failure: transient, or the machine's, not the candidate's."""
+    lowered = text.lower()
+    return bool(_INCONCLUSIVE_LINE.match(text.strip())) or any(m in lowered for m in _INCONCLUSIVE_TEXTS)
+
+
 def _gpu_oom_line(text: str) -> str | None:
     """The line of a log or message that names the GPU allocation failure."""
     for line in text.splitlines():
         if is_gpu_oom_text(line):
             return line.strip()
     return None
+
+
+def _traceback_text(error: BaseException) -> str:
+    """Function names and source lines of the frames an exception passed through."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return "\n".join(f"{frame.name}: {frame.line or ''}" for frame in frames)
 
 
 def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
@@ -67,24 +134,42 @@ def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
         chain.append(current)
         current = current.__cause__ or current.__context__
     for item in chain:
-        message = str(item).lower()
+        message = str(item)
         if type(item).__name__ == "OutOfMemoryError" or is_gpu_oom_text(message):
             line = exception_line(item)
-            named = _gpu_oom_line(str(item))
-            return "oom_gpu", line if named is None or named.lower() in line.lower() else f"{line} ({named})"
-        if isinstance(item, MemoryError) or any(m in message for m in _HOST_OOM_MESSAGES):
+            named = _gpu_oom_line(message)
+            line = line if named is None or named.lower() in line.lower() else f"{line} ({named})"
+            if is_pinned_path(_traceback_text(item) + "\n" + message):
+                return "oom_host", f"{PINNED_HOST_FAILURE}: {line}"
+            return "oom_gpu", line
+        if isinstance(item, MemoryError) or is_host_oom_text(message):
             return "oom_host", exception_line(item)
+    for item in chain:
+        if isinstance(item, OSError) or type(item).__name__ in _INCONCLUSIVE_TYPES or is_inconclusive_text(str(item)):
+            return "inconclusive", exception_line(item)
     return "error", exception_line(error)
 
 
-def classify_line(line: str) -> TrialStatus:
+def classify_line(line: str, raised_in: str = "") -> TrialStatus:
     """Status of an error line read back from a log, for ranks that died before writing a report."""
     lowered = line.lower()
-    if lowered.startswith(("outofmemoryerror", "torch.outofmemoryerror")) or is_gpu_oom_text(lowered):
-        return "oom_gpu"
-    if lowered.startswith("memoryerror") or any(m in lowered for m in _HOST_OOM_MESSAGES):
-        return "oom_host"
-    return "error"
+    if lowered.startswith(("outofmemoryerror", "torch.outofmemoryerror")):
+        return "oom_host" if is_pinned_path(raised_in) else "oom_gpu"
+    if status := oom_status(line, raised_in):
+        return status
+    return "inconclusive" if is_inconclusive_text(line) else "error"
+
+
+def traceback_before(log_text: str, line: str) -> str:
+    """The traceback block that ends in `line` (from its "Traceback (most recent call last):"), or ''."""
+    lines = log_text.splitlines()
+    for end, raw in enumerate(lines):
+        if raw.strip().endswith(line.strip()):
+            start = end
+            while start > 0 and "Traceback (most recent call last)" not in lines[start]:
+                start -= 1
+            return "\n".join(lines[start:end])
+    return ""
 
 
 def exception_line(error: BaseException) -> str:
@@ -112,8 +197,24 @@ def describe_exit(code: int) -> str:
 
 
 def is_sigkill(code: int | None) -> bool:
-    """SIGKILL seen directly (-9) or through a shell or launcher (128 + 9); the kernel OOM killer's mark."""
+    """SIGKILL seen directly (-9) or through a shell or launcher (128 + 9)."""
     return code in (-signal.SIGKILL, 128 + signal.SIGKILL)
+
+
+def killed_by_signal(code: int | None) -> bool:
+    """Death by a signal, seen directly (negative) or through a shell or launcher (128 + n)."""
+    return code is not None and (code < 0 or 128 < code < 128 + 65)
+
+
+def unexplained_signal(code: int | None, evidence: str | None) -> tuple[TrialStatus, str]:
+    """A death by signal: an OOM only with the kernel's word for it, otherwise inconclusive."""
+    how = describe_exit(code if code is None or code < 0 else -(code - 128))
+    if is_sigkill(code) and evidence:
+        return "oom_host", f"{how}: the kernel's OOM killer ({evidence})"
+    return "inconclusive", (
+        f"{how} with no out-of-memory evidence (no allocator message, budget breach, cgroup oom_kill or kernel"
+        " OOM record): from outside or a crash, not a memory verdict"
+    )
 
 
 @dataclass(frozen=True)
@@ -140,6 +241,7 @@ class LaunchOutcome:
     exit_codes: dict[int, int] = field(default_factory=dict)  # per rank where known; negative = signal
     logs: dict[int, Path] = field(default_factory=dict)  # per-rank logs
     launcher_log: Path | None = None
+    oom_evidence: str | None = None  # trial/oom_evidence.py: why a SIGKILL would be the OOM killer's
 
 
 def _read(path: Path | None) -> str:
@@ -153,14 +255,19 @@ def _read(path: Path | None) -> str:
 
 def _missing_rank_failure(rank: int, outcome: LaunchOutcome) -> tuple[TrialStatus, str]:
     code = outcome.exit_codes.get(rank)
-    if is_sigkill(code):
-        return "oom_host", f"rank {rank} was killed by SIGKILL (exit 137): most likely the host OOM killer"
-    logs = _read(outcome.logs.get(rank)) + "\n" + _read(outcome.launcher_log)
+    rank_log, launcher_log = _read(outcome.logs.get(rank)), _read(outcome.launcher_log)
+    logs = rank_log + "\n" + launcher_log
     if oom := _gpu_oom_line(logs):  # the allocation failure may sit lines below the exception (NCCL's last error)
+        raised_in = traceback_before(logs, oom)
+        if is_pinned_path(raised_in + "\n" + oom):
+            return "oom_host", f"{PINNED_HOST_FAILURE}: {oom}"
         return "oom_gpu", oom
-    line = first_error_line(_read(outcome.logs.get(rank))) or first_error_line(_read(outcome.launcher_log))
+    if killed_by_signal(code):  # whatever it printed before, the signal ended it
+        status, why = unexplained_signal(code, outcome.oom_evidence)
+        return status, f"rank {rank} {why}"
+    line = first_error_line(rank_log) or first_error_line(launcher_log)
     if line:
-        return classify_line(line), line
+        return classify_line(line, traceback_before(logs, line)), line
     how = describe_exit(code) if code is not None else "exited"
     return "error", f"rank {rank} {how} without writing a result"
 

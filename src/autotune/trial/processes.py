@@ -36,6 +36,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# torchrun fills every option not given on its command line from PET_<OPTION> (torch/distributed/argparse_util.py,
+# `env` action), PET_RDZV_ENDPOINT included even for the static backend (torch/distributed/run.py:790-793), and its
+# agent hands TORCHELASTIC_* (run id, restart count, the agent's store) to its workers. A job that runs the tuner
+# (Kubeflow's PyTorchJob sets PET_*; a torchrun-launched hook has TORCHELASTIC_*) must not steer our own trials.
+LAUNCHER_VARIABLE_PREFIXES = ("PET_", "TORCHELASTIC_")
+
+
+def launcher_variables(env: Mapping[str, str]) -> list[str]:
+    """The names in `env` that an outer torchrun job set for its own launcher and workers."""
+    return sorted(name for name in env if name.startswith(LAUNCHER_VARIABLE_PREFIXES))
+
+
+def own_trial_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without an outer job's launcher variables: what our own trials (not the user's command) start with."""
+    return {name: value for name, value in env.items() if not name.startswith(LAUNCHER_VARIABLE_PREFIXES)}
+
+
 def one_rank_env(master_addr: str = "127.0.0.1", port: int | None = None) -> dict[str, str]:
     """The variables torchrun would set for a world of one rank, for a process we start without torchrun.
 

@@ -34,6 +34,7 @@ The report labels these figures as the engine's metric (`"metric_source": "deeps
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -45,12 +46,35 @@ from autotune.atomic import atomic_write_json
 from autotune.errors import UserError
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.launch import trial_directory
-from autotune.trial.outcome import BudgetBreach, describe_exit, first_error_line, is_sigkill
-from autotune.trial.processes import free_port, new_tag, one_rank_env, spawn, stop_processes, trial_env
+from autotune.trial.oom_evidence import OomKillWatch
+from autotune.trial.outcome import (
+    PINNED_HOST_FAILURE,
+    BudgetBreach,
+    classify_line,
+    describe_exit,
+    first_error_line,
+    is_pinned_path,
+    is_sigkill,
+    killed_by_signal,
+    oom_status,
+    traceback_before,
+    unexplained_signal,
+)
+from autotune.trial.processes import (
+    free_port,
+    launcher_variables,
+    new_tag,
+    one_rank_env,
+    spawn,
+    stop_processes,
+    trial_env,
+)
 from autotune.trial.script_command import CommandTemplate, parse_command
 from autotune.trial.script_memory import GpuReader, TreeMemorySampler, visible_gpu_indices
 from autotune.trial.shm import command_ports, remove_segments
 from autotune.trial.types import RankMetrics, TrialResult, TrialSpec, TrialStatus
+
+log = logging.getLogger(__name__)
 
 # DeepSpeed's own defaults (autotuning/constants.py:59,62): profile from step 3, exit after step 6.
 START_PROFILE_STEP = 3
@@ -61,18 +85,6 @@ CONFIG_FILE = "ds_config.json"
 # inside torchrun or SLURM jobs) do not leak into the user's command.
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")  # fmt: skip
-# Out-of-memory texts found anywhere in the job's output (any rank): torch, CUDA runtime, cuBLAS, cuDNN, NCCL.
-GPU_OOM_TEXTS = (
-    "outofmemoryerror",
-    "cuda out of memory",
-    "cuda error: out of memory",
-    "cublas_status_alloc_failed",
-    "cudnn_status_alloc_failed",
-    "cudaerrormemoryallocation",
-    "hip out of memory",
-    "failed to cuda calloc",  # NCCL's allocation failure (NCCL WARN ... Failed to CUDA calloc)
-)
-HOST_OOM_TEXTS = ("memoryerror", "defaultcpuallocator: can't allocate memory", "std::bad_alloc")
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,7 @@ class ScriptOutcome:
     wall_s: float
     timed_out: bool = False
     breach: BudgetBreach | None = None
+    oom_evidence: str | None = None  # trial/oom_evidence.py: the kernel's word that a SIGKILL was its OOM killer
 
 
 def classify(outcome: ScriptOutcome, timeout_s: float, end_profile_step: int) -> tuple[TrialStatus, str | None]:
@@ -102,11 +115,13 @@ def classify(outcome: ScriptOutcome, timeout_s: float, end_profile_step: int) ->
     oom = _oom_line(outcome.log_text)
     if oom:
         return oom
-    if is_sigkill(outcome.exit_code) or _sigkilled_rank(outcome.log_text):
-        return "oom_host", "a process of the job was killed by SIGKILL (exit 137): most likely the host OOM killer"
+    code = -9 if _sigkilled_rank(outcome.log_text) and not is_sigkill(outcome.exit_code) else outcome.exit_code
+    if killed_by_signal(code):
+        status, why = unexplained_signal(code, outcome.oom_evidence)
+        return status, f"a process of the job was {why}"
     error_line = first_error_line(outcome.log_text)
     if outcome.metric is not None:  # rank 0 wrote the metric, yet the job did not exit cleanly
-        return ("error", error_line) if error_line else ("ok", None)
+        return (classify_line(error_line), error_line) if error_line else ("ok", None)
     if outcome.exit_code == 0:
         return "incomplete", (
             f"the command exited (code 0) without reaching the profiled steps: DeepSpeed's autotuning hook"
@@ -115,19 +130,23 @@ def classify(outcome: ScriptOutcome, timeout_s: float, end_profile_step: int) ->
             " --max_steps, or never called deepspeed.initialize with it)"
         )
     if error_line:
-        return "error", error_line
+        return classify_line(error_line), error_line  # "error", or "inconclusive" for the network or file system
     how = describe_exit(outcome.exit_code) if outcome.exit_code is not None else "ended"
     return "error", f"the command {how} before the profiled steps, with no error message"
 
 
 def _oom_line(log_text: str) -> tuple[TrialStatus, str] | None:
+    """The first line of the job's output (any rank) that names an out-of-memory, with its class (outcome.py)."""
     for raw in log_text.splitlines():
         line = raw.strip()
         lowered = line.lower()
-        if any(text in lowered for text in GPU_OOM_TEXTS) or ("nccl" in lowered and "out of memory" in lowered):
-            return "oom_gpu", line
-        if lowered.startswith(HOST_OOM_TEXTS) or any(text in lowered for text in HOST_OOM_TEXTS[1:]):
-            return "oom_host", line
+        status = oom_status(line)
+        if status is None and ("outofmemoryerror" in lowered or ("nccl" in lowered and "out of memory" in lowered)):
+            status = "oom_gpu"
+        if status == "oom_gpu" and is_pinned_path(traceback_before(log_text, raw)):
+            return "oom_host", f"{PINNED_HOST_FAILURE}: {line}"
+        if status is not None:
+            return status, line
     return None
 
 
@@ -215,6 +234,7 @@ class ScriptLauncher:
         self.poll_interval_s = poll_interval_s
         self.kill_grace_s = kill_grace_s
         self.read_gpus = read_gpus
+        self._said_launcher_variables = False
 
     def trial_config(self, spec: TrialSpec, metric_path: Path) -> dict[str, Any]:
         config = self.template.trial_config(spec.ds_config)
@@ -257,6 +277,7 @@ class ScriptLauncher:
         gpus_before = self.read_gpus() if spec.device == "cuda" else None
         log = trial_dir / "command.log"
         started, started_at = time.monotonic(), time.time()
+        oom_watch = OomKillWatch.start()
         process = spawn(argv, trial_env(env, tag, spec.device, spec.nprocs_per_node), log, self.cwd)
         timed_out, breach = False, None
         try:
@@ -273,6 +294,7 @@ class ScriptLauncher:
             wall_s=time.monotonic() - started,
             timed_out=timed_out,
             breach=breach,
+            oom_evidence=oom_watch.evidence(),
         )
         ranks = sampler.metrics(range(spec.world_size))
         status, error = classify(outcome, spec.timeout_s, self.end_profile_step)
@@ -298,6 +320,14 @@ class ScriptLauncher:
         return False, None
 
     def _environment(self, spec: TrialSpec, port: int) -> dict[str, str]:
+        seen = launcher_variables({**os.environ, **self.env})
+        if seen and not self._said_launcher_variables:
+            self._said_launcher_variables = True  # once per launcher, not once per trial
+            log.warning(
+                "autotune: own-command trials keep your environment; an outer launcher's variables seen: %s"
+                " (torchrun takes unset options from PET_*; TORCHELASTIC_* are removed)",
+                ", ".join(seen),
+            )
         env = {
             k: v
             for k, v in {**os.environ, **self.env}.items()

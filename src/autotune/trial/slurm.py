@@ -11,6 +11,7 @@ from pathlib import Path
 
 from autotune.errors import UserError
 from autotune.trial.launch import WORKER_MODULE, LaunchPlan, launch_trial, trial_directory, worker_args
+from autotune.trial.processes import own_trial_env
 from autotune.trial.types import TrialResult, TrialSpec
 
 DEFAULT_MASTER_PORT = 29500
@@ -113,7 +114,7 @@ class SlurmLauncher:
         return result
 
     def plan(self, spec: TrialSpec) -> LaunchPlan:
-        env = {**os.environ, **self.env}
+        env = own_trial_env({**os.environ, **self.env})
         if "SLURM_JOB_ID" not in env:
             raise UserError("SlurmLauncher needs a SLURM allocation (run inside salloc or sbatch)")
         master_addr = self.master_addr or first_hostname(env.get("SLURM_JOB_NODELIST", ""))

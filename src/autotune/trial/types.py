@@ -7,8 +7,14 @@ from typing import Literal, Protocol
 
 from autotune.measurement import MAX_MEASURE_S, MAX_STEPS
 
-# "incomplete": an own-command trial (trial/script.py) that exited before the profiled steps
-TrialStatus = Literal["ok", "oom_gpu", "oom_host", "over_budget", "timeout", "error", "incomplete"]
+# "incomplete": an own-command trial (trial/script.py) that exited before the profiled steps.
+# "inconclusive": the trial failed for a reason that says nothing about the candidate (a signal from outside or a
+# crash with no out-of-memory evidence, a file-system or network/rendezvous failure): never cached, retried once,
+# never used to recalibrate the memory model (trial/outcome.py).
+TrialStatus = Literal["ok", "oom_gpu", "oom_host", "over_budget", "timeout", "error", "incomplete", "inconclusive"]
+# Outcomes that a rerun of the same candidate on the same machine would give again: the only ones the results
+# cache keeps. A timeout may be the budget, not the config; an inconclusive failure is not the config's.
+DETERMINISTIC_STATUSES: tuple[TrialStatus, ...] = ("ok", "oom_gpu", "oom_host", "over_budget", "error", "incomplete")
 
 
 @dataclass(frozen=True)

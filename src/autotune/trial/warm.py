@@ -24,12 +24,14 @@ from autotune.leftovers import owned_tempdir
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.launch import WORKER_MODULE
 from autotune.trial.local import torchrun_command, torchrun_exit_codes
+from autotune.trial.oom_evidence import OomKillWatch
 from autotune.trial.outcome import LaunchOutcome, build_result
 from autotune.trial.processes import (
     BudgetWatch,
     free_port,
     new_tag,
     one_rank_env,
+    own_trial_env,
     spawn,
     stop_processes,
     trial_env,
@@ -120,6 +122,7 @@ class WarmWorkerPool:
         ranks = range(spec.world_size)
         spec_path = atomic_write_json(trial_dir / "spec.json", spec.to_dict())
         started = time.monotonic()
+        oom_watch = OomKillWatch.start()
         request = {"spec": str(spec_path), "out": str(trial_dir), "dispatched_at": time.time()}
         atomic_write_json(request_path(workers.pool_dir, index), request)
         budget = None
@@ -140,14 +143,16 @@ class WarmWorkerPool:
         launcher_log = workers.pool_dir / "launcher.log"
         code = workers.process.returncode
         log_text = launcher_log.read_text(errors="replace") if launcher_log.exists() else ""
+        exit_codes = torchrun_exit_codes(log_text) if spec.world_size > 1 else ({} if code is None else {0: code})
         outcome = LaunchOutcome(
             ranks=ranks,
             wall_s=time.monotonic() - started,
             timed_out=waited.timed_out,
             budget_breach=waited.breach,
-            exit_codes=torchrun_exit_codes(log_text) if spec.world_size > 1 else ({} if code is None else {0: code}),
+            exit_codes=exit_codes,
             logs={rank: log_path(trial_dir, rank) for rank in ranks},
             launcher_log=launcher_log,
+            oom_evidence=oom_watch.explain(exit_codes, trial_dir, ranks),
         )
         result = build_result(spec, reports, outcome)
         if not result.ok and stopped is None:
@@ -174,7 +179,7 @@ class WarmWorkerPool:
         (pool_dir / "requests").mkdir()
         serve = ["--serve", str(pool_dir), "--device", spec.device, "--owner-pid", str(os.getpid())]
         port = free_port()
-        env = {**os.environ, **self.env}
+        env = own_trial_env({**os.environ, **self.env})
         if spec.world_size > 1:
             command = torchrun_command(self.python, spec, 0, self.master_addr, port, serve)
         else:

@@ -1,0 +1,279 @@
+"""A failure is recorded for what it was: OOM classes from real error texts, OOM only with evidence, the rest
+inconclusive (not cached, retried once, not a memory fact), and our own trials deaf to an outer job's torchrun.
+
+Error texts and where they come from:
+- "CUDA driver error: out of memory": torch's C10_CUDA_DRIVER_CHECK (torch/include/c10/cuda/driver_api.h:19,
+  "CUDA driver error: " + cuGetErrorString, which is "out of memory" for CUDA_ERROR_OUT_OF_MEMORY).
+- "NCCL WARN Failed to CUDA calloc 536870912 bytes": NCCL src/include/alloc.h ncclCudaCalloc,
+  WARN("Failed to CUDA calloc %ld bytes", ...); the async variant "Failed to CUDA calloc async %ld bytes".
+- A failed pinned host allocation: torch's CachingHostAllocator calls C10_CUDA_CHECK(cudaHostAlloc(...)), which
+  raises "CUDA error: out of memory" (c10/cuda/CUDAException.cpp); DeepSpeed reaches it through
+  accelerator/cuda_accelerator.py `pin_memory`: `return tensor.pin_memory()` (traceback as in DeepSpeed#2977).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from autotune.trial.oom_evidence import OomKillWatch, kernel_oom_record, oom_kill_files
+from autotune.trial.outcome import LaunchOutcome, build_result, classify_exception, classify_line
+from autotune.trial.processes import launcher_variables, own_trial_env
+from autotune.trial.types import TrialSpec
+
+CUDA_DRIVER_OOM = "CUDA driver error: out of memory"
+NCCL_CALLOC = "node01:1234:1300 [0] include/alloc.h:103 NCCL WARN Failed to CUDA calloc 536870912 bytes"
+NCCL_CALLOC_ASYNC = "ncclUnhandledCudaError: Failed to CUDA calloc async 2432 bytes"
+CUDA_ERROR_OOM = (
+    "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call, so the"
+    " stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1"
+)
+PINNED_TRACEBACK = """\
+[2026-11-26 10:50:54,882] [INFO] [config.py:1003:print] {"offload_optimizer": {"device": "cpu", "pin_memory": true}}
+Traceback (most recent call last):
+  File "/opt/conda/lib/python3.11/site-packages/deepspeed/runtime/zero/stage_1_and_2.py", line 479, in __init__
+    self.single_partition_of_fp32_groups.append(get_accelerator().pin_memory(fp32_partition))
+  File "/opt/conda/lib/python3.11/site-packages/deepspeed/accelerator/cuda_accelerator.py", line 293, in pin_memory
+    return tensor.pin_memory()
+RuntimeError: CUDA error: out of memory
+"""
+DEVICE_TRACEBACK_WITH_PINNED_CONFIG = """\
+[2026-11-26 10:50:54,882] [INFO] [config.py:1003:print] {"offload_optimizer": {"device": "cpu", "pin_memory": true}}
+Traceback (most recent call last):
+  File "/opt/conda/lib/python3.11/site-packages/deepspeed/runtime/engine.py", line 2210, in forward
+    loss = self.module(*inputs, **kwargs)
+RuntimeError: CUDA error: out of memory
+"""
+
+
+def spec() -> TrialSpec:
+    return TrialSpec(model_config={}, architecture="GPT2LMHeadModel", family="decoder-only", ds_config={}, seq_len=8)
+
+
+def _raise_from_pin_memory() -> None:
+    def pin_memory() -> None:  # stands for Tensor.pin_memory / DeepSpeed's accelerator pin_memory frame
+        raise RuntimeError(CUDA_ERROR_OOM)
+
+    pin_memory()
+
+
+@pytest.mark.parametrize("text", [CUDA_DRIVER_OOM, NCCL_CALLOC, NCCL_CALLOC_ASYNC])
+def test_driver_and_nccl_allocation_failures_are_gpu_oom(text: str) -> None:
+    assert classify_exception(RuntimeError(text))[0] == "oom_gpu"
+    assert classify_line(f"RuntimeError: {text}") == "oom_gpu"
+
+
+def test_a_failed_pinned_host_allocation_is_host_memory_not_gpu() -> None:
+    try:
+        _raise_from_pin_memory()
+    except RuntimeError as error:
+        status, line = classify_exception(error)
+    assert status == "oom_host" and "pinned host allocation" in line
+    assert classify_exception(RuntimeError(CUDA_ERROR_OOM))[0] == "oom_gpu"  # raised elsewhere: the device's
+
+
+def test_pinned_failure_is_told_apart_in_a_log_by_its_traceback_not_by_the_config_print(tmp_path: Path) -> None:
+    pinned, device = tmp_path / "pinned.log", tmp_path / "device.log"
+    pinned.write_text(PINNED_TRACEBACK)
+    device.write_text(DEVICE_TRACEBACK_WITH_PINNED_CONFIG)
+    for log, expected in ((pinned, "oom_host"), (device, "oom_gpu")):
+        outcome = LaunchOutcome(ranks=range(1), wall_s=1.0, exit_codes={0: 1}, logs={0: log})
+        assert build_result(spec(), {}, outcome).status == expected
+
+
+def test_own_command_logs_use_the_same_matcher() -> None:
+    from autotune.trial.script import ScriptOutcome, classify
+
+    for log, expected in ((PINNED_TRACEBACK, "oom_host"), (NCCL_CALLOC, "oom_gpu"), (CUDA_DRIVER_OOM, "oom_gpu")):
+        outcome = ScriptOutcome(exit_code=1, log_text=log, metric=None, wall_s=1.0)
+        assert classify(outcome, 60, 5)[0] == expected
+
+
+class DistNetworkError(RuntimeError):
+    """Stands for torch.distributed.DistNetworkError (no torch import in this test)."""
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
+        DistNetworkError("The client socket has failed to connect to [127.0.0.1]:9 (errno: 111 - Connection refused)."),
+        RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1"),
+    ],
+    ids=["enospc", "refused", "rendezvous", "gloo-peer"],
+)
+def test_file_system_and_network_failures_are_inconclusive(error: BaseException) -> None:
+    assert classify_exception(error)[0] == "inconclusive"
+    assert classify_exception(ValueError("bad config"))[0] == "error"
+
+
+@pytest.mark.parametrize("code", [-9, -11, -6, 128 + 9, 128 + 11])
+def test_a_signal_death_without_evidence_is_inconclusive(code: int, tmp_path: Path) -> None:
+    outcome = LaunchOutcome(ranks=range(1), wall_s=1.0, exit_codes={0: code}, logs={0: tmp_path / "none.log"})
+    result = build_result(spec(), {}, outcome)
+    assert result.status == "inconclusive"
+
+
+def test_only_sigkill_with_evidence_is_an_oom(tmp_path: Path) -> None:
+    evidence = "kernel log: Out of memory: Killed process 4242 (python)"
+    for code, expected in ((-9, "oom_host"), (-11, "inconclusive")):
+        outcome = LaunchOutcome(
+            ranks=range(1), wall_s=1.0, exit_codes={0: code}, logs={0: tmp_path / "x.log"}, oom_evidence=evidence
+        )
+        assert build_result(spec(), {}, outcome).status == expected
+
+
+# --- the kernel's evidence ----------------------------------------------------------------------------------
+
+
+def _cgroup_v2(tmp_path: Path, kills: int) -> tuple[Path, Path]:
+    root = tmp_path / "cgroup"
+    (root / "job" / "step").mkdir(parents=True)
+    events = root / "job" / "step" / "memory.events"
+    events.write_text(f"low 0\nhigh 0\nmax 3\noom 1\noom_kill {kills}\noom_group_kill 0\n")
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("0::/job/step\n")
+    return root, proc
+
+
+def test_cgroup_v2_oom_kill_count_is_the_evidence(tmp_path: Path) -> None:
+    root, proc = _cgroup_v2(tmp_path, kills=2)
+    watch = OomKillWatch.start(root, proc, kmsg=tmp_path / "no-kmsg")
+    assert watch.evidence() is None  # nothing happened since the start
+    (root / "job" / "step" / "memory.events").write_text("oom 2\noom_kill 3\n")
+    assert "rose by 1" in (watch.evidence() or "")
+
+
+def test_cgroup_v1_oom_control_is_read_too(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    (root / "memory" / "batch").mkdir(parents=True)
+    (root / "memory" / "batch" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("9:pids:/\n4:memory:/batch\n0::/\n")
+    assert oom_kill_files(root, proc) == [root / "memory" / "batch" / "memory.oom_control"]
+
+
+def test_kernel_record_must_name_one_of_the_trials_pids(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg"  # /dev/kmsg's record format: "prio,seq,usec,flags;text" (Documentation/ABI)
+    kmsg.write_text(
+        "6,1001,52000000,-;python invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0\n"
+        "3,1002,52000100,-;Out of memory: Killed process 4242 (python) total-vm:9000000kB, anon-rss:8000000kB\n"
+    )
+    assert "Killed process 4242" in (kernel_oom_record({4242}, kmsg) or "")
+    assert kernel_oom_record({777}, kmsg) is None
+    assert kernel_oom_record({4242}, tmp_path / "unreadable") is None
+
+
+# --- an outer job's launcher variables --------------------------------------------------------------------
+
+
+def _closed_loopback_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed once the socket is: nothing listens there
+
+
+def test_own_trials_drop_an_outer_jobs_launcher_variables() -> None:
+    outer = {"PATH": "/bin", "PET_RDZV_ENDPOINT": "127.0.0.1:9", "PET_NNODES": "4", "TORCHELASTIC_RUN_ID": "job"}
+    assert launcher_variables(outer) == ["PET_NNODES", "PET_RDZV_ENDPOINT", "TORCHELASTIC_RUN_ID"]
+    assert own_trial_env(outer) == {"PATH": "/bin"}
+
+
+def test_torchrun_trials_name_their_own_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.trial.local import LocalLauncher
+
+    monkeypatch.setenv("PET_RDZV_ENDPOINT", f"127.0.0.1:{_closed_loopback_port()}")
+    monkeypatch.setenv("PET_RDZV_BACKEND", "c10d")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "outer-job")
+    plan = LocalLauncher(use_torchrun=True, master_port=29777).plan(spec())
+    command = plan.command(Path("spec.json"), Path("out"), 0.0)
+    assert "--rdzv-backend=static" in command and "--rdzv-endpoint=127.0.0.1:29777" in command
+    assert not launcher_variables(plan.env)
+
+
+def test_own_command_mode_keeps_the_environment_and_says_what_it_saw(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from autotune.trial.script import ScriptLauncher
+
+    monkeypatch.setenv("PET_RDZV_ENDPOINT", "127.0.0.1:9")
+    launcher = ScriptLauncher(["python", "train.py", "--deepspeed", "{ds_config}"])
+    with caplog.at_level("WARNING"):
+        env = launcher._environment(spec(), 29500)
+        launcher._environment(spec(), 29501)
+    assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:9"
+    said = [r.getMessage() for r in caplog.records if "PET_RDZV_ENDPOINT" in r.getMessage()]
+    assert len(said) == 1
+
+
+@pytest.mark.slow  # ~33 s on the shared 2-core machine; test_torchrun_trials_name_their_own_rendezvous is quick
+def test_a_real_torchrun_trial_ignores_pet_rdzv_endpoint_at_a_closed_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun would otherwise join the outer job's endpoint (torch/distributed/run.py:790-793) and fail."""
+    from tests.test_trial_run import assert_measured, marked_env, survivors, tiny_spec
+
+    from autotune.trial import LocalLauncher, run_trial
+
+    port = _closed_loopback_port()
+    # An outer job's rendezvous on another host: c10d, not hosted here (is_host=false, as torchrun decides on a
+    # node whose name is not the endpoint's), nothing listening (a closed loopback port: no traffic leaves the host)
+    outer = {"PET_RDZV_ENDPOINT": f"127.0.0.1:{port}", "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ID": "outer",
+             "PET_RDZV_CONF": "is_host=false,read_timeout=10", "TORCHELASTIC_RUN_ID": "outer"}  # fmt: skip
+    for name, value in outer.items():
+        monkeypatch.setenv(name, value)
+    mark, env = marked_env()
+    result = run_trial(tiny_spec(timeout_s=120.0), LocalLauncher(env=env, use_torchrun=True))
+    assert_measured(result, world_size=1)
+    assert not survivors(mark)
+    assert os.environ["PET_RDZV_ENDPOINT"] == f"127.0.0.1:{port}"  # the caller's environment is untouched
+
+
+# --- the tuner: an inconclusive trial is retried once, never cached, never a memory fact ------------------------
+
+
+class SigkillingLauncher:
+    """Real trials (LocalLauncher) whose worker is SIGKILLed at its entry (trial/faults.py), as `kill -9` from
+    outside would: no allocator message, no budget breach, no OOM-killer record."""
+
+    def __init__(self) -> None:
+        from autotune.trial import LocalLauncher
+        from autotune.trial.faults import FAULT_ENV, fault_value
+
+        self.inner = LocalLauncher(env={FAULT_ENV: fault_value("sigkill", "entry"), "OMP_NUM_THREADS": "1"})
+        self.specs: list[TrialSpec] = []
+
+    def run(self, spec: TrialSpec):
+        self.specs.append(spec)
+        return self.inner.run(spec)
+
+
+def test_a_sigkilled_worker_is_retried_once_not_cached_and_not_an_oom(tmp_path: Path) -> None:
+    import json
+
+    from tests.test_tune import tune_request
+
+    from autotune import tune
+    from autotune.errors import TrialsFailedError
+    from autotune.ladder import Rung
+
+    request = tune_request(tmp_path, micro_batches=(2,), rungs=(Rung.Z0,))
+    killed = SigkillingLauncher()
+    with pytest.raises(TrialsFailedError, match="inconclusive"):
+        tune(request, launcher=killed)
+    def tried(specs: list[TrialSpec]) -> list[str]:
+        return [json.dumps([s.ds_config["zero_optimization"], s.ds_config["train_micro_batch_size_per_gpu"],
+                            s.grad_checkpointing], sort_keys=True) for s in specs]  # fmt: skip
+
+    distinct = set(tried(killed.specs))
+    assert len(killed.specs) == 2 * len(distinct)  # each candidate once more, then given up
+    report = json.loads((tmp_path / "autotune-report.json").read_text())
+    assert {t["result"]["status"] for t in report["trials"]} == {"inconclusive"}
+    assert report["calibration"]["oom_bounds"] == [] and report["calibration"]["samples"] == 0
+    again = SigkillingLauncher()
+    with pytest.raises(TrialsFailedError):
+        tune(request, launcher=again)  # the next run launches them again: nothing was cached
+    assert tried(again.specs) == tried(killed.specs)
