@@ -354,8 +354,8 @@ class Search:
         points = [
             (float(t.candidate.micro_batch), float(t.result.peak_memory_bytes))
             for t in self.outcome.trials
-            if same_group(t.candidate, candidate) and t.result.peak_memory_bytes and not t.from_cache
-        ]
+            if same_group(t.candidate, candidate) and t.result.ok and t.result.peak_memory_bytes and not t.from_cache
+        ]  # a trial stopped at a cap (over_budget) reports the cap, not its peak: no point of the line
         return fit_step_line(points)
 
     def _after_first_failure(self, rung: Rung, ckpt: bool, bad: int, below: list[int], mode: Mode = Mode()) -> int:
@@ -364,24 +364,30 @@ class Search:
         The failed trial shows the true peak at `bad` is above the free memory (or the measured peak, if
         it was reported). Calibrating on that lower bound gives a model that is at least as pessimistic
         as the truth there; the largest micro-batch it says fits is the next try. If it says none, the
-        smallest is tried once (the bound may be pessimistic for small micro-batches).
+        middle of what is left (the bound may be pessimistic for small micro-batches; bisection, not a walk up
+        from the smallest, on a dense integer grid).
         """
         failed_candidate = Candidate(rung, bad, ckpt, mode)
         failed = next((t for t in reversed(self.outcome.trials) if t.candidate == failed_candidate), None)
-        peak = failed.result.peak_memory_bytes if failed else None
-        # a peak measured over the headroom is the truth, already in the calibration; an OOM only a lower bound
-        at_least = peak or self.target.free_memory_bytes
+        # a run that finished over the headroom measured its true peak (already in the calibration); an OOM, or a
+        # CPU trial stopped at its cap (over_budget), only says "more than this"
+        peak = failed.result.peak_memory_bytes if failed and failed.result.ok else None
+        at_least = peak or max(self.target.free_memory_bytes, (failed and failed.result.peak_memory_bytes) or 0)
         pessimistic = self.memory.calibrate(
             self.calibration, self.model, self.target, failed_candidate, self.settings, at_least
         )
         # within the limit itself: the calibrated model has this group's evidence; a margin over it would step
         # down one integer micro-batch per trial
         fitting = largest_where(below, lambda m: self._fits_with(Candidate(rung, m, ckpt, mode), pessimistic, 0.0))
-        guess = fitting or below[0]
-        failures = sum(same_group(t.candidate, failed_candidate) and t.memory_failure for t in self.outcome.trials)
-        # the model was wrong twice in this group (it misses memory it does not know of): halve the interval too,
-        # so a dense integer grid costs log2 of its length in OOMs at worst, not one per step the model moves
-        return min(guess, below[len(below) // 2]) if failures >= 2 else guess
+        guess = fitting or below[len(below) // 2]
+        blind = sum(
+            same_group(t.candidate, failed_candidate) and t.memory_failure and not t.result.peak_memory_bytes
+            for t in self.outcome.trials
+        )
+        # two OOMs without a measured peak in this group (the model misses memory it does not know of): halve the
+        # interval too, so a dense integer grid costs log2 of its length in OOMs at worst, not one per step the
+        # model moves; a peak measured over the headroom is the truth and its guess is kept
+        return min(guess, below[len(below) // 2]) if blind >= 2 and not peak else guess
 
     def _search_group(
         self, rung: Rung, ckpt: bool, seed: int, mode: Mode = Mode(), ok: int | None = None, bad: int | None = None
