@@ -32,6 +32,7 @@ from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.estimate import EstimateSettings, estimate
 from autotune.estimate.ds_estimators import deepspeed_estimators
 from autotune.estimate.knobs import ZeroKnobs
+from autotune.estimate.runtime import RuntimeStack
 from autotune.estimate.types import MemoryEstimate
 from autotune.hardware import Target, generic_gpu
 from autotune.ladder import Candidate, Mode, Rung
@@ -218,17 +219,22 @@ def predicted_trial(
     device: str,
     precision: str,
     zero_init: bool = True,
+    stack: RuntimeStack | None = None,
     **trial: object,
 ) -> tuple[ModelSummary, MemoryEstimate, TrialSpec]:
     """The prediction for one config and the trial that measures exactly that config (one node).
 
     `trial` sets the TrialSpec's measurement fields (steps, timeout, memory caps); the GPU kit uses this too.
     `zero_init`: ZeRO-3 builds under deepspeed.zero.Init (False: the whole model first), predicted alike.
+    `stack`: the torch/CUDA/NCCL stack the trial runs with, as the tuner passes it (context.runtime_stack); None
+    leaves it unknown, which widens the margin and, on a GPU, guesses the loss path and NCCL's buffers.
     """
     source = resolve_model(model)
     summary = summarize(source)
     knobs = ZeroKnobs(zero_init=zero_init)
-    settings = EstimateSettings(seq_len=seq_len, precision=precision, device=device, knobs=knobs)
+    settings = EstimateSettings(
+        seq_len=seq_len, precision=precision, device=device, knobs=knobs, stack=stack or RuntimeStack()
+    )
     predicted = estimate(summary, target, candidate, settings)
     train = TrainSettings(
         world_size=target.gpus_per_node,

@@ -6,6 +6,7 @@ budget) without launching a trial; the slow one runs `validate.sh --dry-run` for
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -110,13 +111,82 @@ def test_gpu_errors_subtract_what_lives_outside_torch(kit_module) -> None:
     row = {
         "predicted_bytes": 10 * GiB,
         "predicted_components": {"cuda_context": GiB, "nccl_buffers": GiB, "allocator_slack": GiB},
-        "nvml_peak_bytes": 11 * GiB,
-        "nvml_baseline_bytes": GiB,
+        "nvml_peak_bytes": 10 * GiB,  # the trial process's own (trial/memory.py): other tenants are not in it
+        "nvml_baseline_bytes": 11 * GiB,
         "max_reserved_bytes": 8 * GiB,
         "max_allocated_bytes": 7 * GiB,
+        "pressured": True,
+        "predicted_unpressured_extra_bytes": 2 * GiB,
     }
     errors = kit_module._errors(row, "cuda")
     assert errors == {"error_pct_nvml": 0.0, "error_pct_reserved": 0.0, "error_pct_allocated": 0.0}
+
+
+def test_on_the_whole_card_reserved_and_nvml_are_compared_with_the_unpressured_extra(kit_module) -> None:
+    row = {
+        "predicted_bytes": 10 * GiB,
+        "predicted_components": {"cuda_context": GiB, "nccl_buffers": GiB, "allocator_slack": GiB},
+        "nvml_peak_bytes": 12 * GiB,
+        "max_reserved_bytes": 10 * GiB,
+        "max_allocated_bytes": 7 * GiB,  # what tensors need: no cache, so no extra
+        "pressured": False,
+        "predicted_unpressured_extra_bytes": 2 * GiB,
+    }
+    assert kit_module._errors(row, "cuda") == {
+        "error_pct_nvml": 0.0,
+        "error_pct_reserved": 0.0,
+        "error_pct_allocated": 0.0,
+    }
+
+
+def test_rows_record_the_extra_the_phases_and_the_stack_predicted_with(kit_module, tmp_path: Path) -> None:
+    class PhasedTrials(FakeTrials):
+        def __call__(self, spec: TrialSpec) -> TrialResult:
+            result = super().__call__(spec)
+            return dataclasses.replace(result, phases={"imports": 3.0, "engine_init": 2.0}, startup_s=6.0)
+
+    kit = _kit(kit_module, tmp_path, PhasedTrials())
+    kit_module.stage_memory(kit)
+    for row in kit.data["memory"]["rows"].values():
+        assert row["phases"] == {"imports": 3.0, "engine_init": 2.0} and row["startup_s"] == 6.0
+        assert "predicted_unpressured_extra_bytes" in row and row["pressured"] is True  # CPU: an RSS budget
+        assert set(row["predicted_stack"]) >= {"torch_version", "cuda_version", "compute_capability"}
+
+
+def test_the_tunes_re_run_keeps_the_chosen_mode(kit_module, tmp_path: Path) -> None:
+    trials = FakeTrials()
+    kit = _kit(kit_module, tmp_path, trials)
+    choice = {"rung": "z3+offload_opt", "micro_batch": 2, "grad_checkpointing": True, "mode": {"offload_ratio": 0.6}}
+    kit.data["tune"] = {"result": {"choice": {**choice, "samples_per_s": 5.0}}}
+    kit_module.stage_tune(kit, tmp_path)
+    offload = trials.specs[-1].ds_config["zero_optimization"]["offload_optimizer"]
+    assert offload["ratio"] == 0.6
+    rerun = kit.data["tune"]["rerun"]
+    assert rerun["mode"]["offload_ratio"] == 0.6 and "0.6" in rerun["key"]
+    setting = kit_module._tune_setting(kit)
+    grid_key = kit_module.choice_point(setting, choice).key
+    assert grid_key == rerun["key"]
+
+
+def test_gpu_points_leave_room_on_an_80_gb_card(kit_module) -> None:
+    """Predicted (+ its margin + the unpressured cache) at most 70 GiB: a point must give a peak, not an OOM."""
+    import points
+    from estimate_accuracy import predicted_trial
+
+    from autotune.estimate.runtime import RuntimeStack
+    from autotune.hardware import Target, generic_gpu
+    from autotune.ladder import Candidate
+
+    h100 = RuntimeStack("2.11.0+cu130", "13.0", None, "9.0", "5.17.0", "0.19.8")  # the lent machine's stack
+    card = int(79.1 * GiB)  # an H100 80GB as CUDA reports it
+    target = Target(generic_gpu(card), gpus_per_node=1, nodes=1, free_memory_bytes=card)
+    for point in {*points.GPU_MEMORY_POINTS, *points.LEASE_MEMORY_POINTS, *points.GPU_SITE_POINTS}:
+        candidate = Candidate(point.rung, point.micro_batch, point.grad_checkpointing, point.mode)
+        _, predicted, _ = predicted_trial(
+            point.model, candidate, point.seq_len, target, "cuda", "bf16", zero_init=point.zero_init, stack=h100
+        )
+        need = predicted.gpu_peak_bytes + predicted.gpu_margin_bytes + predicted.gpu_unpressured_extra_bytes
+        assert need <= 70 * GiB, point.key
 
 
 def test_a_second_run_resumes_instead_of_repeating(kit_module, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -44,6 +46,9 @@ from points import (  # noqa: E402
     GPU_SIDE_BY_SIDE,
     GPU_SITE_POINTS,
     GPU_TUNE,
+    LEASE_MEMORY_POINTS,
+    LEASE_OOM_PROBES,
+    LEASE_TUNE,
     MemoryPoint,
     ModesSetting,
     TuneSetting,
@@ -51,11 +56,14 @@ from points import (  # noqa: E402
 
 from autotune.atomic import atomic_write_json  # noqa: E402
 from autotune.estimate import EstimateSettings, check_fit, estimate  # noqa: E402
+from autotune.estimate.runtime import RuntimeStack, local_stack  # noqa: E402
 from autotune.hardware import Target, generic_gpu  # noqa: E402
 from autotune.ladder import Candidate, Rung  # noqa: E402
 from autotune.models import resolve_model, summarize  # noqa: E402
 from autotune.modes import ratio_grid, ratio_mode  # noqa: E402
 from autotune.trial import LocalLauncher, TrialResult, TrialSpec  # noqa: E402
+from autotune.trial.faults import FAULT_ENV  # noqa: E402
+from autotune.trial.ops import ensure_ops_ready  # noqa: E402
 from autotune.units import GiB  # noqa: E402
 from estimate_accuracy import environment as machine_and_versions  # noqa: E402
 from estimate_accuracy import predicted_trial  # noqa: E402
@@ -66,18 +74,53 @@ DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "gpu" / "validation.json"
 
 @dataclass
 class Kit:
-    """One run of the kit: where results go, what device, how much time is left."""
+    """One run of the kit: where results go, what device, how much time is left.
+
+    Every finished item is saved at once (results_path, atomically): put results_path in the device tool's $OUT
+    and a command cut off by its time limit still brings back everything it finished. Each trial runs in its own
+    directory under trials_dir (its rank and launcher logs); a trial that ran fine has it removed, a failed one
+    keeps it, named in its row.
+    """
 
     results_path: Path
     dry_run: bool
     budget_s: float
-    run_trial: Callable[[TrialSpec], TrialResult] = field(default_factory=lambda: LocalLauncher().run)  # tests swap it
+    run_trial: Callable[[TrialSpec], TrialResult] | None = None  # tests swap it; None: LocalLauncher per trial
     started: float = field(default_factory=time.monotonic)
     data: dict = field(default_factory=dict)
+    lease: bool = False  # the one-command lease's shorter lists (points.py LEASE_*)
+    trials_dir: Path | None = None  # default: beside results_path
+    plant_fault: str | None = None  # test seam: the trial whose key contains this fails (trial/faults.py)
 
     @property
     def device(self) -> str:
         return "cpu" if self.dry_run else "cuda"
+
+    def pick(self, dry: object, full: object, lease: object) -> Any:
+        """The dry run's tiny setting, else the lease's short list or the full kit's."""
+        return dry if self.dry_run else lease if self.lease else full
+
+    def launch(self, spec: TrialSpec, key: str) -> tuple[TrialResult, str | None]:
+        """Run one trial; (its result, the directory holding its logs when it failed)."""
+        if self.run_trial is not None:
+            return self.run_trial(spec), None
+        workdir = (self.trials_dir or self.results_path.parent / "trials") / key.replace("/", "__")
+        shutil.rmtree(workdir, ignore_errors=True)  # an earlier run's logs of this item, which failed then
+        planted = self.plant_fault is not None and self.plant_fault in key
+        env = {FAULT_ENV: "raise@start"} if planted else {}
+        result = LocalLauncher(env=env, workdir=workdir).run(spec)
+        if result.ok:
+            shutil.rmtree(workdir, ignore_errors=True)
+            return result, None
+        return result, str(workdir)
+
+    def stack(self) -> RuntimeStack:
+        """The runtime stack the tuner would predict with here (context.runtime_stack): the GPU's compute
+        capability from the probe, torch/CUDA/NCCL/transformers/DeepSpeed from package metadata."""
+        if self.device != "cuda":
+            return RuntimeStack()
+        gpus = _nvml_gpus()
+        return local_stack(gpus[0].get("compute_capability") if gpus else None)
 
     def load(self) -> None:
         if self.results_path.exists():
@@ -136,6 +179,7 @@ def _nvml_gpus() -> list[dict]:
                     "total_bytes": int(memory.total),
                     "used_bytes": int(memory.used),
                     "driver": driver,
+                    "compute_capability": "{}.{}".format(*pynvml.nvmlDeviceGetCudaComputeCapability(handle)),
                     "cuda_driver_version": pynvml.nvmlSystemGetCudaDriverVersion(),
                 }
             )
@@ -168,15 +212,12 @@ def stage_setup(kit: Kit) -> None:
     """Build the DeepSpeed ops trials load, in a child process; NVMe rungs only where libaio exists."""
     section = kit.section("setup")
     started = time.monotonic()
-    ops = subprocess.run(
-        [sys.executable, "-m", "autotune.trial.ops", "--device", kit.device],
-        capture_output=True,
-        text=True,
-        timeout=max(60, kit.time_left()),
-        check=False,
-    )
-    lines = ops.stdout.strip().splitlines()
-    section["ops"] = json.loads(lines[-1]) if ops.returncode == 0 and lines else {"error": ops.stderr[-2000:]}
+    notes: list[str] = []
+    try:  # clears a killed build's stale lock first, and a build cut off by the budget is said, not raised
+        section["ops"] = ensure_ops_ready(kit.device, timeout_s=max(60.0, kit.time_left()), report=notes.append)
+    except RuntimeError as error:
+        section["ops"] = {"error": str(error)}
+    section["ops_notes"] = notes
     section["ops_wall_s"] = round(time.monotonic() - started, 1)
     section["async_io"] = _async_io_status(kit.device)
     section["probe"] = _probe_json()
@@ -258,6 +299,7 @@ def trial_for(
         limit = 1024 * GiB
     target = Target(generic_gpu(limit), gpus_per_node=1, nodes=1, free_memory_bytes=limit)
     candidate = Candidate(point.rung, point.micro_batch, point.grad_checkpointing, point.mode)
+    stack = kit.stack()
     summary, predicted, spec = predicted_trial(
         point.model,
         candidate,
@@ -271,11 +313,12 @@ def trial_for(
         timeout_s=max(60.0, min(600.0, kit.time_left())),
         gpu_memory_fraction=fraction,
         host_memory_budget_bytes=budget,
+        stack=stack,
     )
     spec = dataclasses.replace(spec, record_peak_sites=record_sites)
     used_before = gpu_used_bytes() if kit.device == "cuda" else None
     started = time.monotonic()
-    result = kit.run_trial(spec)
+    result, logs = kit.launch(spec, point.key)
     row = {
         "key": point.key,
         "model": point.model,
@@ -289,12 +332,20 @@ def trial_for(
         "limit_bytes": limit if (fraction or budget) else None,
         "status": result.status,
         "error": result.error,
+        "logs": logs,
         "wall_s": round(time.monotonic() - started, 1),
+        "startup_s": result.startup_s,
+        "phases": result.phases,  # imports, dist init, model build, engine init, warm-up, measured: plan with these
         "samples_per_s": result.samples_per_s,
         "step_times_s": result.step_times_s,
         "predicted_bytes": predicted.gpu_peak_bytes,
         "predicted_components": predicted.gpu_components,
         "predicted_host_bytes": predicted.host_ram_bytes,
+        # on the whole card the allocator keeps more cached than under pressure (estimate.types): recorded so a
+        # comparison can be redone either way, and used for the unpressured rows' reserved/NVML errors
+        "predicted_unpressured_extra_bytes": predicted.gpu_unpressured_extra_bytes,
+        "pressured": bool(fraction or budget),
+        "predicted_stack": dataclasses.asdict(stack),
         "gpu_used_before_bytes": used_before,
         "gpu_used_after_bytes": gpu_used_bytes() if kit.device == "cuda" else None,
         "engine_facts": result.engine_facts,  # what DeepSpeed really ran: offload ratio, sub-groups, device share
@@ -304,8 +355,11 @@ def trial_for(
         row.update(
             max_allocated_bytes=rank.max_allocated_bytes,
             max_reserved_bytes=rank.max_reserved_bytes,
-            nvml_peak_bytes=rank.device_used_bytes,
+            nvml_peak_bytes=rank.device_used_bytes,  # this process's own (trial/memory.py), not the card's used
             nvml_baseline_bytes=rank.device_used_baseline_bytes,
+            nvml_source=rank.device_memory_source,
+            outside_allocator_bytes=rank.device_outside_allocator_bytes,
+            emulated_card_bytes=rank.emulated_card_bytes,
             host_rss_peak_bytes=rank.host_rss_peak_bytes,
         )
         if record_sites:
@@ -318,18 +372,24 @@ def _errors(row: dict, device: str) -> dict:
     """Signed error of the prediction against each measured figure, like for like.
 
     The prediction's total is what the device loses (it includes the CUDA context and NCCL buffers), so it is
-    compared with NVML's device-used peak minus what other tenants used before the trial. Without the context
+    compared with the trial process's own device peak (NVML per process, trial/memory.py). Without the context
     and NCCL terms it is compared with torch's max_memory_reserved; without the allocator slack too, with
     max_memory_allocated. On the CPU backend the prediction is one rank's peak RSS.
+
+    The prediction is for a card under pressure; on the whole card (row["pressured"] false) the allocator keeps
+    more cached, so the reserved and NVML figures are compared with the prediction plus the unpressured extra
+    (estimate.types MemoryEstimate.gpu_unpressured_extra_bytes): without it they read as a 10-13% under-prediction
+    where the model is right.
     """
     parts = row["predicted_components"]
     outside_torch = parts.get("cuda_context", 0) + parts.get("nccl_buffers", 0)
+    extra = 0 if row.get("pressured", True) else row.get("predicted_unpressured_extra_bytes", 0)
     pairs = {"host_rss": (row["predicted_bytes"], row.get("host_rss_peak_bytes"))}
     if device == "cuda":
         nvml = row.get("nvml_peak_bytes")
         pairs = {
-            "nvml": (row["predicted_bytes"], nvml - (row.get("nvml_baseline_bytes") or 0) if nvml else None),
-            "reserved": (row["predicted_bytes"] - outside_torch, row.get("max_reserved_bytes")),
+            "nvml": (row["predicted_bytes"] + extra, nvml),
+            "reserved": (row["predicted_bytes"] + extra - outside_torch, row.get("max_reserved_bytes")),
             "allocated": (
                 row["predicted_bytes"] - outside_torch - parts.get("allocator_slack", 0),
                 row.get("max_allocated_bytes"),
@@ -347,7 +407,7 @@ def _errors(row: dict, device: str) -> dict:
 def stage_memory(kit: Kit) -> None:
     section = kit.section("memory")
     rows = section.setdefault("rows", {})
-    points = DRY_MEMORY_POINTS if kit.dry_run else GPU_MEMORY_POINTS
+    points = kit.pick(DRY_MEMORY_POINTS, GPU_MEMORY_POINTS, LEASE_MEMORY_POINTS)
     budget = 4 * GiB if kit.dry_run else None  # CPU backend: measure RSS against a generous cap
     for point in points:
         if point.key in rows:
@@ -434,7 +494,7 @@ def stage_oom(kit: Kit) -> None:
     """Configs under an emulated 24 GB card: OOM classified as oom_gpu, and the memory back before the next."""
     section = kit.section("oom")
     rows = section.setdefault("rows", {})
-    probes = DRY_OOM_PROBES if kit.dry_run else GPU_OOM_PROBES
+    probes = kit.pick(DRY_OOM_PROBES, GPU_OOM_PROBES, LEASE_OOM_PROBES)
     fraction = emulated_fraction(kit)
     budget = 1 * GiB if kit.dry_run else None  # tight, so the over-budget probe is stopped early
     section["emulated_card"] = {"fraction": fraction, "gib": EMULATED_CARD_GIB, "cpu_budget_bytes": budget}
@@ -544,7 +604,7 @@ def _modes_summary(rows: dict) -> dict:
 
 
 def _tune_setting(kit: Kit) -> TuneSetting:
-    return DRY_TUNE if kit.dry_run else GPU_TUNE
+    return kit.pick(DRY_TUNE, GPU_TUNE, LEASE_TUNE)
 
 
 def _limit_args(kit: Kit) -> list[str]:
@@ -558,14 +618,15 @@ def stage_tune(kit: Kit, out_dir: Path) -> None:
     section = kit.section("tune")
     setting = _tune_setting(kit)
     if "result" not in section:
-        if not kit.can_start(300 if not kit.dry_run else 120):
+        if not kit.can_start(setting.min_tune_s):
             return
         tune_dir = out_dir / "tune"
         command = [
             sys.executable, "-m", "autotune", "tune", "--model", setting.model, "--seq-len", str(setting.seq_len),
             *_limit_args(kit), "--rungs", setting.rungs_arg, "--max-trials", str(setting.max_trials),
             "--micro-batches", ",".join(map(str, setting.grid_micro_batches)), "--no-cache", "--json",
-            "--time-budget", str(max(60, int(kit.time_left() - 120))), "--out", str(tune_dir / "ds_config.json"),
+            "--time-budget", str(max(60, int(kit.time_left() - setting.rerun_s))),
+            "--out", str(tune_dir / "ds_config.json"),
         ]  # fmt: skip
         log("tune: " + " ".join(command[2:]))
         started = time.monotonic()
@@ -583,21 +644,27 @@ def stage_tune(kit: Kit, out_dir: Path) -> None:
     candidate = result.get("choice")  # the report's chosen config: rung, micro_batch, checkpointing, speed
     if "rerun" in section or not candidate:
         return
-    if not kit.can_start(240 if not kit.dry_run else 90):
+    if not kit.can_start(setting.rerun_s):
         return
-    point = MemoryPoint(
-        setting.model, Rung(candidate["rung"]), candidate["micro_batch"], setting.seq_len,
-        candidate.get("grad_checkpointing", False),
-    )  # fmt: skip
-    log(f"tune: re-running the choice {point.key} for 50 steps")
+    point = choice_point(setting, candidate)
+    log(f"tune: re-running the choice {point.key} for {setting.rerun_steps} steps")
     budget = 3 * GiB if kit.dry_run else None
-    rerun = trial_for(point, kit, fraction=emulated_fraction(kit), budget=budget, steps=50)
+    rerun = trial_for(point, kit, fraction=emulated_fraction(kit), budget=budget, steps=setting.rerun_steps)
     trial_speed = candidate.get("samples_per_s")
     if rerun.get("samples_per_s") and trial_speed:
         rerun["speed_vs_trial_pct"] = round(100 * (rerun["samples_per_s"] - trial_speed) / trial_speed, 1)
     section["rerun"] = rerun
     kit.save()
     log(f"  re-run {rerun['status']}, {rerun.get('samples_per_s')} samples/s vs trial {trial_speed}")
+
+
+def choice_point(setting: TuneSetting, choice: dict) -> MemoryPoint:
+    """The tune's choice as a kit point, its mode (offload ratio, ZenFlow, ...) kept: the re-run is that config."""
+    candidate = Candidate.from_dict(choice)
+    return MemoryPoint(
+        setting.model, candidate.rung, candidate.micro_batch, setting.seq_len, candidate.grad_checkpointing,
+        mode=candidate.mode,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- grid
@@ -654,10 +721,7 @@ def _grid_summary(kit: Kit, rows: dict) -> dict:
     tune = kit.section("tune")
     chosen = tune.get("result", {}).get("choice")
     if chosen and measured:
-        key = MemoryPoint(
-            _tune_setting(kit).model, Rung(chosen["rung"]), chosen["micro_batch"], _tune_setting(kit).seq_len,
-            chosen.get("grad_checkpointing", False),
-        ).key  # fmt: skip
+        key = choice_point(_tune_setting(kit), chosen).key
         if key in rows and rows[key].get("samples_per_s"):
             ratio = rows[key]["samples_per_s"] / summary["best"]["samples_per_s"]
             summary["tune_choice_vs_grid_best"] = round(ratio, 3)
@@ -718,6 +782,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("autotune-out/gpu-kit"), help="scratch dir for tune output")
     parser.add_argument("--budget-s", type=float, default=540.0, help="start no item expected to end after this")
     parser.add_argument("--fresh", action="store_true", help="ignore earlier results in --results")
+    parser.add_argument("--lease", action="store_true", help="the one-command lease's short lists (lease.sh)")
+    parser.add_argument("--plant-fault", default=None, help="test seam: the trial whose key contains this fails")
     args = parser.parse_args(argv)
     unknown = set(args.stages.split(",")) - set(STAGES)
     if unknown:
@@ -732,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         results.unlink()
     if args.dry_run:
         os.environ["DS_ACCELERATOR"] = "cpu"
-    kit = Kit(results, args.dry_run, args.budget_s)
+    kit = Kit(results, args.dry_run, args.budget_s, lease=args.lease, plant_fault=args.plant_fault)
     kit.load()
     kit.save()
     stages = args.stages.split(",")

@@ -44,14 +44,17 @@ NO_ZERO_INIT_POINTS = [
     MemoryPoint("llama-3.2-3b", Rung.Z3_OFFLOAD_OPT, 8, 1024, True, zero_init=False),
 ]
 
-# Two llama-class sizes (1.24B and 3.21B), every rung, checkpointing on and off, bf16, on the whole card.
+# Two llama-class sizes (1.24B and 3.21B), every rung, checkpointing on and off, bf16, on the whole card. On one
+# GPU ZeRO 0-2 partition nothing: a 3.21B model's 16 B/param of states (~48 GiB) plus activations is predicted at
+# 81-87 GiB with its margin and the unpressured cache, so the 3B points are ZeRO-3 or offload; every point is
+# predicted at most 70 GiB (tests/test_gpu_kit.py), so none OOMs on an 80 GB card instead of giving a peak.
 # Ordered so that an interrupted run has both sizes, the offload rungs and the zero.Init question early.
 GPU_MEMORY_POINTS = [
     *_points(
         ("llama-3.2-1b", "z0", 4, 1024, False),
         ("llama-3.2-1b", "z2+offload_opt", 4, 1024, False),
         ("llama-3.2-1b", "z3", 4, 1024, True),
-        ("llama-3.2-3b", "z2", 4, 1024, True),
+        ("llama-3.2-3b", "z3", 2, 1024, True),
         ("llama-3.2-3b", "z3+offload_opt+param", 4, 1024, True),
     ),
     *NO_ZERO_INIT_POINTS,
@@ -60,12 +63,29 @@ GPU_MEMORY_POINTS = [
         ("llama-3.2-1b", "z1", 4, 1024, False),
         ("llama-3.2-1b", "z2", 8, 1024, False),
         ("llama-3.2-1b", "z3+offload_opt+param", 8, 1024, True),
-        ("llama-3.2-3b", "z0", 2, 1024, False),
+        ("llama-3.2-1b", "z0", 8, 1024, True),
         ("llama-3.2-3b", "z2+offload_opt", 4, 1024, False),
-        ("llama-3.2-3b", "z3", 4, 1024, False),
+        ("llama-3.2-3b", "z3", 1, 1024, True),
         ("llama-3.2-3b", "z3+offload_opt", 8, 1024, True),
-        ("llama-3.2-3b", "z1", 2, 1024, True),
+        ("llama-3.2-1b", "z1", 8, 1024, True),
     ),
+]
+
+# The one-command lease (benchmarks/gpu/lease.sh): the memory stage's most telling points in the few minutes a
+# lent GPU gives, on llama-3.2-1b (quick to build and step) plus one 3B offload point: ZeRO 0-3, optimizer and
+# parameter offload, checkpointing on and off, one without zero.Init. Each is predicted (+ the unpressured extra
+# + its margin) at most ~60 GiB, well inside an 80 GB card (tests/test_gpu_kit.py checks it).
+LEASE_MEMORY_POINTS = [
+    *_points(
+        ("llama-3.2-1b", "z0", 4, 1024, False),
+        ("llama-3.2-1b", "z3", 4, 1024, True),
+        ("llama-3.2-1b", "z2+offload_opt", 4, 1024, False),
+        ("llama-3.2-1b", "z3+offload_opt+param", 8, 1024, True),
+        ("llama-3.2-1b", "z1", 4, 1024, False),
+        ("llama-3.2-1b", "z2", 8, 1024, False),
+        ("llama-3.2-3b", "z3+offload_opt", 8, 1024, True),
+    ),
+    NO_ZERO_INIT_POINTS[0],
 ]
 
 DRY_MEMORY_POINTS = [
@@ -86,7 +106,7 @@ DRY_MEMORY_POINTS = [
 GPU_SITE_POINTS = [
     MemoryPoint("llama-3.2-3b", Rung.Z3_OFFLOAD_ALL, 4, 1024, True),
     MemoryPoint("llama-3.2-1b", Rung.Z3, 4, 1024, True),
-    MemoryPoint("llama-3.2-3b", Rung.Z2, 4, 1024, True),
+    MemoryPoint("llama-3.2-3b", Rung.Z3, 2, 1024, True),
     MemoryPoint("llama-3.2-1b", Rung.Z0, 4, 1024, False),
 ]
 # The CPU backend has no allocation trace (peak_sites.py says why): the dry run's rows carry that note, which
@@ -107,6 +127,7 @@ GPU_OOM_PROBES = [
     OomProbe(MemoryPoint("llama-3.2-1b", Rung.Z2_OFFLOAD_OPT, 2, 1024, True), expect_oom=False),
     OomProbe(MemoryPoint("llama-3.2-1b", Rung.Z0, 64, 1024), expect_oom=True),  # activations, not states
 ]
+LEASE_OOM_PROBES = GPU_OOM_PROBES[:2]  # one predicted ~3x over (OOMs at engine init, quick), one that fits
 DRY_OOM_PROBES = [
     OomProbe(MemoryPoint("gpt2-small-demo", Rung.Z0, 64, 256), expect_oom=True),
     OomProbe(MemoryPoint("tiny-llama", Rung.Z0, 2, 64), expect_oom=False),
@@ -165,6 +186,9 @@ class TuneSetting:
     grid_micro_batches: tuple[int, ...]
     rungs: tuple[Rung, ...] = tuple(r for r in Rung if not r.needs_nvme)  # NVMe needs a path and libaio
     grid_checkpointing: tuple[bool, ...] = (False, True)
+    rerun_steps: int = 50  # the choice re-run: long enough for a speed beside the tune's trial
+    min_tune_s: float = 300.0  # start the tune only with this much budget left (estimates until measured)
+    rerun_s: float = 240.0  # kept back from the tune's --time-budget for the re-run
 
     @property
     def rungs_arg(self) -> str:
@@ -172,7 +196,12 @@ class TuneSetting:
 
 
 GPU_TUNE = TuneSetting("llama-3.2-1b", 1024, 12, (1, 2, 4, 8, 16, 32))
-DRY_TUNE = TuneSetting("tiny-llama", 64, 4, (1, 4), rungs=(Rung.Z0, Rung.Z3), grid_checkpointing=(False,))
+# The lease's quick tune: the same card and model, a few trials, a short re-run.
+LEASE_TUNE = TuneSetting("llama-3.2-1b", 1024, 4, (1, 2, 4, 8), rerun_steps=20, min_tune_s=120.0, rerun_s=75.0)
+DRY_TUNE = TuneSetting(
+    "tiny-llama", 64, 4, (1, 4), rungs=(Rung.Z0, Rung.Z3), grid_checkpointing=(False,), rerun_steps=10,
+    min_tune_s=60.0, rerun_s=60.0,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
