@@ -54,7 +54,7 @@ from points import (  # noqa: E402
     TuneSetting,
 )
 
-from autotune.atomic import atomic_write_json  # noqa: E402
+from autotune.atomic import atomic_write_json, atomic_write_text  # noqa: E402
 from autotune.estimate import EstimateSettings, check_fit, estimate  # noqa: E402
 from autotune.estimate.runtime import RuntimeStack, local_stack  # noqa: E402
 from autotune.hardware import Target, generic_gpu  # noqa: E402
@@ -79,7 +79,8 @@ class Kit:
     Every finished item is saved at once (results_path, atomically): put results_path in the device tool's $OUT
     and a command cut off by its time limit still brings back everything it finished. Each trial runs in its own
     directory under trials_dir (its rank and launcher logs); a trial that ran fine has it removed, a failed one
-    keeps it, named in its row.
+    keeps it, named in its row, and its logs' tails are appended to one file beside the results (`failure_log`):
+    the device tool brings back at most 8 files from $OUT, so the logs travel as one.
     """
 
     results_path: Path
@@ -89,7 +90,7 @@ class Kit:
     started: float = field(default_factory=time.monotonic)
     data: dict = field(default_factory=dict)
     lease: bool = False  # the one-command lease's shorter lists (points.py LEASE_*)
-    trials_dir: Path | None = None  # default: beside results_path
+    trials_dir: Path | None = None  # default: beside results_path (lease.sh puts it outside $OUT)
     plant_fault: str | None = None  # test seam: the trial whose key contains this fails (trial/faults.py)
 
     @property
@@ -112,7 +113,12 @@ class Kit:
         if result.ok:
             shutil.rmtree(workdir, ignore_errors=True)
             return result, None
+        append_logs(self.failure_log, key, result, workdir)
         return result, str(workdir)
+
+    @property
+    def failure_log(self) -> Path:
+        return self.results_path.with_name("trial-logs.txt")
 
     def stack(self) -> RuntimeStack:
         """The runtime stack the tuner would predict with here (context.runtime_stack): the GPU's compute
@@ -143,6 +149,19 @@ class Kit:
             log(f"stopping: {self.time_left():.0f} s left, the next item needs about {expected_s:.0f} s")
             return False
         return True
+
+
+LOG_TAIL_LINES = 120  # per log file of a failed trial: the traceback and what led to it, not a whole build log
+
+
+def append_logs(path: Path, key: str, result: TrialResult, workdir: Path) -> None:
+    """Append the tails of a failed trial's logs (ranks, launcher) to path, atomically (temp file, rename)."""
+    parts = [path.read_text() if path.exists() else ""]
+    parts.append(f"===== {key}: {result.status}: {result.error}\n")
+    for log_file in sorted(workdir.rglob("*.log")):
+        lines = log_file.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        parts.append(f"----- {log_file.relative_to(workdir)} (last {len(lines)} lines)\n" + "\n".join(lines) + "\n")
+    atomic_write_text(path, "".join(parts))
 
 
 def log(message: str) -> None:
@@ -783,6 +802,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=540.0, help="start no item expected to end after this")
     parser.add_argument("--fresh", action="store_true", help="ignore earlier results in --results")
     parser.add_argument("--lease", action="store_true", help="the one-command lease's short lists (lease.sh)")
+    parser.add_argument("--trials-dir", type=Path, default=None, help="per-trial scratch (default: beside --results)")
     parser.add_argument("--plant-fault", default=None, help="test seam: the trial whose key contains this fails")
     args = parser.parse_args(argv)
     unknown = set(args.stages.split(",")) - set(STAGES)
@@ -798,7 +818,9 @@ def main(argv: list[str] | None = None) -> int:
         results.unlink()
     if args.dry_run:
         os.environ["DS_ACCELERATOR"] = "cpu"
-    kit = Kit(results, args.dry_run, args.budget_s, lease=args.lease, plant_fault=args.plant_fault)
+    kit = Kit(
+        results, args.dry_run, args.budget_s, lease=args.lease, plant_fault=args.plant_fault, trials_dir=args.trials_dir
+    )
     kit.load()
     kit.save()
     stages = args.stages.split(",")
