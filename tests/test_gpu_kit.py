@@ -171,11 +171,11 @@ def test_the_tunes_re_run_keeps_the_chosen_mode(kit_module, tmp_path: Path) -> N
 def test_gpu_points_leave_room_on_an_80_gb_card(kit_module) -> None:
     """Predicted (+ its margin + the unpressured cache) at most 70 GiB: a point must give a peak, not an OOM."""
     import points
-    from estimate_accuracy import predicted_trial
 
     from autotune.estimate.runtime import RuntimeStack
     from autotune.hardware import Target, generic_gpu
     from autotune.ladder import Candidate
+    from estimate_accuracy import predicted_trial
 
     h100 = RuntimeStack("2.11.0+cu130", "13.0", None, "9.0", "5.17.0", "0.19.8")  # the lent machine's stack
     card = int(79.1 * GiB)  # an H100 80GB as CUDA reports it

@@ -36,6 +36,7 @@ PACKAGES = (
     "py-cpuinfo", "msgpack", "einops", "ninja", "numpy", "psutil", "nvidia-ml-py", "typer", "rich",
     "nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime",
 )  # fmt: skip
+NVIDIA_SMI_FIELDS = "name,memory.total,memory.used,driver_version,compute_cap"
 ENV_PREFIXES = ("CUDA", "NCCL", "TORCH", "PYTORCH", "DS_", "NVIDIA", "LD_LIBRARY_PATH", "CPATH", "PATH", "MAX_JOBS")
 # Headers DeepSpeed's CUDA ops include: a toolkit without the cuBLAS/cuSPARSE/cuRAND headers builds cpu_adam
 # but fails on fused_adam (torch's ATen/cuda headers pull them in).
@@ -71,8 +72,7 @@ def versions() -> dict:
         "packages": found,
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
         "nvcc": _run(["nvcc", "--version"]),
-        "nvidia_smi": _run(["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version,compute_cap",
-                            "--format=csv"]),  # fmt: skip
+        "nvidia_smi": _run(["nvidia-smi", f"--query-gpu={NVIDIA_SMI_FIELDS}", "--format=csv"]),
         "memlock": _run(["bash", "-c", "ulimit -l"]),
         "dev_shm": _run(["df", "-B1", "/dev/shm"]),
         "meminfo": Path("/proc/meminfo").read_text().splitlines()[:5] if Path("/proc/meminfo").exists() else None,

@@ -23,13 +23,20 @@ if [ "$dry" = 0 ]; then
     mkdir -p "$TORCH_EXTENSIONS_DIR"
     # Ops built on an earlier machine: newer than the freshly unpacked sources, so ninja keeps them.
     find "$TORCH_EXTENSIONS_DIR" -type f -exec touch {} + 2>/dev/null
-    rm -f "$TORCH_EXTENSIONS_DIR"/*/*/lock  # a lock left by a machine that was taken away mid-build
+    # A lock left by a machine taken away mid-build, where torch puts it (trial/ops.py build_locks: directly
+    # under TORCH_EXTENSIONS_DIR when it is set, under a py*_cu* folder of the default cache otherwise).
+    python3 -c "from autotune.trial.ops import build_locks
+for lock in build_locks('cuda'): lock.unlink(missing_ok=True)"
 fi
-python3 benchmarks/gpu/kit.py "$@"
+results=()
+if [ "$dry" = 0 ] && [ -n "${OUT:-}" ]; then
+    # Straight into the device tool's $OUT, item by item, so a command cut off keeps what it finished.
+    cp benchmarks/results/gpu/validation.json "$OUT"/ 2>/dev/null
+    results=(--results "$OUT/validation.json")
+fi
+python3 benchmarks/gpu/kit.py "$@" "${results[@]}"
 status=$?
 if [ "$dry" = 0 ] && [ -n "${OUT:-}" ]; then
-    # Bring results and built ops back from a lent machine (the device tool's $OUT).
-    cp benchmarks/results/gpu/*.json "$OUT"/ 2>/dev/null
-    tar czf "$OUT/gpu-cache.tgz" .gpu-cache 2>/dev/null
+    tar czf "$OUT/gpu-cache.tgz" .gpu-cache 2>/dev/null  # built ops for the next call
 fi
 exit $status
