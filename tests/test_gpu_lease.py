@@ -86,7 +86,10 @@ def test_the_readme_command_fits_the_device_tools_limits() -> None:
 
 def test_a_bad_argument_is_one_line_and_exit_2(tmp_path: Path) -> None:
     done = subprocess.run(
-        ["bash", str(LEASE), "--budget-s", "soon"], capture_output=True, text=True, env={**os.environ, "OUT": str(tmp_path)}
+        ["bash", str(LEASE), "--budget-s", "soon"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OUT": str(tmp_path)},
     )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "--budget-s" in done.stderr
 
