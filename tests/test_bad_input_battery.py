@@ -7,8 +7,10 @@ subprocess where the case is about the process (a hang, the environment, a signa
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,21 @@ def _gpt2_config(tmp_path: Path, name: str, **fields: object) -> str:
     return str(tmp_path / name)
 
 
+def _device_node(path: Path) -> Path:
+    """A character device like /dev/null (1, 3) made with mknod where allowed (root with CAP_MKNOD), else a FIFO."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, OSError):
+        os.mkfifo(path)
+    return path
+
+
+def _many_keys(path: Path) -> Path:
+    """A 14 MB config with 700k top-level keys: `check` ran past 300 s and 1.6 GB on it."""
+    keys = {f"key_{i:07d}": i for i in range(700_000)}
+    return _write(path, json.dumps({"train_micro_batch_size_per_gpu": 1, **keys, "x": 0}).encode())
+
+
 def _cases(tmp_path: Path) -> list[tuple[list[str], str]]:
     a_file = _write(tmp_path / "a_file", b"x")
     fifo = tmp_path / "fifo"
@@ -43,7 +60,30 @@ def _cases(tmp_path: Path) -> list[tuple[list[str], str]]:
     _write(tmp_path / "latin" / "config.json", b'{"model_type": "gpt2", "n_embd": "\xff\xfe"}')
     _write(tmp_path / "deep" / "config.json", b"[" * 100_000 + b"]" * 100_000)
     plan_t4 = ["--gpu-type", "t4"]
+    node = _device_node(tmp_path / "node")
+    (tmp_path / "to_stdout").symlink_to("/proc/self/fd/1")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "ds.json").symlink_to(tmp_path / "elsewhere.json")
+    huge_int = _write(tmp_path / "huge_int.json", b'{"train_micro_batch_size_per_gpu": 1%s}' % (b"0" * 5000))
+    inf = _write(tmp_path / "inf.json", b'{"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1e400}')
     return [
+        ([*TINY_CPU, "--out", str(node)], "not a regular file"),
+        ([*TINY_CPU, "--out", str(fifo)], "a FIFO, not a regular file"),
+        ([*TINY_CPU, "--out", "/dev/full"], "under /dev"),
+        ([*TINY_CPU, "--out", str(tmp_path / "to_stdout")], "symlink to /proc/"),
+        ([*TINY_CPU, "--out", str(tmp_path / "sub" / "ds.json")], "outside"),
+        ([*TINY_CPU, "--cache-dir", "/proc/x"], "--cache-dir /proc/x is under /proc"),
+        ([*TINY_CPU, "--report-dir", "/proc/self"], "--report-dir"),
+        ([*TINY_CPU, "--report-dir", str(fifo)], "--report-dir"),
+        (["plan", "--model", "../x", *plan_t4], "unknown model '../x'"),
+        (["plan", "--model", "org/..", *plan_t4], "unknown model 'org/..'"),
+        (["plan", "--model", "x" * 5000, *plan_t4], "File name too long"),
+        (["check", str(huge_int)], "beyond 64 bits"),
+        (["check", str(inf)], "beyond a float's range"),
+        (["plan", "--model", "gpt2", *plan_t4, "--config", str(huge_int)], "beyond 64 bits"),
+        (["plan", "--model", "gpt2", *plan_t4, "--config", str(inf)], "beyond a float's range"),
+        (["check", str(_many_keys(tmp_path / "many.json"))], "700,002 keys"),
+        (["check", str(_write(tmp_path / "ok.json", b'{"train_batch_size": 8}')), "--fix", str(node)], "--fix output"),
         (["plan", "--model", _gpt2_config(tmp_path, "neg", n_embd=-5), *plan_t4], "n_embd must be a positive integer"),
         (["plan", "--model", _gpt2_config(tmp_path, "str", n_embd="big"), *plan_t4], "n_embd must be a positive"),
         (["plan", "--model", str(tmp_path / "latin"), *plan_t4], "not UTF-8"),
@@ -95,6 +135,9 @@ def test_every_bad_input_is_one_line_and_exit_2_before_any_work(
         assert err and err[-1].startswith("autotune: error: ") and fragment in err[-1], (args, err)
         assert not any("Traceback" in line for line in err), args
     assert not list(tmp_path.rglob("ds_config*.json")) and not list(tmp_path.rglob("autotune-report*"))
+    node = os.lstat(tmp_path / "node").st_mode
+    assert (stat.S_ISCHR(node) or stat.S_ISFIFO(node)) and not list(tmp_path.glob("node.*"))
+    assert not (tmp_path / "elsewhere.json").exists()
 
 
 @pytest.mark.parametrize(
@@ -111,6 +154,9 @@ def test_every_bad_input_is_one_line_and_exit_2_before_any_work(
             "srun",
         ),
         (["--trial-timeout", "0"], {}, "--trial-timeout"),
+        (["--out", "/dev/full"], {}, "--out /dev/full is under /dev"),
+        (["--out", "{a_file}/ds.json"], {}, "--out"),
+        (["--cache-dir", "/proc/x"], {}, "--cache-dir /proc/x is under /proc"),
     ],
 )
 def test_hook_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], env: dict, fragment: str) -> None:
@@ -171,3 +217,35 @@ def test_a_symlinked_out_stays_a_symlink(tmp_path: Path) -> None:
     link.symlink_to(target)
     tune(TuneRequest(model="gpt2", gpu_type="t4", out=str(link)))
     assert link.is_symlink() and json.loads(target.read_text())["train_micro_batch_size_per_gpu"] >= 1
+
+
+def test_markup_characters_in_the_out_path_are_printed_not_parsed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rich read `[/]` in --out as a closing tag and raised after the config was written (a traceback, exit 1)."""
+    out = tmp_path / "x[" / "]y.json"
+    with pytest.raises(SystemExit) as exited:
+        main(["--model", "gpt2", "--gpu-type", "t4", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert exited.value.code == 0 and "Traceback" not in captured.err, captured.err
+    assert f"config: {out}" in captured.out and json.loads(out.read_text())["train_micro_batch_size_per_gpu"] >= 1
+
+
+def test_a_disk_that_fills_while_the_report_is_written_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC on the report's fsync (simulated: the filesystem is not ours to fill): one line, exit 2, no temp file."""
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if "autotune-report" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(SystemExit) as exited:
+        main(["--model", "gpt2", "--gpu-type", "t4", "--out", str(tmp_path / "ds.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("autotune: error: cannot write ") and "No space left on device" in err[0]
+    assert not list(tmp_path.glob(".*.tmp")) and not (tmp_path / "autotune-report.json").exists()

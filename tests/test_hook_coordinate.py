@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import filelock
 import pytest
 
+from autotune.errors import UserError
 from autotune.hook.coordinate import HookError, HookRecord, SharedSlot, coordinate, publish, read_record
 
 
@@ -145,3 +147,54 @@ def test_a_lock_left_by_a_killed_process_is_recovered(tmp_path: Path) -> None:
     produce = Producer(slot)
     outcome = coordinate(slot, lambda r: True, produce, wait_timeout_s=5)
     assert (outcome.role, produce.calls) == ("leader", 1)
+
+
+def _finishes_within(seconds: float, call) -> BaseException | None:
+    """Run `call` in a thread; fail the test if it is still running after `seconds` (a blocked open)."""
+    import threading
+
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as error:  # handed back to the test
+            raised.append(error)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"still blocked after {seconds} s"
+    return raised[0] if raised else None
+
+
+def test_fifos_planted_as_coordination_files_do_not_outlast_the_wait_timeout(tmp_path: Path) -> None:
+    """A FIFO as K.leader.json and K.json: a waiter's reads neither block nor trust them; --wait-timeout holds."""
+    slot = SharedSlot(tmp_path, "k1")
+    os.mkfifo(slot.leader_path)
+    os.mkfifo(slot.record_path)
+    with filelock.FileLock(slot.lock_path, thread_local=False):
+        started = time.monotonic()
+        error = _finishes_within(
+            10, lambda: coordinate(slot, lambda r: True, Producer(slot), wait_timeout_s=1, poll_interval_s=0.05)
+        )
+        assert isinstance(error, HookError) and "timed out after 1 s" in str(error)
+        assert time.monotonic() - started < 5
+    assert read_record(slot) == (None, "not trusted: a FIFO, not a regular file")
+
+
+def test_a_node_planted_where_the_leader_publishes_is_refused_before_tuning(tmp_path: Path) -> None:
+    slot = SharedSlot(tmp_path, "k1")
+    os.mkfifo(slot.record_path)
+    os.mkfifo(slot.leader_path)
+    produce = Producer(slot)
+    error = _finishes_within(10, lambda: coordinate(slot, lambda r: True, produce, wait_timeout_s=1))
+    assert isinstance(error, UserError) and "a FIFO, not a regular file" in str(error)
+    assert produce.calls == 0 and stat.S_ISFIFO(os.lstat(slot.record_path).st_mode)
+
+
+def test_a_fifo_planted_as_the_lock_file_is_refused_at_once(tmp_path: Path) -> None:
+    slot = SharedSlot(tmp_path, "k1")
+    os.mkfifo(slot.lock_path)
+    error = _finishes_within(10, lambda: coordinate(slot, lambda r: True, Producer(slot), wait_timeout_s=30))
+    assert isinstance(error, UserError) and "k1.lock is a FIFO" in str(error)

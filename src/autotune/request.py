@@ -8,7 +8,6 @@ without the model or the hardware, so bad input is one line and exit 2 before an
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -118,17 +117,6 @@ def _fraction(value: float | None, flag: str) -> None:
         raise UserError(f"{flag} must be a fraction in (0, 1], got {value}")
 
 
-def _usable_output_dir(path: Path, flag: str) -> None:
-    """The nearest existing ancestor must be a writable directory: found now, not after the whole tuning."""
-    for parent in [path, *path.parents]:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UserError(f"{flag}: {parent} is not a directory")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise UserError(f"{flag}: cannot write under {parent} (permission denied)")
-            return
-
-
 def output_path(out: str) -> Path:
     """Where the config is written: through a symlink to its target, so a symlinked --out stays a symlink."""
     path = Path(out)
@@ -136,21 +124,15 @@ def output_path(out: str) -> Path:
 
 
 def check_outputs(request: TuneRequest) -> None:
-    """Output paths are checked before any work: a directory for --out, or a parent that is a file, is refused."""
-    out = Path(request.out)
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory; give a file path such as {out / 'ds_config.json'}")
-    _usable_output_dir(out.resolve().parent, "--out")
+    """Output paths are checked before any work (output_paths.py): regular files and directories on a writable,
+    ordinary filesystem; no device, FIFO, /proc or /dev target, no symlink leading out of its directory."""
+    from autotune.output_paths import vet_output_dir, vet_output_file
+
+    vet_output_file(request.out, "--out")
     if request.report_dir:
-        report = Path(request.report_dir)
-        if report.exists() and not report.is_dir():
-            raise UserError(f"--report-dir {report} is a file, not a directory")
-        _usable_output_dir(report, "--report-dir")
+        vet_output_dir(request.report_dir, "--report-dir")
     if request.cache_dir and request.use_cache:
-        cache = Path(request.cache_dir)
-        if cache.exists() and not cache.is_dir():
-            raise UserError(f"--cache-dir {cache} is a file; it names a directory (the cache is results.sqlite in it)")
-        _usable_output_dir(cache, "--cache-dir")
+        vet_output_dir(request.cache_dir, "--cache-dir")
 
 
 def check_kernels(kernels: str, device: str = "cuda") -> None:

@@ -10,6 +10,7 @@ names a `deepspeed_config_file` or holds the DeepSpeed settings inline.
 from __future__ import annotations
 
 import json
+import math
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,11 @@ from autotune.errors import UserError
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # published ds_configs are a few KiB; /dev/zero must not be read forever
 MAX_DEPTH = 32  # the deepest DeepSpeed section is 3 levels down; anything deeper is not a config
+# Keys in the whole file: the largest file in our corpus (tests/data/check/corpus) has 241, a real ds_config 20-50.
+# 700k keys took `check` past 300 s and 1.6 GB (a finding, a did-you-mean and a table row each); refused instead.
+MAX_KEYS = 4096
+HJSON_SEPARATORS_PER_KEY = 4  # slack for ':' inside strings (URLs, times, paths) before a file counts as too many keys
+INT64_DIGITS = 19  # 2**63 - 1 has 19 digits; no DeepSpeed setting holds more
 _YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -73,36 +79,58 @@ def read_text_safely(path: str | Path, what: str = "config") -> str:
     return text
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth, iteratively (a recursive walk is what hostile nesting would break)."""
-    deepest, stack = 0, [(value, 1)]
+def _shape(value: Any) -> tuple[int, int]:
+    """(nesting depth, number of keys), iteratively (a recursive walk is what hostile nesting would break)."""
+    deepest, keys, stack = 0, 0, [(value, 1)]
     while stack:
         node, level = stack.pop()
         if isinstance(node, dict):
             children = list(node.values())
+            keys += len(node)
         elif isinstance(node, list):
             children = list(node)
         else:
             continue
         deepest = max(deepest, level)
         if level > MAX_DEPTH:
-            return level
+            return level, keys
         stack.extend((child, level + 1) for child in children)
-    return deepest
+    return deepest, keys
 
 
-def _strict_json_problem(text: str) -> str:
-    """Why `json.loads` (what HF and accelerate call) refuses the text, or ""."""
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as error:
-        return f"{error.msg} (line {error.lineno}, column {error.colno})"
-    except RecursionError:
-        return "nested too deeply"
-    return ""
+class _NotStrictJson(Exception):
+    """NaN/Infinity: json.loads takes them, hjson reads them as strings; hjson decides, as for DeepSpeed."""
 
 
-def _parse_hjson(text: str, source: Path) -> tuple[dict[str, Any], list[str]]:
+_UNREAD = object()
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotStrictJson(name)
+
+
+def _number_readers(source: Path) -> dict[str, Any]:
+    """parse_int / parse_float for json and hjson: numbers DeepSpeed's own hjson.load cannot read are refused
+    with one line (a 5000-digit integer passes CPython's int limit, 1e400 overflows hjson's int(res)), and
+    integral floats below 1e10 become ints as hjson makes them (hjson/decoder.py, scantfnns)."""
+
+    def read_int(text: str) -> int:
+        if len(text.lstrip("-")) > INT64_DIGITS or abs(value := int(text)) >= 1 << 63:
+            raise UserError(f"{source}: the integer {text[:24]}... ({len(text)} digits) is beyond 64 bits")
+        return value
+
+    def read_float(text: str) -> float | int:
+        value = float(text)
+        if not math.isfinite(value):
+            raise UserError(f"{source}: the number {text[:24]} is beyond a float's range (DeepSpeed cannot read it)")
+        return int(value) if value.is_integer() and abs(value) < 1e10 else value
+
+    return {"parse_int": read_int, "parse_float": read_float}
+
+
+def _parse(text: str, source: Path) -> tuple[dict[str, Any], list[str], str]:
+    """(config, duplicate keys, why json.loads refuses it or ""): strict JSON through the C parser first (a
+    14 MB file in about a second), hjson (pure Python, DeepSpeed's reader) only for what JSON refuses."""
     import hjson
 
     duplicates: list[str] = []
@@ -115,21 +143,49 @@ def _parse_hjson(text: str, source: Path) -> tuple[dict[str, Any], list[str]]:
             result[key] = value
         return result
 
+    readers = _number_readers(source)
+    config: Any = _UNREAD
+    problem = ""
     try:
-        config = hjson.loads(text.lstrip("\ufeff"), object_pairs_hook=keep_last)
-    except hjson.HjsonDecodeError as error:
-        raise UserError(f"{source} is not valid JSON or hjson: {error}") from None
+        config = json.loads(text, object_pairs_hook=keep_last, parse_constant=_refuse_constant, **readers)
+    except json.JSONDecodeError as error:
+        problem = f"{error.msg} (line {error.lineno}, column {error.colno})"
+    except _NotStrictJson:
+        pass
     except RecursionError:
-        raise UserError(f"{source} is nested too deeply to be a DeepSpeed config") from None
+        problem = "nested too deeply"
+    if config is _UNREAD:
+        duplicates.clear()
+        _refuse_before_hjson(text, source)
+        try:
+            config = hjson.loads(text.lstrip("\ufeff"), object_pairs_hook=keep_last, **readers)
+        except hjson.HjsonDecodeError as error:
+            raise UserError(f"{source} is not valid JSON or hjson: {error}") from None
+        except RecursionError:
+            raise UserError(f"{source} is nested too deeply to be a DeepSpeed config") from None
     _check_shape(config, source)
-    return config, duplicates
+    return config, duplicates, problem
+
+
+def _refuse_before_hjson(text: str, source: Path) -> None:
+    """hjson reads about 0.7 MB/s here (a 14 MB file: 21 s on a loaded 2-core machine): a file with room for far
+    more keys than MAX_KEYS (every key needs a ':') is refused before it is parsed."""
+    separators = text.count(":")
+    if separators > HJSON_SEPARATORS_PER_KEY * MAX_KEYS:
+        raise UserError(
+            f"{source} has {separators:,} ':' separators, room for far more than {MAX_KEYS:,} keys;"
+            " a DeepSpeed config has tens"
+        )
 
 
 def _check_shape(config: Any, source: Path) -> None:
     if not isinstance(config, dict):
         raise UserError(f"{source} must hold a JSON object at the top level, found {type(config).__name__}")
-    if _depth(config) > MAX_DEPTH:
-        raise UserError(f"{source} is nested more than {MAX_DEPTH} levels deep; a DeepSpeed config has 4")
+    depth, keys = _shape(config)
+    if depth > MAX_DEPTH:
+        raise UserError(f"{source} is nested too deeply (nested more than {MAX_DEPTH} levels; a config has 4)")
+    if keys > MAX_KEYS:
+        raise UserError(f"{source} has {keys:,} keys; a DeepSpeed config has tens, over {MAX_KEYS:,} is refused")
 
 
 def _load_yaml(text: str, source: Path) -> Any:
@@ -204,12 +260,9 @@ def _inline_deepspeed_config(section: dict[str, Any]) -> dict[str, Any]:
 
 def _load_deepspeed_json(source: Path) -> LoadedConfig:
     text = read_text_safely(source)
-    config, duplicates = _parse_hjson(text, source)
+    config, duplicates, strict_problem = _parse(text, source)
     return LoadedConfig(
-        config=config,
-        duplicate_keys=duplicates,
-        strict_json_problem=_strict_json_problem(text),
-        source_path=str(source),
+        config=config, duplicate_keys=duplicates, strict_json_problem=strict_problem, source_path=str(source)
     )
 
 

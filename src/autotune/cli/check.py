@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from autotune.check import CheckReport, Severity, check_config, resolve_context
@@ -69,9 +70,9 @@ def _counted(count: int, severity: Severity) -> str:
 
 def _print_report(report: CheckReport) -> None:
     out = console()
-    out.print(f"checked against DeepSpeed {report.deepspeed_version}; {report.consumer_reason}")
+    out.print(f"checked against DeepSpeed {report.deepspeed_version}; {report.consumer_reason}", markup=False)
     table = Table(
-        title=f"autotune check: {report.config_path}",
+        title=f"autotune check: {escape(str(report.config_path))}",
         caption=f"world size {report.world_size} ({report.world_size_source}), DeepSpeed {report.deepspeed_version}",
         expand=True,
     )
@@ -82,14 +83,15 @@ def _print_report(report: CheckReport) -> None:
     for finding in report.findings:
         table.add_row(
             f"[{_STYLE[finding.severity]}]{finding.severity.value}[/]",
-            finding.path or "(config)",
-            finding.message,
-            finding.fix.description if finding.fix else "",
+            escape(finding.path or "(config)"),  # keys and values are the config's: "[/]" is text here
+            escape(finding.message),
+            escape(finding.fix.description) if finding.fix else "",
         )
     if report.findings:
         out.print(table)
     counts = ", ".join(_counted(report.count(severity), severity) for severity in Severity)
-    out.print(f"{report.config_path}: {counts}" if report.findings else f"{report.config_path}: no findings")
+    summary = f"{report.config_path}: {counts}" if report.findings else f"{report.config_path}: no findings"
+    out.print(summary, markup=False)
     if report.fix is not None:
         _print_fix(report)
 
@@ -99,19 +101,20 @@ def _print_fix(report: CheckReport) -> None:
     fix = report.fix
     if not fix.written:
         out.print(
-            f"[bold red]Not written[/] ({fix.output_path} left as it was): the fixed config is still refused: "
-            f"{fix.rejected_by_deepspeed}"
+            f"[bold red]Not written[/] ({escape(str(fix.output_path))} left as it was): the fixed config is still"
+            f" refused: {escape(str(fix.rejected_by_deepspeed))}"
         )
     elif fix.changes:
-        out.print(f"Wrote {fix.output_path} with {len(fix.changes)} change(s):")
+        out.print(f"Wrote {fix.output_path} with {len(fix.changes)} change(s):", markup=False)
     else:
-        out.print(f"Wrote {fix.output_path}: nothing to change.")
+        out.print(f"Wrote {fix.output_path}: nothing to change.", markup=False)
     for change in fix.changes:
-        out.print(f"  - {change}")
+        out.print(f"  - {change}", markup=False)
     for withheld in fix.withheld:
-        out.print(f"  [yellow]not applied[/] (changes training; --fix-training applies it) {withheld}")
+        out.print(f"  [yellow]not applied[/] (changes training; --fix-training applies it) {escape(str(withheld))}")
     for finding in fix.remaining:
-        out.print(f"  [{_STYLE[finding.severity]}]left for you[/] {finding.path or '(config)'}: {finding.message}")
+        where = escape(finding.path or "(config)")
+        out.print(f"  [{_STYLE[finding.severity]}]left for you[/] {where}: {escape(finding.message)}")
 
 
 def check_command(
@@ -187,20 +190,10 @@ def check_command(
 
 
 def _check_fix_output(output: Path) -> None:
-    """Refuse an output path that can never be written, before any work: one line, exit 2."""
-    import os
+    """Refuse an output path that can never be written, before any work: one line, exit 2 (output_paths.py)."""
+    from autotune.output_paths import vet_output_file
 
-    from autotune.errors import UserError
-
-    if output.is_dir():
-        raise UserError(f"--fix output is a directory, not a file: {output}")
-    if output.exists() and not output.is_file():
-        raise UserError(f"--fix output is not a regular file (a FIFO, socket or device): {output}")
-    parent = next((p for p in (output.parent, *output.parent.parents) if p.exists()), Path("."))
-    if not parent.is_dir():
-        raise UserError(f"--fix output's folder is a file: {parent}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--fix output folder is not writable: {parent}")
+    vet_output_file(output, "--fix output")
 
 
 @dataclass(frozen=True)

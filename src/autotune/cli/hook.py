@@ -174,8 +174,12 @@ def hook_command(
     validate(tuning)  # bad input is one line and exit 2 here, before any coordination or tuning
     if wait_timeout is not None and not (wait_timeout > 0 and wait_timeout != float("inf")):
         raise UserError(f"--wait-timeout must be a positive number of seconds, got {wait_timeout}")
-    if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
-        raise UserError(f"--cache-dir {cache_dir} is a file; it names a directory every node sees")
+    if cache_dir is not None:  # the shared directory every node sees: vetted like tune's --cache-dir
+        from autotune.output_paths import vet_output_dir
+
+        if Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+            raise UserError(f"--cache-dir {cache_dir} is a file; it names a directory every node sees")
+        vet_output_dir(cache_dir, "--cache-dir")
     request = HookRequest(
         tuning=tuning,
         shared_dir=cache_dir,

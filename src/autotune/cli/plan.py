@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from autotune.cli.options import (
@@ -204,8 +205,9 @@ def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
     predicted, verdict, target = fitted.estimate, fitted.verdict, ctx.target
     verdict_text = "[bold green]fits[/bold green]" if verdict.fits else "[bold red]does not fit[/bold red]"
     settings = fitted.settings
+    config, model = escape(str(ctx.request.config)), escape(ctx.model.name)  # paths may hold "[/]"
     out.print(
-        f"{ctx.request.config}: {fitted.candidate.describe()} for {ctx.model.name}, seq {settings.seq_len}"
+        f"{config}: {fitted.candidate.describe()} for {model}, seq {settings.seq_len}"
         f"{_decoder(settings.decoder_seq_len)}, {settings.precision}, optimizer {settings.optimizer}, "
         f"{_kernels(settings.kernels)}on {target.describe()}: {verdict_text}",
         highlight=False,
@@ -232,9 +234,9 @@ def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
         host += f"; NVMe {format_bytes(predicted.nvme_bytes)} per node (free: {free})"
     out.print(host, highlight=False)
     if not verdict.fits:
-        out.print(f"  why: {verdict.reason}", highlight=False)
+        out.print(f"  why: {verdict.reason}", highlight=False, markup=False)
     for note in (*fitted.notes, *_overridden(ctx, fitted), *_kernel_notes(settings)):
-        out.print(f"  note: {note}", highlight=False)
+        out.print(f"  note: {note}", highlight=False, markup=False)
 
 
 def _overridden(ctx: TuneContext, fitted: ConfigFit) -> list[str]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status
 
 from autotune.cli.options import (
@@ -150,9 +151,10 @@ def _print_summary(result: TuneResult) -> None:
     label = "verified by trials" if result.verified else "PLAN ONLY: not verified by trials"
     if result.from_cache:
         label += ", from cache"
-    out.print(f"[bold]{data['model']['name']}[/bold] on {data['target_description']}: [bold]{label}[/bold]")
+    name = escape(data["model"]["name"])  # a path may hold "[/]", which rich would read as markup
+    out.print(f"[bold]{name}[/bold] on {escape(data['target_description'])}: [bold]{label}[/bold]")
     choice = data["choice"]
-    out.print(f"  choice: {choice['description']}")
+    out.print(f"  choice: {choice['description']}", markup=False)
     if result.samples_per_s:
         out.print(f"  measured: {result.samples_per_s:.2f} samples/s, peak {format_bytes(choice['peak_bytes'])}")
     else:
@@ -166,17 +168,18 @@ def _print_summary(result: TuneResult) -> None:
             highlight=False,
         )
     out.print(f"  trials launched: {result.trials_launched}, {result.elapsed_s:.1f} s")
-    out.print(f"  config: {result.config_path}" + (f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""))
-    out.print(f"  report: {result.report_path}")
+    hf = f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""
+    out.print(f"  config: {result.config_path}{hf}", markup=False)
+    out.print(f"  report: {result.report_path}", markup=False)
     own = data.get("own_command")
     if own:
-        out.print(f"  launch (your command): {own['train_command']}", highlight=False)
+        out.print(f"  launch (your command): {own['train_command']}", highlight=False, markup=False)
     elif result.launch:
-        out.print(f"  launch (DeepSpeed script): {result.launch.deepspeed}", highlight=False)
-        out.print(f"  launch (HF Trainer):       {result.launch.hf_trainer}", highlight=False)
+        out.print(f"  launch (DeepSpeed script): {result.launch.deepspeed}", highlight=False, markup=False)
+        out.print(f"  launch (HF Trainer):       {result.launch.hf_trainer}", highlight=False, markup=False)
         out.print("  torchrun and accelerate launch: see the report", highlight=False)
     for note in data.get("notes") or []:
-        out.print(f"  note: {note}")
+        out.print(f"  note: {note}", markup=False)
 
 
 def tune_command(

@@ -20,10 +20,12 @@ over; so there is one tuner at a time per key, however many processes run the ho
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -35,8 +37,9 @@ import filelock
 import psutil
 from pydantic import TypeAdapter, ValidationError
 
-from autotune.atomic import atomic_write_json, atomic_write_text
+from autotune.atomic import atomic_write_json, atomic_write_text, refuse_non_regular
 from autotune.errors import UserError
+from autotune.output_paths import file_kind
 from autotune.sharing import distrust_reason, file_mode_for, make_dirs
 
 RECORD_FORMAT = 1
@@ -112,9 +115,24 @@ def publish(slot: SharedSlot, record: HookRecord) -> None:
 _RECORD_SCHEMA = TypeAdapter(HookRecord)
 
 
+def _refuse_planted(path: Path) -> None:
+    """PermissionError when `path` exists as anything but a regular file: a FIFO planted as a coordination file
+    would block its reader forever (past --wait-timeout), and a device node is no file of ours."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise PermissionError(f"{file_kind(mode)}, not a regular file")
+
+
 def _read_trusted(path: Path) -> str:
-    """The file's text, read through a descriptor that is checked against the trust model (no symlinks)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    """The file's text, read through a descriptor that is checked against the trust model (no symlinks).
+
+    Type first, then a non-blocking open (a FIFO swapped in between cannot block it), then the trust check
+    on the descriptor itself."""
+    _refuse_planted(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, encoding="utf-8", errors="strict") as handle:
         why = distrust_reason(os.fstat(handle.fileno()), path.parent)
         if why:
@@ -202,7 +220,7 @@ def _leader_note(slot: SharedSlot, holders: Callable[[Path], list[int]] = local_
 def read_leader_note(slot: SharedSlot) -> dict:
     """The tuner's note (who, since when, how far: `progress`), or {} when absent or unreadable."""
     try:
-        note = json.loads(slot.leader_path.read_text())
+        note = json.loads(_read_trusted(slot.leader_path))  # a FIFO planted here would block a plain read
     except (OSError, ValueError):
         return {}
     return note if isinstance(note, dict) else {}
@@ -212,7 +230,8 @@ def note_progress(slot: SharedSlot, progress: dict) -> None:
     """The tuner's progress in its note, for the processes waiting on it to print (informational only)."""
     note = read_leader_note(slot)
     if note.get("pid") == os.getpid() and note.get("host") == socket.gethostname():
-        atomic_write_text(slot.leader_path, json.dumps({**note, "progress": progress}) + "\n")
+        with contextlib.suppress(OSError):  # informational: a node planted since we read is not worth a failure
+            atomic_write_text(slot.leader_path, json.dumps({**note, "progress": progress}) + "\n")
 
 
 # How often a waiting process says it is still waiting: a SLURM log shows it is alive and what it waits for.
@@ -220,6 +239,10 @@ WAIT_REPORT_INTERVAL_S = 60.0
 
 
 def _lock(slot: SharedSlot) -> filelock.FileLock:
+    try:
+        _refuse_planted(slot.lock_path)
+    except PermissionError as error:
+        raise UserError(f"{slot.lock_path} is {error}; remove it (planted by someone else?)") from None
     # fallback_to_soft=False: a marker-file lock outlives a killed holder; refuse it rather than risk that
     return filelock.FileLock(
         slot.lock_path, mode=file_mode_for(slot.directory), fallback_to_soft=False, thread_local=False
@@ -264,7 +287,10 @@ def coordinate(
     `vet` is asked about every record read from the slot (not one this process produced): a reason
     (e.g. DeepSpeed's parser refusing its config) makes the record count as untrusted. `waiting` is told the
     seconds waited when this process starts waiting for another tuner, and every WAIT_REPORT_INTERVAL_S after."""
-    make_dirs(slot.directory)
+    try:
+        make_dirs(slot.directory)
+    except OSError as error:
+        raise UserError(f"cannot use {slot.directory} for the hook's files: {error.strerror or error}") from None
     started = clock()
     deadline = started + wait_timeout_s
     lock = _lock(slot)
@@ -294,8 +320,10 @@ def coordinate(
         ignored = problem or ignored
         if record is not None and accept(record):
             return Coordinated(record, "follower", waited, ignored)
+        refuse_non_regular(slot.record_path)  # a node planted where we publish: said now, not after tuning
         note = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "key": slot.key}
-        atomic_write_text(slot.leader_path, json.dumps(note) + "\n")
+        with contextlib.suppress(OSError):  # the note only names us in a waiter's timeout message
+            atomic_write_text(slot.leader_path, json.dumps(note) + "\n")
         record = produce()
         publish(slot, record)
         return Coordinated(record, "leader", waited, ignored)

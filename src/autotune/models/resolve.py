@@ -116,7 +116,10 @@ def _from_hub_cache(repo_id: str, trust_remote_code: bool) -> ModelSource | None
         from huggingface_hub import try_to_load_from_cache
     except ImportError:
         return None
-    cached = try_to_load_from_cache(repo_id, "config.json")
+    try:
+        cached = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # huggingface_hub's HFValidationError: `../x`, `org/..` are no repo ids
+        return None
     if not isinstance(cached, str):
         return None
     config = _read_config_json(Path(cached))
@@ -143,8 +146,17 @@ def resolve_model(spec: str, trust_remote_code: bool = False) -> ModelSource:
             architecture=profile.architecture,
             location=str(profile.path),
         )
-    path = Path(text).expanduser()
-    if path.exists():
+    if "\0" in text:
+        raise UserError("--model contains a NUL byte")
+    try:
+        path = Path(text).expanduser()
+        exists = path.exists()
+    except RuntimeError:  # `~nosuchuser/x`: no home directory to expand
+        path, exists = Path(text), False
+    except OSError as error:  # ENAMETOOLONG and kin: no such path, and no repo id either
+        shown = text if len(text) <= 80 else f"{text[:80]}..."
+        raise UserError(f"--model {shown!r}: {error.strerror or error}") from None
+    if exists:
         return _from_local(path, trust_remote_code)
     cached = _from_hub_cache(text, trust_remote_code)
     if cached is not None:
