@@ -146,3 +146,30 @@ def test_failed_trials_are_not_mistaken_for_memory_limits() -> None:
     assert any(s.rung is Rung.Z0 and "boom" in s.reason for s in outcome.skipped)
     assert outcome.best is not None and outcome.best.candidate.rung is not Rung.Z0
     assert replace(outcome.best.candidate, rung=Rung.Z0) != outcome.best.candidate
+
+
+@pytest.mark.parametrize(
+    ("model_name", "memory_gib", "gpus", "seq_len"), [("gpt2-large", 24, 8, 1024), ("opt-1.3b", 12, 4, 512)]
+)
+def test_integer_grid_ends_on_the_integer_boundary_a_trial_confirmed(model_name, memory_gib, gpus, seq_len) -> None:
+    """Every integer micro-batch eligible: the pick is the exhaustive integer best, the next micro-batch up in its
+    group is a trial that did not fit, and no more trials ran than the powers-of-two search was allowed."""
+    model, target, settings = _setup(model_name, memory_gib, gpus, seq_len)
+    machine = SimulatedMachine(model, target, settings, headroom=0.9)
+    grid = list(range(1, 129))
+    fitting = [
+        Candidate(rung, mb, ckpt)
+        for rung in RUNGS
+        for ckpt in (False, True)
+        for mb in grid
+        if machine.result(Candidate(rung, mb, ckpt)).ok
+        and machine.true_peak(Candidate(rung, mb, ckpt)) <= machine.limit
+    ]
+    expected = max(fitting, key=lambda c: machine.result(c).samples_per_s or 0.0)
+    assert expected.micro_batch & (expected.micro_batch - 1) != 0  # the case this test is about
+    outcome = Search(model, target, settings, machine.run, RUNGS, grid, SearchLimits(max_trials=40)).run_search()
+    assert outcome.best is not None and outcome.best.candidate == expected, [c.key for c in machine.launched]
+    above = replace(expected, micro_batch=expected.micro_batch + 1)
+    assert any(t.candidate == above and not t.within_headroom for t in outcome.trials)
+    # no more than the old budget: a quarter of the powers-of-two grid (1..128) over every rung and checkpointing
+    assert len(machine.launched) <= len(RUNGS) * 2 * 8 / 4, [c.key for c in machine.launched]
