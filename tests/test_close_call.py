@@ -63,3 +63,46 @@ def test_a_tie_is_remeasured_and_decided_on_the_interleaved_trials_only() -> Non
     assert verdict.pick == Z2_OFFLOAD and verdict.remeasured and not verdict.tie
     unchanged = settle({Z0: _speed(1.0, 0.2), Z2_OFFLOAD: _speed(0.98, 0.2)}, lambda c, r: None)
     assert unchanged.tie and unchanged.pick == Z0 and not unchanged.remeasured
+
+
+def _report_data(verdict, device: str = "cuda") -> dict:
+    pick = verdict.pick
+    trial = {
+        "candidate": pick.to_dict(),
+        "predicted_peak_bytes": 2 * 2**30,
+        "result": {"status": "ok", "ranks": [], "step_times_s": [1.0, 1.1, 0.9, 1.0, 1.05], "samples_per_s": 8.0},
+    }
+    choice = {**pick.to_dict(), "description": pick.describe(), "samples_per_s": verdict.speed.median}
+    return {
+        "choice": {**choice, "peak_bytes": 3 * 2**30, "predicted_peak_bytes": 2 * 2**30},
+        "verdict": verdict.to_dict(),
+        "limit_bytes": 4 * 2**30,
+        "headroom": 0.9,
+        "device": device,
+        "host_need": {"ram_bytes": 40 * 2**30, "pinned_bytes": 16 * 2**30, "nvme_bytes": 0, "measured": False},
+        "trials": [trial],
+    }
+
+
+def test_summary_leads_with_pick_spread_runner_up_headroom_and_host_needs() -> None:
+    from autotune.pick_summary import lead_lines
+
+    tie = decide({Z0: _speed(1.0, 0.2), Z2_OFFLOAD: _speed(0.97, 0.2)})
+    pick, speed, versus, memory, host = lead_lines(_report_data(tie))
+    assert pick == f"Pick: {Z0.describe()}."
+    assert "samples/s (" in speed and "steps" in speed and "interval" in speed
+    assert versus.startswith("Tie within noise:") and Z2_OFFLOAD.describe() in versus
+    assert f"{tie.speed.median:.2f}" in versus and f"{tie.runner_up_speed.median:.2f}" in versus
+    assert "1.0 GiB left (25%)" in memory
+    assert "40.0 GiB per node" in host and "16.0 GiB of it pinned" in host
+    clear = decide({Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(1.2, 0.02)})
+    assert "beyond the spread" in lead_lines(_report_data(clear))[2]
+
+
+def test_chart_marks_the_pick_and_carries_each_trials_interval() -> None:
+    from autotune.report_plot import _trial_rows
+
+    rows = _trial_rows(_report_data(decide({Z0: _speed(1.0, 0.02)})))
+    assert rows[0]["chosen"]
+    down, up = rows[0]["interval"]
+    assert down > 0 and up > 0

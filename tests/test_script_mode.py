@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -17,8 +19,10 @@ from tests.conftest import run_cli
 
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.ladder import Candidate, Rung
+from autotune.measurement import MIN_STEPS
 from autotune.trial.processes import one_rank_env
 from autotune.trial.script import ScriptLauncher
+from autotune.trial.script_steps import step_times
 from autotune.trial.shm import SEGMENT_PREFIX, SHM_DIRECTORY, segment_port
 from autotune.trial.types import TrialSpec
 
@@ -139,6 +143,26 @@ def _fault_launcher(model_dir: Path, fault: str) -> ScriptLauncher:
     return ScriptLauncher([sys.executable, str(JOBS / "plain_deepspeed.py"), "--deepspeed_config", "{ds_config}",
                            "--model-config", str(model_dir), "--seq-len", "{seq_len}", "--fault", fault,
                            "--grow-mib", "256"], kill_grace_s=2.0)  # fmt: skip
+
+
+@pytest.mark.slow  # one DeepSpeed job of the tiny model: about 40 s on the shared 2-core machine
+def test_own_command_steps_are_timed_by_wall_clock_and_the_job_stopped_once_known(model_dir: Path) -> None:
+    """The step hook times whole optimizer steps of the unchanged script; the tuner stops it once the median is
+    known (well before the script's own 400 steps), and the engine's profiled step stays as a secondary figure."""
+    script = [sys.executable, str(JOBS / "plain_deepspeed.py"), "--deepspeed_config", "{ds_config}"]
+    launcher = ScriptLauncher([*script, "--model-config", str(model_dir), "--seq-len", "{seq_len}", "--steps", "400"])
+    spec = replace(_fault_spec(2), max_steps=12)
+    result = launcher.run(spec)
+    assert result.status == "ok", result.error
+    assert result.metric_source == "step_wall_clock" and result.profiled_samples_per_s
+    assert MIN_STEPS <= len(result.step_times_s) <= 12 and all(t > 0 for t in result.step_times_s)
+    assert result.samples_per_s == pytest.approx(2 / statistics.median(result.step_times_s))
+    assert not _survivors(str(model_dir))
+
+
+def test_step_times_are_the_slowest_ranks_gap_after_the_warm_up() -> None:
+    boundaries = [[0.0, 1.0, 2.0, 3.5, 4.5, 5.0], [0.1, 1.2, 2.1, 3.4, 4.6]]
+    assert step_times(boundaries, warmup_steps=2) == pytest.approx([1.0, 1.5, 1.2])  # steps 3-5: rank 1 did 5
 
 
 @pytest.mark.slow

@@ -222,7 +222,9 @@ def test_modes_take_only_the_budget_the_classic_ladder_left() -> None:
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
-def test_report_lists_every_considered_mode_with_its_reason(nodes: int) -> None:
+def test_report_rows_applicable_modes_and_the_json_keeps_every_reason(nodes: int) -> None:
+    """The markdown has a row per applicable mode and points to the JSON for the reasons (with their sources) and
+    the modes that do not apply: the default report stays short."""
     facts = ModeFacts(nodes=nodes, gpus_per_node=4, device="cuda", allow_approximate=True)
     machine = FakeMachine(memory_bytes=16 * GIB)
     search = _search(machine, FakeMemory(), {}, [Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT])
@@ -232,12 +234,16 @@ def test_report_lists_every_considered_mode_with_its_reason(nodes: int) -> None:
     data = _report(outcome.to_dict())
     text = render_markdown(data)
     assert "## Modern modes" in text
-    expected = {(r.value, option.reason) for r in search.rungs for option in considered_modes(r, facts)}
+    considered = [(r.value, option) for r in search.rungs for option in considered_modes(r, facts)]
     lines = text.splitlines()
-    for rung, reason in expected:  # an applicable mode has its table row; the others a line naming their rungs
-        row = any(line.startswith(f"| {rung} |") and reason in line for line in lines)
-        listed = any(line.startswith("- ") and f" {rung}" in line and reason in line for line in lines)
-        assert row or listed, (rung, reason)
+    for rung, option in considered:
+        assert any(m["rung"] == rung and m["reason"] == option.reason for m in data["modes"])
+        if not option.applies:
+            assert option.reason not in text  # in the JSON, with its source
+    for m in data["modes"]:
+        assert any(line.startswith(f"| {m['rung']} | {m['label']} |") for line in lines) is m["applies"], m
+    inapplicable = sum(not option.applies for _, option in considered)
+    assert f"the {inapplicable} that do not: `modes` in the JSON" in text
     zero_pp = [m for m in data["modes"] if m["rung"] == "z3" and "hpZ" in m["label"]]
     assert zero_pp and all(m["applies"] is (nodes > 1) for m in zero_pp)
     if nodes == 1:

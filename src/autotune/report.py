@@ -7,12 +7,34 @@ from typing import Any
 
 from autotune.atomic import atomic_write_json, atomic_write_text
 from autotune.ladder import Mode
+from autotune.measurement import speed_of
+from autotune.pick_summary import lead_lines
 from autotune.report_plot import embed_line, write_report_plot
 from autotune.units import format_bytes
 
 
 def _speed(value: float | None) -> str:
     return f"{value:.2f}" if value else "-"
+
+
+def _speed_with_spread(result: dict[str, Any]) -> str:
+    """'4.86 (4.71-5.02)': the median's rate and its interval (autotune.measurement)."""
+    speed = speed_of(result.get("step_times_s") or [], result.get("samples_per_s"))
+    if speed is None or result.get("status") != "ok":
+        return _speed(result.get("samples_per_s"))
+    return f"{speed.median:.2f} ({speed.low:.2f}-{speed.high:.2f})"
+
+
+def _steps(result: dict[str, Any]) -> str:
+    """How many whole optimizer steps a figure is from; an own-command trial's profiled step beside them."""
+    if result.get("status") != "ok":
+        return ""
+    steps = str(len(result.get("step_times_s") or []))
+    if result.get("metric_source") == "deepspeed_autotuning":
+        return f"{steps} (profiled step only)"
+    if result.get("profiled_samples_per_s"):
+        return f"{steps} (profiled step: {result['profiled_samples_per_s']:.2f}/s)"
+    return steps
 
 
 _LAUNCH_LABELS = (
@@ -86,8 +108,8 @@ def _modes_lines(data: dict[str, Any]) -> list[str]:
         )
     lines += [
         "",
-        "| rung | mode | applies | why | what the search did | micro-batch | predicted peak | samples/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| rung | mode | what the search did | micro-batch | predicted peak | samples/s |",
+        "|---|---|---|---|---|---|",
     ]
     for m in (m for m in modes if m["applies"]):
         status = m["status"] + ("" if m["trial_verifiable"] or not m["applies"] else " (not trial-verified)")
@@ -97,16 +119,9 @@ def _modes_lines(data: dict[str, Any]) -> list[str]:
         if m["samples_per_s"] and (versus := _versus(m["samples_per_s"], choice_speed)):
             speed += f" ({versus})"
         peak = format_bytes(m["predicted_peak_bytes"]) if m.get("predicted_peak_bytes") else "-"
-        lines.append(
-            f"| {m['rung']} | {m['label']} | {'yes' if m['applies'] else 'no'} | {m['reason']} | {did} | {mb or '-'}"
-            f" | {peak} | {speed} |"
-        )
-    not_applicable: dict[tuple[str, str], list[str]] = {}
-    for m in (m for m in modes if not m["applies"]):
-        not_applicable.setdefault((m["label"], m["reason"]), []).append(m["rung"])
-    if not_applicable:
-        lines += ["", "Not applicable here:", ""]
-        lines += [f"- {label} on {', '.join(rungs)}: {why}" for (label, why), rungs in not_applicable.items()]
+        lines.append(f"| {m['rung']} | {m['label']} | {did} | {mb or '-'} | {peak} | {speed} |")
+    inapplicable = sum(1 for m in modes if not m["applies"])
+    lines += ["", f"Why each mode applies, with sources, and the {inapplicable} that do not: `modes` in the JSON."]
     return lines
 
 
@@ -119,8 +134,12 @@ def _batch_headline(batch: dict[str, Any]) -> str:
 
 
 def render_markdown(data: dict[str, Any]) -> str:
-    """Markdown from the JSON report, so both always say the same thing."""
+    """Markdown from the JSON report, so both always say the same thing. It leads with the pick (pick_summary);
+    what only a closer look needs (modes that do not apply, their sources, every trial's raw figures) is in the
+    JSON beside it."""
     lines = [f"# autotune report: {data['model']['name']}", ""]
+    if lead := lead_lines(data):
+        lines += [f"**{lead[0]}**", "", *(f"- {line}" for line in lead[1:]), ""]
     verified = data["verified"]
     lines.append(f"- Hardware: {data['target_description']}")
     lines.append(
@@ -172,8 +191,8 @@ def render_markdown(data: dict[str, Any]) -> str:
             "## Trials",
             "",
             *([data["picture"]["markdown"], ""] if data.get("picture") else []),
-            "| candidate | status | peak | predicted | samples/s | tokens/s | TFLOP/s | cached |",
-            "|---|---|---|---|---|---|---|---|",
+            "| candidate | status | peak | predicted | samples/s (95% interval) | steps | cached |",
+            "|---|---|---|---|---|---|---|",
         ]
         for t in data["trials"]:
             r = t["result"]
@@ -197,8 +216,7 @@ def render_markdown(data: dict[str, Any]) -> str:
             label = _candidate_label(t["candidate"])
             lines.append(
                 f"| {label} | {status} | {format_bytes(peak)} | {format_bytes(t['predicted_peak_bytes'])} |"
-                f" {_speed(r.get('samples_per_s'))} | {_speed(r.get('tokens_per_s'))} |"
-                f" {_speed(r.get('tflops_per_gpu'))} | {'yes' if t['from_cache'] else ''} |"
+                f" {_speed_with_spread(r)} | {_steps(r)} | {'yes' if t['from_cache'] else ''} |"
             )
     if data["skipped"]:
         lines += ["", "## Skipped", ""]

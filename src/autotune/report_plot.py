@@ -1,5 +1,6 @@
 """autotune-report.png: predicted and measured peak per tried candidate against the limit, and the
-measured speed, so the search can be read at a glance.
+measured speed with the 95% interval of its median (error bars), the chosen config's bars marked, so the
+search and how sure its pick is can be read at a glance.
 
 matplotlib is optional (`pip install 'autotune[plot]'`); without it the report says the picture was skipped.
 The figure is drawn on a bare `matplotlib.figure.Figure` with the Agg canvas: no pyplot, so no global
@@ -14,6 +15,7 @@ from typing import Any
 
 from autotune.atomic import atomic_write_bytes
 from autotune.ladder import Mode
+from autotune.measurement import speed_of
 
 MIB = 2**20
 
@@ -35,9 +37,24 @@ def _trial_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "measured": max(peaks) if peaks else 0,
                 "status": result["status"],
                 "speed": result.get("samples_per_s") or 0.0,
+                "interval": _interval(result),
+                "chosen": _same_candidate(cand, data.get("choice")),
             }
         )
     return rows
+
+
+def _interval(result: dict[str, Any]) -> tuple[float, float]:
+    """The speed's distance down and up to its interval's ends (autotune.measurement), for error bars."""
+    speed = speed_of(result.get("step_times_s") or [], result.get("samples_per_s"))
+    if speed is None or result.get("status") != "ok":
+        return 0.0, 0.0
+    return speed.median - speed.low, speed.high - speed.median
+
+
+def _same_candidate(candidate: dict[str, Any], choice: dict[str, Any] | None) -> bool:
+    keys = ("rung", "micro_batch", "grad_checkpointing", "mode")
+    return choice is not None and all(candidate.get(k) == choice.get(k) for k in keys)
 
 
 def write_report_plot(data: dict[str, Any], path: Path) -> tuple[Path | None, str]:
@@ -76,8 +93,13 @@ def write_report_plot(data: dict[str, Any], path: Path) -> tuple[Path | None, st
     memory.set_ylabel(f"peak {unit} (MiB)")
     memory.set_title(f"autotune: {data['model']['name']} on {data['target_description']}")
     memory.legend(loc="upper left", fontsize=8)
-    speed.bar(positions, [r["speed"] for r in rows], 0.5, color="tab:green")
-    speed.set_ylabel("measured samples/s")
+    errors = [[r["interval"][0] for r in rows], [r["interval"][1] for r in rows]]
+    colors = ["tab:orange" if r["chosen"] else "tab:green" for r in rows]
+    speed.bar(positions, [r["speed"] for r in rows], 0.5, color=colors, yerr=errors, capsize=3)
+    for x, row in zip(positions, rows, strict=True):
+        if row["chosen"]:
+            speed.annotate("pick", (x, row["speed"] + row["interval"][1]), ha="center", va="bottom", fontsize=8)
+    speed.set_ylabel("samples/s (95% interval)")
     speed.set_xticks(positions, [r["label"] for r in rows], fontsize=8)
     image = io.BytesIO()
     figure.savefig(image, format="png", dpi=110)

@@ -246,17 +246,26 @@ def _report_data(
 ) -> dict:
     request = ctx.request
     best = outcome.best if outcome else None
-    choice = None
+    choice = host_need = None
     if candidate is not None:
         from autotune.estimate import estimate
+        from autotune.estimate.pinned import pinned_host_bytes
 
+        predicted = estimate(ctx.model, ctx.target, candidate, ctx.settings)
         choice = {
             **candidate.to_dict(),
             "description": candidate.describe(),
             "samples_per_s": best.result.samples_per_s if best else None,
             "tokens_per_s": best.result.tokens_per_s if best else None,
             "peak_bytes": best.result.peak_memory_bytes if best else None,
-            "predicted_peak_bytes": estimate(ctx.model, ctx.target, candidate, ctx.settings).gpu_peak_bytes,
+            "predicted_peak_bytes": predicted.gpu_peak_bytes,
+        }
+        measured_host = best.host_peak_bytes if best and request.device != "cpu" else None
+        host_need = {
+            "ram_bytes": measured_host or predicted.host_ram_bytes,
+            "measured": measured_host is not None,
+            "pinned_bytes": pinned_host_bytes(predicted.host_components),  # dsconfig pins every offload
+            "nvme_bytes": predicted.nvme_bytes,
         }
     skipped = [
         {"rung": r.value, "grad_checkpointing": ck, "reason": why} for r, why in ctx.unavailable for ck in (False, True)
@@ -288,6 +297,8 @@ def _report_data(
         "stop_message": outcome.stop_message if outcome else "plan only: no trials on this machine",
         "margin": outcome.margin if outcome else None,  # best vs runner-up after re-measuring close calls
         "noise": outcome.noise if outcome else None,
+        "verdict": outcome.verdict.to_dict() if outcome and outcome.verdict else None,  # close_call.Verdict
+        "host_need": host_need,
         "calibration": outcome.calibration.to_dict() if outcome else None,
         "modes": [m.to_dict() for m in modes],  # issue 19
         "plan": plan_data,

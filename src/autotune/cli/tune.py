@@ -51,6 +51,7 @@ from autotune.cli.options import (
 )
 from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
+from autotune.pick_summary import lead_lines
 from autotune.terminate import Terminated, sigterm_raises
 from autotune.units import format_bytes, format_duration
 
@@ -153,12 +154,10 @@ def _print_summary(result: TuneResult) -> None:
         label += ", from cache"
     name = escape(data["model"]["name"])  # a path may hold "[/]", which rich would read as markup
     out.print(f"[bold]{name}[/bold] on {escape(data['target_description'])}: [bold]{label}[/bold]")
-    choice = data["choice"]
-    out.print(f"  choice: {choice['description']}", markup=False)
-    if result.samples_per_s:
-        out.print(f"  measured: {result.samples_per_s:.2f} samples/s, peak {format_bytes(choice['peak_bytes'])}")
-    else:
-        out.print(f"  predicted peak: {format_bytes(choice['predicted_peak_bytes'])}")
+    lead = lead_lines(data)
+    out.print(f"  {lead[0]}", style="bold", markup=False, highlight=False)
+    for line in lead[1:]:
+        out.print(f"  {line}", markup=False, highlight=False)
     if data.get("batch"):
         batch = data["batch"]
         style = "bold yellow" if batch["chosen_by"] == "autotune" else "bold"

@@ -1,5 +1,10 @@
 """Trials that run the user's own training command instead of our synthetic worker.
 
+The speed is the median wall clock of the command's whole optimizer steps, timed at the engine's step
+boundaries by the step hook (trial/script_steps.py, trial/step_hook/sitecustomize.py); the command is stopped
+once that median is known well enough. The engine's profiled step below stays as a secondary figure
+(`profiled_samples_per_s`), and is the figure only for a command that ends before enough whole steps.
+
 Each trial writes the candidate's ds_config with DeepSpeed's engine-side autotuning hooks switched on,
 `"autotuning": {"enabled": true, "start_profile_step": a, "end_profile_step": b, "metric_path": p}`, runs
 the user's command with the candidate substituted in (trial/script_command.py), samples peak memory from
@@ -17,7 +22,7 @@ What the engine's metric measures (deepspeed 0.19.8, runtime/engine.py):
   the accumulation steps to get `latency` (one optimizer step), and writes `throughput = train_batch_size
   * 1e6 / latency` (samples/s for the whole job), `FLOPS_per_gpu` (profiled forward flops x 3 over that
   latency) and the raw means to `metric_path` on rank 0 (`print_json_dist`), then calls `exit()` on every
-  rank: the process ends with code 0 at step b+1.
+  rank: the process ends with code 0 at step b+1 (the step hook catches that exit, so the job trains on).
 
 How it differs from wall-clock samples/s (what synthetic trials report):
 - It times only the engine's forward, backward and step calls: the user's data loading, collation,
@@ -36,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +50,7 @@ from typing import Any
 
 from autotune.atomic import atomic_write_json
 from autotune.errors import UserError
+from autotune.measurement import MIN_STEPS, enough_steps
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.launch import trial_directory
 from autotune.trial.oom_evidence import OomKillWatch
@@ -71,6 +78,7 @@ from autotune.trial.processes import (
 )
 from autotune.trial.script_command import CommandTemplate, parse_command
 from autotune.trial.script_memory import GpuReader, TreeMemorySampler, visible_gpu_indices
+from autotune.trial.script_steps import hook_env, read_boundaries, step_times
 from autotune.trial.shm import command_ports, remove_segments
 from autotune.trial.types import RankMetrics, TrialResult, TrialSpec, TrialStatus
 
@@ -80,6 +88,8 @@ log = logging.getLogger(__name__)
 START_PROFILE_STEP = 3
 END_PROFILE_STEP = 5
 METRIC_FILE = "autotuning_metric.json"
+STEP_LOG = "steps"  # the step hook's files: steps.rank<R>
+WALL_CLOCK_SOURCE = "step_wall_clock"  # TrialResult.metric_source of steps timed by the step hook
 CONFIG_FILE = "ds_config.json"
 # Environment a job launcher sets per rank; removed before a trial so an outer job's values (the hook runs
 # inside torchrun or SLURM jobs) do not leak into the user's command.
@@ -98,6 +108,8 @@ class ScriptOutcome:
     timed_out: bool = False
     breach: BudgetBreach | None = None
     oom_evidence: str | None = None  # trial/oom_evidence.py: the kernel's word that a SIGKILL was its OOM killer
+    step_times_s: tuple[float, ...] = ()  # whole optimizer steps timed by the step hook (trial/script_steps.py)
+    measured: bool = False  # enough steps were timed, so the tuner stopped the command
 
 
 def classify(outcome: ScriptOutcome, timeout_s: float, end_profile_step: int) -> tuple[TrialStatus, str | None]:
@@ -109,6 +121,8 @@ def classify(outcome: ScriptOutcome, timeout_s: float, end_profile_step: int) ->
         )
     if outcome.breach:
         return "over_budget", outcome.breach.message()
+    if outcome.measured:
+        return "ok", None  # the tuner stopped it: its steps were timed
     if outcome.metric is not None and outcome.exit_code == 0:
         # Every rank reached the hook's exit; an OOM the script caught itself (auto_find_batch_size) is no failure.
         return "ok", None
@@ -177,6 +191,32 @@ def metric_result(
         wall_s=wall_s,
         command=command,
         metric_source="deepspeed_autotuning",
+    )
+
+
+def wall_clock_result(
+    step_times_s: list[float],
+    metric: Mapping[str, Any] | None,
+    spec: TrialSpec,
+    ranks: list[RankMetrics],
+    wall_s: float,
+    command: list[str],
+) -> TrialResult:
+    """A successful trial from the command's own optimizer steps (median wall clock of whole steps); the
+    engine's one profiled step, when it wrote it, stays beside it as `profiled_samples_per_s`."""
+    samples_per_step = int(spec.ds_config["train_batch_size"])
+    rate = samples_per_step / statistics.median(step_times_s)
+    profiled = (float(metric.get("throughput", 0.0)) or None) if metric else None
+    return TrialResult(
+        status="ok",
+        ranks=ranks,
+        step_times_s=list(step_times_s),
+        samples_per_s=rate,
+        tokens_per_s=rate * spec.seq_len,
+        wall_s=wall_s,
+        command=command,
+        metric_source=WALL_CLOCK_SOURCE,
+        profiled_samples_per_s=profiled,
     )
 
 
@@ -270,7 +310,8 @@ class ScriptLauncher:
         (trial_dir / "work").mkdir()
         port = free_port()
         argv = self.template.render(placeholder_values(spec, trial_dir, port), config_path, config)
-        env = self._environment(spec, port)
+        steps_stem = trial_dir / STEP_LOG
+        env = hook_env(self._environment(spec, port), steps_stem)
         tag = new_tag()
         sampler = TreeMemorySampler(tag, spec.device, visible_gpu_indices(env, spec.nprocs_per_node), self.read_gpus)
         sampler.start()
@@ -279,33 +320,42 @@ class ScriptLauncher:
         started, started_at = time.monotonic(), time.time()
         oom_watch = OomKillWatch.start()
         process = spawn(argv, trial_env(env, tag, spec.device, spec.nprocs_per_node), log, self.cwd)
-        timed_out, breach = False, None
+        timed_out, breach, measured = False, None, False
         try:
-            timed_out, breach = self._watch(process, spec, sampler, started + spec.timeout_s)
+            timed_out, breach, measured = self._watch(process, spec, sampler, started + spec.timeout_s, steps_stem)
         finally:
             stop_processes(process, tag, self.kill_grace_s)
             wait_for_release(gpus_before, read_used=self.read_gpus)
             if spec.device == "cpu":
                 remove_segments(command_ports(argv, port), since=started_at)
         outcome = ScriptOutcome(
-            exit_code=None if timed_out or breach else process.returncode,
+            exit_code=None if timed_out or breach or measured else process.returncode,
             log_text=log.read_text(errors="replace"),
             metric=_read_metric(metric_path),
             wall_s=time.monotonic() - started,
             timed_out=timed_out,
             breach=breach,
             oom_evidence=oom_watch.evidence(),
+            step_times_s=tuple(self._step_times(steps_stem, spec)),
+            measured=measured,
         )
         ranks = sampler.metrics(range(spec.world_size))
         status, error = classify(outcome, spec.timeout_s, self.end_profile_step)
-        if status == "ok" and outcome.metric is not None:
+        if status == "ok" and len(outcome.step_times_s) >= min(MIN_STEPS, spec.max_steps):
+            return wall_clock_result(list(outcome.step_times_s), outcome.metric, spec, ranks, outcome.wall_s, argv)
+        if status == "ok" and outcome.metric is not None:  # the job ended by itself before enough whole steps
             return metric_result(outcome.metric, spec, ranks, outcome.wall_s, argv)
         return TrialResult(status=status, error=error, ranks=ranks, wall_s=outcome.wall_s, command=argv)
 
+    def _step_times(self, steps_stem: Path, spec: TrialSpec) -> list[float]:
+        """Whole optimizer steps timed so far, after the engine's profiled step (script_steps.py)."""
+        return step_times(read_boundaries(steps_stem, spec.world_size), self.end_profile_step + 1)
+
     def _watch(
-        self, process: Any, spec: TrialSpec, sampler: TreeMemorySampler, deadline: float
-    ) -> tuple[bool, BudgetBreach | None]:
-        """Sample memory until the command exits; stop early on timeout or a crossed host budget."""
+        self, process: Any, spec: TrialSpec, sampler: TreeMemorySampler, deadline: float, steps_stem: Path
+    ) -> tuple[bool, BudgetBreach | None, bool]:
+        """Sample memory until the command exits; stop early on timeout, a crossed host budget, or once enough
+        whole optimizer steps are timed (the last flag)."""
         budget = spec.host_memory_budget_bytes if spec.device == "cpu" else None
         while process.poll() is None:
             sampler.sample()
@@ -313,11 +363,13 @@ class ScriptLauncher:
                 over = {rank: peak for rank, peak in sampler.rank_peaks.items() if peak > budget}
                 if over:
                     rank = min(over)
-                    return False, BudgetBreach(rank, over[rank], budget)
+                    return False, BudgetBreach(rank, over[rank], budget), False
+            if enough_steps(self._step_times(steps_stem, spec), spec.max_steps, spec.max_measure_s):
+                return False, None, True
             if time.monotonic() >= deadline:
-                return True, None
+                return True, None, False
             time.sleep(self.poll_interval_s)
-        return False, None
+        return False, None, False
 
     def _environment(self, spec: TrialSpec, port: int) -> dict[str, str]:
         seen = launcher_variables({**os.environ, **self.env})

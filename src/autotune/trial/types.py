@@ -96,7 +96,11 @@ class TrialResult:
     smaller_micro_batch: int | None = None
     smaller_micro_step_s: float | None = None
     command: list[str] | None = None  # own-command trials (trial/script.py): the argv the trial ran
-    metric_source: str | None = None  # None: our worker's wall-clock steps; "deepspeed_autotuning": the engine's
+    # None: our worker's wall-clock steps; "step_wall_clock": the user's command's own optimizer steps, timed by
+    # wall clock at the engine's step boundaries (trial/script_steps.py); "deepspeed_autotuning": the engine's one
+    # profiled step only (a command that ended before enough whole steps)
+    metric_source: str | None = None
+    profiled_samples_per_s: float | None = None  # own-command trials: the engine's profiled step, secondary
     # Read from the engine after the steps (trial/training.py engine_mode_facts): the ZeRO stage, offload ratio,
     # sub-groups and how many elements the device-side optimizer stepped, so a test sees the mode really ran.
     engine_facts: dict = field(default_factory=dict)

@@ -43,6 +43,7 @@ def main() -> None:
     micro_batch = engine.train_micro_batch_size_per_gpu()
     vocab = model.config.vocab_size
     ballast = []
+    last = time.perf_counter()
     for step in range(args.steps):
         if args.fault == "early" and step == 1:
             print("finished early", flush=True)
@@ -58,8 +59,10 @@ def main() -> None:
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
             engine.step()
+        now = time.perf_counter()  # the script's own clock: one whole optimizer step, data included
         if engine.global_rank == 0:
-            print(f"step {step + 1} loss {loss.item():.4f}", flush=True)
+            print(f"step {step + 1} loss {loss.item():.4f} wall_s {now - last:.6f}", flush=True)
+        last = now
     print(json.dumps({"steps": args.steps, "micro_batch": micro_batch}), flush=True)
 
 
