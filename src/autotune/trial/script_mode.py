@@ -50,9 +50,10 @@ def command_report(request: TuneRequest, spec: TrialSpec, config_path: Path) -> 
         "placeholders": sorted(template.placeholders()),
         "arg_mappings": template.arg_mappings,
         "metric": (
-            f"DeepSpeed engine autotuning hook: forward+backward+step time of optimizer step {END_PROFILE_STEP + 1}"
-            f" (flops profiled at step {START_PROFILE_STEP}), rank 0; excludes data loading and the script's"
-            " own work between engine calls"
+            "median wall clock of your command's whole optimizer steps, timed at DeepSpeed's step boundaries on every"
+            f" rank (slowest rank) after step {END_PROFILE_STEP + 1}, data loading included; secondary: the engine's"
+            f" profiled step (forward+backward+step timers of step {END_PROFILE_STEP + 1}, flops profiled at step"
+            f" {START_PROFILE_STEP}, rank 0), which excludes the script's own work between engine calls"
         ),
         "train_command": train_command(template, spec, config_path),
     }
