@@ -74,4 +74,4 @@ def test_hf_variant_keeps_tuned_values_and_leaves_only_hyperparameters_to_traine
     assert hf["bf16"]["enabled"] is True and hf["zero_optimization"] == config["zero_optimization"]
     assert hf["optimizer"]["params"]["lr"] == "auto" and hf["gradient_clipping"] == "auto"
     assert "scheduler" not in hf
-    assert config["optimizer"]["params"]["lr"] == 1e-4  # the original is untouched
+    assert config["optimizer"]["params"] == {}  # the original is untouched, and names no hyperparameter

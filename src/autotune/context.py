@@ -12,6 +12,7 @@ import os
 import platform
 from dataclasses import dataclass, field, replace
 
+from autotune.base_config import load_base, on_base, request_on_base, runnable
 from autotune.batch import requested_global_batch
 from autotune.cache import library_versions, run_key
 from autotune.dsconfig import TrainSettings, build_ds_config
@@ -148,6 +149,7 @@ class TuneContext:
     stack: RuntimeStack = field(default_factory=RuntimeStack)  # runtime_stack(): read once, at build
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (seq_len is the encoder's)
     user_config: dict | None = None  # request.config as read (check/loading.py, the reader `check` uses)
+    base: dict | None = None  # request.base_config as read: the user's config the tuned one is built on
 
     @classmethod
     def build(
@@ -164,12 +166,16 @@ class TuneContext:
             if request.rungs or request.micro_batches:
                 raise UserError("--config fixes the stage and offload: --rungs and --micro-batches do not apply")
             user_config = load_config(request.config).config
+        base = load_base(request.base_config) if request.base_config is not None else None
         target = target or resolve_request_target(request)  # before the summary: fail fast without a GPU
+        notes = []
+        if base is not None:  # what the base fixes about the training becomes the request's
+            request, base_notes = request_on_base(request, base, target.world_size)
+            notes += base_notes
         model = model or summarize(resolve_model(request.model, request.trust_remote_code))
         lora = LoraSettings(request.lora_rank, request.lora_targets) if request.lora_rank else None
         if lora:
             model = lora_summary(model, lora)
-        notes = []
         relative = uses_relative_positions(model)
         seq_len = request.seq_len or default_seq_len(None if relative else model.max_positions)
         if not relative and model.max_positions and seq_len > model.max_positions:
@@ -203,7 +209,7 @@ class TuneContext:
         stack = runtime_stack(target, request.device)
         return cls(request, model, target, precision, seq_len, grid, rungs, unavailable, notes, lora=lora,
                    batch_chosen_by=chosen_by, stack=stack, decoder_seq_len=decoder_seq_len,
-                   user_config=user_config)  # fmt: skip
+                   user_config=user_config, base=base)  # fmt: skip
 
     @property
     def verified(self) -> bool:
@@ -279,6 +285,8 @@ class TuneContext:
             **({"kernels": request.kernels} if request.kernels != "stock" else {}),
             # the opt-in widens the search: never the same answer as a same-training tuning
             **({"allow_approximate": True} if request.allow_approximate else {}),
+            # a base config's kept keys (optimizer, clipping, ...) run in every trial
+            **({"base": self.base} if self.base is not None else {}),
         }
 
     @property
@@ -292,13 +300,18 @@ class TuneContext:
         return run_key({**self.question(), "answer": 1})
 
     def ds_config(self, candidate: Candidate) -> dict:
-        """The candidate's config as a trial gets it (own-command trials merge it into the user's file)."""
-        return build_ds_config(candidate, self.train)
+        """The candidate's config as a trial gets it (own-command trials merge it into the user's file): on the
+        user's base config when one is given, its "auto" values filled as HF Trainer fills them."""
+        return runnable(self.tuned_config(candidate), self.target.world_size)
+
+    def tuned_config(self, candidate: Candidate) -> dict:
+        """The candidate's keys on the user's base config (autotune.base_config), "auto" values as written."""
+        return on_base(build_ds_config(candidate, self.train), self.base)
 
     def emitted_config(self, candidate: Candidate) -> dict:
         """The config written for the user: the trial's, and in own-command mode the user's base config with the
         candidate's keys, without the autotuning hooks the trials ran with (trial/script_mode.py)."""
-        config = self.ds_config(candidate)
+        config = self.tuned_config(candidate)
         if self.request.command is None:
             return config
         from autotune.trial.script_mode import emitted_config

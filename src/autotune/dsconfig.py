@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+from collections.abc import Mapping
 from contextlib import redirect_stdout
 from dataclasses import dataclass
 from typing import Any
@@ -47,8 +48,6 @@ class TrainSettings:
     global_batch: int | None = None
     hidden_size: int | None = None  # sizes the stage-3 buckets the way HF's "auto" does
     nvme_path: str | None = None
-    learning_rate: float = 1e-4
-    gradient_clipping: float = 1.0
     bucket_elements: int = 200_000_000  # stages 1-2 reduce/allgather bucket, elements
     optimizer: str = "adamw"  # an autotune.optimizers name
     # Sizes sub_group_size for a partial offload ratio (autotune.modes.ratio_sub_group_size); needed only then.
@@ -174,13 +173,12 @@ def build_ds_config(candidate: Candidate, settings: TrainSettings) -> dict[str, 
         "train_batch_size": candidate.micro_batch * accumulation * settings.world_size,
         "train_micro_batch_size_per_gpu": candidate.micro_batch,
         "gradient_accumulation_steps": accumulation,
-        "gradient_clipping": settings.gradient_clipping,
         "zero_optimization": zero_section(candidate, settings, accumulation),
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
     }
     kind = optimizer_kind(settings.optimizer)
-    section = ds_optimizer_section(kind, settings.learning_rate)
+    section = ds_optimizer_section(kind)
     if section is not None:
         config["optimizer"] = section
     else:
@@ -208,20 +206,24 @@ def build_ds_config(candidate: Candidate, settings: TrainSettings) -> dict[str, 
     return config
 
 
-def hf_variant(config: dict[str, Any]) -> dict[str, Any]:
+def hf_variant(config: dict[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The config for HF Trainer / Accelerate: every tuned value stays concrete, so HF's consistency check
     (transformers/integrations/deepspeed.py, `trainer_config_process`) holds TrainingArguments to it; only
     the user's own hyperparameters, which autotune does not tune (learning rate, betas, eps, weight decay,
     gradient clipping), are "auto" and come from TrainingArguments. No scheduler section: HF Trainer then
     drives DeepSpeed's optimizer with its own `--lr_scheduler_type` schedule.
+
+    With the user's base config (autotune.base_config) its keys are theirs, "auto" or not, and stay as written;
+    only an optimizer section autotune added (the base had none) takes its hyperparameters from TrainingArguments.
     """
     hf = copy.deepcopy(config)
-    hf["gradient_clipping"] = "auto"
-    if "optimizer" in hf:
-        params = hf["optimizer"]["params"]
+    if base is None:
+        hf["gradient_clipping"] = "auto"
+        hf.pop("scheduler", None)
+    if "optimizer" in hf and "optimizer" not in (base or {}):
+        params = hf["optimizer"].setdefault("params", {})
         for key in ("lr", "betas", "eps", "weight_decay"):
             params[key] = "auto"
-    hf.pop("scheduler", None)
     return hf
 
 

@@ -3,10 +3,12 @@ and say how to launch it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from autotune.atomic import atomic_write_json
+from autotune.base_config import runnable
 from autotune.dsconfig import ConfigRejected, hf_variant, validate_with_deepspeed
 from autotune.errors import UserError
 from autotune.ladder import Candidate
@@ -60,22 +62,28 @@ def emit_launchers(
 
 
 def write_configs(
-    config: dict[str, Any], world_size: int, out_path: Path, hf: bool = False, validate: bool = True
+    config: dict[str, Any],
+    world_size: int,
+    out_path: Path,
+    hf: bool = False,
+    validate: bool = True,
+    base: Mapping[str, Any] | None = None,
 ) -> tuple[Path, Path | None]:
     """Validate with DeepSpeed's parser at `world_size`, then write; nothing is written on refusal.
 
     With hf=True a second file `<stem>.hf.json` holds the "auto" variant for HF Trainer / Accelerate.
     validate=False is for configs already validated at this world size by this DeepSpeed version (a
-    cache hit), which spares importing DeepSpeed.
+    cache hit), which spares importing DeepSpeed. `base`: the user's config the tuned one was built on
+    (autotune.base_config); its "auto" values are validated as HF Trainer fills them, and written as they are.
     """
     if validate:
         try:
-            validate_with_deepspeed(config, world_size)
+            validate_with_deepspeed(runnable(config, world_size), world_size)
         except ConfigRejected as error:
             raise UserError(f"DeepSpeed rejected the generated config at world size {world_size}: {error}") from None
     try:
         written = atomic_write_json(out_path, config)
-        hf_path = atomic_write_json(out_path.with_suffix(".hf.json"), hf_variant(config)) if hf else None
+        hf_path = atomic_write_json(out_path.with_suffix(".hf.json"), hf_variant(config, base)) if hf else None
     except OSError as error:
         raise UserError(f"cannot write {out_path}: {error.strerror or error}") from None
     return written, hf_path

@@ -55,11 +55,13 @@ def optimizer_kind(name: str | None) -> OptimizerKind:
     return chosen
 
 
-def ds_optimizer_section(kind: OptimizerKind, lr: float, weight_decay: float = 0.0) -> dict[str, Any] | None:
-    """The ds_config "optimizer" entry, or None for a client-side optimizer."""
+def ds_optimizer_section(kind: OptimizerKind) -> dict[str, Any] | None:
+    """The ds_config "optimizer" entry, or None for a client-side optimizer. Its type only: lr, betas, eps and
+    weight_decay are the user's training, which autotune never chooses (DeepSpeed's defaults apply where the user
+    gives none; autotune.base_config.placeholder_notes says so)."""
     if kind.ds_type is None:
         return None
-    params: dict[str, Any] = {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": weight_decay}
+    params: dict[str, Any] = {}
     if kind.torch_adam:
         params["torch_adam"] = True
     return {"type": kind.ds_type, "params": params}

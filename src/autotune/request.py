@@ -65,6 +65,9 @@ class TuneRequest:
     host_memory: str | None = None  # host RAM per node when planning for another machine, e.g. "64GiB"; bare = GiB
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (default: seq_len)
     config: str | None = None  # a user's ds_config (JSON/hjson) whose fit `plan` answers (autotune.config_question)
+    # tune/hook: the user's ds_config the tuned one is built on; every key outside the tuned set is kept
+    # (autotune.base_config), and its global batch, precision and optimizer are the job's
+    base_config: str | None = None
     kernels: str = "stock"  # fused training kernels the user's training runs (Liger, flash-attn's): activations
     # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
     # substituted in (trial/script_mode.py); None: our synthetic worker.
@@ -194,6 +197,8 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
         raise UserError("--memory-budget applies to --device cpu; for GPUs use --gpu-memory-fraction or --gpu-memory")
     if request.tokens_per_step is not None and request.tokens_per_step <= 0:
         raise UserError(f"--tokens-per-step must be positive, got {request.tokens_per_step}")
+    if request.base_config is not None and request.config is not None:
+        raise UserError("give the config to tune on (tune/hook --config) or the config to answer for (plan), not both")
     if request.tokens_per_step is not None and request.global_batch is not None:
         raise UserError("give --global-batch or --tokens-per-step, not both")
     from autotune.training_choices import check_training_choices  # imports peft's helpers only when used

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.assumptions import write_assumptions
+from autotune.base_config import placeholder_notes
 from autotune.batch import describe_global_batch
 from autotune.cache import ResultsCache, library_versions
 from autotune.context import TuneContext, check_host_capacity
@@ -288,6 +289,7 @@ def _report_data(
         "micro_batch_grid": ctx.grid,
         "choice": choice,
         "config_path": str(config_path) if config_path else None,
+        "base_config": request.base_config,  # the user's config the tuned one was built on (autotune.base_config)
         "hf_config_path": str(hf_path) if hf_path else None,
         "launch": launch.to_dict() if launch else None,
         "trials": [t.to_dict() for t in outcome.trials] if outcome else [],
@@ -370,9 +372,10 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {data['nothing_fits_reason']}")
     config = ctx.emitted_config(candidate)
     # The .hf.json is always written: the HF Trainer and accelerate launch paths read it.
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True)
+    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True, base=ctx.base)
     launch = _launch(ctx, config, candidate, config_path)
     data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
+    data["notes"] = [*data["notes"], *placeholder_notes(config, ctx.base)]
     if not ctx.verified:
         data["notes"] = [*data["notes"], *plan_notes]
     if changes := approximation(candidate.mode, mode_facts(ctx)):  # only reachable with --allow-approximate
@@ -483,7 +486,8 @@ def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, s
     # builds for the candidate now, and that same build was validated by this DeepSpeed version at this world
     # size when the answer was stored (both are in the key). Re-validating would import DeepSpeed (~4 s) to
     # re-check a config that was re-derived, not trusted. Configs published by a hook are re-validated (sharing.py).
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True, validate=False)
+    world = ctx.target.world_size
+    config_path, hf_path = write_configs(config, world, out_path, hf=True, validate=False, base=ctx.base)
     launch = _launch(ctx, config, candidate, config_path)
     data = {
         **hit["report"],

@@ -17,6 +17,7 @@ import typer
 from autotune.cli.options import (
     AllowApproximateOpt,
     AttentionOpt,
+    BaseConfigOpt,
     D,
     DecoderSeqLenOpt,
     DeviceOpt,
@@ -130,6 +131,7 @@ def hook_command(
     report_dir: ReportDirOpt = D.report_dir,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     allow_approximate: AllowApproximateOpt = D.allow_approximate,
+    base_config: BaseConfigOpt = D.base_config,
     optimizer: OptimizerOpt = D.optimizer,
     lora_rank: LoraRankOpt = D.lora_rank,
     lora_targets: LoraTargetsOpt = None,
@@ -164,6 +166,7 @@ def hook_command(
         report_dir=report_dir,
         trust_remote_code=trust_remote_code,
         allow_approximate=allow_approximate,
+        base_config=base_config,
         optimizer=optimizer,
         lora_rank=lora_rank,
         lora_targets=parse_name_list(lora_targets),

@@ -125,6 +125,14 @@ UserConfigOpt = Annotated[
         help='Your ds_config (JSON or hjson, "auto" allowed): answer whether it fits, as DeepSpeed would run it.',
     ),
 ]
+BaseConfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--config",
+        help='Your ds_config (JSON or hjson, "auto" allowed) to tune on: every key but the batch split and the ZeRO'
+        " section is kept as written; its global batch, precision and optimizer are the job's.",
+    ),
+]
 GradCkptOpt = Annotated[
     bool | None,
     typer.Option(

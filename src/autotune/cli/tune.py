@@ -16,6 +16,7 @@ from rich.status import Status
 from autotune.cli.options import (
     AllowApproximateOpt,
     AttentionOpt,
+    BaseConfigOpt,
     CacheDirOpt,
     D,
     DecoderSeqLenOpt,
@@ -223,6 +224,7 @@ def tune_command(
     host_memory: HostMemoryOpt = D.host_memory,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
     allow_approximate: AllowApproximateOpt = D.allow_approximate,
+    base_config: BaseConfigOpt = D.base_config,
     as_json: JsonOpt = False,
     command: UserCommandArg = None,
 ) -> None:
@@ -262,6 +264,7 @@ def tune_command(
         script=script,
         trust_remote_code=trust_remote_code,
         allow_approximate=allow_approximate,
+        base_config=base_config,
         tokens_per_step=tokens_per_step,
         optimizer=optimizer,
         lora_rank=lora_rank,

@@ -169,13 +169,16 @@ def config_vetter(world_size: int, known: KnownValid) -> Callable[[HookRecord], 
 
 
 def _deepspeed_verdict(config_text: str, world_size: int) -> str | None:
+    from autotune.base_config import runnable
     from autotune.dsconfig import ConfigRejected, validate_with_deepspeed
 
     try:
         config = json.loads(config_text)
         if not isinstance(config, dict):
             return "its config is not a JSON object"
-        validate_with_deepspeed(config, world_size)
+        validate_with_deepspeed(runnable(config, world_size), world_size)  # "auto" kept from a base: as HF fills it
+    except UserError as error:
+        return str(error)
     except ValueError as error:
         return f"its config is not JSON ({error})"
     except ConfigRejected as error:
