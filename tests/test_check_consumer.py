@@ -126,3 +126,16 @@ def test_fix_keeps_comment_keys_and_lists_withheld_training_changes(tmp_path: Pa
     fixed = json.loads(output.read_text())
     assert code == 0 and fixed["_comment"] == "keep me"
     assert fixed["train_batch_size"] == 4 * 3 * 2  # the micro-batch and the 3 steps DeepSpeed derived, kept
+
+
+def test_checks_own_crash_is_one_line_and_exit_2_not_a_finding(monkeypatch, capsys) -> None:
+    def crashing(*args, **kwargs):
+        raise RuntimeError("boom inside check")
+
+    monkeypatch.setattr("autotune.cli.check.check_config", crashing)
+    code, out, err = run(["check", str(CORPUS / "hf_zero2.json"), "--gpus", "8"], capsys)
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    assert err.strip().splitlines() == [
+        "autotune: error: check itself failed (RuntimeError at test_check_consumer.py:"
+        f"{crashing.__code__.co_firstlineno + 1}: boom inside check); this says nothing about the config"
+    ]

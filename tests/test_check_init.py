@@ -25,7 +25,7 @@ INDEX: list[dict[str, Any]] = json.loads((CORPUS / "index.json").read_text())
 _REPRESENTATIVE = {
     "hf_zero2.json",  # HF auto config, filled by transformers + accelerate, trains (CPU Adam offload)
     "megatron_ds_universal.json",  # DeepSpeed directly, client optimizer, trains
-    "fastchat_s2.json",  # offload + client optimizer: ZeRORuntimeException
+    "fastchat_s2.json",  # offload + the Trainer's torch AdamW: accelerate swaps in DeepSpeedCPUAdam, trains
     "dse_fused_adam.json",  # parser accepts, initialize refuses
     "dse_warmup_zero_steps.json",  # the scheduler refuses its params
     "dse_fp16_and_bf16.json",  # the parser refuses
@@ -70,7 +70,7 @@ def test_corpus_labels_hold_when_deepspeed_really_runs(entry: dict[str, Any]) ->
     if outcome.refusal or outcome.unfilled:
         assert entry["expect"] == "crash", outcome  # the installed HF / accelerate code raised
         return
-    result = run_init_check(outcome.filled, entry["world_size"])
+    result = run_init_check(outcome.filled, entry["world_size"], consumer.value)
     if result.status == "inconclusive":
         pytest.skip(result.detail)
     assert (result.status == "failed") == (entry["expect"] == "crash"), result

@@ -207,13 +207,14 @@ def fix_config(
 def _init_check_finding(
     config: dict[str, Any], context: CheckContext, consumer: Consumer, precision: str | None
 ) -> Finding:
-    """Run deepspeed.initialize and a step on the CPU backend with the config as DeepSpeed receives it."""
+    """Build the engine as the consumer does (init_probe) and run a step on the CPU backend, with the config as
+    DeepSpeed receives it."""
     from autotune.check.init_probe import run_init_check
 
     outcome = fill_like_consumer(config, consumer, context.world_size, precision)
     if outcome.refusal or outcome.unfilled:
         return Finding(Severity.INFO, "", f"--init-check not run: {consumer.label} refuses the config first.", "init")
-    result = run_init_check(outcome.filled, context.world_size)
+    result = run_init_check(outcome.filled, context.world_size, consumer.value)
     where = f" at {result.stage}" if result.stage else ""
     severity = Severity.ERROR if result.status == "failed" else Severity.INFO
     message = f"--init-check ({result.status}{where}, tiny model, CPU backend, world size 1): {result.detail}"

@@ -30,6 +30,7 @@ from typing import Any
 from unittest import mock
 
 from autotune.check.loading import LoadedConfig
+from autotune.errors import UserError
 
 PLACEHOLDER_HIDDEN_SIZE = 1024  # stands in for model.config.hidden_size; only sizes buckets HF fills
 PLACEHOLDER_TRAINING_STEPS = 1000  # stands in for num_training_steps; only fills scheduler step counts
@@ -206,8 +207,15 @@ def fill_like_consumer(
     if not consumer.fills_auto:
         return FillOutcome(filled=copy.deepcopy(config))
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from accelerate.utils import DeepSpeedPlugin
-    from transformers.integrations import deepspeed as hf_deepspeed
+    try:
+        from accelerate.utils import DeepSpeedPlugin
+        from transformers.integrations import deepspeed as hf_deepspeed
+    except ImportError as error:  # accelerate is a dependency; an install without it cannot fill "auto"
+        raise UserError(
+            f'checking a config as {consumer.label} reads it runs its "auto" filling, which needs '
+            f"{error.name or 'accelerate'} ({error}): pip install 'accelerate>=1.15', "
+            "or --consumer deepspeed for a config DeepSpeed reads directly"
+        ) from None
 
     saved_reference = hf_deepspeed._hf_deepspeed_config_weak_ref  # HfDeepSpeedConfig sets a module global
     outcome = FillOutcome(filled=copy.deepcopy(config))

@@ -180,23 +180,56 @@ def scheduler_findings(config: dict[str, Any], version: str) -> list[Finding]:
     return []
 
 
+def accelerate_maps_client_optimizer() -> bool:
+    """Whether the installed accelerate swaps the script's torch optimizer for DeepSpeed's CPU one under optimizer
+    offload: Accelerator._prepare_deepspeed calls map_pytorch_optim_to_deepspeed when offload_optimizer.device is
+    not "none" and zero_force_ds_cpu_optimizer holds (accelerate/accelerator.py, imported there from
+    accelerate/utils/deepspeed.py). The HF Trainer hands its optimizer to that same prepare()."""
+    try:
+        import accelerate.accelerator as accelerator_module
+    except ImportError:
+        return False
+    return callable(getattr(accelerator_module, "map_pytorch_optim_to_deepspeed", None))
+
+
+def _cpu_adam_defaults() -> str:
+    """DeepSpeedCPUAdam's own betas and eps, read from the installed class (deepspeed/ops/adam/cpu_adam.py)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    parameters = inspect.signature(DeepSpeedCPUAdam.__init__).parameters
+    return f"betas {parameters['betas'].default}, eps {parameters['eps'].default}"
+
+
+def _mapped_by_accelerate() -> Finding:
+    message = (
+        'Optimizer offload without an "optimizer" section: accelerate\'s prepare() (the HF Trainer\'s too) '
+        "replaces the script's torch optimizer by DeepSpeedCPUAdam (map_pytorch_optim_to_deepspeed): lr, "
+        f"weight_decay and AdamW vs Adam carry over, betas and eps become its defaults ({_cpu_adam_defaults()}), "
+        "other optimizers (SGD, Adafactor) run as Adam."
+    )
+    return Finding(Severity.INFO, "zero_optimization.offload_optimizer", message, "initialize")
+
+
 def client_optimizer_findings(
     config: dict[str, Any], consumer_label: str, fills_auto: bool, version: str
 ) -> list[Finding]:
-    """Optimizer offload with no "optimizer" section: the training code brings a torch optimizer, and
-    deepspeed.initialize raises ZeRORuntimeException unless zero_force_ds_cpu_optimizer is false
-    (runtime/engine.py _configure_optimizer; default true in runtime/config.py). The HF Trainer creates
-    torch AdamW when the config has no optimizer (transformers integrations/deepspeed.py
-    deepspeed_optim_sched), and accelerate requires an "optimizer" section for its DummyOptim, so for
-    them it is certain; code calling DeepSpeed directly may pass DeepSpeedCPUAdam, which is accepted.
-    Published reports: OptimalScale/LMFlow#470 and #693 (HF Trainer), OpenMOSS/MOSS#272 (accelerate).
+    """Optimizer offload with no "optimizer" section: the training code brings a torch optimizer.
+
+    Through the HF Trainer or accelerate, accelerate maps it to DeepSpeedCPUAdam (accelerate_maps_client_optimizer),
+    so it trains; a note says what of the optimizer carries over. Code calling DeepSpeed directly gets
+    ZeRORuntimeException from deepspeed.initialize unless zero_force_ds_cpu_optimizer is false
+    (runtime/engine.py _configure_optimizer; default true in runtime/config.py) or it passes DeepSpeedCPUAdam
+    itself, which is accepted. Published reports of the crash: OptimalScale/LMFlow#470 and #693, OpenMOSS/MOSS#272
+    (transformers/accelerate releases from before the mapping).
     """
     if "optimizer" in config or not _offloads_optimizer(config) or config.get("zero_force_ds_cpu_optimizer") is False:
         return []
+    if fills_auto and accelerate_maps_client_optimizer():
+        return [_mapped_by_accelerate()]
     from autotune.check.findings import Edit, Fix
 
     who = (
-        f"{consumer_label} builds a torch optimizer when the config has none"
+        f"{consumer_label} builds a torch optimizer when the config has none and this accelerate does not map it"
         if fills_auto
         else "unless your code passes deepspeed.ops.adam.DeepSpeedCPUAdam (or DeepSpeedCPULion)"
     )

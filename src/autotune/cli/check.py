@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from autotune.check import CheckReport, Severity, check_config, resolve_context
+from autotune.cli import click_errors
 from autotune.cli.options import (
     GpuMemoryOpt,
     GpusOpt,
@@ -143,7 +147,7 @@ def check_command(
     checking the tuner's own output asks the tuner's question.
 
     Exit code: 0 no errors, 1 errors (with --fix: errors left in the written config, or nothing written),
-    2 unreadable input.
+    2 unreadable input, or check itself could not run (one line: a missing dependency, a crash).
     """
     from autotune.assumptions import read_assumptions
     from autotune.check import load_config
@@ -276,5 +280,27 @@ def _check_as_tuned(
     )
 
 
+def _own_failure_exits_2(command: Callable[..., None]) -> Callable[..., None]:
+    """check's own crash is one line and exit 2, never a traceback with exit 1: 1 means findings, and a CI gate
+    must tell the two apart."""
+
+    @functools.wraps(command)
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        from autotune.errors import UserError
+
+        try:
+            command(*args, **kwargs)
+        except (UserError, typer.Exit, typer.Abort, click_errors.ClickException):
+            raise
+        except Exception as error:
+            frame = traceback.extract_tb(error.__traceback__)[-1]
+            where = f"{Path(frame.filename).name}:{frame.lineno}"
+            raise UserError(
+                f"check itself failed ({type(error).__name__} at {where}: {error}); this says nothing about the config"
+            ) from error
+
+    return guarded
+
+
 def register(app: typer.Typer) -> None:
-    app.command("check")(check_command)
+    app.command("check")(_own_failure_exits_2(check_command))
