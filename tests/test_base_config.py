@@ -139,3 +139,26 @@ def test_a_base_that_contradicts_the_command_line_is_one_line(tmp_path: Path, ca
     err = capsys.readouterr().err
     assert exited.value.code == 2, err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_hook_takes_the_base_and_the_opt_in_as_tune_does(tmp_path: Path, monkeypatch, capsys) -> None:
+    import autotune.hook
+
+    seen = []
+
+    def capture(request, **callbacks):
+        seen.append(request.tuning)
+        raise SystemExit(0)
+
+    base_path = tmp_path / "base.json"
+    base_path.write_text(BASE_TEXT)
+    monkeypatch.setattr(autotune.hook, "run_hook", capture)
+    options = ["hook", "--device", "cpu", "--model", "tiny-gpt2", "--cache-dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        main([*options, "--config", str(base_path), "--allow-approximate"])
+    (tuning,) = seen
+    assert tuning.base_config == str(base_path) and tuning.allow_approximate
+    with pytest.raises(SystemExit) as exited:  # an unreadable base: one line, before any coordination
+        main([*options, "--config", str(tmp_path / "missing.json")])
+    assert exited.value.code == 2 and len(seen) == 1
+    assert "config file not found" in capsys.readouterr().err

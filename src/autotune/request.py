@@ -199,6 +199,10 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
         raise UserError(f"--tokens-per-step must be positive, got {request.tokens_per_step}")
     if request.base_config is not None and request.config is not None:
         raise UserError("give the config to tune on (tune/hook --config) or the config to answer for (plan), not both")
+    if request.base_config is not None:  # read now: an unreadable base is one line before any coordination or trial
+        from autotune.base_config import load_base
+
+        load_base(request.base_config)
     if request.tokens_per_step is not None and request.global_batch is not None:
         raise UserError("give --global-batch or --tokens-per-step, not both")
     from autotune.training_choices import check_training_choices  # imports peft's helpers only when used
