@@ -36,15 +36,6 @@ def on_base(tuned: Mapping[str, Any], base: Mapping[str, Any] | None) -> dict[st
     return merged
 
 
-def contains_auto(value: Any) -> bool:
-    """Whether an "auto" (HF Trainer / accelerate fills it) is anywhere in `value`."""
-    if isinstance(value, Mapping):
-        return any(contains_auto(v) for v in value.values())
-    if isinstance(value, list):
-        return any(contains_auto(v) for v in value)
-    return value == "auto"
-
-
 def _whole(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
@@ -100,9 +91,10 @@ def runnable(config: dict[str, Any], world_size: int) -> dict[str, Any]:
     """The config as its consumer runs it: "auto" values filled the way HF Trainer fills them
     (check.consumer.fill_like_consumer runs transformers' and accelerate's own code), for the trials and for
     DeepSpeed's parser; a config without "auto" as it is."""
-    if not contains_auto(config):
+    from autotune.check.consumer import Consumer, fill_like_consumer, has_auto
+
+    if not has_auto(config):
         return config
-    from autotune.check.consumer import Consumer, fill_like_consumer
 
     filled = fill_like_consumer(config, Consumer.HF_TRAINER, world_size)
     if filled.refusal:
