@@ -101,3 +101,73 @@ def test_70b_plan_is_fast_and_imports_neither_torch_nor_deepspeed():
     # benchmarks/plan_latency.py, not asserted here (a timed test fails on a loaded machine).
     assert "HEAVY []" in result.stderr
     assert json.loads(result.stdout)["fastest_fit"]["rung"].startswith("z3")
+
+
+@pytest.mark.parametrize(
+    "batch,arithmetic",
+    [
+        (
+            {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4},
+            "train_batch_size 64 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 4 x world size 2"
+            " = 32",
+        ),
+        (
+            {"train_batch_size": 60, "train_micro_batch_size_per_gpu": 4},
+            "train_batch_size 60 is not a multiple of train_micro_batch_size_per_gpu 4 x world size 2 = 8 "
+            "(gradient_accumulation_steps unset)",
+        ),
+        (
+            {"train_batch_size": 7},
+            "train_batch_size 7 is not a multiple of world size 2 = 2 "
+            "(train_micro_batch_size_per_gpu and gradient_accumulation_steps unset)",
+        ),
+    ],
+)
+def test_config_whose_batch_does_not_add_up_names_the_arithmetic(capsys, tmp_path, batch, arithmetic):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({**batch, "zero_optimization": {"stage": 2}}))
+    args = ("--model", "tiny-gpt2", "--gpus", "2", "--gpu-memory", "24GiB", "--config", str(config))
+    code, _, err = run_in_process(capsys, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"batch sizes do not add up, so DeepSpeed refuses to start: {arithmetic}" in err
+    assert "--micro-batch" not in err  # the file states what it states; giving another micro-batch is not the fix
+
+
+def test_config_without_a_micro_batch_is_asked_for_one(capsys, tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": "auto", "zero_optimization": {"stage": 2}}))
+    code, _, err = run_in_process(capsys, "--model", "tiny-gpt2", "--gpu-memory", "24GiB", "--config", str(config))
+    assert code == 2 and err.strip().endswith("give --micro-batch")
+
+
+@pytest.mark.parametrize("native_bf16,precision", [(False, "fp32"), (True, "bf16")])
+def test_plan_on_the_cpu_backend_and_its_precision_default(capsys, monkeypatch, native_bf16, precision):
+    monkeypatch.setattr("autotune.probe.cpu_has_native_bf16", lambda: native_bf16)
+    args = ("--model", "tiny-gpt2", "--device", "cpu", "--memory-budget", "2GiB", "--seq-len", "64")
+    code, out, _ = run_in_process(capsys, *args, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["settings"]["precision"] == precision and data["target"]["free_memory_bytes"] == 2 * 2**30
+    code, out, _ = run_in_process(capsys, *args)
+    assert code == 0 and "peak/rank" in out and "per CPU rank." in out and "\n  .\n" not in out
+
+
+def test_precision_help_says_what_the_default_is(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "bf16 where the device computes it natively, else fp16 on GPUs and fp32 on the CPU backend" in help_text
+
+
+def test_plan_takes_tunes_model_hardware_and_training_options():
+    """What the README says about the two commands' options (Useful options)."""
+    import inspect
+
+    from autotune.cli.plan import plan_command
+    from autotune.cli.tune import tune_command
+
+    plan, tune = (set(inspect.signature(command).parameters) for command in (plan_command, tune_command))
+    assert plan - tune == {"config", "micro_batch", "grad_checkpointing", "verbose"}
+    trial_and_output = {"max_trials", "time_budget", "trial_timeout", "out", "report_dir", "cache_dir", "no_cache"}
+    tune_only = {"tokens_per_step", "hf", "script", "base_config", "command", *trial_and_output}
+    assert tune - plan == tune_only

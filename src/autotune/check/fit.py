@@ -13,7 +13,7 @@ from autotune.check import schema
 from autotune.check.config_mode import config_mode, moot_ratio_note
 from autotune.check.context import CheckContext
 from autotune.check.findings import Finding, FitResult, Severity
-from autotune.check.rules import ZERO, resolve_batch, zero_stage
+from autotune.check.rules import ZERO, batch_arithmetic, resolve_batch, zero_stage
 from autotune.check.values import batch_keys
 from autotune.estimate.kernels import kernels_note
 from autotune.estimate.types import EstimateSettings, MemoryEstimate, Verdict
@@ -97,7 +97,12 @@ def _precision(config: dict[str, Any], when_auto: str) -> str:
 
 class ConfigNotModelled(Exception):
     """The config cannot be sized (its micro-batch or stage is not a number...): `check` says so as a finding,
-    `plan --config` as bad input."""
+    `plan --config` as bad input. `micro_batch_unknown`: the config does not state a micro-batch, so giving one
+    (plan --micro-batch) would let it be sized."""
+
+    def __init__(self, message: str, micro_batch_unknown: bool = False) -> None:
+        super().__init__(message)
+        self.micro_batch_unknown = micro_batch_unknown
 
 
 def _optimizer(config: dict[str, Any], fallback: str) -> tuple[str, str]:
@@ -151,11 +156,13 @@ def _batch(
             accumulation = (train or global_batch or 0) // (micro_batch * world_size) or None
         return micro_batch, accumulation
     if not any(numbers):
-        raise ConfigNotModelled('the batch keys are "auto" or absent, so the micro-batch is not known')
-    train, micro, accumulation, problem = resolve_batch(train, micro, accumulation, world_size)
-    if problem or not micro:
-        raise ConfigNotModelled(f"the micro-batch cannot be derived: {problem or 'not given'}")
-    return micro, accumulation
+        raise ConfigNotModelled('the batch keys are "auto" or absent, so the micro-batch is not known', True)
+    _, derived_micro, derived_accumulation, problem = resolve_batch(train, micro, accumulation, world_size)
+    if problem and (arithmetic := batch_arithmetic(train, micro, accumulation, world_size)):
+        raise ConfigNotModelled(f"its batch sizes do not add up, so DeepSpeed refuses to start: {arithmetic}")
+    if problem or not derived_micro:
+        raise ConfigNotModelled(f"the micro-batch cannot be derived: {problem or 'not given'}", micro is None)
+    return derived_micro, derived_accumulation
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,27 @@ def resolve_batch(
     )
 
 
+def batch_arithmetic(
+    train_batch: int | None, micro_batch: int | None, accumulation: int | None, world_size: int
+) -> str:
+    """Which part of train_batch_size = micro-batch x accumulation x world size fails, in the config's own numbers
+    (the keys it leaves unset are derived by DeepSpeed from the others); "" when train_batch_size is unset."""
+    tbs_key, micro_key, gas_key = batch_keys()
+    if train_batch is None:
+        return ""
+    if micro_batch is not None and accumulation is not None:
+        product = micro_batch * accumulation * world_size
+        return (
+            f"{tbs_key} {train_batch} != {micro_key} {micro_batch} x {gas_key} {accumulation} x world size "
+            f"{world_size} = {product}"
+        )
+    stated = [(micro_key, micro_batch), (gas_key, accumulation)]
+    factors = [f"{name} {value}" for name, value in stated if value is not None] + [f"world size {world_size}"]
+    divisor = (micro_batch or accumulation or 1) * world_size
+    unset = " and ".join(name for name, value in stated if value is None)
+    return f"{tbs_key} {train_batch} is not a multiple of {' x '.join(factors)} = {divisor} ({unset} unset)"
+
+
 def batch_findings(config: dict[str, Any], world_size: int) -> list[Finding]:
     """train_batch_size = micro-batch x gradient accumulation x world size, or DeepSpeed refuses to start."""
     names = batch_keys()

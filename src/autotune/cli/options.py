@@ -30,7 +30,10 @@ D = TuneRequest(model="")  # the defaults, read by attribute: `= D.headroom`
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Built-in profile, local HF dir / config.json, or cached hub id.")
 ]
-GpusOpt = Annotated[int | None, typer.Option("--gpus", "-g", help="GPUs per node (default: all visible).")]
+GpusOpt = Annotated[
+    int | None,
+    typer.Option("--gpus", "-g", help="GPUs per node (default: all visible; with --device cpu: CPU ranks, default 1)."),
+]
 NodesOpt = Annotated[int, typer.Option("--nodes", "-n", help="Number of nodes.")]
 GpuTypeOpt = Annotated[
     str | None,
@@ -45,7 +48,8 @@ GpuMemoryOpt = Annotated[
 DeviceOpt = Annotated[
     str,
     typer.Option(
-        metavar=_choices(DEVICES), help="cuda: trials on the GPUs here; cpu: real trials on the CPU backend."
+        metavar=_choices(DEVICES),
+        help="cuda: the GPUs here; cpu: the CPU backend (DS_ACCELERATOR=cpu), one process per rank.",
     ),
 ]
 MemoryBudgetOpt = Annotated[
@@ -61,7 +65,11 @@ SeqLenOpt = Annotated[
 GlobalBatchOpt = Annotated[int | None, typer.Option("--global-batch", help="Effective batch to keep fixed (samples).")]
 PrecisionOpt = Annotated[
     str | None,
-    typer.Option("--precision", metavar=_choices(PRECISIONS), help="Default: bf16 where supported, else fp16."),
+    typer.Option(
+        "--precision",
+        metavar=_choices(PRECISIONS),
+        help="Default: bf16 where the device computes it natively, else fp16 on GPUs and fp32 on the CPU backend.",
+    ),
 ]
 AttentionOpt = Annotated[str, typer.Option(metavar=_choices(ATTENTIONS), help="Attention implementation.")]
 KernelsOpt = Annotated[
@@ -91,11 +99,18 @@ OutOpt = Annotated[str, typer.Option("--out", "-o", help="Where to write ds_conf
 ReportDirOpt = Annotated[str | None, typer.Option(help="Where to write the report (default: beside --out).")]
 CacheDirOpt = Annotated[
     str | None,
-    typer.Option(help="Directory for the results cache (results.sqlite; default ~/.cache/autotune)."),
+    typer.Option(
+        help="Directory for the results cache (results.sqlite; default $AUTOTUNE_CACHE_DIR, else"
+        " $XDG_CACHE_HOME/autotune, else ~/.cache/autotune)."
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 OptimizerOpt = Annotated[
-    str, typer.Option(help="adamw (DeepSpeed's fused AdamW), torch-adamw, or adafactor (memory-saving).")
+    str,
+    typer.Option(
+        help="adamw (DeepSpeed's AdamW: FusedAdam, or DeepSpeedCPUAdam with optimizer offload), torch-adamw, or"
+        " adafactor (memory-saving)."
+    ),
 ]
 LoraRankOpt = Annotated[int | None, typer.Option(help="Train LoRA adapters of this rank (peft) on a frozen base.")]
 LoraTargetsOpt = Annotated[

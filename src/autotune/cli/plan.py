@@ -14,7 +14,9 @@ from autotune.cli.options import (
     AttentionOpt,
     D,
     DecoderSeqLenOpt,
+    DeviceOpt,
     GlobalBatchOpt,
+    GpuMemoryFractionOpt,
     GpuMemoryOpt,
     GpusOpt,
     GpuTypeOpt,
@@ -26,6 +28,7 @@ from autotune.cli.options import (
     LoraRankOpt,
     LoraTargetsOpt,
     MaxMicroBatchOpt,
+    MemoryBudgetOpt,
     MicroBatchesOpt,
     MicroBatchOpt,
     ModelOpt,
@@ -110,7 +113,8 @@ def _print_table(recommendation: Recommendation, modes: ModeSummary, verbose: bo
     table.add_column("rung", max_width=14, overflow="fold")
     table.add_column("ckpt")
     table.add_column("mb", justify="right")
-    for column in ("GPU peak", "host/node", "NVMe/node"):
+    on_cpu = target.gpu.key == "cpu"  # --device cpu: each rank is a process with its memory budget
+    for column in ("peak/rank" if on_cpu else "GPU peak", "host/node", "NVMe/node"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("fits", min_width=16)
     for row in result.rows:
@@ -123,7 +127,7 @@ def _print_table(recommendation: Recommendation, modes: ModeSummary, verbose: bo
     for note in _kernel_notes(settings):
         out.print(f"Note: {note}.", highlight=False)
     if verbose:
-        out.print("Components per GPU (the micro-batch shown, or 1 when none fits):")
+        out.print(f"Components per {'CPU rank' if on_cpu else 'GPU'} (the micro-batch shown, or 1 when none fits):")
         for row in result.rows:
             out.print(_components_line(row))
         reasons = [row for row in result.rows if not row.micro_batch]
@@ -155,9 +159,11 @@ def _print_table(recommendation: Recommendation, modes: ModeSummary, verbose: bo
         f"Fastest predicted to fit (what plan-only `autotune` writes): "
         f"[bold]{candidate.rung.label}[/bold], micro-batch {candidate.micro_batch}, "
         f"gradient checkpointing {'on' if candidate.grad_checkpointing else 'off'}: "
-        f"peak {format_bytes(picked.gpu_peak_bytes)} + margin {format_bytes(picked.gpu_margin_bytes)} per GPU."
+        f"peak {format_bytes(picked.gpu_peak_bytes)} + margin {format_bytes(picked.gpu_margin_bytes)} "
+        f"per {'CPU rank' if on_cpu else 'GPU'}."
     )
-    out.print(f"  {host_line(recommendation)}.", highlight=False)
+    if host := host_line(recommendation):
+        out.print(f"  {host}.", highlight=False)
     if recommendation.passed_over is not None:
         out.print(f"  {passed_over_line(recommendation)}.", highlight=False)
     if recommendation.grid_note:
@@ -196,7 +202,7 @@ def _config_answer(ctx: TuneContext, config: dict, grad_checkpointing: bool) -> 
             request.global_batch,
         )  # fmt: skip
     except ConfigNotModelled as why:
-        hint = "; give --micro-batch" if "micro-batch" in str(why) else ""
+        hint = "; give --micro-batch" if why.micro_batch_unknown else ""
         raise UserError(f"--config {request.config}: {why}{hint}") from None
 
 
@@ -256,6 +262,9 @@ def plan_command(
     nodes: NodesOpt = D.nodes,
     gpu_type: GpuTypeOpt = D.gpu_type,
     gpu_memory: GpuMemoryOpt = D.gpu_memory,
+    device: DeviceOpt = D.device,
+    memory_budget: MemoryBudgetOpt = D.memory_budget,
+    gpu_memory_fraction: GpuMemoryFractionOpt = D.gpu_memory_fraction,
     seq_len: SeqLenOpt = D.seq_len,
     global_batch: GlobalBatchOpt = D.global_batch,
     precision: PrecisionOpt = D.precision,
@@ -294,6 +303,9 @@ def plan_command(
         nodes=nodes,
         gpu_type=gpu_type,
         gpu_memory=gpu_memory,
+        device=device,
+        memory_budget=memory_budget,
+        gpu_memory_fraction=gpu_memory_fraction,
         seq_len=seq_len,
         global_batch=global_batch,
         precision=precision,
@@ -314,7 +326,7 @@ def plan_command(
         config=config,
         kernels=kernels,
     )
-    say_assumed_units(gpu_memory=gpu_memory, host_memory=host_memory)
+    say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget, host_memory=host_memory)
     if grad_checkpointing is not None and not config:
         raise UserError("--grad-checkpointing/--no-grad-checkpointing apply to --config (the plan shows both)")
     ctx = TuneContext.build(request, outputs=False)
