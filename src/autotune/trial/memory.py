@@ -67,11 +67,12 @@ def release_host_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-# The sampler thread's period. NVML's memory queries answer in well under a millisecond (a driver ioctl); a
-# training step of the sizes tuned lasts 0.1-10 s, and the blocks behind a step's peak (activations, gathered
-# ZeRO-3 parameters, optimizer temporaries) live for at least a layer's kernels. Peaks shorter than this are
-# still covered by max_memory_reserved + the memory outside the allocator (see the module docstring).
-SAMPLE_PERIOD_S = 0.005
+# The sampler thread's period: a choice, not a measurement. A training step of the sizes tuned lasts 0.1-10 s
+# and the blocks behind its peak (activations, gathered ZeRO-3 parameters, optimizer temporaries) live for at
+# least a layer's kernels; the thread holds the GIL only between NVML calls (ctypes releases it during them). Its
+# cost to a step is not measured yet (no GPU so far). Peaks shorter than the period are still covered by
+# max_memory_reserved + the memory outside the allocator (see the module docstring).
+SAMPLE_PERIOD_S = 0.01
 
 
 def _load_nvml() -> Any | None:
