@@ -69,6 +69,7 @@ def versions() -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),  # stated beside every timing (the project's rule)
         "packages": found,
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
         "nvcc": _run(["nvcc", "--version"]),
