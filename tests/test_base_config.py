@@ -119,6 +119,9 @@ def test_a_base_without_an_optimizer_gets_the_type_and_says_so(tmp_path: Path) -
     assert [n for n in result.report["notes"] if n.startswith("placeholder: optimizer")]
     hf = json.loads(result.hf_config_path.read_text())
     assert hf["optimizer"]["params"]["lr"] == "auto" and hf["gradient_clipping"] == 0.5
+    # "auto" precision: the launch commands say the precision tuned for, not whatever "auto" reads as
+    for name in ("bf16", "fp16"):
+        assert (f"--{name}" in result.launch.hf_trainer.split()) == (result.report["precision"] == name)
 
 
 @pytest.mark.parametrize(

@@ -29,20 +29,18 @@ def emit_launchers(
     hf_script: str | None = None,
     kernels: str = "stock",
     device: str = "cuda",
+    precision: str | None = None,
 ) -> LaunchCommands:
     """Write the accelerate config beside `config_path` (the .hf.json is written by write_configs) and
-    return the command for every launcher, all read off the same emitted config."""
+    return the command for every launcher, all read off the same emitted config. `precision`: the one tuned
+    for, where the config leaves it to the launcher (a base config's `"bf16": {"enabled": "auto"}`)."""
     run = TunedRun(
         config_path=config_path,
         hf_config_path=config_path.with_suffix(".hf.json"),
         accelerate_config_path=config_path.with_suffix(".accelerate.yaml"),
         micro_batch=int(config["train_micro_batch_size_per_gpu"]),
         accumulation=int(config["gradient_accumulation_steps"]),
-        precision="bf16"
-        if config.get("bf16", {}).get("enabled")
-        else "fp16"
-        if config.get("fp16", {}).get("enabled")
-        else "fp32",
+        precision=precision or _config_precision(config),
         grad_checkpointing=candidate.grad_checkpointing,
         stage=candidate.rung.stage,
         optimizer=optimizer,
@@ -59,6 +57,15 @@ def emit_launchers(
     except OSError as error:
         raise UserError(f"cannot write {run.accelerate_config_path}: {error.strerror or error}") from None
     return launch_commands(run)
+
+
+def _config_precision(config: dict[str, Any]) -> str:
+    """The precision a config enables (DeepSpeed's reading: only `true` enables)."""
+    for name in ("bf16", "fp16"):
+        section = config.get(name)
+        if isinstance(section, dict) and section.get("enabled") is True:
+            return name
+    return "fp32"
 
 
 def write_configs(

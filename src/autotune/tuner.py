@@ -476,6 +476,7 @@ def _launch(ctx: TuneContext, config: dict, candidate: Candidate, config_path: P
         ctx.request.lora_rank,
         kernels=ctx.request.kernels,
         device=ctx.request.device,
+        precision=ctx.precision,
     )
 
 
