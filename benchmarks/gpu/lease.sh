@@ -76,12 +76,11 @@ cut_off_logs() {
 }
 
 # ---------------------------------------------------------------- install
+export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}"  # the project is not pip-installed there
 if [ "$dry" = 0 ] && [ -d .whl ]; then
     run_stage install 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SCRATCH/site" .whl/*.whl
-    export PYTHONPATH="$SCRATCH/site:$REPO/src${PYTHONPATH:+:$PYTHONPATH}" PATH="$SCRATCH/site/bin:$PATH"
-else
-    export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$SCRATCH/site:$PYTHONPATH" PATH="$SCRATCH/site/bin:$PATH"  # bin: the deepspeed runner
 fi
 if [ "$dry" = 0 ]; then
     export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$REPO/.gpu-cache/torch_extensions}

@@ -26,6 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "src"))  # before the install stage has put it on PYTHONPATH
 
 from autotune.atomic import atomic_write_json  # noqa: E402
 
