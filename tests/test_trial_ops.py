@@ -4,6 +4,7 @@ named when the ops do not load in time, and the load runs in the trials' interpr
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -63,3 +64,30 @@ def test_a_failed_load_says_why(tmp_path: Path) -> None:
     env = {"PATH": os.environ["PATH"], "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     with pytest.raises(RuntimeError, match="undefined symbol"):
         ensure_ops_ready("cpu", env=env, python=python)
+
+
+def test_each_op_builds_in_its_own_process_at_once_with_a_line_when_ready(tmp_path: Path) -> None:
+    # the stand-in interpreter gets `-m autotune.trial.ops --device cpu --op NAME`: CPU Adam takes longest
+    python = _fake_python(tmp_path, '[ "$6" = CPUAdamBuilder ] && sleep 2; echo "{\\"$6\\": 1.0}"')
+    env = {"PATH": os.environ["PATH"], "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    reports: list[str] = []
+    started = time.monotonic()
+    seconds = ensure_ops_ready("cpu", env=env, python=python, report=reports.append)
+    assert seconds == {"ShareMemCommBuilder": 1.0, "FusedAdamBuilder": 1.0, "CPUAdamBuilder": 1.0}
+    assert time.monotonic() - started < 2 + 3  # together, not one after another
+    assert [r.split()[2] for r in reports][-1] == "CPUAdamBuilder" and len(reports) == 3
+    assert all(re.fullmatch(r"DeepSpeed op \w+ ready after \d+ s", r) for r in reports)
+
+
+def test_cpu_adam_waits_for_the_first_optimizer_offload_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune import tuner
+    from autotune.ladder import Candidate, Rung
+    from autotune.trial import ops
+
+    loaded: list[tuple[str, ...]] = []
+    monkeypatch.setattr(ops, "ensure_ops_ready", lambda device, report, names: loaded.append(names) or {})
+    prepared = tuner.TrialOps("cpu", lambda event: None)
+    prepared.before()
+    for rung in (Rung.Z0, Rung.Z3, Rung.Z2_OFFLOAD_OPT, Rung.Z3_OFFLOAD_ALL):
+        prepared.before(Candidate(rung, 8, False))
+    assert loaded == [("ShareMemCommBuilder", "FusedAdamBuilder"), ("CPUAdamBuilder",)]

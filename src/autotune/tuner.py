@@ -65,18 +65,36 @@ def _results_cache(request: TuneRequest) -> ResultsCache | None:
     return ResultsCache(directory / RESULTS_FILE)
 
 
-def _prepare_ops(device: str, observe: Callable[[SearchEvent], None]) -> None:
-    """Load DeepSpeed's JIT ops once before the first trial, in a child with the trials' interpreter and
-    environment (building there if needed), so no trial timeout absorbs a build or a stale build lock."""
-    from autotune.trial.ops import ensure_ops_ready, extensions_dir, ops_built
+class TrialOps:
+    """DeepSpeed's JIT ops, loaded before the first trial that needs them, in a child with the trials'
+    interpreter and environment (building there if needed), so no trial timeout absorbs a build or a stale
+    build lock. CPU Adam waits for the first optimizer-offload trial: a search that never offloads (the README
+    demo) never builds it; a build never runs beside a trial, whose speed it would slow."""
 
-    if not ops_built(device):
-        where = f"cached in {extensions_dir()}, TORCH_EXTENSIONS_DIR"
-        observe(SearchEvent("prepare", message=f"building DeepSpeed ops once (minutes; {where})"))
-    try:
-        ensure_ops_ready(device, report=lambda message: observe(SearchEvent("prepare", message=message)))
-    except (RuntimeError, OSError) as error:
-        raise UserError(str(error)) from None
+    def __init__(self, device: str, observe: Callable[[SearchEvent], None]) -> None:
+        self.device = device
+        self.observe = observe
+        self.ready: set[str] = set()
+
+    def before(self, candidate: Candidate | None = None) -> None:
+        from autotune.trial.ops import ensure_ops_ready, extensions_dir, ops_built, ops_for
+
+        offload = candidate is not None and candidate.rung.offload_optimizer is not None
+        names = tuple(name for name in ops_for(self.device, offload) if name not in self.ready)
+        if not names:
+            return
+        if not ops_built(self.device, names):
+            where = f"cached in {extensions_dir()}, TORCH_EXTENSIONS_DIR"
+            what = ", ".join(names)
+            self.observe(SearchEvent("prepare", message=f"building DeepSpeed ops once, in parallel: {what} ({where})"))
+        try:
+            ensure_ops_ready(self.device, report=self._say, names=names)
+        except (RuntimeError, OSError) as error:
+            raise UserError(str(error)) from None
+        self.ready.update(names)
+
+    def _say(self, message: str) -> None:
+        self.observe(SearchEvent("prepare", message=message))
 
 
 @contextlib.contextmanager
@@ -177,7 +195,11 @@ def _context_search(
 
 
 def _search(
-    ctx: TuneContext, cache: ResultsCache | None, launcher: TrialLauncher, observe: Callable[[SearchEvent], None]
+    ctx: TuneContext,
+    cache: ResultsCache | None,
+    launcher: TrialLauncher,
+    observe: Callable[[SearchEvent], None],
+    ops: TrialOps | None = None,
 ) -> SearchOutcome:
     key = ctx.key
     cached = cache.trials(key) if cache else {}
@@ -185,6 +207,8 @@ def _search(
     def run(candidate: Candidate) -> tuple[TrialResult, bool]:
         if candidate in cached:
             return cached[candidate], True
+        if ops is not None:
+            ops.before(candidate)
         result = run_trial(launcher, ctx.spec(candidate), observe, candidate)
         if cache and result.status in DETERMINISTIC_STATUSES:  # what a rerun would give again, nothing else
             cache.put_trial(key, candidate, result)
@@ -350,12 +374,13 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
     plan_data = None
     plan_notes: list[str] = []  # plan-only: the pick's host need and micro-batch, beside the recommendation
     if ctx.verified:
-        if launcher is None:
-            _prepare_ops(request.device, observe)
+        ops = TrialOps(request.device, observe) if launcher is None else None
+        if ops is not None:
+            ops.before()  # the ops every trial loads, before the trial workers start
         # one selection point: the caller's launcher, else the user's command (own-command mode), else ours
         given = launcher or script_launcher(request)
         with _launcher_for(request.device, given, ctx.target.nodes, observe) as chosen:
-            outcome = _search(ctx, cache, chosen, observe)
+            outcome = _search(ctx, cache, chosen, observe, ops)
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := _no_trial_completed(outcome)):
             data = _report_data(ctx, None, outcome, None, None, None, None, time.monotonic() - started)

@@ -36,16 +36,30 @@ TRIAL_OPS = {
 
 
 # The directory names the built extensions get under torch's extensions cache.
-BUILT_NAMES = {"cpu": ("deepspeed_shm_comm", "fused_adam", "cpu_adam"), "cuda": ("fused_adam", "cpu_adam")}
+BUILT_NAME = {
+    "ShareMemCommBuilder": "deepspeed_shm_comm",
+    "FusedAdamBuilder": "fused_adam",
+    "CPUAdamBuilder": "cpu_adam",
+}
+BUILT_NAMES = {device: tuple(BUILT_NAME[op] for op in ops) for device, ops in TRIAL_OPS.items()}
+# Only a trial whose optimizer step runs on the host loads DeepSpeedCPUAdam (ops/adam/cpu_adam.py, built by
+# CPUAdamBuilder); the others step with FusedAdam (on the CPU backend too: tests/test_launch_paths.py).
+HOST_OPTIMIZER_OPS = ("CPUAdamBuilder",)
 
 
-def ops_built(device: str) -> bool:
-    """Whether every op a trial loads is already compiled, judged from torch's extensions cache; cheap."""
+def ops_for(device: str, host_optimizer: bool) -> tuple[str, ...]:
+    """The op builders a trial loads: all of TRIAL_OPS with optimizer offload, else all but CPU Adam."""
+    return tuple(name for name in TRIAL_OPS[device] if host_optimizer or name not in HOST_OPTIMIZER_OPS)
+
+
+def ops_built(device: str, names: tuple[str, ...] = ()) -> bool:
+    """Whether every op (`names`, default all a trial may load) is already compiled, judged from torch's
+    extensions cache; cheap."""
     base = extensions_dir()
     kind = "cpu" if device == "cpu" else "cu"
     return all(
         any(base.glob(f"py*_{kind}*/{name}/{name}.so")) or any(base.glob(f"{name}/{name}.so"))
-        for name in BUILT_NAMES[device]
+        for name in (BUILT_NAME[op] for op in names or TRIAL_OPS[device])
     )
 
 
@@ -96,9 +110,11 @@ def ensure_ops_ready(
     python: str = sys.executable,
     timeout_s: float = 3600.0,
     report: Callable[[str], None] = lambda message: None,
+    names: tuple[str, ...] = (),
 ) -> dict[str, float]:
-    """Load every trial op in a child with the trial's interpreter and environment (building if needed),
-    so no trial builds or waits on a lock; seconds per op. Raises RuntimeError with the reason."""
+    """Load every trial op (`names`, default all) in a child with the trial's interpreter and environment
+    (building if needed), so no trial builds or waits on a lock; seconds per op. Raises RuntimeError with
+    the reason."""
     env = {**(os.environ if env is None else env), "DS_ACCELERATOR": device}
     cleared, held = clear_stale_locks(device, env)
     for line in cleared:
@@ -106,7 +122,7 @@ def ensure_ops_ready(
     if held:
         report(f"waiting for a torch-extensions build in progress (lock {held[0]})")
     try:
-        return prebuild_ops(device, python, timeout_s, env, report)
+        return prebuild_ops(device, python, timeout_s, env, report, names)
     except subprocess.TimeoutExpired:
         locks = build_locks(device, env)
         why = f"; build lock {locks[0]} is still held (remove it if no build is running)" if locks else ""
@@ -132,13 +148,14 @@ def prebuild_ops(
     timeout_s: float = 3600.0,
     env: dict[str, str] | None = None,
     report: Callable[[str], None] = lambda message: None,
+    names: tuple[str, ...] = (),
 ) -> dict[str, float]:
     """In child processes, so the caller never imports torch: one per op, all at once, a line as each is ready;
     seconds per op (a few each once cached). Each op builds in its own directory under its own torch build
     lock, so the builds do not interfere; run one after another they took the sum of their times."""
     env = {**(os.environ if env is None else env), "DS_ACCELERATOR": device}
     started = time.monotonic()
-    children = {name: _start_op(python, device, name, env) for name in TRIAL_OPS[device]}
+    children = {name: _start_op(python, device, name, env) for name in names or TRIAL_OPS[device]}
     seconds: dict[str, float] = {}
     try:
         while children:
