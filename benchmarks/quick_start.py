@@ -149,6 +149,7 @@ def main() -> None:
         hook_first = run(hook_argv, clone, env)
         hook_hits = hits(hook_argv, clone, env, options.repeats)
         versions = venv_versions(venv / "bin" / "python", clone, env)
+        startup = run([str(venv / "bin" / "python"), "-c", "pass"], clone, env)  # the floor of any CLI run, now
         picture = (clone / "demo" / "autotune-report.png").is_file()
     total = sum(phases[name]["wall_s"] for name in ("clone", "venv", "pip", "demo"))
     data = {
@@ -168,6 +169,7 @@ def main() -> None:
         "hook_first": {k: hook_first[k] for k in ("wall_s", "load_before", "returncode")},
         "hook_cache_hit": hook_hits,
         "hit_target_s": HIT_TARGET_S,
+        "python_startup_s": startup["wall_s"],
     }
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps(data, indent=2) + "\n")

@@ -133,3 +133,14 @@ def test_render_from_json(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the chart needs matplotlib: pip install -e '.[bench]'")
     write_chart(data, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").stat().st_size > 0
+
+
+def test_quick_start_benchmark_runs_the_readme_one_liner() -> None:
+    """benchmarks/quick_start.py times the README's quick start word for word: one line, pip then the demo."""
+    from quick_start import readme_command
+
+    command = readme_command(BENCHMARKS.parent / "README.md")
+    *installs, demo = command.split(" && ")
+    assert [step.split()[:4] for step in installs] == [["python3", "-m", "pip", "install"]] * 2
+    assert "'.[plot]'" in installs[-1]  # the demo's picture needs matplotlib
+    assert demo.startswith("autotune --model gpt2-small-demo --device cpu ")
