@@ -10,6 +10,7 @@ import logging
 import os
 import sqlite3
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from autotune.hook import run_hook
 from autotune.hook.coordinate import HookRecord, SharedSlot, coordinate, publish, read_record
 from autotune.ladder import Candidate, Rung
 from autotune.sharing import distrust_reason
-from autotune.trial.types import RankMetrics, TrialResult
+from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
 
 OTHER = 65534  # nobody / nogroup
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's file needs root (os.chown)")
@@ -74,10 +75,9 @@ def test_a_record_whose_config_deepspeed_rejects_is_not_written(tmp_path: Path) 
 def test_a_checksummed_record_of_the_wrong_shape_is_ignored(tmp_path: Path, body_change: dict) -> None:
     slot = SharedSlot(tmp_path, "k1")
     body = {**planted("k1", TUNED).to_dict(), **body_change}
-    from autotune.hook.coordinate import RECORD_FORMAT, record_digest
+    from autotune.hook.coordinate import record_file
 
-    record_file = {"format": RECORD_FORMAT, "record": body, "sha256": record_digest(body)}
-    atomic_write_text(slot.record_path, json.dumps(record_file))
+    atomic_write_text(slot.record_path, json.dumps(record_file(slot, body)))  # checksummed and signed
     record, why = read_record(slot)
     assert record is None and why and why.startswith("malformed")
 
@@ -189,26 +189,27 @@ def test_a_malformed_trial_row_is_skipped_with_a_warning(tmp_path: Path, payload
     cache.put_trial("k", MB8, GOOD)
     with sqlite3.connect(cache.path) as db:
         mb4 = json.dumps(Candidate(Rung.Z0, 4, False).to_dict())
-        db.execute("INSERT INTO trials VALUES ('k', ?, ?, 0)", (mb4, payload))
-        db.execute("INSERT INTO trials VALUES ('k', ?, '{}', 0)", ('{"rung": "z0", "micro_batch": "2"}',))
+        # signed with this user's key: the rows verify, and their content is what must be refused
+        db.execute("INSERT INTO signed_trials VALUES (?, ?, ?, ?, ?)", cache.trial_row("k", mb4, payload))
+        bad_candidate = cache.trial_row("k", '{"rung": "z0", "micro_batch": "2"}', "{}")
+        db.execute("INSERT INTO signed_trials VALUES (?, ?, ?, ?, ?)", bad_candidate)
     with caplog.at_level(logging.WARNING):
         assert cache.trials("k") == {MB8: GOOD}
     assert caplog.text.count("skipped a malformed cached trial") == 2
 
 
 def _store_recommendation(cache_path: Path, data: object) -> None:
-    from autotune.cache import payload_checksum
-
-    payload = json.dumps(data)
+    """Replace the stored answer with `data`, signed with this user's key (its content is what must be refused)."""
     with sqlite3.connect(cache_path) as db:
-        key = db.execute("SELECT run_key FROM recommendations").fetchone()[0]
-        db.execute("UPDATE recommendations SET payload = ?, checksum = ?", (payload, payload_checksum(payload)))
+        key = db.execute("SELECT run_key FROM signed_recommendations").fetchone()[0]
+        row = ResultsCache(cache_path).recommendation_row(key, json.dumps(data))
+        db.execute("INSERT OR REPLACE INTO signed_recommendations VALUES (?, ?, ?, ?)", row)
     assert key
 
 
 def _stored(cache_path: Path) -> dict:
     with sqlite3.connect(cache_path) as db:
-        return json.loads(db.execute("SELECT payload FROM recommendations").fetchone()[0])
+        return json.loads(db.execute("SELECT payload FROM signed_recommendations").fetchone()[0])
 
 
 @pytest.mark.parametrize(
@@ -250,3 +251,245 @@ def test_the_hook_over_a_corrupt_shared_cache_still_tunes_for_real(tmp_path: Pat
     request = hook_request(tmp_path / "ds.json", shared, micro_batches=(1, 2, 4), rungs=(Rung.Z0,))
     result = run_hook(request, environ={}, launcher_chooser=lambda job, shared, env: CountingLauncher())
     assert (result.record.status, result.record.verified, result.record.source) == ("complete", True, "tuned")
+
+
+# --- the cache trusts only its owner: planted journals, shared directories, forged rows ------------------------
+
+FORGED = TrialResult("ok", ranks=[RankMetrics(0, host_rss_peak_bytes=1000)], step_times_s=[1e-9] * 3,
+                     samples_per_s=1e9, tokens_per_s=64e9)  # fmt: skip  # the issue's forged row
+
+
+def _cache_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "not using results cache" in line]
+
+
+def _hot_journal(database: Path) -> Path:
+    """A real hot rollback journal: a writer that changed the database and died before committing."""
+    import subprocess
+    import sys
+
+    crash = (
+        "import os, sqlite3, sys\n"
+        "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "db.execute('PRAGMA cache_size=1')\n"  # spill the changed pages into the database file before commit
+        "db.execute('BEGIN')\n"
+        "db.execute('UPDATE signed_trials SET created = created + 1')\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", crash, str(database)], check=True)
+    journal = Path(f"{database}-journal")
+    assert journal.stat().st_size > 0
+    return journal
+
+
+@as_root
+def test_a_hot_journal_planted_by_another_user_is_refused_in_one_line(tmp_path: Path, caplog) -> None:
+    request = tune_request(tmp_path, micro_batches=(1, 2, 4))
+    tune(request, launcher=CountingLauncher())
+    database = Path(request.cache_dir) / "results.sqlite"
+    journal = _hot_journal(database)
+    os.chown(journal, OTHER, OTHER)
+    os.chmod(journal, 0o666)
+    before = database.read_bytes(), journal.read_bytes()
+    with caplog.at_level(logging.WARNING):
+        result = tune(request, launcher=CountingLauncher())
+    assert result.verified and not result.from_cache and result.config_path.exists()  # the tune still completes
+    lines = _cache_lines(caplog.text)
+    assert len(lines) == 1 and "results.sqlite-journal" in lines[0] and "uid 65534" in lines[0]
+    assert "remove it" in lines[0]
+    assert (database.read_bytes(), journal.read_bytes()) == before  # not replayed into the user's database
+
+
+@as_root
+def test_a_foreign_owned_database_gives_one_line_and_the_tune_completes(tmp_path: Path, caplog) -> None:
+    request = tune_request(tmp_path, micro_batches=(1, 2, 4))
+    tune(request, launcher=CountingLauncher())
+    os.chown(Path(request.cache_dir) / "results.sqlite", OTHER, OTHER)
+    with caplog.at_level(logging.WARNING):
+        result = tune(request, launcher=CountingLauncher())
+    assert result.verified and not result.from_cache and result.trials_launched > 0
+    lines = _cache_lines(caplog.text)
+    assert len(lines) == 1 and "owned by uid 65534" in lines[0] and "chmod 2770" in lines[0]
+
+
+def test_a_world_writable_cache_directory_gives_one_line_and_the_tune_completes(tmp_path: Path, caplog) -> None:
+    shared = tmp_path / "tmp-like"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    request = tune_request(tmp_path, micro_batches=(1, 2, 4), cache_dir=str(shared))
+    with caplog.at_level(logging.WARNING):
+        result = tune(request, launcher=CountingLauncher())
+        again = tune(request, launcher=CountingLauncher())
+    assert result.verified and result.config_path.exists() and not again.from_cache
+    lines = _cache_lines(caplog.text)
+    assert len(lines) == 2 and all("writable by every user (mode 1777)" in line for line in lines)
+    assert not list(shared.iterdir())  # nothing written where anyone can write
+
+
+def test_a_group_writable_directory_without_setgid_is_refused(tmp_path: Path) -> None:
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o775)
+    cache = ResultsCache(loose / "results.sqlite")
+    assert "without the setgid bit" in (cache.untrusted or "")
+    cache.put_trial("k", MB8, GOOD)
+    assert not (loose / "results.sqlite").exists()
+
+
+def test_a_row_signed_with_another_key_is_dropped_and_measured_again(tmp_path: Path, caplog, monkeypatch) -> None:
+    """Another user can write rows into a file they can reach, but not with this user's key."""
+    request = tune_request(tmp_path, micro_batches=(1, 2, 4))
+    first = tune(request, launcher=CountingLauncher())
+    database = Path(request.cache_dir) / "results.sqlite"
+    own_config = os.environ["XDG_CONFIG_HOME"]
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "mallory"))  # a different user's key
+    mallory = ResultsCache(database)
+    with sqlite3.connect(database) as db:
+        rows = db.execute("SELECT run_key, candidate FROM signed_trials").fetchall()
+        db.execute("DELETE FROM signed_recommendations")
+        for run_key, candidate in rows:
+            db.execute("INSERT OR REPLACE INTO signed_trials VALUES (?, ?, ?, ?, ?)",
+                       mallory.trial_row(run_key, candidate, json.dumps(FORGED.to_dict())))  # fmt: skip
+    monkeypatch.setenv("XDG_CONFIG_HOME", own_config)
+    launcher = CountingLauncher()
+    with caplog.at_level(logging.WARNING):
+        again = tune(request, launcher=launcher)
+    assert caplog.text.count("signature does not verify") == len(rows)
+    assert len(launcher.specs) >= len(rows) and again.samples_per_s == first.samples_per_s
+    assert "1000000000" not in again.report_path.read_text()
+
+
+def test_a_correctly_signed_but_impossible_row_is_refused_as_corrupt(tmp_path: Path, caplog) -> None:
+    """1e9 samples/s and a 1000 B peak: above the machine's peak FLOP/s for the model, below its own weights."""
+    request = tune_request(tmp_path, micro_batches=(1, 2, 4))
+    first = tune(request, launcher=CountingLauncher())
+    database = Path(request.cache_dir) / "results.sqlite"
+    cache = ResultsCache(database)
+    with sqlite3.connect(database) as db:
+        db.execute("DELETE FROM signed_recommendations")
+        rows = db.execute("SELECT run_key, candidate FROM signed_trials").fetchall()
+        for run_key, candidate in rows:
+            db.execute("INSERT OR REPLACE INTO signed_trials VALUES (?, ?, ?, ?, ?)",
+                       cache.trial_row(run_key, candidate, json.dumps(FORGED.to_dict())))  # fmt: skip
+    launcher = CountingLauncher()
+    with caplog.at_level(logging.WARNING):
+        again = tune(request, launcher=launcher)
+    assert caplog.text.count("as corrupt") == len(rows) and "FLOP/s" in caplog.text
+    assert again.samples_per_s == first.samples_per_s and len(launcher.specs) >= len(rows)
+    with caplog.at_level(logging.WARNING):
+        third = tune(request, launcher=CountingLauncher())
+    assert third.from_cache and third.samples_per_s == first.samples_per_s  # the re-measured rows replaced them
+
+
+def test_an_impossible_measurement_from_a_trial_is_not_believed(tmp_path: Path) -> None:
+    class Impossible(CountingLauncher):
+        def run(self, spec: TrialSpec) -> TrialResult:
+            measured = super().run(spec)
+            impossible = replace(measured, ranks=[RankMetrics(0, host_rss_peak_bytes=1000)])
+            return impossible if len(self.specs) == 1 else measured
+
+    launcher = Impossible()
+    result = tune(tune_request(tmp_path, micro_batches=(1, 2, 4)), launcher=launcher)
+    first = result.report["trials"][0]
+    assert first["result"]["status"] == "ok" and first["result"]["ranks"][0]["host_rss_peak_bytes"] > 1000
+    assert launcher.specs[0] == launcher.specs[1]  # the implausible run was run once more
+
+
+READ_ONLY_TUNE = """
+import logging, os, sys
+from tests.test_tune import CountingLauncher, tune_request
+from autotune import tune
+from pathlib import Path
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+os.environ["AUTOTUNE_CACHE_DIR"] = sys.argv[2]  # the default cache location (an explicit --cache-dir is checked
+result = tune(tune_request(Path(sys.argv[1]), micro_batches=(1, 2, 4), cache_dir=None),  # as an input: exit 2)
+              launcher=CountingLauncher())
+print("verified", result.verified, result.config_path)
+"""
+
+
+@as_root
+def test_a_read_only_cache_degrades_to_no_cache_with_one_line(tmp_path: Path) -> None:
+    """The default cache location on a read-only file system (a read-only home in a container): a private mount
+    namespace's read-only bind mount, so nothing outside the test sees it."""
+    import shutil
+    import subprocess
+    import sys
+
+    request = tune_request(tmp_path, micro_batches=(1, 2, 4))
+    tune(request, launcher=CountingLauncher())  # a populated cache, then mounted read-only
+    cache_dir = request.cache_dir
+    (tmp_path / "out").mkdir()
+    script = (
+        f"mount --bind {cache_dir} {cache_dir} && mount -o remount,bind,ro {cache_dir} && "
+        f"exec {sys.executable} -c '{READ_ONLY_TUNE}' {tmp_path / 'out'} {cache_dir}"
+    )
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare(1) is missing")
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent.parent, env=os.environ)  # fmt: skip
+    if "mount:" in done.stderr and "permission denied" in done.stderr.lower():
+        pytest.skip("no permission for a private read-only mount here")
+    assert done.returncode == 0, done.stderr
+    lines = _cache_lines(done.stderr)
+    assert len(lines) == 1 and "read-only file system" in lines[0]
+    assert "Traceback" not in done.stderr and "verified True" in done.stdout
+
+
+def test_a_published_hook_record_signed_with_another_key_is_not_believed(tmp_path: Path, monkeypatch) -> None:
+    """Checksummed, well formed and ours by file ownership, but written by someone without our key."""
+    slot = SharedSlot(tmp_path / "hook", "k1")
+    own_config = os.environ["XDG_CONFIG_HOME"]
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "mallory"))
+    publish(slot, planted("k1", TUNED))
+    monkeypatch.setenv("XDG_CONFIG_HOME", own_config)
+    record, why = read_record(slot)
+    assert record is None and "signature does not verify" in (why or "")
+    publish(slot, planted("k1", TUNED))
+    assert read_record(slot)[0] == planted("k1", TUNED)
+
+
+def _summary_file(name: str) -> tuple[Path, dict]:
+    from autotune.models.resolve import resolve_model
+    from autotune.models.summary import _cache_path, summarize
+
+    source = resolve_model(name)
+    built = summarize(source)
+    path = _cache_path(source)
+    if not path.exists():  # a shipped summary answered: store it as a built one would be
+        atomic_write_text(path, json.dumps(built.to_dict()))
+    return path, built.to_dict()
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [{"total_params": 0, "trainable_params": 0, "largest_layer_params": 0, "embedding_params": 0},
+     {"trainable_params": 10**15}, {"fingerprint": "0" * 16}, {"num_layers": 0}],
+    ids=["zero-params", "part-above-whole", "other-config", "no-layers"],
+)  # fmt: skip
+def test_a_forged_cached_model_summary_is_rebuilt(forgery: dict, caplog) -> None:
+    from autotune.models.resolve import resolve_model
+    from autotune.models.summary import summarize
+
+    path, genuine = _summary_file("tiny-gpt2")
+    atomic_write_text(path, json.dumps({**genuine, **forgery}))
+    with caplog.at_level(logging.WARNING):
+        summary = summarize(resolve_model("tiny-gpt2"))
+    assert summary.total_params == genuine["total_params"] > 0
+    assert "ignored cached model summary" in caplog.text
+
+
+@as_root
+def test_a_cached_model_summary_owned_by_another_user_is_not_believed(caplog) -> None:
+    from autotune.models.resolve import resolve_model
+    from autotune.models.summary import summarize
+
+    path, genuine = _summary_file("tiny-gpt2")
+    atomic_write_text(path, json.dumps({**genuine, "total_params": genuine["total_params"] * 1000}))
+    os.chown(path, OTHER, OTHER)
+    with caplog.at_level(logging.WARNING):
+        summary = summarize(resolve_model("tiny-gpt2"))
+    assert summary.total_params == genuine["total_params"] and "owned by uid 65534" in caplog.text
+    caplog.clear()
+    summarize(resolve_model("tiny-gpt2"))
+    assert "ignored" not in caplog.text  # a genuine entry is believed

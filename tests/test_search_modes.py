@@ -396,7 +396,8 @@ def test_mode_trials_come_back_from_the_results_cache_and_bad_modes_do_not(tmp_p
     cache.put_trial("k", partial, result)
     bad = {**partial.to_dict(), "mode": {**partial.mode.to_dict(), "offload_ratio": "0.35"}}
     with sqlite3.connect(cache.path) as db:
-        db.execute("INSERT INTO trials VALUES ('k', ?, ?, 0)", (json.dumps(bad), json.dumps(result.to_dict())))
+        row = cache.trial_row("k", json.dumps(bad), json.dumps(result.to_dict()))  # signed: only the mode is wrong
+        db.execute("INSERT INTO signed_trials VALUES (?, ?, ?, ?, ?)", row)
     with caplog.at_level(logging.WARNING):
         assert cache.trials("k") == {partial: result}
     assert caplog.text.count("skipped a malformed cached trial") == 1

@@ -6,11 +6,18 @@ Trials are stored as they finish, so an interrupted run resumes from them; the f
 recommendation is stored last, so a repeat run answers without trials.
 
 What is read back is not taken on faith (sharing.py has the trust model):
-- a database file not owned by this user or the directory's shared group is neither read nor written;
-- every row is parsed through a typed schema (pydantic, strict): a malformed or implausible row is
-  skipped with a warning and its candidate measured again, never a crash, never trusted;
+- the cache is opened only when nobody else could have written it: a database, rollback journal or WAL not
+  owned by this user or the directory's shared group, a file others may write, a directory others may write
+  (outside the documented setgid group mode), a read-only directory or database: one line says what, whose and
+  what to do, and the tuning runs without the cache (SQLite would replay a planted hot journal into our file);
+- every row carries an HMAC made with a key only this user (or the shared group) can read (integrity.py):
+  a row another user wrote or edited does not verify, and is dropped and measured again;
+- every row is parsed through a typed schema (pydantic, strict): a malformed row is skipped with a warning and
+  its candidate measured again, never a crash, never trusted; an implausible figure is refused by the tuner
+  (plausible.py);
 - a truncated or garbage database is moved aside (`results.sqlite.corrupt-<time>`) with a warning and
-  rebuilt empty, so one bad file costs re-measurement, not every later run.
+  rebuilt empty, so one bad file costs re-measurement, not every later run; any other SQLite failure (disk
+  I/O, read-only, locked) turns the cache off for the rest of the run, with one line.
 A recommendation's config is re-validated by DeepSpeed at the world size before it is written (tuner.py).
 """
 
@@ -22,10 +29,11 @@ import logging
 import math
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,20 +41,25 @@ from typing import Any, TypeVar
 import filelock
 from pydantic import TypeAdapter, ValidationError
 
+from autotune.integrity import KeyRefused, sign, signing_key, verify
 from autotune.ladder import Candidate
-from autotune.sharing import file_mode_for, make_dirs, path_distrust_reason, share_file
+from autotune.sharing import file_mode_for, group_shared, make_dirs, path_distrust_reason, share_file
 from autotune.trial.types import TrialResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# Rows carry an HMAC (integrity.py). Tables of earlier versions (`trials`, `recommendations`: no MAC) are left
+# alone and never read: their rows cannot be told from rows someone else wrote.
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS trials (
-    run_key TEXT NOT NULL, candidate TEXT NOT NULL, payload TEXT NOT NULL, created REAL NOT NULL,
+CREATE TABLE IF NOT EXISTS signed_trials (
+    run_key TEXT NOT NULL, candidate TEXT NOT NULL, payload TEXT NOT NULL, mac TEXT NOT NULL, created REAL NOT NULL,
     PRIMARY KEY (run_key, candidate));
-CREATE TABLE IF NOT EXISTS recommendations (
-    run_key TEXT PRIMARY KEY, payload TEXT NOT NULL, checksum TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS signed_recommendations (
+    run_key TEXT PRIMARY KEY, payload TEXT NOT NULL, mac TEXT NOT NULL, created REAL NOT NULL);
 """
+# The files SQLite keeps beside the database: a rollback journal or WAL is replayed into it when found "hot".
+SIDE_FILES = ("-journal", "-wal", "-shm")
 
 
 def library_versions() -> dict[str, str]:
@@ -62,10 +75,6 @@ def library_versions() -> dict[str, str]:
 def run_key(parts: dict[str, Any]) -> str:
     blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
-def payload_checksum(payload: str) -> str:
-    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 _TRIAL_SCHEMA = TypeAdapter(TrialResult)
@@ -150,29 +159,117 @@ def is_corruption(error: sqlite3.DatabaseError) -> bool:
     return code in _CORRUPTION_CODES or "malformed" in str(error) or "not a database" in str(error)
 
 
+def directory_distrust_reason(directory: Path) -> str | None:
+    """Why files in `directory` could have been written by someone else, or None: it must be ours and closed to
+    others, or the documented shared-group directory (setgid, not writable by others: sharing.py)."""
+    try:
+        info = os.stat(directory)
+    except OSError as error:
+        return f"its directory {directory} cannot be examined ({error.strerror or error})"
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_mode & stat.S_IWOTH:
+        return (
+            f"its directory {directory} is writable by every user (mode {mode:04o}), so anyone could plant a"
+            " journal or replace the database; give --cache-dir a directory of your own (chmod o-w), or share"
+            " through a group directory (chgrp GROUP DIR && chmod 2770 DIR)"
+        )
+    if group_shared(directory):
+        return None
+    if info.st_mode & stat.S_IWGRP:
+        return (
+            f"its directory {directory} is writable by group {info.st_gid} (mode {mode:04o}) without the setgid"
+            " bit of a shared cache; chmod g-w it, or share it as documented (chmod 2770)"
+        )
+    if info.st_uid != os.geteuid():
+        return f"its directory {directory} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})"
+    return None
+
+
+def read_only_reason(path: Path) -> str | None:
+    """Why SQLite could not write the database (and its journal) here, or None."""
+    directory = path.parent
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return f"{directory} is on a read-only file system"
+    except OSError as error:
+        return f"{directory} cannot be examined ({error.strerror or error})"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"{directory} is not writable by this user (SQLite needs to create its journal there)"
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        return f"{path.name} is not readable and writable by this user"
+    return None
+
+
+def refusal(path: Path) -> str | None:
+    """Why the cache at `path` must not be used (what, whose, what to do), or None."""
+    if reason := directory_distrust_reason(path.parent):
+        return reason
+    if reason := path_distrust_reason(path):
+        return f"{path.name} ({_whose(path)}) is {reason}"
+    for suffix in SIDE_FILES:
+        side = Path(f"{path}{suffix}")
+        if reason := path_distrust_reason(side):
+            return (
+                f"{side.name} ({_whose(side)}; SQLite's {suffix.strip('-')} file, which it would replay into the"
+                f" database) is {reason}; you did not write it like this: remove it if you did not expect it"
+            )
+    return read_only_reason(path)
+
+
+def _whose(path: Path) -> str:
+    """Owner and mode of a file, for the one line that refuses it."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return "cannot be examined"
+    try:
+        import pwd
+
+        owner = f"{pwd.getpwuid(info.st_uid).pw_name}, uid {info.st_uid}"
+    except (ImportError, KeyError):
+        owner = f"uid {info.st_uid}"
+    return f"owner {owner}, mode {stat.S_IMODE(info.st_mode):04o}"
+
+
 @dataclass
 class ResultsCache:
     """One SQLite file; each call opens its own connection so several processes can share it.
 
-    `untrusted` (set at open) says why the file is not believed; the cache then reads nothing and
-    writes nothing, so the tuning re-measures instead of acting on someone else's numbers.
+    `untrusted` (set at open, or when SQLite fails later) says why the cache is not used; it then reads nothing
+    and writes nothing, so the tuning measures instead of acting on numbers it cannot vouch for.
     """
 
     path: Path
     untrusted: str | None = None
+    key: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
-        make_dirs(self.path.parent)
-        self.untrusted = path_distrust_reason(self.path)
-        if self.untrusted:
-            log.warning(
-                "autotune: not using results cache %s: %s; every candidate is measured again", self.path, self.untrusted
-            )
+        try:
+            make_dirs(self.path.parent)
+        except OSError as error:
+            self._stop_using(f"cannot create {self.path.parent} ({error.strerror or error})")
+            return
+        reason = refusal(self.path)
+        if reason is None:
+            try:
+                self.key = signing_key(self.path.parent)
+            except KeyRefused as error:
+                reason = str(error)
+        if reason:
+            self._stop_using(reason)
             return
         created = not self.path.exists()
         self._guard(self._open_checked, None)
-        if created:
+        if created and not self.untrusted:
             share_file(self.path)
+
+    def _stop_using(self, reason: str) -> None:
+        """From now on neither read nor write; one line says why (what, whose, what to do)."""
+        if self.untrusted:
+            return
+        self.untrusted = reason
+        log.warning("autotune: not using results cache %s: %s; tuning without it (every candidate measured again)",
+                    self.path, reason)  # fmt: skip
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=60)
@@ -185,17 +282,27 @@ class ResultsCache:
             raise sqlite3.DatabaseError(f"database disk image is malformed (quick_check: {verdict})")
 
     def _guard(self, operation: Callable[[], T], default: T) -> T:
-        """Run a database operation; a corrupt file is moved aside, rebuilt, and `default` returned."""
+        """Run a database operation. A corrupt file is moved aside and rebuilt; any other failure (disk I/O,
+        read-only, locked, a journal planted after we looked) stops the cache for this run. `default` then."""
         if self.untrusted:
             return default
         try:
             return operation()
         except sqlite3.DatabaseError as error:
             if not is_corruption(error):
-                raise
-            self._move_aside(error)
-        with closing(self._connect()) as db, db:
-            db.executescript(SCHEMA)
+                self._stop_using(f"SQLite: {error}")
+                return default
+            corrupt = error
+        except OSError as error:
+            self._stop_using(f"{error.strerror or error}")
+            return default
+        try:
+            self._move_aside(corrupt)
+            with closing(self._connect()) as db, db:
+                db.executescript(SCHEMA)
+        except (sqlite3.DatabaseError, OSError) as error:
+            self._stop_using(f"could not rebuild it ({error})")
+            return default
         share_file(self.path)
         return default
 
@@ -211,7 +318,7 @@ class ResultsCache:
                 if not is_corruption(again):
                     raise
             aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-            for suffix in ("", "-journal", "-wal", "-shm"):
+            for suffix in ("", *SIDE_FILES):
                 source = Path(f"{self.path}{suffix}")
                 if source.exists():
                     os.replace(source, f"{aside}{suffix}")
@@ -220,13 +327,29 @@ class ResultsCache:
             self.path, error, aside,
         )  # fmt: skip
 
+    def trial_row(self, key: str, candidate: str, payload: str) -> tuple[str, str, str, str, float]:
+        """The signed row of `signed_trials` for these texts (as stored; tests plant rows with it)."""
+        return key, candidate, payload, sign(self.key, "trial", key, candidate, payload), time.time()
+
+    def recommendation_row(self, key: str, payload: str) -> tuple[str, str, str, float]:
+        return key, payload, sign(self.key, "recommendation", key, payload), time.time()
+
     def trials(self, key: str) -> dict[Candidate, TrialResult]:
-        def read() -> list[tuple[str, str]]:
+        def read() -> list[tuple[str, str, str]]:
             with closing(self._connect()) as db:
-                return db.execute("SELECT candidate, payload FROM trials WHERE run_key = ?", (key,)).fetchall()
+                query = "SELECT candidate, payload, mac FROM signed_trials WHERE run_key = ?"
+                return db.execute(query, (key,)).fetchall()
 
         found: dict[Candidate, TrialResult] = {}
-        for candidate, payload in self._guard(read, []):
+        for candidate, payload, mac in self._guard(read, []):
+            if not (isinstance(candidate, str) and isinstance(payload, str)) or not verify(
+                self.key, mac, "trial", key, candidate, payload
+            ):
+                log.warning(
+                    "autotune: dropped a cached trial whose signature does not verify (written or edited by someone"
+                    " else, or by another key); it will be measured again"
+                )
+                continue
             try:
                 found[parse_candidate(candidate)] = parse_trial(payload)
             except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -234,54 +357,62 @@ class ResultsCache:
         return found
 
     def put_trial(self, key: str, candidate: Candidate, result: TrialResult) -> None:
-        row = (key, json.dumps(candidate.to_dict(), sort_keys=True), json.dumps(result.to_dict()), time.time())
+        row = self.trial_row(key, json.dumps(candidate.to_dict(), sort_keys=True), json.dumps(result.to_dict()))
 
         def write() -> None:
             with closing(self._connect()) as db, db:
-                db.execute("INSERT OR REPLACE INTO trials VALUES (?, ?, ?, ?)", row)
+                db.execute("INSERT OR REPLACE INTO signed_trials VALUES (?, ?, ?, ?, ?)", row)
 
         self._guard(write, None)
 
+    def forget_trial(self, key: str, candidate: Candidate) -> None:
+        """Delete one stored trial (one the tuner found implausible), so the next run does not meet it again."""
+        text = json.dumps(candidate.to_dict(), sort_keys=True)
+
+        def delete() -> None:
+            with closing(self._connect()) as db, db:
+                db.execute("DELETE FROM signed_trials WHERE run_key = ? AND candidate = ?", (key, text))
+
+        self._guard(delete, None)
+
     def recommendation(self, key: str) -> dict | None:
-        """The stored final answer, or None when absent or malformed (a malformed one is deleted)."""
+        """The stored final answer, or None when absent, unsigned or malformed (such a row is deleted)."""
 
         def read() -> tuple[str, str] | None:
             with closing(self._connect()) as db:
-                return db.execute("SELECT payload, checksum FROM recommendations WHERE run_key = ?", (key,)).fetchone()
+                query = "SELECT payload, mac FROM signed_recommendations WHERE run_key = ?"
+                return db.execute(query, (key,)).fetchone()
 
         row = self._guard(read, None)
         if row is None:
             return None
-        payload, checksum = row
+        payload, mac = row
         try:
-            if not isinstance(payload, str) or payload_checksum(payload) != checksum:
-                raise MalformedRecord("checksum mismatch")
+            if not isinstance(payload, str) or not verify(self.key, mac, "recommendation", key, payload):
+                raise MalformedRecord("its signature does not verify (written or edited by someone else)")
             return parse_recommendation(payload)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            log.warning("autotune: dropped a malformed cached recommendation (%s); tuning again", error)
+            log.warning("autotune: dropped a cached recommendation (%s); tuning again", error)
             self._guard(lambda: self._delete_recommendation(key), None)
             return None
 
     def put_recommendation(self, key: str, data: dict) -> None:
-        payload = json.dumps(data)
+        row = self.recommendation_row(key, json.dumps(data))
 
         def write() -> None:
             with closing(self._connect()) as db, db:
-                db.execute(
-                    "INSERT OR REPLACE INTO recommendations VALUES (?, ?, ?, ?)",
-                    (key, payload, payload_checksum(payload), time.time()),
-                )
+                db.execute("INSERT OR REPLACE INTO signed_recommendations VALUES (?, ?, ?, ?)", row)
 
         self._guard(write, None)
 
     def _delete_recommendation(self, key: str) -> None:
         with closing(self._connect()) as db, db:
-            db.execute("DELETE FROM recommendations WHERE run_key = ?", (key,))
+            db.execute("DELETE FROM signed_recommendations WHERE run_key = ?", (key,))
 
     def forget(self, key: str) -> None:
         def delete() -> None:
             with closing(self._connect()) as db, db:
-                db.execute("DELETE FROM recommendations WHERE run_key = ?", (key,))
-                db.execute("DELETE FROM trials WHERE run_key = ?", (key,))
+                db.execute("DELETE FROM signed_recommendations WHERE run_key = ?", (key,))
+                db.execute("DELETE FROM signed_trials WHERE run_key = ?", (key,))
 
         self._guard(delete, None)

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.assumptions import write_assumptions
@@ -21,6 +21,7 @@ from autotune.ladder import Candidate
 from autotune.modes import ModeFacts, approximation, considered_modes, facts_for, ratio_grid
 from autotune.optimizers import optimizer_kind
 from autotune.paths import cache_dir
+from autotune.plausible import Bounds
 from autotune.recommend import host_line, passed_over_line, recommend
 from autotune.report import write_report
 from autotune.request import TuneRequest, output_path
@@ -202,14 +203,15 @@ def _search(
     ops: TrialOps | None = None,
 ) -> SearchOutcome:
     key = ctx.key
-    cached = cache.trials(key) if cache else {}
+    bounds = run_bounds(ctx)
+    cached = believed_trials(cache, key, bounds) if cache else {}
 
     def run(candidate: Candidate) -> tuple[TrialResult, bool]:
         if candidate in cached:
             return cached[candidate], True
         if ops is not None:
             ops.before(candidate)
-        result = run_trial(launcher, ctx.spec(candidate), observe, candidate)
+        result = run_trial(launcher, ctx.spec(candidate), observe, candidate, bounds)
         if cache and result.status in DETERMINISTIC_STATUSES:  # what a rerun would give again, nothing else
             cache.put_trial(key, candidate, result)
         return result, False
@@ -217,17 +219,46 @@ def _search(
     return _context_search(ctx, run, observe).run_search()
 
 
+def run_bounds(ctx: TuneContext) -> Bounds:
+    """What this run's hardware and model allow a trial to measure (plausible.py)."""
+    device = "cpu" if ctx.request.device == "cpu" else "cuda"
+    peak_tflops = ctx.target.gpu.peak_tflops(ctx.precision)
+    return Bounds.for_run(ctx.model.total_params, ctx.target.world_size, device, peak_tflops)
+
+
+def believed_trials(cache: ResultsCache, key: str, bounds: Bounds) -> dict[Candidate, TrialResult]:
+    """The cached trials of this run whose figures the hardware could have produced; the others are deleted."""
+    kept = {}
+    for candidate, result in cache.trials(key).items():
+        if why := bounds.why_implausible(candidate, result):
+            log.warning("autotune: dropped cached trial %s as corrupt: %s; measuring it again", candidate.key, why)
+            cache.forget_trial(key, candidate)
+        else:
+            kept[candidate] = result
+    return kept
+
+
 def run_trial(
-    launcher: TrialLauncher, spec: TrialSpec, observe: Callable[[SearchEvent], None], candidate: Candidate
+    launcher: TrialLauncher,
+    spec: TrialSpec,
+    observe: Callable[[SearchEvent], None],
+    candidate: Candidate,
+    bounds: Bounds | None = None,
 ) -> TrialResult:
     """One trial; an inconclusive failure (a signal from outside, a crash, the network or the file system: nothing
-    about the candidate) is run once more, and if it fails the same way again it stays inconclusive."""
-    result = launcher.run(spec)
+    about the candidate), or a figure the hardware cannot produce, is run once more, and if it fails the same way
+    again it stays inconclusive (never cached, never a memory fact)."""
+    result = _checked(launcher.run(spec), candidate, bounds)
     if result.status != "inconclusive":
         return result
     why = f"trial {candidate.key} inconclusive ({result.error}); running it once more"
     observe(SearchEvent("prepare", candidate, message=why))
-    return launcher.run(spec)
+    return _checked(launcher.run(spec), candidate, bounds)
+
+
+def _checked(result: TrialResult, candidate: Candidate, bounds: Bounds | None) -> TrialResult:
+    why = bounds.why_implausible(candidate, result) if bounds else None
+    return replace(result, status="inconclusive", error=f"implausible measurement: {why}") if why else result
 
 
 def _no_trial_completed(outcome: SearchOutcome) -> str | None:
@@ -465,13 +496,19 @@ def cached_answer(ctx: TuneContext, cache: ResultsCache) -> dict | None:
     hit = cache.recommendation(ctx.answer_key)
     if hit is None:
         return None
-    peak = (hit.get("report", {}).get("choice") or {}).get("peak_bytes")
+    choice = hit.get("report", {}).get("choice") or {}
+    peak, speed = choice.get("peak_bytes"), choice.get("samples_per_s")
+    tokens_per_s = speed * ctx.seq_len if isinstance(speed, (int, float)) else None
+    candidate = Candidate.from_dict(hit["candidate"])
+    if why := run_bounds(ctx).why_implausible_figures(candidate, tokens_per_s, [peak] if isinstance(peak, int) else []):
+        log.warning("autotune: dropped the cached answer as corrupt: %s; tuning again", why)
+        return None
     found_under = hit.get("limit_bytes")
     if peak is None or found_under is None or peak > ctx.limit_bytes:
         return None
     if ctx.limit_bytes > found_under * ANSWER_GROWTH_TOLERANCE and hit.get("memory_bound", True):
         return None
-    if hit["ds_config"] != ctx.emitted_config(Candidate.from_dict(hit["candidate"])):
+    if hit["ds_config"] != ctx.emitted_config(candidate):
         # a stored config is never written just because it was stored
         log.warning("autotune: the cached config differs from the one built for its candidate; tuning again")
         return None

@@ -199,7 +199,7 @@ def _trial_rows(cache: Path) -> int:
         return 0
     with contextlib.closing(sqlite3.connect(cache, timeout=30)) as db:
         try:
-            return db.execute("SELECT count(*) FROM trials").fetchone()[0]
+            return db.execute("SELECT count(*) FROM signed_trials").fetchone()[0]
         except sqlite3.OperationalError:
             return 0
 

@@ -5,8 +5,9 @@ Files for a run key K, all in the shared (cache) directory `<dir>/hook/`:
   killed tuner never blocks a later job; a filesystem without flock is an error, not a silent
   fallback to a lock file that a dead process would leave behind.
 - `K.json`: the published result, written atomically (temp file + rename), with a sha256 over its
-  content. A reader sees the old file, the new file or none, never half of one; a file that fails
-  its checksum (disk fault, manual edit) is treated as absent, and the next tuner replaces it.
+  content and an HMAC made with this user's (or the shared group's) key (integrity.py). A reader sees the old
+  file, the new file or none, never half of one; a file that fails its checksum (disk fault, manual edit) or
+  its signature (written by someone without the key) is treated as absent, and the next tuner replaces it.
   A record is believed only from a file this user or the directory's shared group owns (sharing.py),
   parsed through a strict schema; anything else is ignored with the reason and tuned again.
 - `K.leader.json`: who holds the lock and since when; informational, for the timeout message, which
@@ -39,6 +40,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from autotune.atomic import atomic_write_json, atomic_write_text, refuse_non_regular
 from autotune.errors import UserError
+from autotune.integrity import KeyRefused, sign, signing_key, verify
 from autotune.output_paths import file_kind
 from autotune.sharing import distrust_reason, file_mode_for, make_dirs
 
@@ -107,9 +109,28 @@ class SharedSlot:
         return self.directory / f"{self.key}.leader.json"
 
 
+def record_file(slot: SharedSlot, body: dict) -> dict:
+    """The published file's content: the record, its sha256 (disk faults) and its HMAC (authorship: integrity.py,
+    keyed by this user's key, or the shared group's in a group directory). Without a usable key it is unsigned,
+    and readers tune again rather than trust it."""
+    data = {"format": RECORD_FORMAT, "record": body, "sha256": record_digest(body)}
+    with contextlib.suppress(KeyRefused):
+        data["hmac"] = sign(signing_key(slot.directory), "hook-record", slot.key, json.dumps(body, sort_keys=True))
+    return data
+
+
 def publish(slot: SharedSlot, record: HookRecord) -> None:
-    body = record.to_dict()
-    atomic_write_json(slot.record_path, {"format": RECORD_FORMAT, "record": body, "sha256": record_digest(body)})
+    atomic_write_json(slot.record_path, record_file(slot, record.to_dict()))
+
+
+def _signature_problem(slot: SharedSlot, data: dict) -> str | None:
+    try:
+        key = signing_key(slot.directory)
+    except KeyRefused as error:
+        return f"cannot be verified: {error}"
+    if not verify(key, data.get("hmac"), "hook-record", slot.key, json.dumps(data["record"], sort_keys=True)):
+        return "its signature does not verify (published by someone without this user's or group's key)"
+    return None
 
 
 _RECORD_SCHEMA = TypeAdapter(HookRecord)
@@ -157,6 +178,8 @@ def read_record(slot: SharedSlot) -> tuple[HookRecord | None, str | None]:
             return None, f"format {data.get('format')!r}, expected {RECORD_FORMAT}"
         if record_digest(body) != data["sha256"]:
             return None, "checksum mismatch"
+        if why := _signature_problem(slot, data):
+            return None, why
         try:
             record = _RECORD_SCHEMA.validate_json(json.dumps(body), strict=True)
         except ValidationError as error:

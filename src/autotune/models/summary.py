@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,10 @@ from autotune.errors import UserError
 from autotune.models.resolve import ModelSource
 from autotune.models.types import ModelSummary, fingerprint
 from autotune.paths import cache_dir
+from autotune.sharing import path_distrust_reason
 
 SUMMARY_SCHEMA = 1
+log = logging.getLogger(__name__)
 
 
 def _first(config: Any, names: tuple[str, ...], default: Any = None) -> Any:
@@ -89,12 +92,8 @@ def summarize(source: ModelSource, use_cache: bool = True) -> ModelSummary:
     """Summary of `source`: from the disk cache when this exact config was built before, from the summaries
     shipped with the built-in profiles, else from a meta-device build (which imports torch and transformers)."""
     path = _cache_path(source)
-    if use_cache and path.is_file():
-        try:
-            cached = ModelSummary.from_dict(json.loads(path.read_text()))
-            return cached if cached.name == source.name else _renamed(cached, source)
-        except (ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)  # corrupt entry: rebuild
+    if use_cache and (cached := _cached_summary(path, source)) is not None:
+        return cached if cached.name == source.name else _renamed(cached, source)
     if use_cache:
         from autotune.models.shipped import shipped_summary
 
@@ -114,6 +113,41 @@ def summarize(source: ModelSource, use_cache: bool = True) -> ModelSummary:
         with contextlib.suppress(OSError):  # a read-only cache dir only costs speed
             atomic_write_json(path, summary.to_dict())
     return summary
+
+
+def _cached_summary(path: Path, source: ModelSource) -> ModelSummary | None:
+    """The summary stored for `source`, when this user (or the shared group) wrote it and it describes this very
+    config with numbers a model could have; else None (with one line saying why), and the summary is rebuilt."""
+    if not path.is_file() and not path.is_symlink():
+        return None
+    why = path_distrust_reason(path)
+    if why is None:
+        try:
+            cached = ModelSummary.from_dict(json.loads(path.read_text()))
+            why = implausible_summary(cached, source)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            why = f"unreadable or malformed ({type(error).__name__})"
+    if why is None:
+        return cached
+    log.warning("autotune: ignored cached model summary %s: %s; rebuilding it", path, why)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return None
+
+
+def implausible_summary(summary: ModelSummary, source: ModelSource) -> str | None:
+    """Why a stored summary cannot be this model's, or None: it must be of this config, and its counts must
+    hold together (every token has an embedding row, parts are no larger than the whole)."""
+    if summary.fingerprint != fingerprint(source.config, source.architecture):
+        return "it describes another config"
+    counts = (summary.trainable_params, summary.largest_layer_params, summary.embedding_params)
+    if summary.total_params < max(summary.vocab_size, 1) or any(
+        not 0 <= part <= summary.total_params for part in counts
+    ):
+        return f"its parameter counts do not hold together (total {summary.total_params}, parts {counts})"
+    if min(summary.hidden_size, summary.num_layers + summary.num_decoder_layers, summary.num_heads) < 1:
+        return "it has no layers, heads or hidden size"
+    return None
 
 
 def _renamed(summary: ModelSummary, source: ModelSource) -> ModelSummary:
