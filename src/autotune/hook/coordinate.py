@@ -178,8 +178,6 @@ def read_record(slot: SharedSlot) -> tuple[HookRecord | None, str | None]:
             return None, f"format {data.get('format')!r}, expected {RECORD_FORMAT}"
         if record_digest(body) != data["sha256"]:
             return None, "checksum mismatch"
-        if why := _signature_problem(slot, data):
-            return None, why
         try:
             record = _RECORD_SCHEMA.validate_json(json.dumps(body), strict=True)
         except ValidationError as error:
@@ -187,6 +185,8 @@ def read_record(slot: SharedSlot) -> tuple[HookRecord | None, str | None]:
             return None, f"malformed: {'.'.join(map(str, detail['loc']))}: {detail['msg']}"
         if record.key != slot.key:
             return None, f"belongs to run key {record.key}"
+        if why := _signature_problem(slot, data):
+            return None, why
         if record.status != "failed" and not isinstance(json.loads(record.config_text or "null"), dict):
             return None, "config is not a JSON object"
     except (ValueError, KeyError, TypeError, AttributeError) as error:
