@@ -91,3 +91,12 @@ def test_cpu_adam_waits_for_the_first_optimizer_offload_trial(monkeypatch: pytes
     for rung in (Rung.Z0, Rung.Z3, Rung.Z2_OFFLOAD_OPT, Rung.Z3_OFFLOAD_ALL):
         prepared.before(Candidate(rung, 8, False))
     assert loaded == [("ShareMemCommBuilder", "FusedAdamBuilder"), ("CPUAdamBuilder",)]
+
+
+def test_a_build_that_prints_more_than_a_pipe_holds_still_finishes(tmp_path: Path) -> None:
+    # 256 KiB of compiler chatter: a pipe (64 KiB) nobody reads until exit would block the child for good
+    python = _fake_python(tmp_path, 'head -c 262144 /dev/zero | tr "\\0" x >&2; echo "{\\"$6\\": 2.0}"')
+    env = {"PATH": os.environ["PATH"], "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    assert ensure_ops_ready("cpu", env=env, python=python, timeout_s=60, names=("FusedAdamBuilder",)) == {
+        "FusedAdamBuilder": 2.0
+    }

@@ -18,13 +18,16 @@ build takes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from autotune.environment import select_accelerator
 
@@ -152,39 +155,44 @@ def prebuild_ops(
 ) -> dict[str, float]:
     """In child processes, so the caller never imports torch: one per op, all at once, a line as each is ready;
     seconds per op (a few each once cached). Each op builds in its own directory under its own torch build
-    lock, so the builds do not interfere; run one after another they took the sum of their times."""
+    lock, so the builds do not interfere; run one after another they took the sum of their times.
+
+    The children write to unnamed temp files, not pipes: a build's compiler output can fill a pipe that
+    nobody reads until the child exits, and the child would then wait forever."""
     env = {**(os.environ if env is None else env), "DS_ACCELERATOR": device}
     started = time.monotonic()
-    children = {name: _start_op(python, device, name, env) for name in names or TRIAL_OPS[device]}
     seconds: dict[str, float] = {}
-    try:
-        while children:
-            for name, child in list(children.items()):
-                if child.poll() is None:
-                    continue
-                del children[name]
-                seconds |= _op_outcome(child, device)
-                report(f"DeepSpeed op {name} ready after {time.monotonic() - started:.0f} s")
-            if children and time.monotonic() - started > timeout_s:
-                raise subprocess.TimeoutExpired([python, "-m", "autotune.trial.ops"], timeout_s)
-            time.sleep(0.2)
-    finally:
-        for child in children.values():  # on a timeout or an error: no build is left running
-            child.kill()
-            child.communicate()
+    with contextlib.ExitStack() as files:
+        def log() -> IO[str]:
+            return files.enter_context(tempfile.TemporaryFile("w+"))
+
+        logs = {name: (log(), log()) for name in names or TRIAL_OPS[device]}
+        command = [python, "-m", "autotune.trial.ops", "--device", device, "--op"]
+        children = {name: subprocess.Popen([*command, name], env=env, stdout=out, stderr=err, text=True)
+                    for name, (out, err) in logs.items()}  # fmt: skip
+        try:
+            while children:
+                for name, child in list(children.items()):
+                    if child.poll() is not None:
+                        del children[name]
+                        seconds |= _op_outcome(child.returncode, *logs[name], device)
+                        report(f"DeepSpeed op {name} ready after {time.monotonic() - started:.0f} s")
+                if children and time.monotonic() - started > timeout_s:
+                    raise subprocess.TimeoutExpired(command, timeout_s)
+                time.sleep(0.2)
+        finally:
+            for child in children.values():  # on a timeout or an error: no build is left running
+                child.kill()
+                child.wait()
     return seconds
 
 
-def _start_op(python: str, device: str, name: str, env: dict[str, str]) -> subprocess.Popen:
-    command = [python, "-m", "autotune.trial.ops", "--device", device, "--op", name]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _op_outcome(child: subprocess.Popen, device: str) -> dict[str, float]:
-    stdout, stderr = child.communicate()
-    lines = stdout.strip().splitlines()
-    if child.returncode != 0 or not lines:
-        tail = (stderr.strip().splitlines() or ["no output"])[-1]
+def _op_outcome(returncode: int, out: IO[str], err: IO[str], device: str) -> dict[str, float]:
+    out.seek(0)
+    lines = out.read().strip().splitlines()
+    if returncode != 0 or not lines:
+        err.seek(0)
+        tail = (err.read().strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"building DeepSpeed ops for {device} failed: {tail}")
     return json.loads(lines[-1])
 
