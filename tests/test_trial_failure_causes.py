@@ -277,3 +277,37 @@ def test_a_sigkilled_worker_is_retried_once_not_cached_and_not_an_oom(tmp_path: 
     with pytest.raises(TrialsFailedError):
         tune(request, launcher=again)  # the next run launches them again: nothing was cached
     assert tried(again.specs) == tried(killed.specs)
+
+
+# --- the search: only a failure of the modelled memory moves the memory model -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        ("oom_host", "pinned host allocation failed (page-locked host memory): CUDA error: out of memory"),
+        ("inconclusive", "rank 0 killed by SIGKILL with no out-of-memory evidence"),
+    ],
+    ids=["pinned-host", "inconclusive"],
+)
+def test_a_host_or_inconclusive_failure_on_a_gpu_run_does_not_raise_the_device_prediction(
+    status: str, error: str
+) -> None:
+    from tests.test_search_modes import GIB, FakeMachine, FakeMemory, _search
+
+    from autotune.ladder import Rung
+    from autotune.trial.types import TrialResult
+
+    class HostFailing(FakeMachine):
+        def run(self, candidate):  # the device would fit everything; the host side fails once
+            if not self.launched:
+                self.launched.append(candidate)
+                return TrialResult(status=status, error=error), False
+            return super().run(candidate)
+
+    memory = FakeMemory()
+    _search(HostFailing(memory_bytes=80 * GIB), memory, {}, [Rung.Z3]).run_search()
+    assert memory.oom_calibrations == []
+    device_oom = FakeMemory(optimizer_gib=2.0)  # believes the states small; the machine's are 12 GiB: a device OOM
+    _search(FakeMachine(memory_bytes=16 * GIB), device_oom, {}, [Rung.Z3]).run_search()
+    assert device_oom.oom_calibrations  # still teaches the model

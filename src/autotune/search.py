@@ -305,7 +305,8 @@ class Search:
                 self.calibration, self.model, self.target, candidate, self.settings, peak
             )
             self.outcome.calibration = self.calibration
-        elif result.status in MEMORY_FAILURES:  # no peak, but a lower bound: it needed more than the memory it had
+        elif result.status in MEMORY_FAILURES and self._modelled_memory_failed(result):
+            # no peak, but a lower bound: it needed more than the memory it had
             limit = self.target.free_memory_bytes
             self.calibration = self.memory.calibrate_oom(
                 self.calibration, self.model, self.target, candidate, self.settings, limit
@@ -313,6 +314,12 @@ class Search:
             self.outcome.calibration = self.calibration
         self.observe(SearchEvent("trial_end", candidate, result.status, record))
         return record
+
+    def _modelled_memory_failed(self, result: TrialResult) -> bool:
+        """Whether the memory the model predicts (device memory; host RSS on the CPU backend) is what ran out. On a
+        GPU run a host-side failure (a failed pinned host allocation, the host's OOM) says nothing about the
+        device, so it must not push the device prediction up (trial/outcome.py classifies them)."""
+        return self.settings.device == "cpu" or result.status == "oom_gpu"
 
     def _skip(self, rung: Rung, ckpt: bool, reason: str, mode: Mode = Mode()) -> None:
         self.outcome.skipped.append(SkipRecord(rung, ckpt, reason, mode))
