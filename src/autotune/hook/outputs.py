@@ -67,6 +67,7 @@ def write_outputs(
             tuning.lora_rank,
             kernels=tuning.kernels,
             device=tuning.device,
+            precision=(outputs.get("report") or {}).get("precision") or tuning.precision,  # the one tuned for
         )
     report = outputs.get("report")
     if not isinstance(report, dict):
