@@ -38,6 +38,10 @@ def _spin() -> None:
         pass
 
 
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
 def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -65,8 +69,8 @@ def run_demo(loaded: bool, timeout_s: float) -> dict:
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
                 code, tail = done.returncode, done.stdout[-2000:] + done.stderr[-2000:]
-            except subprocess.TimeoutExpired:
-                code, tail = None, f"timed out after {timeout_s:.0f} s"
+            except subprocess.TimeoutExpired as expired:  # keep its progress lines: where did the time go
+                code, tail = None, f"timed out after {timeout_s:.0f} s: " + _text(expired.stderr)[-3000:]
             report_path = Path(scratch) / "autotune-report.json"
             report = json.loads(report_path.read_text()) if report_path.exists() else {}
     finally:

@@ -36,6 +36,8 @@ def test_step_count_follows_the_measured_variance() -> None:
     assert not enough_steps(loaded)  # +-30%: keep measuring
     assert enough_steps(loaded * 4, max_steps=20)  # up to the cap
     assert enough_steps(loaded, max_seconds=5.0)  # or the time cap
+    assert enough_steps([100.0, 120.0, 90.0])  # slow steps: three, once the time cap is passed
+    assert not enough_steps([100.0, 120.0])
 
 
 def test_a_win_needs_a_margin_beyond_the_spread() -> None:

@@ -8,7 +8,8 @@ resampling, so the same steps always give the same interval. The interquartile r
 beside it to describe how much single steps vary.
 
 How many steps: at least MIN_STEPS, then until the interval's half-width is within TARGET_HALF_WIDTH of the
-median, at most the cap the trial sets (steps, and seconds of measuring). A quiet machine stops at MIN_STEPS;
+median, at most the cap the trial sets (steps, and seconds of measuring: slow steps stop there after
+MIN_SLOW_STEPS). A quiet machine stops at MIN_STEPS;
 a loaded one measures longer, and the report says how many steps each figure is from.
 """
 
@@ -28,7 +29,12 @@ MIN_STEPS = 5
 # known to +-3% separates those, and a quiet 2-core machine reaches it in 5-8 steps (same benchmark).
 TARGET_HALF_WIDTH = 0.03
 MAX_STEPS = 20  # cap on measured steps per trial (a loaded machine never reaches the target)
-MAX_MEASURE_S = 60.0  # cap on seconds of measured steps per trial once MIN_STEPS are in
+MAX_MEASURE_S = 60.0  # cap on seconds of measured steps per trial, once MIN_SLOW_STEPS are in
+# Slow steps stop at the time cap after three: on the shared 2-core machine at load ~19 one README-demo trial at a
+# large micro-batch took minutes per step, and five of them ran a demo past 25 minutes (benchmarks/README.md, pick
+# stability). Three steps give the median's interval [min, max] at 75% coverage: wider, so more ties, never a
+# surer pick.
+MIN_SLOW_STEPS = 3
 
 
 def _binomial_cdf(k: int, n: int) -> float:
@@ -101,10 +107,10 @@ def enough_steps(
     n = len(step_times_s)
     if n >= max_steps:
         return True
+    if n >= min(MIN_SLOW_STEPS, min_steps) and sum(step_times_s) >= max_seconds:
+        return True
     if n < min_steps:
         return False
-    if sum(step_times_s) >= max_seconds:
-        return True
     stats = StepStats.of(step_times_s)
     return stats is not None and stats.half_width <= target
 
@@ -153,7 +159,7 @@ def pooled(speeds: Sequence[tuple[Sequence[float], float | None]]) -> Speed | No
     """One speed from several trials of the same candidate: their steps pooled, the samples per step of the
     first (the same candidate has the same batch)."""
     steps = [t for times, _ in speeds for t in times]
-    first = next((speed_of(times, rate) for times, rate in speeds if speed_of(times, rate)), None)
+    first = next((speed for times, rate in speeds if (speed := speed_of(times, rate)) is not None), None)
     stats = StepStats.of(steps)
     if first is None or stats is None:
         return None
