@@ -18,6 +18,7 @@ from autotune.cache import library_versions, run_key
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.errors import UserError
 from autotune.estimate.knobs import ZeroKnobs
+from autotune.estimate.pinned import native_pinning
 from autotune.estimate.runtime import RuntimeStack, local_stack
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware import GpuSpec, Target
@@ -52,7 +53,7 @@ def cpu_target(request: TuneRequest) -> Target:
     budget = (
         memory_size(request.memory_budget, "--memory-budget")
         if request.memory_budget
-        else (host.ram_available_bytes // ranks)
+        else (host.usable_ram_bytes // ranks)
     )
     cpu = GpuSpec(
         key="cpu",
@@ -61,7 +62,10 @@ def cpu_target(request: TuneRequest) -> Target:
         bf16=cpu_has_native_bf16(),
         source="CPU backend (DS_ACCELERATOR=cpu, gloo)",
     )
-    return Target(cpu, ranks, request.nodes, budget, host.ram_available_bytes, host.nvme_free_bytes, measured=True)
+    return Target(
+        cpu, ranks, request.nodes, budget, host.usable_ram_bytes, host.nvme_free_bytes, measured=True,
+        memlock_bytes=host.locked.binding_bytes,
+    )  # fmt: skip
 
 
 def gpu_target(request: TuneRequest) -> Target:
@@ -238,6 +242,7 @@ class TuneContext:
             stack=self.stack,
             decoder_seq_len=self.decoder_seq_len,
             kernels=request.kernels,
+            native_pinning=native_pinning(),  # DeepSpeed reads DS_PIN_MEMORY_BACKEND from the job's environment
         )
 
     @property
@@ -287,7 +292,13 @@ class TuneContext:
             **({"allow_approximate": True} if request.allow_approximate else {}),
             # a base config's kept keys (optimizer, clipping, ...) run in every trial
             **({"base": self.base} if self.base is not None else {}),
+            # what may be mlocked decides which offload configs can run (estimate/pinned.py); else the old keys
+            **({"mlock": [self.target.memlock_bytes, native_pinning()]} if self._mlock_matters else {}),
         }
+
+    @property
+    def _mlock_matters(self) -> bool:
+        return native_pinning() or any(rung.needs_nvme for rung in self.rungs)
 
     @property
     def key(self) -> str:

@@ -45,6 +45,8 @@ class Target:
     host_ram_bytes: int | None = None
     nvme_free_bytes: int | None = None
     measured: bool = False
+    # RLIMIT_MEMLOCK per process where it binds (no CAP_IPC_LOCK; probe.LockedMemory), else None: no limit known
+    memlock_bytes: int | None = None
 
     @property
     def world_size(self) -> int:

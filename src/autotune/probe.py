@@ -36,6 +36,71 @@ class GpuInfo:
     source: str = "nvml"
 
 
+CAP_IPC_LOCK = 14  # linux/capability.h: exempts mlock from RLIMIT_MEMLOCK
+CGROUP_UNLIMITED = 1 << 62  # cgroup v1 writes "unlimited" as 9223372036854771712 (PAGE_COUNTER_MAX pages)
+
+
+@dataclass(frozen=True)
+class LockedMemory:
+    """How much this process may lock and keep: RLIMIT_MEMLOCK (`ulimit -l`), whether CAP_IPC_LOCK lifts it, and
+    the memory cgroup's limit (pinned pages are charged to the cgroup like any other; v2 memory.max, v1
+    memory.limit_in_bytes). None means unlimited or unknown."""
+
+    rlimit_bytes: int | None = None
+    cap_ipc_lock: bool = False
+    cgroup_limit_bytes: int | None = None
+
+    @property
+    def binding_bytes(self) -> int | None:
+        """What mlock may lock per process here: the rlimit unless CAP_IPC_LOCK exempts us (man 2 mlock)."""
+        return None if self.cap_ipc_lock else self.rlimit_bytes
+
+
+def _effective_caps(status: str) -> int:
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def _cgroup_limit(proc_cgroup: str, root: Path) -> int | None:
+    """This process's memory cgroup limit: v2 (`0::/path` -> memory.max), else v1 (`N:memory:/path`)."""
+    candidates = []
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            candidates.append(root / path.lstrip("/") / "memory.max")
+        elif "memory" in controllers.split(","):
+            candidates += [root / "memory" / path.lstrip("/") / "memory.limit_in_bytes"]
+            candidates += [root / "memory" / "memory.limit_in_bytes"]  # a container sees its own cgroup as root
+    for path in candidates:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max" or not text.isdigit() or int(text) >= CGROUP_UNLIMITED:
+            return None
+        return int(text)
+    return None
+
+
+def probe_locked_memory(proc: Path = Path("/proc/self"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> LockedMemory:
+    """RLIMIT_MEMLOCK, CAP_IPC_LOCK and the memory cgroup limit of this process (Linux; elsewhere: unknown)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    try:
+        caps = _effective_caps((proc / "status").read_text())
+        cgroup = _cgroup_limit((proc / "cgroup").read_text(), cgroup_root)
+    except (OSError, ValueError):
+        caps, cgroup = 0, None
+    return LockedMemory(
+        rlimit_bytes=None if soft == resource.RLIM_INFINITY else int(soft),
+        cap_ipc_lock=bool(caps >> CAP_IPC_LOCK & 1),
+        cgroup_limit_bytes=cgroup,
+    )
+
+
 @dataclass(frozen=True)
 class HostInfo:
     ram_total_bytes: int
@@ -44,6 +109,13 @@ class HostInfo:
     cpu_cores_physical: int | None
     nvme_path: str | None = None
     nvme_free_bytes: int | None = None
+    locked: LockedMemory = field(default_factory=LockedMemory)
+
+    @property
+    def usable_ram_bytes(self) -> int:
+        """Available RAM, capped by the memory cgroup's limit (a container's 8 GiB on a 1 TiB host)."""
+        limit = self.locked.cgroup_limit_bytes
+        return self.ram_available_bytes if limit is None else min(self.ram_available_bytes, limit)
 
 
 @dataclass(frozen=True)
@@ -230,6 +302,7 @@ def probe_host(nvme_path: str | None = None) -> HostInfo:
         cpu_cores_physical=psutil.cpu_count(logical=False),
         nvme_path=str(Path(nvme_path).resolve()) if nvme_path else None,
         nvme_free_bytes=probe_nvme(nvme_path) if nvme_path else None,
+        locked=probe_locked_memory(),
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from autotune.close_call import Verdict, settle
 from autotune.estimate import calibrate, calibrate_oom, check_fit, estimate
+from autotune.estimate.core import memlock_problem
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
 from autotune.hardware import Target
 from autotune.ladder import Candidate, Mode, Rung
@@ -547,6 +548,9 @@ class Search:
         an alternative on its rung, bounded only by measurements of the same mode (no speed order between a mode
         and the classic rungs is assumed: GroupMeasurements are per mode)."""
         smallest = self._estimate(Candidate(rung, self.micro_batches[0], ckpt, mode))
+        if locked := memlock_problem(smallest, self.target):  # a hard limit: the rank would abort, not OOM
+            self._skip(rung, ckpt, f"ruled out: {locked}", mode)
+            return
         if smallest.gpu_peak_bytes > self.limit_bytes * (1 + RULED_OUT_MARGIN):
             verdict = check_fit(smallest, self.target, self.limits.headroom)
             self._skip(rung, ckpt, f"ruled out by the memory model: {verdict.reason}", mode)

@@ -30,7 +30,7 @@ def resolve_target(
     check_counts(gpus, nodes)
     if gpu_type and gpu_memory:
         raise UserError("give either --gpu-type or --gpu-memory, not both")
-    host_ram = probed.host.ram_available_bytes if probed else None
+    host_ram = probed.host.usable_ram_bytes if probed else None
     nvme = probed.host.nvme_free_bytes if probed else None
     if gpu_type or gpu_memory:
         spec: GpuSpec = (
@@ -61,4 +61,5 @@ def resolve_target(
         compute_capability=weakest.compute_capability,
         source="probe",
     )
-    return Target(spec, len(used), nodes, weakest.free_bytes, host_ram, nvme, measured=True)
+    memlock = probed.host.locked.binding_bytes
+    return Target(spec, len(used), nodes, weakest.free_bytes, host_ram, nvme, measured=True, memlock_bytes=memlock)

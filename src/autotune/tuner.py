@@ -286,7 +286,8 @@ def _smallest_shortfall(plan_data: dict | None, outcome: SearchOutcome | None) -
             if t.result.peak_memory_bytes and t.result.peak_memory_bytes > t.limit_bytes
         ]
     if not shortfalls:
-        return "no rung could be tried"
+        locked = [s.reason for s in (outcome.skipped if outcome else []) if "ulimit -l" in s.reason]
+        return f"no rung could be tried; {locked[0]}" if locked else "no rung could be tried"
     return f"smallest shortfall {format_bytes(min(shortfalls))} per {'rank' if outcome else 'GPU'}"
 
 

@@ -16,6 +16,7 @@ from autotune.check.findings import Finding, FitResult, Severity
 from autotune.check.rules import ZERO, batch_arithmetic, resolve_batch, zero_stage
 from autotune.check.values import batch_keys
 from autotune.estimate.kernels import kernels_note
+from autotune.estimate.pinned import native_pinning
 from autotune.estimate.types import EstimateSettings, MemoryEstimate, Verdict
 from autotune.hardware import Target
 from autotune.ladder import Candidate, Rung
@@ -196,6 +197,10 @@ def predict_config(
     from autotune.estimate.knobs import ZeroKnobs
 
     zero = _validated_zero(config)
+    if target.memlock_bytes is None:  # the config runs where it is checked: this process's ulimit -l binds it
+        from autotune.probe import probe_locked_memory
+
+        target = replace(target, memlock_bytes=probe_locked_memory().binding_bytes)
     rung, note = effective_rung(config)
     if rung is None:
         raise ConfigNotModelled(note)
@@ -275,6 +280,7 @@ def fit_findings(
             else {}
         ),
         stack=runtime_stack(context.target, assumed.device if assumed else "cuda"),
+        native_pinning=native_pinning(),  # what the job's DeepSpeed pins with mlock (estimate/pinned.py)
     )
     try:
         fitted = predict_config(

@@ -17,7 +17,7 @@ from autotune.estimate.knobs import ZeroKnobs, as_deepspeed_runs
 from autotune.estimate.margin import gpu_margins
 from autotune.estimate.model_states import model_states
 from autotune.estimate.modes import mode_memory
-from autotune.estimate.pinned import pins_through_cuda
+from autotune.estimate.pinned import mlocked_bytes, pins_through_cuda
 from autotune.estimate.runtime import (
     Overhead,
     allocator_reserve_fraction,
@@ -186,6 +186,20 @@ def estimate(
         nvme_components=nvme,
         gpu_uncertainty=margins,
         gpu_unpressured_extra_bytes=cache_excess,
+        mlocked_bytes_per_rank=mlocked_bytes(per_rank_host, settings.knobs.pin_memory, settings.native_pinning),
+    )
+
+
+def memlock_problem(estimate: MemoryEstimate, target: Target) -> str | None:
+    """Why a candidate cannot run under this machine's `ulimit -l`, or None. A hard limit, not a prediction with
+    a spread: DeepSpeed aborts the rank when mlock fails (estimate/pinned.py), so no trial is spent on it."""
+    if target.memlock_bytes is None or estimate.mlocked_bytes_per_rank <= target.memlock_bytes:
+        return None
+    what = "NVMe swap buffers" if estimate.candidate.rung.needs_nvme else "pin_memory, DS_PIN_MEMORY_BACKEND=native"
+    return (
+        f"locks {format_bytes(estimate.mlocked_bytes_per_rank)} per rank with mlock ({what}) > ulimit -l"
+        f" {format_bytes(target.memlock_bytes)} (RLIMIT_MEMLOCK, no CAP_IPC_LOCK): DeepSpeed would abort;"
+        " raise `ulimit -l` or unset DS_PIN_MEMORY_BACKEND=native"
     )
 
 
@@ -222,6 +236,8 @@ def check_fit(estimate: MemoryEstimate, target: Target, headroom: float = 0.9) -
                 "host",
             )
         )
+    if locked := memlock_problem(estimate, target):
+        problems.append((locked, estimate.mlocked_bytes_per_rank - (target.memlock_bytes or 0), "memlock"))
     if estimate.candidate.rung.needs_nvme:
         if target.nvme_free_bytes is None:
             problems.append(

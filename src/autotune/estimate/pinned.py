@@ -56,3 +56,33 @@ def pinned_host_bytes(host_components: dict[str, int], pin_memory: bool = True) 
     """Page-locked share of a prediction's host RAM (per node, as host_components are)."""
     names = ALWAYS_PINNED + (PINNED_WITH_PIN_MEMORY if pin_memory else ())
     return sum(host_components.get(name, 0) for name in names)
+
+
+# What RLIMIT_MEMLOCK (`ulimit -l`) limits: memory locked with mlock(2), per process, unless the process holds
+# CAP_IPC_LOCK (man 2 mlock: "ENOMEM ... the caller was not privileged (CAP_IPC_LOCK)"). DeepSpeed mlocks
+# - the NVMe swap buffers, always: the aio handle's new_cpu_locked_tensor -> ds_page_aligned_alloc(size, lock=true)
+#   (deepspeed 0.19.8 ops/csrc/pin_memory/page_alloc.cpp:24, deepspeed_pin_tensor.cpp:47);
+# - the offload buffers that pin_memory pins, when the job sets DS_PIN_MEMORY_BACKEND=native (utils/pin_memory.py,
+#   NativePinnedMemory -> the same page_alloc.cpp mlock), on any accelerator, the CPU backend included
+#   (accelerator/cpu_accelerator.py pin_memory routes to it).
+# Measured here (CPU backend, deepspeed 0.19.8): under `ulimit -l 64` without CAP_IPC_LOCK, native-pinning 1 MiB
+# prints "mlock failed ... Cannot allocate memory" and aborts the process (SIGABRT, deepspeed_pin_tensor.cpp:48);
+# 32 KiB pins; as root with CAP_IPC_LOCK the same 1 MiB pins under the same limit.
+# Not counted: torch's default pin path (cudaHostAlloc, allocated by the NVIDIA driver, not mlock); whether a
+# driver charges it to RLIMIT_MEMLOCK is not measured here (no GPU on this project's machine).
+NATIVE_PIN_BACKEND = "native"
+
+
+def native_pinning(environ: dict[str, str] | None = None) -> bool:
+    """Whether DeepSpeed pins offload buffers with mlock in this environment (DS_PIN_MEMORY_BACKEND=native),
+    read as utils/pin_memory.py get_active_native_pinned_memory reads it."""
+    import os
+
+    env = os.environ if environ is None else environ
+    return env.get("DS_PIN_MEMORY_BACKEND", "torch").strip().lower() == NATIVE_PIN_BACKEND
+
+
+def mlocked_bytes(per_rank_host: dict[str, int], pin_memory: bool, native: bool) -> int:
+    """Bytes one rank locks with mlock(2), the share of its host memory that RLIMIT_MEMLOCK limits (see above)."""
+    names = ALWAYS_PINNED + (PINNED_WITH_PIN_MEMORY if pin_memory and native else ())
+    return sum(max(0, per_rank_host.get(name, 0)) for name in names)

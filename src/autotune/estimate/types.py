@@ -21,6 +21,7 @@ class EstimateSettings:
     optimizer: str = "adamw"  # an autotune.optimizers name: its states and step temporaries
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length; None: seq_len for both
     kernels: str = "stock"  # fused training kernels in use: an estimate/kernels.py KERNEL_SETS name
+    native_pinning: bool = False  # DS_PIN_MEMORY_BACKEND=native: pin_memory mlocks (estimate/pinned.py)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class MemoryEstimate:
     # What a run with room to spare shows on top of gpu_peak_bytes (nvidia-smi, max_memory_reserved): the caching
     # allocator keeps more cached when it is not pressed. Not needed to fit; used to compare with such figures.
     gpu_unpressured_extra_bytes: int = 0
+    mlocked_bytes_per_rank: int = 0  # what one rank locks with mlock: limited by RLIMIT_MEMLOCK (estimate/pinned.py)
 
     @property
     def gpu_margin_bytes(self) -> int:
@@ -77,4 +79,4 @@ class Verdict:
     fits: bool
     reason: str  # "" when it fits; else e.g. "GPU peak 91.2 GiB > 72.0 GiB (90% of 80.0 GiB free)"
     shortfall_bytes: int = 0  # how much over the tightest limit it is (0 when it fits)
-    limit: str = ""  # the limit it is furthest over: "gpu", "host", "nvme", "nvme_unknown" or "global_batch"
+    limit: str = ""  # the limit furthest over: "gpu", "host", "memlock", "nvme", "nvme_unknown" or "global_batch"
