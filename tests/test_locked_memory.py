@@ -120,3 +120,31 @@ def test_check_and_plan_flag_a_config_whose_locked_need_exceeds_the_limit(tmp_pa
         capture_output=True, text=True, env={**env, "DS_PIN_MEMORY_BACKEND": "torch"}, timeout=300,
     )  # fmt: skip
     assert "ulimit -l" not in plain.stdout  # torch's pin path does not mlock (estimate/pinned.py)
+
+
+@pytest.mark.slow
+def test_real_trials_agree_with_the_rule_on_both_sides_of_the_limit(tmp_path: Path) -> None:
+    """DeepSpeed's own native pin path, unprivileged: at 64 KiB the offload rung is ruled out and the pick runs;
+    at 8 MiB (tiny-gpt2's ZeRO-2 offload locks about 1.9 MiB) the same rung is tried, pins for real and completes.
+    Without the rule the 64 KiB trial aborts (SIGABRT from deepspeed_pin_tensor.cpp:48, seen before the rule)."""
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    roomy = 8 << 20
+    if hard != resource.RLIM_INFINITY and hard < roomy:
+        pytest.skip(f"the hard memlock limit {hard} is below the 8 MiB the roomy case needs")
+    env = {**os.environ, "DS_PIN_MEMORY_BACKEND": "native"}
+    common = ["--model", "tiny-gpt2", "--device", "cpu", "--memory-budget", "1GiB", "--seq-len", "32"]
+    common += ["--micro-batches", "1", "--no-cache"]
+    outcomes = {}
+    for limit, rungs in ((LIMIT, "z2+offload_opt,z0"), (roomy, "z2+offload_opt")):
+        out = tmp_path / str(limit) / "ds.json"
+        argv = [sys.executable, "-m", "autotune", *common, "--rungs", rungs, "--max-trials", "1", "--out", str(out)]
+        done = subprocess.run(
+            _unprivileged(argv), preexec_fn=lambda s=limit: resource.setrlimit(resource.RLIMIT_MEMLOCK, (s, hard)),
+            capture_output=True, text=True, env=env, timeout=1500,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        outcomes[limit] = (json.loads(out.read_text())["zero_optimization"], done.stderr)
+    small, said = outcomes[LIMIT]
+    assert "offload_optimizer" not in small and "ruled out: locks" in said and "SIGABRT" not in said
+    roomy_zero, _ = outcomes[roomy]
+    assert roomy_zero["offload_optimizer"]["pin_memory"] is True
