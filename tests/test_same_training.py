@@ -134,3 +134,20 @@ def test_the_old_auto_update_interval_gave_zero() -> None:
     config = build_ds_config(Candidate(Rung.Z2_OFFLOAD_OPT, 1, mode=Mode(zenflow=True)), settings)
     config["zero_optimization"]["zenflow"]["update_interval"] = "auto"
     assert _engine_accumulations([config]) == [0]
+
+
+def test_only_zenflow_rewrites_the_accumulation_after_parsing() -> None:
+    """The modes a CPU engine cannot build (hpZ on one rank, qwZ/qgZ, SuperOffload) keep DeepSpeed's parsed
+    accumulation: in DeepSpeed's runtime only ZenFlow (zenflow/engine.py:69) and the user-called
+    set_train_batch_size (engine.py:1336) assign the engine config's gradient_accumulation_steps."""
+    import re
+
+    import deepspeed
+
+    runtime = Path(deepspeed.__file__).parent / "runtime"
+    assigning = re.compile(r"_config\.gradient_accumulation_steps\s*=[^=]")
+    writers = sorted(
+        str(path.relative_to(runtime)) for path in runtime.rglob("*.py") if assigning.search(path.read_text())
+    )
+    assert writers == ["engine.py", "zenflow/engine.py"], writers
+    assert "def set_train_batch_size" in (runtime / "engine.py").read_text()
