@@ -151,3 +151,13 @@ def test_only_zenflow_rewrites_the_accumulation_after_parsing() -> None:
     )
     assert writers == ["engine.py", "zenflow/engine.py"], writers
     assert "def set_train_batch_size" in (runtime / "engine.py").read_text()
+
+
+def test_plan_and_check_say_when_a_users_zenflow_makes_the_accumulation_zero() -> None:
+    from autotune.check.config_mode import config_mode
+
+    zero = {"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": 0.1}}
+    _, notes = config_mode(zero, Rung.Z2_OFFLOAD_OPT)
+    assert any("gradient_accumulation_steps() 0" in note for note in notes)
+    _, notes = config_mode({**zero, "zenflow": {"update_interval": 4}}, Rung.Z2_OFFLOAD_OPT)
+    assert not any("gradient_accumulation_steps" in note for note in notes)

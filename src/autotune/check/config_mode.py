@@ -81,4 +81,18 @@ def config_mode(zero: dict[str, Any], rung: Rung) -> tuple[Mode, list[str]]:
         )
         notes.append(f"offload_optimizer.super_offload: {why}")
         mode = replace(mode, super_offload=False)
+    notes += zenflow_accumulation_notes(zero)
     return mode, notes
+
+
+def zenflow_accumulation_notes(zero: dict[str, Any]) -> list[str]:
+    """ZenFlow overwrites the engine's gradient_accumulation_steps with update_interval (runtime/zenflow/
+    engine.py:69); its default "auto" makes that 0 (engine.py:48-50), and a loop over
+    engine.gradient_accumulation_steps() then never steps."""
+    zenflow = zero.get("zenflow")
+    if not isinstance(zenflow, dict) or not isinstance(zenflow.get("update_interval", "auto"), str):
+        return []
+    return [
+        'zenflow.update_interval "auto" (the default) makes engine.gradient_accumulation_steps() 0'
+        " (runtime/zenflow/engine.py:48-50, 69): a loop over it never steps; write your accumulation there"
+    ]
