@@ -185,7 +185,8 @@ def _prepare_kwargs(config: dict[str, Any], micro: Any, processes: int) -> dict[
     return kwargs
 
 
-def _mixed_precision(config: dict[str, Any], loaded_precision: str | None) -> str:
+def accelerate_mixed_precision(config: dict[str, Any], loaded_precision: str | None = None) -> str:
+    """accelerate's mixed_precision for `config`: the YAML's when it names one, else what the config enables."""
     if loaded_precision and loaded_precision != "no":
         return loaded_precision
     if _get(config, "bf16.enabled") is True:
@@ -239,7 +240,7 @@ def _fill(config, consumer, world_size, mixed_precision, hf_deepspeed, plugin_cl
             from accelerate.utils.deepspeed import HfDeepSpeedConfig
 
             holder = HfDeepSpeedConfig(config)
-            precision = _mixed_precision(config, mixed_precision)
+            precision = accelerate_mixed_precision(config, mixed_precision)
         outcome.filled = holder.config
         plugin = plugin_class(hf_ds_config=holder)
         plugin.set_mixed_precision(precision)

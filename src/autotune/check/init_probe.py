@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.check.consumer import PLACEHOLDER_TRAINING_STEPS
+from autotune.check.consumer import PLACEHOLDER_TRAINING_STEPS, accelerate_mixed_precision
 from autotune.check.rules import resolve_batch
 from autotune.check.values import batch_keys
 from autotune.trial.processes import one_rank_env
@@ -107,15 +107,6 @@ def _limits(config: dict[str, Any]) -> str:
     return ""
 
 
-def _precision(config: dict[str, Any]) -> str:
-    """accelerate's mixed_precision for a config whose fp16/bf16 are filled."""
-    for name in ("bf16", "fp16"):
-        section = config.get(name)
-        if isinstance(section, dict) and section.get("enabled") is True:
-            return name
-    return "no"
-
-
 class _TrainerStandIn:
     """What transformers' deepspeed_optim_sched asks of the Trainer: its optimizer and scheduler as the Trainer
     builds them from TrainingArguments (Trainer.get_optimizer_cls_and_kwargs; create_scheduler's get_scheduler)."""
@@ -159,7 +150,7 @@ def _prepared_by_accelerate(config: dict[str, Any], consumer: str, model: Any) -
     # TrainingArguments first: building it resets accelerate's shared state, which the Accelerator then sets.
     args = _trainer_arguments() if consumer == "hf-trainer" else None
     plugin = DeepSpeedPlugin(hf_ds_config=config)
-    accelerator = Accelerator(deepspeed_plugin=plugin, mixed_precision=_precision(config))
+    accelerator = Accelerator(deepspeed_plugin=plugin, mixed_precision=accelerate_mixed_precision(config))
     if args is not None:
         from transformers.integrations.deepspeed import deepspeed_optim_sched
 
