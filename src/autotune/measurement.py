@@ -117,6 +117,23 @@ def enough_steps(
     return stats is not None and stats.half_width <= target
 
 
+def steps_until_enough(
+    step_times_s: Sequence[float],
+    max_steps: int = MAX_STEPS,
+    max_seconds: float = MAX_MEASURE_S,
+    min_steps: int = MIN_STEPS,
+) -> list[float]:
+    """The steps a measurement stops at: the shortest prefix `enough_steps` accepts, or all of them.
+
+    A process timed from outside (an own command, read between polls) runs on past the stopping point; its
+    extra steps are dropped so the figure follows the same rule, and the same cap, as a trial that stops itself.
+    """
+    for n in range(1, len(step_times_s) + 1):
+        if enough_steps(step_times_s[:n], max_steps, max_seconds, min_steps):
+            return list(step_times_s[:n])
+    return list(step_times_s)
+
+
 @dataclass(frozen=True)
 class Speed:
     """Samples per second of one candidate: the median step's rate and the interval the median's gives."""

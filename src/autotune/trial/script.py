@@ -50,7 +50,7 @@ from typing import Any
 
 from autotune.atomic import atomic_write_json
 from autotune.errors import UserError
-from autotune.measurement import MIN_STEPS, enough_steps
+from autotune.measurement import MIN_STEPS, enough_steps, steps_until_enough
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.launch import trial_directory
 from autotune.trial.oom_evidence import OomKillWatch
@@ -336,7 +336,7 @@ class ScriptLauncher:
             timed_out=timed_out,
             breach=breach,
             oom_evidence=oom_watch.evidence(),
-            step_times_s=tuple(self._step_times(steps_stem, spec)),
+            step_times_s=tuple(self._measured_steps(steps_stem, spec)),
             measured=measured,
         )
         ranks = sampler.metrics(range(spec.world_size))
@@ -350,6 +350,11 @@ class ScriptLauncher:
     def _step_times(self, steps_stem: Path, spec: TrialSpec) -> list[float]:
         """Whole optimizer steps timed so far, after the engine's profiled step (script_steps.py)."""
         return step_times(read_boundaries(steps_stem, spec.world_size), self.end_profile_step + 1)
+
+    def _measured_steps(self, steps_stem: Path, spec: TrialSpec) -> list[float]:
+        """The timed steps up to where measuring stops: the job ran on between two polls, and those steps are
+        past the trial's cap (`max_steps`, `max_measure_s`) or the point its median was known."""
+        return steps_until_enough(self._step_times(steps_stem, spec), spec.max_steps, spec.max_measure_s)
 
     def _watch(
         self, process: Any, spec: TrialSpec, sampler: TreeMemorySampler, deadline: float, steps_stem: Path
