@@ -108,3 +108,54 @@ def test_chart_marks_the_pick_and_carries_each_trials_interval() -> None:
     assert rows[0]["chosen"]
     down, up = rows[0]["interval"]
     assert down > 0 and up > 0
+
+
+def test_steps_timed_past_the_stopping_point_are_dropped() -> None:
+    """An own command runs on between two polls: its figure is the prefix the stopping rule accepts, capped."""
+    from autotune.measurement import steps_until_enough
+
+    steady = [1.0, 1.01, 0.99, 1.0, 1.005] + [5.0] * 18  # known to +-3% after five steps; the rest came later
+    assert steps_until_enough(steady, max_steps=12, max_seconds=600) == steady[:5]
+    noisy = [1.0, 2.0] * 12
+    assert len(steps_until_enough(noisy, max_steps=12, max_seconds=600)) == 12  # the cap, never the 24 read
+    assert steps_until_enough(noisy[:3], max_steps=12, max_seconds=600) == noisy[:3]  # not enough yet: all of them
+
+
+def test_hook_summary_leads_with_the_lines_tune_prints() -> None:
+    from pathlib import Path
+
+    from autotune.cli.hook import _summary
+    from autotune.hook.coordinate import HookRecord
+    from autotune.hook.env import JobEnv
+    from autotune.hook.run import HookResult
+    from autotune.pick_summary import summary_head
+
+    tie = decide({Z0: _speed(1.0, 0.2), Z2_OFFLOAD: _speed(0.97, 0.2)})
+    report = {**_report_data(tie), "model": {"name": "tiny-gpt2"}, "target_description": "1x1 cpu"}
+    record = HookRecord("key", "complete", "{}", "tuned", True, None, "fp", "host pid 1", 0.0,
+                        details={"trials_launched": 3, "outputs": {"report": report}})  # fmt: skip
+    job = JobEnv("none", None, 1, 1, 0, 0, 0, (), None)
+    lines = _summary(HookResult("leader", Path("ds.json"), record, job, "key", 0.0, 1.0)).splitlines()
+    head = summary_head(report, verified=True, from_cache=False)
+    assert lines[0] == "tiny-gpt2 on 1x1 cpu: verified by trials" == head[0]
+    assert [line.strip() for line in lines[1 : len(head)]] == head[1:]
+    assert lines[2].strip().startswith("Speed:") and lines[3].strip().startswith("Tie within noise:")
+    assert lines[-1].startswith("autotune hook: none: 1 node(s)") and len(lines) == len(head) + 1
+    bare = HookResult("hit", Path("ds.json"), HookRecord("key", "complete", "{}", "tuned", True, None, "fp", "h", 0.0),
+                      job, "key", 0.0, 1.0)  # fmt: skip
+    assert _summary(bare).count("\n") == 0  # a record without the report: the hook's line alone
+
+
+def test_verbose_lists_every_measured_candidate_with_its_interval_fastest_first() -> None:
+    from autotune.pick_summary import measured_detail, measurement_lines
+
+    clear = decide({Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(1.2, 0.02)})
+    data = _report_data(clear)
+    slow = {"status": "ok", "ranks": [], "step_times_s": [2.0, 2.2, 1.8, 2.0, 2.1], "samples_per_s": 4.0}
+    failed = {"status": "oom_host", "ranks": [], "step_times_s": [], "samples_per_s": None}
+    data["trials"] += [{"candidate": Z0.to_dict(), "result": slow}, {"candidate": Z2.to_dict(), "result": failed}]
+    title, fast, slower = measurement_lines(data)
+    assert title.startswith("Measured") and "95% interval" in title
+    assert fast.strip().startswith(Z2_OFFLOAD.describe()) and slower.strip().startswith(Z0.describe())
+    assert "4.00 samples/s (3.64-4.44, 5 steps); single steps 2-2.1 s (IQR)" in slower  # quartiles 2.0, 2.1
+    assert measured_detail(failed) == ""

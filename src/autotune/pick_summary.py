@@ -1,12 +1,14 @@
 """The lines the terminal summary and autotune-report.md lead with, from the report's JSON, so both say the same:
 the pick and its speed with spread, the runner-up and the margin (or the tie), the memory headroom left, and what
-the pick needs from the host."""
+the pick needs from the host. `tune` and `hook` print the same head (summary_head), so a job's log says what a
+terminal would."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from autotune.ladder import Candidate
+from autotune.measurement import speed_of
 from autotune.units import format_bytes
 
 
@@ -86,3 +88,43 @@ def lead_lines(data: dict[str, Any]) -> list[str]:
     if not choice:
         return []
     return [f"Pick: {choice['description']}.", *speed_lines(data), memory_line(data), host_line(data)]
+
+
+def verification_label(verified: bool, from_cache: bool) -> str:
+    """'verified by trials' or 'PLAN ONLY: not verified by trials', and whether the results cache answered."""
+    label = "verified by trials" if verified else "PLAN ONLY: not verified by trials"
+    return label + (", from cache" if from_cache else "")
+
+
+def summary_head(data: dict[str, Any], verified: bool, from_cache: bool) -> list[str]:
+    """The terminal summary's first lines: model, target and how the answer was reached, then `lead_lines`
+    (tune's summary and hook's both start with these)."""
+    model = (data.get("model") or {}).get("name", "model")
+    target = data.get("target_description", "this machine")
+    return [f"{model} on {target}: {verification_label(verified, from_cache)}", *lead_lines(data)]
+
+
+def measured_detail(result: dict[str, Any]) -> str:
+    """One trial's figure in full: '4.86 samples/s (4.71-5.02, 12 steps); single steps 2.45-2.61 s (IQR)', and an
+    own command's profiled step beside it; '' for a trial that measured nothing."""
+    speed = speed_of(result.get("step_times_s") or [], result.get("samples_per_s"))
+    if speed is None or result.get("status") != "ok":
+        return ""
+    stats = speed.stats
+    text = f"{speed.describe()}; single steps {stats.q1_s:.3g}-{stats.q3_s:.3g} s (IQR)"
+    if result.get("profiled_samples_per_s"):
+        text += f"; profiled step {result['profiled_samples_per_s']:.2f} samples/s (secondary)"
+    return text
+
+
+def measurement_lines(data: dict[str, Any]) -> list[str]:
+    """Every trial that measured a speed, fastest first, with its interval: what the pick was decided on."""
+    measured = [(t, measured_detail(t["result"])) for t in data.get("trials") or []]
+    rows = sorted(((t, d) for t, d in measured if d), key=lambda row: -(row[0]["result"].get("samples_per_s") or 0))
+    if not rows:
+        return []
+    lines = ["Measured (median of whole optimizer steps, 95% interval):"]
+    for trial, detail in rows:
+        cached = " (cached)" if trial.get("from_cache") else ""
+        lines.append(f"  {Candidate.from_dict(trial['candidate']).describe()}: {detail}{cached}")
+    return lines

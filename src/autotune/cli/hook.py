@@ -42,12 +42,14 @@ from autotune.cli.options import (
     TrialTimeoutOpt,
     TrustRemoteCodeOpt,
     UserCommandArg,
+    VerboseOpt,
     say_assumed_units,
 )
 from autotune.cli.output import err_console, print_json, stamped
 from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
 from autotune.cli.tune import TrialProgress
 from autotune.errors import UserError
+from autotune.pick_summary import measurement_lines, summary_head
 from autotune.terminate import sigterm_raises
 
 if TYPE_CHECKING:
@@ -70,17 +72,25 @@ def _warn_loudly(result: HookResult) -> None:
     print("\n".join(lines), file=sys.stderr)
 
 
-def _summary(result: HookResult) -> str:
+def _summary(result: HookResult, verbose: bool = False) -> str:
+    """The head `tune` prints (pick, speed with its interval, runner-up or tie, memory, host) when the record
+    carries the tuning's report, then the hook's own line: who tuned, the config and its hash."""
     record = result.record
     details = record.details
     how = {"leader": "tuned here", "follower": f"tuned by {record.leader}", "hit": "published result"}[result.role]
     trials = f", {details['trials_launched']} trial(s)" if details.get("trials_launched") else ""
     choice = f": {details['choice']}" if details.get("choice") else ""
-    return (
+    hook_line = (
         f"autotune hook: {result.job.describe()}; {how} ({record.source}{trials}{choice});"
         f" config {result.config_path} (sha256 {(record.config_sha256 or '')[:16]}) in {result.elapsed_s:.1f} s"
         + (f"; report {result.report_path}" if result.report_path else "")
     )
+    report = (details.get("outputs") or {}).get("report")
+    if not isinstance(report, dict) or not report.get("choice"):
+        return hook_line
+    headline, *lead = summary_head(report, record.verified, bool(details.get("from_cache")))
+    lead += measurement_lines(report) if verbose else []
+    return "\n".join([headline, *(f"  {line}" for line in lead), hook_line])
 
 
 def _say(line: str) -> None:
@@ -137,6 +147,7 @@ def hook_command(
     lora_targets: LoraTargetsOpt = None,
     kernels: KernelsOpt = D.kernels,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
     command: UserCommandArg = None,
 ) -> None:
     """Pre-launch hook: tune once per job (one process tunes, the others wait) and write ds_config.json."""
@@ -193,7 +204,7 @@ def hook_command(
     try:
         # SIGTERM (scancel, time limit): trials stopped, best verified config published, exit 143 (terminate.py)
         with sigterm_raises():
-            progress = TrialProgress(err_console(), max_trials, enabled=True)  # the lines `tune` prints
+            progress = TrialProgress(err_console(), max_trials, enabled=True, verbose=verbose)  # as `tune` prints
             result = run_hook(request, observe=progress, say=_say)
     except HookError as error:
         print(f"autotune: error: {error}", file=sys.stderr)
@@ -202,7 +213,7 @@ def hook_command(
         print(f"autotune hook: did not trust a published result ({result.ignored})", file=sys.stderr)
     if result.fallback:
         _warn_loudly(result)
-    print(_summary(result), file=sys.stderr)
+    print(_summary(result, verbose), file=sys.stderr)
     if as_json:
         print_json(result.to_dict())
     elif print_env:

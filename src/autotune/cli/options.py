@@ -105,6 +105,16 @@ CacheDirOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+# Output only, not part of the tuning (no TuneRequest field): the same measured figures, shown in more detail.
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="Per trial: the median's 95% interval, step count and single-step spread; after the summary, every"
+        " measured candidate's figure.",
+    ),
+]
 OptimizerOpt = Annotated[
     str,
     typer.Option(

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.status import Status
 
 from autotune.cli.options import (
@@ -48,11 +47,12 @@ from autotune.cli.options import (
     TrialTimeoutOpt,
     TrustRemoteCodeOpt,
     UserCommandArg,
+    VerboseOpt,
     say_assumed_units,
 )
 from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
-from autotune.pick_summary import lead_lines
+from autotune.pick_summary import measured_detail, measurement_lines, summary_head
 from autotune.terminate import Terminated, sigterm_raises
 from autotune.units import format_bytes, format_duration
 
@@ -67,10 +67,11 @@ class TrialProgress:
     """Progress on stderr: a live status on a terminal; plain timestamped lines in a log (SLURM, CI), with a
     line when each trial starts, so a hung trial is visible as one."""
 
-    def __init__(self, err: Console, max_trials: int, enabled: bool) -> None:
+    def __init__(self, err: Console, max_trials: int, enabled: bool, verbose: bool = False) -> None:
         self.err = err
         self.max_trials = max_trials
         self.enabled = enabled
+        self.verbose = verbose  # each trial's interval, step count and single-step spread (pick_summary)
         self.live = err.is_terminal
         self.count = 0
         self.started = time.monotonic()
@@ -111,6 +112,8 @@ class TrialProgress:
                 self.durations.append(now - self.trial_started)
             result = record.result
             speed = f", {result.samples_per_s:.2f} samples/s" if result.samples_per_s else ""
+            if self.verbose and (detail := measured_detail(result.to_dict())):
+                speed = f", {detail}"
             cached = " (cached)" if record.from_cache else ""
             status = result.status if record.within_headroom or not result.ok else "over headroom"
             detail = f": {result.error}" if result.error and not result.ok else ""
@@ -147,17 +150,14 @@ def _group_label(candidate: Candidate | None) -> str:
     return f"{candidate.rung.value}{ckpt}{mode}"
 
 
-def _print_summary(result: TuneResult) -> None:
+def _print_summary(result: TuneResult, verbose: bool = False) -> None:
     out = console()
     data = result.report
-    label = "verified by trials" if result.verified else "PLAN ONLY: not verified by trials"
-    if result.from_cache:
-        label += ", from cache"
-    name = escape(data["model"]["name"])  # a path may hold "[/]", which rich would read as markup
-    out.print(f"[bold]{name}[/bold] on {escape(data['target_description'])}: [bold]{label}[/bold]")
-    lead = lead_lines(data)
-    out.print(f"  {lead[0]}", style="bold", markup=False, highlight=False)
-    for line in lead[1:]:
+    headline, *lead = summary_head(data, result.verified, result.from_cache)
+    out.print(headline, style="bold", markup=False, highlight=False)  # a model path may hold "[/]"
+    for index, line in enumerate(lead):
+        out.print(f"  {line}", style="bold" if index == 0 else None, markup=False, highlight=False)
+    for line in measurement_lines(data) if verbose else []:
         out.print(f"  {line}", markup=False, highlight=False)
     if data.get("batch"):
         batch = data["batch"]
@@ -226,6 +226,7 @@ def tune_command(
     allow_approximate: AllowApproximateOpt = D.allow_approximate,
     base_config: BaseConfigOpt = D.base_config,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
     command: UserCommandArg = None,
 ) -> None:
     """Find the fastest DeepSpeed config that fits, with real trials, and write ds_config.json.
@@ -276,7 +277,7 @@ def tune_command(
     from autotune.hook.leader import BestVerified
 
     say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget, host_memory=host_memory)
-    progress = TrialProgress(err_console(), max_trials, enabled=not as_json)
+    progress = TrialProgress(err_console(), max_trials, enabled=not as_json, verbose=verbose)
     best = BestVerified(progress)
     try:
         with sigterm_raises():
@@ -286,7 +287,7 @@ def tune_command(
     if as_json:
         print_json(result.report)
         return
-    _print_summary(result)
+    _print_summary(result, verbose)
 
 
 def _on_terminated(request: TuneRequest, best: BestVerified) -> str:
