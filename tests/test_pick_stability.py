@@ -16,11 +16,20 @@ def _run(pick: str | None, tie: bool = False, runner_up: str | None = None, load
 def test_consistency_counts_same_picks_and_ties_naming_the_modal_pick(monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     sys.modules.pop("pick_stability", None)
-    from pick_stability import consistency, summarize
+    from pick_stability import agreement, consistency
 
     runs = [_run("z0"), _run("z0"), _run("z2", tie=True, runner_up="z0"), _run("z2"), _run(None)]
     tally = consistency(runs)
     assert tally["modal_pick"] == "z0" and tally["same"] == 2 and tally["tie_naming_it"] == 1
     assert tally["consistent"] == 3 and tally["runs"] == 5
-    arms = summarize([*runs, _run("z3", loaded=True)])
-    assert arms["loaded"]["consistent"] == 1 and arms["quiet"]["consistent"] == 3
+    assert [agreement(run, "z0") for run in runs] == ["same", "same", "tie naming it", "other", "failed"]
+
+
+def test_the_benchmark_runs_the_readme_demo_with_its_own_output_and_no_cache(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sys.modules.pop("pick_stability", None)
+    from pick_stability import demo_argv
+
+    argv = demo_argv(BENCHMARKS.parent / "README.md")
+    assert argv[:2] == ["--model", "gpt2-small-demo"] and argv[-1] == "--no-cache" and "--out" not in argv
+    assert "--rungs" in argv and "--micro-batches" in argv  # the README's narrowed demo, not the whole ladder
