@@ -311,3 +311,46 @@ def test_a_host_or_inconclusive_failure_on_a_gpu_run_does_not_raise_the_device_p
     device_oom = FakeMemory(optimizer_gib=2.0)  # believes the states small; the machine's are 12 GiB: a device OOM
     _search(FakeMachine(memory_bytes=16 * GIB), device_oom, {}, [Rung.Z3]).run_search()
     assert device_oom.oom_calibrations  # still teaches the model
+
+
+# --- which rank the error names -------------------------------------------------------------------------------
+
+
+def _two_ranks(tmp_path: Path, codes: dict[int, int]) -> LaunchOutcome:
+    return LaunchOutcome(
+        ranks=range(2), wall_s=1.0, exit_codes=codes, logs={rank: tmp_path / f"rank{rank}.log" for rank in range(2)}
+    )
+
+
+def test_the_rank_that_died_is_named_not_the_peer_torchrun_stopped(tmp_path: Path) -> None:
+    """torch 2.13's torchrun lists the SIGTERMed survivor (rank 0) first and the root cause (rank 1, SIGKILL) after
+    it; both read as inconclusive, and the error must name rank 1."""
+    from autotune.trial.local import torchrun_exit_codes
+
+    table = (
+        "Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 1167)  (SIGTERM)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : -9 (pid: 1168)  (SIGKILL)\n"
+    )  # torch 2.13.0 torchrun's failure table, a rank SIGKILLing itself while its peer sleeps
+    codes = torchrun_exit_codes(table)
+    assert codes == {0: -15, 1: -9}
+    result = build_result(spec(), {}, _two_ranks(tmp_path, codes))
+    assert result.status == "inconclusive" and (result.error or "").startswith("rank 1 killed by SIGKILL")
+
+
+def test_a_peers_lost_connection_does_not_hide_the_rank_that_died(tmp_path: Path) -> None:
+    from autotune.trial.report import RankReport
+
+    lost = RankReport(0, "inconclusive", "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    result = build_result(spec(), {0: lost}, _two_ranks(tmp_path, {1: -9}))
+    assert result.status == "inconclusive" and (result.error or "").startswith("rank 1 killed by SIGKILL")
+
+
+def test_a_ranks_own_error_is_not_hidden_by_the_peer_the_launcher_stopped(tmp_path: Path) -> None:
+    from autotune.trial.report import RankReport
+
+    failed = RankReport(0, "error", "ValueError: bad batch shape")
+    result = build_result(spec(), {0: failed}, _two_ranks(tmp_path, {1: -15}))
+    assert (result.status, result.error) == ("error", "ValueError: bad batch shape")
+    stopped_alone = build_result(spec(), {}, _two_ranks(tmp_path, {0: -15, 1: -15}))  # scancel: every rank
+    assert stopped_alone.status == "inconclusive" and (stopped_alone.error or "").startswith("rank 0 killed by SIGTERM")

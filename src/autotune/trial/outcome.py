@@ -201,6 +201,11 @@ def is_sigkill(code: int | None) -> bool:
     return code in (-signal.SIGKILL, 128 + signal.SIGKILL)
 
 
+def is_sigterm(code: int | None) -> bool:
+    """SIGTERM seen directly (-15) or through a shell or launcher (128 + 15): how launchers stop survivors."""
+    return code in (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+
 def killed_by_signal(code: int | None) -> bool:
     """Death by a signal, seen directly (negative) or through a shell or launcher (128 + n)."""
     return code is not None and (code < 0 or 128 < code < 128 + 65)
@@ -289,18 +294,39 @@ def _failure(spec: TrialSpec, reports: dict[int, RankReport], outcome: LaunchOut
         return "timeout", f"no result within the {spec.timeout_s:g} s trial timeout; all trial processes killed"
     if outcome.budget_breach:
         return "over_budget", outcome.budget_breach.message()
-    failures: list[tuple[TrialStatus, str]] = []
+    failures: list[tuple[int, TrialStatus, str]] = []  # (how much of a consequence, status, message)
     breach = _budget_breach(spec, reports)
     if breach:
-        failures.append(("over_budget", breach.message()))
+        failures.append((_CAUSE, "over_budget", breach.message()))
     for rank in outcome.ranks:  # ranks that said why they failed come before ranks that just vanished
         report = reports.get(rank)
         if report is not None and report.status != "ok":
-            failures.append((report.status, report.error or f"rank {rank} failed"))
-    failures.extend(_missing_rank_failure(rank, outcome) for rank in outcome.ranks if rank not in reports)
+            error = report.error or f"rank {rank} failed"
+            failures.append((_PEER_LOST if is_inconclusive_text(error) else _CAUSE, report.status, error))
+    for rank in outcome.ranks:
+        if rank not in reports:
+            stopped = is_sigterm(outcome.exit_codes.get(rank))
+            failures.append((_STOPPED if stopped else _CAUSE, *_missing_rank_failure(rank, outcome)))
     if not failures:
         return None
-    return min(failures, key=lambda f: _STATUS_PRIORITY.index(f[0]) if f[0] in _STATUS_PRIORITY else 99)
+    _, status, message = min(failures, key=_root_cause_first)
+    return status, message
+
+
+# A failed rank takes its peers down with it: their collectives lose the connection, and the launcher (torchrun,
+# srun) SIGTERMs the survivors. Those are consequences, named only when nothing else failed.
+_CAUSE, _PEER_LOST, _STOPPED = 0, 1, 2
+
+
+def _root_cause_first(failure: tuple[int, TrialStatus, str]) -> tuple[bool, int, int]:
+    """Sort key: ranks the launcher stopped last, then by status priority, then lost connections after the rest.
+
+    A rank SIGKILLed mid-step under torch 2.13's torchrun leaves its peer SIGTERMed (torchrun's "Failures" table)
+    or raising "Connection closed by peer" in gloo: both inconclusive like the death itself, so the status alone
+    would name the peer and hide which rank died."""
+    consequence, status, _ = failure
+    priority = _STATUS_PRIORITY.index(status) if status in _STATUS_PRIORITY else 99
+    return consequence == _STOPPED, priority, consequence
 
 
 def _slowest_phases(reports: dict[int, RankReport]) -> dict[str, float]:
