@@ -198,6 +198,29 @@ def run_line(index: int, run: dict, modal: str | None = None) -> str:
     )
 
 
+def markdown_table(data: dict) -> str:
+    """The per-run table benchmarks/README.md carries, from the JSON (`--table FILE` prints it again)."""
+    modal = (data.get("summary") or {}).get("modal_pick")
+    rows = [
+        "| run | pick | samples/s (95% interval, steps) | runner-up | decided | vs. modal pick | trials | wall | load"
+        " before / during / after |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for index, run in enumerate(data["runs"]):
+        load = run.get("load_1min_during") or []
+        during = f"{min(load):.1f}-{max(load):.1f}" if load else "?"
+        before, after = (run[key].rsplit("load average:", 1)[-1].split(",")[0].strip() for key in
+                         ("uptime_before", "uptime_after"))  # fmt: skip
+        decided = "tie" if run["tie"] else ("beyond spread" if run["runner_up"] else "-")
+        rows.append(
+            f"| {index + 1} | {run['pick'] or 'none'} | {_interval(run['speed'])} | {run['runner_up'] or '-'}"
+            f" {_interval(run['runner_up_speed']) if run['runner_up'] else ''} | {decided}"
+            f"{' (re-measured)' if run.get('remeasured') else ''} | {agreement(run, modal)} |"
+            f" {run['trials_launched']} | {run['wall_s']:.0f} s | {before} / {during} / {after} |"
+        )
+    return "\n".join(rows)
+
+
 def _past(deadline: str | None) -> bool:
     if not deadline:
         return False
@@ -214,7 +237,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="default results/pick_stability_cpu_load-LOAD.json")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per demo run")
     parser.add_argument("--deadline-utc", default=None, help="HH:MM: start no run after this")
+    parser.add_argument("--table", type=Path, default=None, help="print a results JSON's markdown table; run nothing")
     args = parser.parse_args()
+    if args.table:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return
     from compare.environment import git_revision, now_utc
     from estimate_accuracy import environment
 
@@ -248,6 +275,7 @@ def main() -> None:
     summary = data["summary"]
     print(f"{summary['consistent']} of {summary['runs']} consistent ({summary['same']} same pick,"
           f" {summary['tie_naming_it']} declared ties naming it); written to {out}")  # fmt: skip
+    print(markdown_table(data))
 
 
 if __name__ == "__main__":
