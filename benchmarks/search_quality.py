@@ -142,6 +142,10 @@ def run_scenario(scenario: Scenario) -> dict:
         offload_ratios=offload_ratios(),
     ).run_search()
     ours = outcome.best.candidate if outcome.best else None
+    purposes: dict[str, int] = {}
+    for record in outcome.trials:
+        if not record.from_cache:
+            purposes[record.purpose] = purposes.get(record.purpose, 0) + 1
     mode_trials: dict[str, int] = {}
     for candidate in machine.launched:
         if not candidate.mode.is_classic:
@@ -178,6 +182,7 @@ def run_scenario(scenario: Scenario) -> dict:
             "trial_fraction": len(machine.launched) / total,
             "tried": [c.key + ":" + machine.result(c).status for c in machine.launched],
             "mode_trials": mode_trials,
+            "launch_purposes": purposes,
             "budget": limits.max_trials,
             "modes": [
                 {k: m[k] for k in ("rung", "label", "applies", "status", "trial_verifiable", "samples_per_s")}

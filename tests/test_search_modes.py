@@ -17,7 +17,7 @@ from autotune.ladder import Candidate, Mode, Rung
 from autotune.models import resolve_model, summarize
 from autotune.modes import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.report import render_markdown
-from autotune.search import MemoryModel, Search, SearchLimits
+from autotune.search import MemoryModel, Search, SearchLimits, holds_at_least_the_memory_of
 from autotune.search_modes import ModeRecord, is_ratio_mode, smallest_fitting_ratio
 from autotune.speed import BoundContext, GroupMeasurements, could_beat
 from autotune.trial.types import RankMetrics, TrialResult
@@ -42,13 +42,13 @@ def test_bisection_finds_the_smallest_fitting_ratio_in_log_steps() -> None:
 
 
 # -- a fake memory model and machine --------------------------------------------------------------------------
-def _peak_gib(candidate: Candidate, optimizer_gib: float) -> float:
+def _peak_gib(candidate: Candidate, optimizer_gib: float, activation_gib: float = 1.0) -> float:
     """Z3: 4 GiB of weights and gradients + the optimizer states; optimizer offload keeps (1 - ratio) of them;
-    1 GiB of activations per sample."""
+    `activation_gib` of activations per sample."""
     kept = 0.0 if candidate.rung.offload_optimizer else 1.0
     if candidate.rung.offload_optimizer:
         kept = 1.0 - candidate.mode.offload_ratio
-    return 4 + optimizer_gib * kept + candidate.micro_batch
+    return 4 + optimizer_gib * kept + activation_gib * candidate.micro_batch
 
 
 @dataclass
@@ -82,11 +82,12 @@ class FakeMachine:
     optimizer_gib: float = 12.0
     cpu_adam_s: float = 2.0
     fast_modes: tuple[Mode, ...] = ()
+    activation_gib: float = 1.0
     launched: list[Candidate] = field(default_factory=list)
 
     def run(self, candidate: Candidate) -> tuple[TrialResult, bool]:
         self.launched.append(candidate)
-        peak = int(_peak_gib(candidate, self.optimizer_gib) * GIB)
+        peak = int(_peak_gib(candidate, self.optimizer_gib, self.activation_gib) * GIB)
         if peak > self.memory_bytes:
             return TrialResult(status="oom_gpu", error="torch.OutOfMemoryError: CUDA out of memory."), False
         offloaded = candidate.mode.offload_ratio if candidate.rung.offload_optimizer else 0.0
@@ -173,9 +174,10 @@ def test_an_oom_at_ratio_r_moves_the_next_try_up_and_calibrates() -> None:
     assert all(t.within_headroom or t.memory_failure for t in outcome.trials)
 
 
-def test_two_measured_peaks_over_the_headroom_move_the_ratio_by_their_line() -> None:
+def test_measured_peaks_on_both_sides_of_a_ratio_draw_its_line() -> None:
     """The model's slope is half the truth's (12 vs 24 GiB of optimizer states): stepping up one ratio at a time
-    by the model would miss again; the line through the two measured peaks lands on the smallest ratio that fits.
+    by the model would miss again. The classic offload (ratio 1) measured 12 GiB at micro-batch 8 and ratio 0.7
+    19.2 GiB: the line between the two measured peaks lands on the smallest ratio that fits, with no trial between.
     Limit 16 GiB (80% of 20): at micro-batch 8 the truth needs 4 + 24 (1 - r) + 8 <= 16, r >= 5/6 -> 0.85."""
     machine = FakeMachine(memory_bytes=20 * GIB, optimizer_gib=24.0)
     search = _search(machine, FakeMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT], headroom=0.8)
@@ -185,9 +187,39 @@ def test_two_measured_peaks_over_the_headroom_move_the_ratio_by_their_line() -> 
         for t in outcome.trials
         if is_ratio_mode(t.candidate.mode) and t.candidate.micro_batch == 8 and not t.candidate.grad_checkpointing
     ]
-    assert [t.candidate.mode.offload_ratio for t in at_8] == [0.7, 0.75, 0.85]
-    assert [t.within_headroom for t in at_8] == [False, False, True]
-    assert all(t.result.peak_memory_bytes for t in at_8[:2])  # over the headroom, not OOM: their peaks are known
+    assert [t.candidate.mode.offload_ratio for t in at_8] == [0.7, 0.85]
+    assert [t.within_headroom for t in at_8] == [False, True]
+    assert at_8[0].result.peak_memory_bytes  # over the headroom, not OOM: its peak is known
+
+
+def test_a_config_holding_no_less_device_memory_than_one_that_did_not_fit_is_never_launched() -> None:
+    """The truth's activations are 1.5 GiB a sample, the model's 1: the classic optimizer offload at micro-batch 8
+    runs out of memory (4 + 12 GiB > 14). A partial offload keeps more on the device than the classic one at the
+    same micro-batch, so no ratio is tried at micro-batch 8 (the model alone would have said 0.85 fits there)."""
+    machine = FakeMachine(memory_bytes=14 * GIB, activation_gib=1.5)
+    outcome = _search(machine, FakeMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT]).run_search()
+    classic_8 = Candidate(Rung.Z3_OFFLOAD_OPT, 8, False)
+    assert classic_8 in machine.launched and machine.run(classic_8)[0].status == "oom_gpu"
+    partial = [c for c in machine.launched if is_ratio_mode(c.mode) and not c.grad_checkpointing]
+    assert partial and all(c.micro_batch < 8 for c in partial)
+    assert outcome.best is not None
+
+
+def test_holding_at_least_the_memory_of_follows_micro_batch_checkpointing_and_the_device_share() -> None:
+    z3_offload = Rung.Z3_OFFLOAD_OPT
+    measured = Candidate(z3_offload, 8, True)  # classic offload, with checkpointing
+    assert holds_at_least_the_memory_of(Candidate(z3_offload, 8, True), measured)
+    assert holds_at_least_the_memory_of(Candidate(z3_offload, 9, False), measured)  # more activations kept
+    assert holds_at_least_the_memory_of(Candidate(z3_offload, 8, True, Mode(offload_ratio=0.5)), measured)
+    assert not holds_at_least_the_memory_of(Candidate(z3_offload, 7, True), measured)
+    assert not holds_at_least_the_memory_of(Candidate(Rung.Z3, 8, True), measured)  # another rung: no claim
+    partial = Candidate(z3_offload, 8, False, Mode(offload_ratio=0.5))
+    assert not holds_at_least_the_memory_of(Candidate(z3_offload, 8, False), partial)  # ratio 1 keeps less
+    assert holds_at_least_the_memory_of(Candidate(z3_offload, 8, False, Mode(offload_ratio=0.3)), partial)
+    assert not holds_at_least_the_memory_of(Candidate(z3_offload, 8, True, Mode(offload_ratio=0.3)), partial.__class__(
+        z3_offload, 8, False, Mode(offload_ratio=0.5)))  # checkpointing keeps less than without
+    hpz = Candidate(Rung.Z3, 8, False, Mode(hpz_partition_size=8))
+    assert not holds_at_least_the_memory_of(hpz, Candidate(Rung.Z3, 8, False))  # no claim across other modes
 
 
 def test_modes_that_cannot_run_here_are_planned_listed_and_never_picked() -> None:

@@ -71,6 +71,7 @@ class TrialRecord:
     from_cache: bool = False
     host_limit_bytes: int | None = None  # GPU trials: per-node host RAM headroom (offload pins host buffers)
     gpus_per_node: int = 1
+    purpose: str = ""  # why the search launched it (LaunchPurpose), for the report of where launches go
 
     @property
     def host_peak_bytes(self) -> int | None:
@@ -106,6 +107,7 @@ class TrialRecord:
             "host_peak_bytes": self.host_peak_bytes,
             "host_limit_bytes": self.host_limit_bytes,
             "from_cache": self.from_cache,
+            "purpose": self.purpose,
         }
 
 
@@ -165,6 +167,16 @@ class SearchOutcome:
         }
 
 
+class LaunchPurpose:
+    """Why the search launched a trial: the report counts launches by these, so a user can see where they go."""
+
+    FIRST = "first of a group"  # a (rung, checkpointing, mode) group's first trial, at its predicted boundary
+    BOUNDARY = "boundary walk"  # within a group, between the largest that ran and the smallest that did not
+    CONFIRM = "boundary confirmation"  # the pick's next micro-batch (`Search._confirm_boundary`)
+    RATIO = "offload ratio"  # partial offload: the smallest fitting ratio at a micro-batch
+    CLOSE_CALL = "close-call re-measurement"  # interleaved rounds of a tie (autotune.close_call)
+
+
 def largest_where(values: list[int], holds: Callable[[int], bool]) -> int | None:
     """Largest of `values` (ascending) for which `holds`, a predicate true up to some point and false after it
     (memory that grows with the micro-batch); None when it holds for none. log2(len) calls."""
@@ -183,6 +195,21 @@ def same_group(a: Candidate, b: Candidate) -> bool:
     return a.rung is b.rung and a.grad_checkpointing == b.grad_checkpointing and a.mode == b.mode
 
 
+def holds_at_least_the_memory_of(candidate: Candidate, measured: Candidate) -> bool:
+    """Whether `candidate` needs at least the device memory `measured` needed, by construction, not by the model:
+    the same rung, a micro-batch no smaller (activations grow with it), checkpointing only if `measured` had it
+    too (full checkpointing keeps each layer's input instead of its activations), and a mode that keeps no less on
+    the device: the same mode, or a partial optimizer offload keeping at least as many optimizer sub-groups on
+    the device (DeepSpeed keeps int((1 - ratio) x n) of them there, runtime/zero/stage3.py:1105; classic offload,
+    ratio 1, keeps none). So where `measured` did not fit, `candidate` cannot: no trial is needed to know it."""
+    if candidate.rung is not measured.rung or candidate.micro_batch < measured.micro_batch:
+        return False
+    if candidate.grad_checkpointing and not measured.grad_checkpointing:
+        return False
+    if candidate.mode == measured.mode:
+        return True
+    ratio_only = all(m.is_classic or is_ratio_mode(m) for m in (candidate.mode, measured.mode))
+    return ratio_only and candidate.mode.offload_ratio <= measured.mode.offload_ratio
 RunTrial = Callable[[Candidate], tuple[TrialResult, bool]]  # -> (result, came from cache)
 
 
@@ -234,12 +261,26 @@ class Search:
         integer grid costs log2(len) predictions, not one per micro-batch."""
 
         def fits(mb: int) -> bool:
+            if self._measured_over(Candidate(rung, mb, ckpt, mode)):
+                return False
             predicted = self._estimate(Candidate(rung, mb, ckpt, mode))
             if predicted.gpu_peak_bytes > self.limit_bytes * (1 + margin):
                 return False
             return margin > 0 or check_fit(predicted, self.target, self.limits.headroom).fits
 
         return largest_where(self.micro_batches, fits)
+
+    def _measured_over(self, candidate: Candidate) -> Candidate | None:
+        """A candidate that measured over the device memory limit (an OOM on the device, or a peak over the
+        headroom) and that `candidate` needs at least the memory of (`holds_at_least_the_memory_of`): then
+        `candidate` cannot fit either, whatever the model predicts. Host-side failures say nothing of the device."""
+        for t in self.outcome.trials:
+            device_failure = t.memory_failure and not t.over_host_headroom
+            if not device_failure or not (t.result.ok or self._modelled_memory_failed(t.result)):
+                continue
+            if holds_at_least_the_memory_of(candidate, t.candidate):
+                return t.candidate
+        return None
 
     # -- budget ------------------------------------------------------------------------------------
     def _budget_spent(self) -> tuple[StopReason, str] | None:
@@ -278,11 +319,13 @@ class Search:
                 return slow
         return None
 
-    def _trial(self, candidate: Candidate) -> TrialRecord:
+    def _trial(self, candidate: Candidate, purpose: str = LaunchPurpose.FIRST) -> TrialRecord:
         predicted = self._estimate(candidate)
         if slow := self._would_time_out(candidate):
             result = TrialResult(status="timeout", error=f"not run: {slow.key} timed out earlier in this run")
-            record = TrialRecord(candidate, result, predicted.gpu_peak_bytes, self.limit_bytes, from_cache=True)
+            record = TrialRecord(
+                candidate, result, predicted.gpu_peak_bytes, self.limit_bytes, from_cache=True, purpose=purpose
+            )
             self.outcome.trials.append(record)
             return record
         self.observe(SearchEvent("trial_start", candidate, predicted.candidate.describe()))
@@ -298,6 +341,7 @@ class Search:
             cached,
             self.host_limit_bytes,
             self.target.gpus_per_node,
+            purpose,
         )
         self.outcome.trials.append(record)
         peak = result.peak_memory_bytes
@@ -340,7 +384,11 @@ class Search:
         measured points, so two peaks of a group draw that group's line). Once a guess above a fit failed, the
         midpoint of the predicted fits (bisection). None when the model says nothing between them fits: the
         largest that ran is the boundary, unless the pick's confirmation (`_confirm_boundary`) finds otherwise."""
-        between = [m for m in self.micro_batches if (ok is None or m > ok) and (bad is None or m < bad)]
+        between = [
+            m
+            for m in self.micro_batches
+            if (ok is None or m > ok) and (bad is None or m < bad) and not self._measured_over(Candidate(rung, m, ckpt, mode))
+        ]
         if not between:
             return None
         if ok is None and bad is not None:
@@ -398,7 +446,14 @@ class Search:
         return min(guess, below[len(below) // 2]) if blind >= 2 and not peak else guess
 
     def _search_group(
-        self, rung: Rung, ckpt: bool, seed: int, mode: Mode = Mode(), ok: int | None = None, bad: int | None = None
+        self,
+        rung: Rung,
+        ckpt: bool,
+        seed: int,
+        mode: Mode = Mode(),
+        ok: int | None = None,
+        bad: int | None = None,
+        purpose: str = LaunchPurpose.FIRST,
     ) -> None:
         """Largest micro-batch that runs for one (rung, checkpointing) group, seeded by the prediction; `ok` and
         `bad` carry what an earlier walk of the group found (the pick's confirmation continues one).
@@ -416,7 +471,8 @@ class Search:
             if ok is not None and (why := self._bounded(Candidate(rung, mb, ckpt, mode))):
                 self.observe(SearchEvent("skip", Candidate(rung, mb, ckpt, mode), why))
                 return
-            record = self._trial(Candidate(rung, mb, ckpt, mode))
+            record = self._trial(Candidate(rung, mb, ckpt, mode), purpose)
+            purpose = LaunchPurpose.BOUNDARY
             if record.over_host_headroom:  # host buffers barely depend on the micro-batch: the rung is out
                 peak, limit = format_bytes(record.host_peak_bytes or 0), format_bytes(self.host_limit_bytes or 0)
                 headroom = f"{self.limits.headroom:.0%} of RAM"
@@ -497,7 +553,7 @@ class Search:
         self.outcome.remeasured = True
         for _ in range(rounds):
             for candidate in candidates:
-                if self._budget_spent() or not self._trial(candidate).within_headroom:
+                if self._budget_spent() or not self._trial(candidate, LaunchPurpose.CLOSE_CALL).within_headroom:
                     return None
         speeds = {c: self._speed(c, since) for c in candidates}
         return {c: s for c, s in speeds.items() if s is not None}
@@ -526,7 +582,13 @@ class Search:
             if failed and min(failed) <= above[0]:
                 return
             self._search_group(
-                pick.rung, pick.grad_checkpointing, above[0], pick.mode, pick.micro_batch, min(failed, default=None)
+                pick.rung,
+                pick.grad_checkpointing,
+                above[0],
+                pick.mode,
+                pick.micro_batch,
+                min(failed, default=None),
+                LaunchPurpose.CONFIRM,
             )
 
     def _settle_close_call(self) -> None:
@@ -675,7 +737,46 @@ class Search:
     def _fits(self, candidate: Candidate) -> bool:
         """The calibrated point prediction within the limit: a trial confirms it (an OOM moves the ratio up), so
         the spread a plan-only answer must allow for (check_fit's margin) would only buy a slower ratio."""
-        return self._estimate(candidate).gpu_peak_bytes <= self.limit_bytes
+        if self._measured_over(candidate):
+            return False
+        return self._anchored_peak(candidate) <= self.limit_bytes
+
+    def _anchored_peak(self, candidate: Candidate) -> int:
+        """The candidate's peak from measured peaks of its rung and checkpointing among the classic and partial-offload
+        settings, where there are any. Two measured at its micro-batch on either side of its ratio: the line between
+        them (GPU memory is linear in the offloaded share: each step moves whole sub-groups, stage3.py:1103-1108).
+        Else the nearest measured peak plus the model's difference between the two: the model's error in what they
+        share (weights, buffers, activations) cancels, only what differs stays predicted. Nothing measured: the point
+        prediction."""
+        predicted = self._estimate(candidate).gpu_peak_bytes
+        anchors = [
+            t
+            for t in self.outcome.trials
+            if t.candidate.rung is candidate.rung
+            and t.candidate.grad_checkpointing == candidate.grad_checkpointing
+            and (t.candidate.mode.is_classic or is_ratio_mode(t.candidate.mode))
+            and t.result.ok
+            and t.result.peak_memory_bytes
+            and not t.from_cache
+        ]
+        ratio = candidate.mode.offload_ratio
+        same = [t for t in anchors if t.candidate.micro_batch == candidate.micro_batch]
+        less = [t for t in same if t.candidate.mode.offload_ratio < ratio]
+        more = [t for t in same if t.candidate.mode.offload_ratio > ratio]
+        if less and more:
+            low = max(less, key=lambda t: t.candidate.mode.offload_ratio)
+            high = min(more, key=lambda t: t.candidate.mode.offload_ratio)
+            r1, r2 = low.candidate.mode.offload_ratio, high.candidate.mode.offload_ratio
+            p1, p2 = low.result.peak_memory_bytes or 0, high.result.peak_memory_bytes or 0
+            return int(p1 + (p2 - p1) * (ratio - r1) / (r2 - r1))
+        if not anchors:
+            return predicted
+        nearest = min(
+            anchors,
+            key=lambda t: (abs(t.candidate.micro_batch - candidate.micro_batch), abs(t.candidate.mode.offload_ratio - ratio)),
+        )
+        difference = predicted - self._estimate(nearest.candidate).gpu_peak_bytes
+        return (nearest.result.peak_memory_bytes or 0) + difference
 
     def _fits_with_margin(self, rung: Rung, mb: int, ckpt: bool, ratio: float) -> bool:
         """GPU peak plus the model's margin within the limit at `ratio` (check_fit's GPU test, without host)."""
@@ -733,7 +834,7 @@ class Search:
         for _ in range(RATIO_TRIES):
             if current is None or self._stop_if_spent():
                 break
-            record = self._trial(Candidate(rung, mb, ckpt, Mode(offload_ratio=current)))
+            record = self._trial(Candidate(rung, mb, ckpt, Mode(offload_ratio=current)), LaunchPurpose.RATIO)
             if record.result.peak_memory_bytes:
                 peaks[current] = record.result.peak_memory_bytes
             if record.within_headroom:
