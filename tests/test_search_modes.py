@@ -216,8 +216,10 @@ def test_holding_at_least_the_memory_of_follows_micro_batch_checkpointing_and_th
     partial = Candidate(z3_offload, 8, False, Mode(offload_ratio=0.5))
     assert not holds_at_least_the_memory_of(Candidate(z3_offload, 8, False), partial)  # ratio 1 keeps less
     assert holds_at_least_the_memory_of(Candidate(z3_offload, 8, False, Mode(offload_ratio=0.3)), partial)
-    assert not holds_at_least_the_memory_of(Candidate(z3_offload, 8, True, Mode(offload_ratio=0.3)), partial.__class__(
-        z3_offload, 8, False, Mode(offload_ratio=0.5)))  # checkpointing keeps less than without
+    assert not holds_at_least_the_memory_of(
+        Candidate(z3_offload, 8, True, Mode(offload_ratio=0.3)),
+        partial.__class__(z3_offload, 8, False, Mode(offload_ratio=0.5)),
+    )  # checkpointing keeps less than without
     hpz = Candidate(Rung.Z3, 8, False, Mode(hpz_partition_size=8))
     assert not holds_at_least_the_memory_of(hpz, Candidate(Rung.Z3, 8, False))  # no claim across other modes
 

@@ -210,6 +210,8 @@ def holds_at_least_the_memory_of(candidate: Candidate, measured: Candidate) -> b
         return True
     ratio_only = all(m.is_classic or is_ratio_mode(m) for m in (candidate.mode, measured.mode))
     return ratio_only and candidate.mode.offload_ratio <= measured.mode.offload_ratio
+
+
 RunTrial = Callable[[Candidate], tuple[TrialResult, bool]]  # -> (result, came from cache)
 
 
@@ -387,7 +389,9 @@ class Search:
         between = [
             m
             for m in self.micro_batches
-            if (ok is None or m > ok) and (bad is None or m < bad) and not self._measured_over(Candidate(rung, m, ckpt, mode))
+            if (ok is None or m > ok)
+            and (bad is None or m < bad)
+            and not self._measured_over(Candidate(rung, m, ckpt, mode))
         ]
         if not between:
             return None
@@ -773,7 +777,10 @@ class Search:
             return predicted
         nearest = min(
             anchors,
-            key=lambda t: (abs(t.candidate.micro_batch - candidate.micro_batch), abs(t.candidate.mode.offload_ratio - ratio)),
+            key=lambda t: (
+                abs(t.candidate.micro_batch - candidate.micro_batch),
+                abs(t.candidate.mode.offload_ratio - ratio),
+            ),
         )
         difference = predicted - self._estimate(nearest.candidate).gpu_peak_bytes
         return (nearest.result.peak_memory_bytes or 0) + difference
