@@ -168,3 +168,32 @@ def test_offload_rungs_over_the_host_ram_headroom_are_not_chosen() -> None:
     outcome = Search(model, target, settings, machine.run, RUNGS, grid(scenario, 4), SearchLimits(40)).run_search()
     assert outcome.best is None or outcome.best.candidate.rung.offload_optimizer is None
     assert any("host RAM peak" in s.reason for s in outcome.skipped)
+
+
+def test_a_warm_worker_launch_ends_only_at_a_failure_and_pays_its_start_once() -> None:
+    """The simulator's launch model: a fresh process per trial (autotune's GPU launcher) launches once per trial; a
+    warm worker (its CPU launcher, trial/warm.py) keeps its process until a trial fails. The start-up is charged once
+    per launch, the build and steps per trial."""
+    from gpu_sim.machine import STARTUP
+
+    machine = _machine("checkpointing-wins")[0]
+    fits, too_big = Candidate(Rung.Z3, 4, False), Candidate(Rung.Z3, 40, False)
+    assert machine.result(fits).ok and machine.result(too_big).status == "oom_gpu"
+    for candidate in (fits, fits, too_big, fits, too_big):
+        machine.run(candidate)
+    assert [len(launch) for launch in machine.launches(warm=False)] == [1, 1, 1, 1, 1]
+    assert [len(launch) for launch in machine.launches(warm=True)] == [3, 2]  # a new process after the first OOM
+    saved = machine.tune_seconds(warm=False) - machine.tune_seconds(warm=True)
+    per_warm_trial = STARTUP.process_start_s + STARTUP.cold_build_s - STARTUP.warm_build_s
+    assert saved == pytest.approx(3 * per_warm_trial)  # five trials, two launches
+
+
+def test_every_launch_says_why_it_was_made() -> None:
+    """The benchmark's count of launches by purpose covers every trial (the report of where launches go)."""
+    from gpu_sim.scenarios import SCENARIOS
+    from search_quality import run_scenario
+
+    row = run_scenario(next(s for s in SCENARIOS if s.name == "boundary-at-11"))
+    purposes = row["autotune"]["launch_purposes"]
+    assert sum(purposes.values()) == row["autotune"]["trials"]
+    assert "not recorded" not in purposes and purposes.get("first of a group", 0) >= 1

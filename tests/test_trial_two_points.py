@@ -7,8 +7,9 @@ import pytest
 
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.ladder import Candidate, Rung
-from autotune.trial import LocalLauncher, TrialSpec, run_trial
+from autotune.trial import LocalLauncher, TrialSpec, WarmWorkerPool, run_trial
 from autotune.trial.ops import prebuild_ops
+from autotune.trial.warm import WARM_GROWTH_LIMIT_BYTES
 
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1024, "n_positions": 256}
 
@@ -45,3 +46,37 @@ def test_one_launch_times_two_micro_batches_and_splits_the_optimizer_step(rung: 
     assert result.samples_per_s == pytest.approx(
         16 / sorted(result.step_times_s)[len(result.step_times_s) // 2], rel=0.3
     )
+
+
+def _group_spec(micro_batch: int) -> TrialSpec:
+    """ZeRO-2 without checkpointing at `micro_batch`, sequence 256: the logits alone grow by 1 MiB a sample."""
+    settings = TrainSettings(world_size=1, precision="bf16", hidden_size=64)
+    return TrialSpec(
+        model_config=TINY_GPT2,
+        architecture="GPT2LMHeadModel",
+        family="decoder-only",
+        ds_config=build_ds_config(Candidate(Rung.Z2, micro_batch=micro_batch), settings),
+        seq_len=256,
+        device="cpu",
+        warmup_steps=1,
+        max_steps=3,
+        timeout_s=600.0,
+    )
+
+
+@pytest.mark.slow  # about 60-90 s on the shared 2-core machine (one warm launch of two points, one cold trial)
+def test_one_warm_launch_measures_two_micro_batches_of_a_group_each_with_its_own_peak() -> None:
+    """Two points of one (rung, checkpointing) in one process: the warm worker builds a fresh model and engine per
+    point and resets the RSS high-water mark between them (/proc/self/clear_refs, trial/memory.py). The larger
+    micro-batch goes first, so a peak that was not reset would show up as the smaller one's: it must not; and the
+    smaller one's warm peak must be what a fresh process measures, within the growth the pool tolerates."""
+    env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}  # the tuner's CPU pool environment
+    with WarmWorkerPool(env=env) as pool:
+        large, small = run_trial(_group_spec(32), pool), run_trial(_group_spec(4), pool)
+        assert pool.restarts == 1  # one launch, two points
+    cold_small = run_trial(_group_spec(4), LocalLauncher(env=env))
+    for result in (large, small, cold_small):
+        assert result.status == "ok", result.error
+    large_peak, small_peak, cold_peak = (r.peak_memory_bytes or 0 for r in (large, small, cold_small))
+    assert small_peak < large_peak - 16 * 2**20  # 28 samples x 1 MiB of logits and more: the reset took
+    assert abs(small_peak - cold_peak) <= WARM_GROWTH_LIMIT_BYTES

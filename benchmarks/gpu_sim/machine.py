@@ -12,7 +12,10 @@ ranges (no single published value exists); they shape the scenarios but are not 
 
 from __future__ import annotations
 
+import json
+import statistics
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from autotune.hardware import GpuSpec, resolve_gpu_type
 from autotune.ladder import Candidate, Mode, Rung
@@ -61,9 +64,46 @@ CPU_ADAM_BYTES_PER_PARAM = 28
 # core of this benchmark's 2-core AMD EPYC VM (20M params, 2026-11-23, shared machine), i.e. 2.5e8-4.9e8
 # for CPU Adam. The simulator takes 3.5e8; node DRAM bandwidth usually binds first (see step_cost).
 CPU_ADAM_PARAMS_PER_CORE_S = 3.5e8
-# Trial start-up: process start, imports, model build (autotune's CPU trials: 17-25 s, benchmarks/trial.md).
-TRIAL_STARTUP_S = 25.0
+# Trial start-up, from our own measurement (benchmarks/trial_startup.py -> results/trial_startup_cpu.json; 2-core VM,
+# CPU backend, tiny GPT-2; the only start-up we have measured, no GPU yet): a launch pays the process start, imports
+# and process group once (phases launch + imports + dist_init); each trial pays its model build and DeepSpeed engine
+# init (model_build + engine_init), in a fresh process with the op loading, in a warm worker without it.
+STARTUP_MEASUREMENT = Path(__file__).resolve().parents[1] / "results" / "trial_startup_cpu.json"
 TRIAL_STEPS = 2 + 5  # warm-up + measured optimizer steps of one trial (autotune.trial defaults, min stable)
+
+
+@dataclass(frozen=True)
+class StartupCosts:
+    """Seconds a launch pays once, and a trial's build in a fresh process and in a warm one (means of the runs)."""
+
+    process_start_s: float
+    cold_build_s: float
+    warm_build_s: float
+
+    @property
+    def fresh_trial_s(self) -> float:
+        return self.process_start_s + self.cold_build_s
+
+
+def measured_startup(path: Path = STARTUP_MEASUREMENT) -> StartupCosts:
+    """torchrun launches (multi-GPU trials are torchrun's) for the cold figures; the warm pool's trials after its
+    first for the warm build."""
+    data = json.loads(path.read_text())
+
+    def phases(run: dict, names: tuple[str, ...]) -> float:
+        return sum(run["phases"].get(name, 0.0) for name in names)
+
+    cold = [r for r in data["torchrun_cold"] if r["status"] == "ok"]
+    warm = [r for r in data["warm_pool"][1:] if r["status"] == "ok"]
+    return StartupCosts(
+        process_start_s=statistics.mean(phases(r, ("launch", "imports", "dist_init")) for r in cold),
+        cold_build_s=statistics.mean(phases(r, ("model_build", "engine_init")) for r in cold),
+        warm_build_s=statistics.mean(phases(r, ("model_build", "engine_init")) for r in warm),
+    )
+
+
+STARTUP = measured_startup()
+TRIAL_STARTUP_S = STARTUP.fresh_trial_s  # one trial in its own process (DeepSpeed Autotuning's experiments too)
 
 # --- memory modes beyond the classic ladder (issue 19), the simulator's own model --------------------------
 # Partial optimizer offload (offload_optimizer.ratio, ZeRO-3): DeepSpeed 0.19.8 splits each rank's optimizer
@@ -370,10 +410,37 @@ class SimulatedCluster:
         return int(per_rank * self.node.gpus_per_node + 8 * GIB * self.node.gpus_per_node)  # + processes
 
     # -- a trial -----------------------------------------------------------------------------------
-    def trial_seconds(self, candidate: Candidate) -> float:
+    def steps_seconds(self, candidate: Candidate) -> float:
+        """The measured part of a trial: warm-up and measured optimizer steps."""
         cost = self.step_cost(candidate)
-        cycle = self.accumulation(candidate) * cost.micro_s + cost.optimizer_s
-        return TRIAL_STARTUP_S + TRIAL_STEPS * cycle
+        return TRIAL_STEPS * (self.accumulation(candidate) * cost.micro_s + cost.optimizer_s)
+
+    def trial_seconds(self, candidate: Candidate) -> float:
+        """One trial in its own process: start-up, build, steps."""
+        return TRIAL_STARTUP_S + self.steps_seconds(candidate)
+
+    def launches(self, warm: bool) -> list[list[Candidate]]:
+        """The trials run so far, grouped by process. Fresh (autotune's GPU launcher): one process per trial. Warm
+        (autotune's CPU launcher, trial/warm.py): a process runs trial after trial, a fresh model and engine each,
+        until one fails (an OOM, a timeout, a killed rank); the next trial starts a new one. The pool's other
+        restart, after a worker's memory grew past WARM_GROWTH_LIMIT_BYTES, is not simulated."""
+        groups: list[list[Candidate]] = []
+        failed = True
+        for candidate in self.launched:
+            if not warm or failed:
+                groups.append([])
+            groups[-1].append(candidate)
+            failed = not self.result(candidate).ok
+        return groups
+
+    def tune_seconds(self, warm: bool) -> float:
+        """Wall time of the trials run so far: each launch's start once, each trial's build and steps."""
+        total = 0.0
+        for launch in self.launches(warm):
+            total += STARTUP.process_start_s + STARTUP.cold_build_s
+            total += sum(self.steps_seconds(c) for c in launch)
+            total += STARTUP.warm_build_s * (len(launch) - 1)
+        return total
 
     def result(self, candidate: Candidate) -> TrialResult:
         peak = self.gpu_bytes(candidate)
