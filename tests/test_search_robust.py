@@ -189,11 +189,11 @@ def test_a_warm_worker_launch_ends_only_at_a_failure_and_pays_its_start_once() -
 
 
 def test_every_launch_says_why_it_was_made() -> None:
-    """The benchmark's count of launches by purpose covers every trial (the report of where launches go)."""
-    from gpu_sim.scenarios import SCENARIOS
-    from search_quality import run_scenario
-
-    row = run_scenario(next(s for s in SCENARIOS if s.name == "boundary-at-11"))
-    purposes = row["autotune"]["launch_purposes"]
-    assert sum(purposes.values()) == row["autotune"]["trials"]
-    assert "not recorded" not in purposes and purposes.get("first of a group", 0) >= 1
+    """Every trial run now carries why the search launched it; the outcome (and the tune report) counts them."""
+    machine, target, settings, rungs, micro_batches = _machine("boundary-at-11")
+    limits = SearchLimits(max_trials=28, headroom=0.9)
+    outcome = Search(machine.model, target, settings, machine.run, rungs, micro_batches, limits).run_search()
+    purposes = outcome.to_dict()["launches_by_purpose"]
+    assert sum(purposes.values()) == outcome.trials_launched == len(machine.launched)
+    assert "" not in purposes and purposes["first of a group"] >= 1
+    assert purposes.get("boundary walk", 0) >= 1  # the boundary falls between powers of two: walked to

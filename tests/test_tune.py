@@ -62,6 +62,9 @@ def test_global_batch_is_kept_and_the_config_is_valid(tmp_path) -> None:
     assert config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * 2 == 12
     assert {s.ds_config["train_micro_batch_size_per_gpu"] for s in launcher.specs} <= {1, 2, 3, 6}
     validate_with_deepspeed(config, world_size=2)
+    # where the launches went: every trial counted by why it ran; this launcher starts no processes of its own
+    assert sum(result.report["launches_by_purpose"].values()) == result.trials_launched == len(launcher.specs)
+    assert result.report["process_starts"] is None
 
 
 def test_global_batch_that_no_micro_batch_divides_is_bad_input(tmp_path) -> None:
@@ -180,6 +183,8 @@ def test_real_tune_ends_between_powers_of_two_on_a_boundary_a_trial_confirmed(tm
     # (the pick may sit below the boundary when a larger micro-batch measured slower: timings on this shared
     # machine scatter, 1.8-2.7 samples/s for neighbouring micro-batches in one run)
     assert any(c.micro_batch > pick.micro_batch and not t["within_headroom"] for c, t in group)
+    # CPU trials run in warm workers: fewer process starts than trials, a new one only after a failure
+    assert 1 <= result.report["process_starts"] <= result.trials_launched
 
 
 def test_replaced_warm_workers_get_a_progress_line() -> None:

@@ -125,6 +125,15 @@ def _modes_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _launch_detail(data: dict[str, Any]) -> str:
+    """Why the trials were launched, and in how many processes where warm workers ran several in one."""
+    purposes = data.get("launches_by_purpose") or {}
+    why = ", ".join(f"{purpose} {count}" for purpose, count in purposes.items())
+    starts = data.get("process_starts")
+    processes = f" in {starts} process start(s) (warm workers)" if starts is not None else ""
+    return f"{processes}" + (f" ({why})" if why else "")
+
+
 def _batch_headline(batch: dict[str, Any]) -> str:
     return (
         f"Global batch {batch['global_batch']} samples ({batch['tokens_per_step']} tokens) per optimizer step ="
@@ -158,7 +167,7 @@ def render_markdown(data: dict[str, Any]) -> str:
             "- **PLAN ONLY: not verified by trials** (no GPU of this kind here); predictions from the memory model."
         )
     lines.append(
-        f"- Search: {data['trials_launched']} trial(s) launched, {data['elapsed_s']:.1f} s;"
+        f"- Search: {data['trials_launched']} trial(s) launched{_launch_detail(data)}, {data['elapsed_s']:.1f} s;"
         f" stopped because {data.get('stop_message') or data['stop_reason']}"
     )
     if data.get("from_cache"):

@@ -146,10 +146,21 @@ class SearchOutcome:
     remeasured: bool = False
     verdict: Verdict | None = None  # the pick, runner-up, speeds with spreads, tie or not
     modes: list[ModeRecord] = field(default_factory=list)  # every mode considered on every rung, and its fate
+    # processes the launcher started for the trials: warm workers run trial after trial in one until one fails
+    # (trial/warm.py); None where every trial had its own process (then it equals trials_launched)
+    process_starts: int | None = None
 
     @property
     def trials_launched(self) -> int:
         return sum(not t.from_cache for t in self.trials)
+
+    def launches_by_purpose(self) -> dict[str, int]:
+        """Trials run now (not from the cache), counted by why the search launched them (LaunchPurpose)."""
+        counts: dict[str, int] = {}
+        for t in self.trials:
+            if not t.from_cache:
+                counts[t.purpose] = counts.get(t.purpose, 0) + 1
+        return counts
 
     def to_dict(self) -> dict:
         return {
@@ -164,6 +175,8 @@ class SearchOutcome:
             "remeasured": self.remeasured,
             "verdict": self.verdict.to_dict() if self.verdict else None,
             "modes": [m.to_dict() for m in self.modes],
+            "process_starts": self.process_starts,
+            "launches_by_purpose": self.launches_by_purpose(),
         }
 
 

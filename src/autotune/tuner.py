@@ -351,6 +351,8 @@ def _report_data(
         "trials": [t.to_dict() for t in outcome.trials] if outcome else [],
         "skipped": ([s.to_dict() for s in outcome.skipped] if outcome else []) + skipped,
         "trials_launched": outcome.trials_launched if outcome else 0,
+        "process_starts": outcome.process_starts if outcome else None,  # None: one process per trial
+        "launches_by_purpose": outcome.launches_by_purpose() if outcome else {},
         "stop_reason": (outcome.stop_reason if outcome and outcome.stop_reason else StopReason.PLAN_ONLY).value,
         "stop_message": outcome.stop_message if outcome else "plan only: no trials on this machine",
         "margin": outcome.margin if outcome else None,  # best vs runner-up after re-measuring close calls
@@ -413,6 +415,7 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
         given = launcher or script_launcher(request)
         with _launcher_for(request.device, given, ctx.target.nodes, observe) as chosen:
             outcome = _search(ctx, cache, chosen, observe, ops)
+            outcome.process_starts = getattr(chosen, "restarts", None)  # warm workers count their starts
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := _no_trial_completed(outcome)):
             data = _report_data(ctx, None, outcome, None, None, None, None, time.monotonic() - started)
