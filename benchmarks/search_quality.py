@@ -4,7 +4,9 @@ For every scenario in `gpu_sim/scenarios.py`: the exhaustive grid's best config 
 checkpointing x micro-batch, and every applicable memory mode of issue 19 that the simulator models: each
 offload ratio of the real grid, each ZeRO++ variant; within the headroom), autotune's search, and DeepSpeed
 Autotuning's strategy (stage x micro-batch, no offload, no modes) on the same simulator. Reports pick
-throughput / exhaustive best and trials / exhaustive trials. The search gets the same trial budget as
+throughput / exhaustive best, measured points (trials) and launches (process starts) apart: with a fresh process per
+trial (autotune's GPU launcher) and with warm workers (its CPU launcher), each with its simulated wall time, and the
+trials counted by why the search launched them. The search gets the same trial budget as
 before the modes existed (a quarter of the classic grid), so the modes have to pay for themselves in it.
 
     python benchmarks/search_quality.py            # writes results/search_quality.json, prints a table
