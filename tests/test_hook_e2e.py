@@ -83,7 +83,7 @@ def kill_mid_trial(pid: int, timeout: float = 120) -> None:
 
 def corrupt_recommendation(cache: Path) -> None:
     with sqlite3.connect(cache / "results.sqlite") as db:
-        changed = db.execute("UPDATE recommendations SET payload = replace(payload, 'z0', 'z3')").rowcount
+        changed = db.execute("UPDATE signed_recommendations SET payload = replace(payload, 'z0', 'z3')").rowcount
     assert changed == 1
 
 
