@@ -18,7 +18,7 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # pragma: no cover - older typer depends on click itself
     from click import exceptions as click_errors
 
-from autotune.errors import NothingFitsError, UserError
+from autotune.errors import AutotuneError
 from autotune.terminate import Terminated
 
 app = typer.Typer(
@@ -88,12 +88,8 @@ def main(argv: list[str] | None = None) -> None:
         fail_with(error.format_message().replace("\n", " "), 2)
     except typer.Abort:
         fail_with("aborted", 130)
-    except UserError as error:
-        fail_with(str(error), error.exit_code)
-    except NothingFitsError as error:
-        fail_with(str(error), error.exit_code)
     except KeyboardInterrupt:
         fail_with("interrupted", 130)
-    except Terminated as error:  # SIGTERM, after cleanup (terminate.py)
+    except (AutotuneError, Terminated) as error:  # Terminated: SIGTERM, after cleanup (terminate.py)
         fail_with(str(error), error.exit_code)
     raise SystemExit(code if isinstance(code, int) else 0)

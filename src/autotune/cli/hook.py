@@ -151,7 +151,7 @@ def hook_command(
     command: UserCommandArg = None,
 ) -> None:
     """Pre-launch hook: tune once per job (one process tunes, the others wait) and write ds_config.json."""
-    from autotune.hook import HookError, HookRequest, JobOverrides, run_hook
+    from autotune.hook import HookRequest, JobOverrides, run_hook
     from autotune.request import TuneRequest, validate
 
     if print_env and as_json:
@@ -201,14 +201,11 @@ def hook_command(
         wait_timeout_s=wait_timeout,
         strict=strict,
     )
-    try:
-        # SIGTERM (scancel, time limit): trials stopped, best verified config published, exit 143 (terminate.py)
-        with sigterm_raises():
-            progress = TrialProgress(err_console(), max_trials, enabled=True, verbose=verbose)  # as `tune` prints
-            result = run_hook(request, observe=progress, say=_say)
-    except HookError as error:
-        print(f"autotune: error: {error}", file=sys.stderr)
-        raise SystemExit(error.exit_code) from None
+    # SIGTERM (scancel, time limit): trials stopped, best verified config published, exit 143 (terminate.py);
+    # a HookError (exit 4) reaches the CLI's one handler like every other AutotuneError
+    with sigterm_raises():
+        progress = TrialProgress(err_console(), max_trials, enabled=True, verbose=verbose)  # as `tune` prints
+        result = run_hook(request, observe=progress, say=_say)
     if result.ignored:
         print(f"autotune hook: did not trust a published result ({result.ignored})", file=sys.stderr)
     if result.fallback:

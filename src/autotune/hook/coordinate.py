@@ -39,7 +39,7 @@ import psutil
 from pydantic import TypeAdapter, ValidationError
 
 from autotune.atomic import atomic_write_json, atomic_write_text, refuse_non_regular
-from autotune.errors import UserError
+from autotune.errors import HookError, UserError  # HookError is importable from here, as before
 from autotune.integrity import KeyRefused, sign, signing_key, verify
 from autotune.output_paths import file_kind
 from autotune.sharing import distrust_reason, file_mode_for, make_dirs
@@ -47,12 +47,6 @@ from autotune.sharing import distrust_reason, file_mode_for, make_dirs
 RECORD_FORMAT = 1
 Role = Literal["hit", "leader", "follower"]
 RecordStatus = Literal["complete", "fallback", "failed"]
-
-
-class HookError(Exception):
-    """The hook could not give this job a config (timeout, failed tuning, --strict); exit code 4."""
-
-    exit_code = 4
 
 
 @dataclass(frozen=True)
