@@ -60,3 +60,17 @@ def test_malformed_config_json(tmp_path) -> None:
 def test_nvme_path_not_writable() -> None:
     """/proc refuses new files even to root, like a read-only mount."""
     assert "not writable" in _one_line_error(run_cli("probe", "--nvme-path", "/proc"))
+
+
+def test_debug_variable_adds_the_traceback_before_the_same_one_line() -> None:
+    from autotune.cli import debug_wanted
+
+    plain = run_cli("model", "t5-3bb")
+    debug = run_cli("model", "t5-3bb", env={"AUTOTUNE_DEBUG": "1"})
+    assert debug.returncode == plain.returncode == 2
+    assert "Traceback" not in plain.stderr
+    assert "Traceback (most recent call last)" in debug.stderr and "UserError" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1] == plain.stderr.strip()  # the one line is unchanged, and last
+    wanted = {value: debug_wanted({"AUTOTUNE_DEBUG": value}) for value in ("1", "yes", "0", "", " ")}
+    assert wanted == {"1": True, "yes": True, "0": False, "": False, " ": False}
+    assert not debug_wanted({})

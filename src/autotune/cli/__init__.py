@@ -4,12 +4,16 @@
 
 Exit codes: 0 success, 1 `check` found errors, 2 bad input (one line on stderr, before any trial; also
 trials that could not complete), 3 nothing fits, 4 the pre-launch hook failed (the tuning process
-crashed or a waiting process timed out), 130 interrupted.
+crashed or a waiting process timed out), 130 interrupted, 143 stopped by SIGTERM.
+`AUTOTUNE_DEBUG=1` in the environment prints the traceback before that one line.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
+from collections.abc import Mapping
 
 import typer
 
@@ -64,7 +68,18 @@ def _route_default(argv: list[str]) -> list[str]:
     return argv
 
 
-def fail_with(message: str, code: int) -> None:
+DEBUG_VARIABLE = "AUTOTUNE_DEBUG"
+
+
+def debug_wanted(environ: Mapping[str, str]) -> bool:
+    """`AUTOTUNE_DEBUG=1` (any value but empty or 0): errors show their traceback, for a bug report."""
+    return environ.get(DEBUG_VARIABLE, "").strip() not in ("", "0")
+
+
+def fail_with(message: str, code: int, *, show_traceback: bool = False) -> None:
+    """One line on stderr and exit `code`; with `show_traceback` the handled error's traceback first."""
+    if show_traceback:
+        traceback.print_exc(file=sys.stderr)
     print(f"autotune: error: {message}", file=sys.stderr)
     raise SystemExit(code)
 
@@ -76,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
 
         print(f"autotune {__version__}")
         return
+    debug = debug_wanted(os.environ)
     routed = _route_default(args)
     named = routed[0] if routed and not any(flag in routed[1:] for flag in ("-h", "--help")) else None
     _register_commands(named)
@@ -89,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         fail_with("aborted", 130)
     except KeyboardInterrupt:
-        fail_with("interrupted", 130)
+        fail_with("interrupted", 130, show_traceback=debug)
     except (AutotuneError, Terminated) as error:  # Terminated: SIGTERM, after cleanup (terminate.py)
-        fail_with(str(error), error.exit_code)
+        fail_with(str(error), error.exit_code, show_traceback=debug)
     raise SystemExit(code if isinstance(code, int) else 0)
