@@ -26,7 +26,7 @@ import psutil
 from compare import environment
 from compare.latency import top_imports
 
-TARGET_S = 0.3  # issue 11: a repeat CLI run with unchanged hardware answers in under 0.3 s
+TARGET_S = 0.3  # the cache-hit target: a repeat CLI run with unchanged hardware answers in under 0.3 s
 
 
 def tune_args(workdir: Path) -> list[str]:

@@ -62,7 +62,7 @@ class Point:
     grad_checkpointing: bool = False
     ranks: int = 1
     malloc: str = "mmap64k"
-    offload_ratio: float = 1.0  # partial optimizer offload (issue 19, autotune.modes); 1.0 = the classic rung
+    offload_ratio: float = 1.0  # partial optimizer offload (a modern mode, autotune.modes); 1.0 = the classic rung
 
     @property
     def candidate(self) -> Candidate:
@@ -74,7 +74,7 @@ def _points(malloc: str, *rows: tuple) -> list[Point]:
     return [Point(m, Rung(r), mb, s, ck, n, malloc) for m, r, mb, s, ck, n in rows]
 
 
-# Partial optimizer offload (issue 19) between ZeRO-3 and ZeRO-3 + offload, ratios 0 and 0.5 beside the classic
+# Partial optimizer offload (a modern mode) between ZeRO-3 and ZeRO-3 + offload, ratios 0 and 0.5 beside the classic
 # z3+offload_opt rows above (ratio 1). On the CPU backend the "GPU" and the host are one process, so the ratio
 # moves bytes within the same RSS; what these rows check is that the memory model's mode terms keep the sum right.
 # gpt2 (124M) on 2 ranks was tried too (2026-11-23) and hit the 600 s trial timeout on the shared machine (load 8).
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
         help="merge into the existing results: re-predict kept rows, replace re-measured ones",
     )
     parser.add_argument(
-        "--partial-offload", action="store_true", help="only the partial optimizer offload points (issue 19)"
+        "--partial-offload", action="store_true", help="only the partial optimizer offload points (a modern mode)"
     )
     args = parser.parse_args(argv)
     if args.device == "cpu":

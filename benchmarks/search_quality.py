@@ -1,7 +1,7 @@
 """Search quality on a simulated GPU cluster that does not share the search's beliefs.
 
 For every scenario in `gpu_sim/scenarios.py`: the exhaustive grid's best config (every rung x
-checkpointing x micro-batch, and every applicable memory mode of issue 19 that the simulator models: each
+checkpointing x micro-batch, and every applicable modern memory mode that the simulator models: each
 offload ratio of the real grid, each ZeRO++ variant; within the headroom), autotune's search, and DeepSpeed
 Autotuning's strategy (stage x micro-batch, no offload, no modes) on the same simulator. Reports pick
 throughput / exhaustive best, measured points (trials) and launches (process starts) apart: with a fresh process per

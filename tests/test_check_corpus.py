@@ -1,7 +1,7 @@
 """`autotune check` on a corpus shaped like what training repositories publish (tests/data/check/corpus/README.md).
 
-Done-when of issue 17, as tests: no error or warning on a config that trains as written, every config
-that would crash is flagged, every --fix output passes DeepSpeed's parser at the target world size
+`check` trusted on real-world configs, as tests: no error or warning on a config that trains as written, every
+config that would crash is flagged, every --fix output passes DeepSpeed's parser at the target world size
 (and HF / accelerate's own filling and consistency check where they are the consumer), and --fix
 changes no training value unless asked.
 """

@@ -230,7 +230,7 @@ def test_unknown_stage_is_refused_in_one_line() -> None:
 
 
 def test_modes_stage_runs_zero3_offload_and_partial_ratios_beside_each_other(kit_module, tmp_path: Path) -> None:
-    """Issue 19: ZeRO-3, ZeRO-3 + offload and partial offload (the set ratios and the smallest predicted to fit)."""
+    """Modern modes: ZeRO-3, ZeRO-3 + offload and partial offload (the set ratios and the smallest predicted to fit)."""
     trials = FakeTrials()
     kit = _kit(kit_module, tmp_path, trials)
     kit_module.stage_modes(kit)

@@ -1,4 +1,4 @@
-"""Issue 19's modes: where each applies, the config autotune emits for it, and its memory terms."""
+"""The modern memory modes: where each applies, the config autotune emits for it, and its memory terms."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 19's modes run for real on the CPU backend: which run, and partial offload measured against the model.
+"""The modern memory modes run for real on the CPU backend: which run, and partial offload measured against the model.
 
 Slow: each case is a real DeepSpeed trial (about 20-60 s on 2 shared cores).
 """

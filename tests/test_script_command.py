@@ -275,7 +275,7 @@ def test_hook_leaves_own_command_trials_to_the_tuner(tmp_path: Path) -> None:
 
 
 def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tmp_path: Path) -> None:
-    """Issue 11's structure: the command is checked by TuneRequest's validate(), is part of the context's
+    """One request, one context: the command is checked by TuneRequest's validate(), is part of the context's
     question (trials and answer keys), and a stored own-command answer is served again (the emitted config,
     user's base config merged, is what cached_answer compares)."""
     from dataclasses import replace

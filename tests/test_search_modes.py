@@ -1,4 +1,4 @@
-"""The search with the memory modes of issue 19: the offload ratio bisected and confirmed by trials, modes compared by
+"""The search with the modern memory modes: the offload ratio bisected and confirmed by trials, modes compared by
 measured speed only, never pruned by the ladder's order, and planned-only modes never picked.
 
 The memory model and the trial runner are fakes here (no DeepSpeed, no timing): each test says what the model

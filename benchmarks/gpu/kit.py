@@ -541,7 +541,7 @@ def stage_oom(kit: Kit) -> None:
         log(f"  {row['status']}: {row['verdict']} ({row.get('error') or ''})")
 
 
-# ---------------------------------------------------------------- modes (issue 19)
+# ---------------------------------------------------------------- modern memory modes
 
 
 def smallest_fitting_ratio(setting: ModesSetting, limit_bytes: int, device: str) -> float | None:

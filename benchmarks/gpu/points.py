@@ -20,7 +20,7 @@ class MemoryPoint:
     micro_batch: int
     seq_len: int
     grad_checkpointing: bool = False
-    mode: Mode = field(default_factory=Mode)  # issue 19's modes; classic by default (the key is then unchanged)
+    mode: Mode = field(default_factory=Mode)  # a modern memory mode; classic by default (the key is then unchanged)
     zero_init: bool = True  # ZeRO-3 built under deepspeed.zero.Init; False: whole on the GPU first (key gains a tag)
 
     @property

@@ -105,7 +105,7 @@ def measured_startup(path: Path = STARTUP_MEASUREMENT) -> StartupCosts:
 STARTUP = measured_startup()
 TRIAL_STARTUP_S = STARTUP.fresh_trial_s  # one trial in its own process (DeepSpeed Autotuning's experiments too)
 
-# --- memory modes beyond the classic ladder (issue 19), the simulator's own model --------------------------
+# --- modern memory modes (beyond the classic ladder), the simulator's own model ---------------------
 # Partial optimizer offload (offload_optimizer.ratio, ZeRO-3): DeepSpeed 0.19.8 splits each rank's optimizer
 # partition into sub-groups and puts sub-group i on the CPU iff i >= int((1 - ratio) * sub_groups)
 # (runtime/zero/stage3.py:1103-1108). GPU sub-groups keep fp32 master weights, momentum and variance on the GPU

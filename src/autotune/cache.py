@@ -85,7 +85,7 @@ class MalformedRecord(ValueError):
     """A cached row that does not parse as what we wrote, or holds values no trial could have produced."""
 
 
-# A stored mode (issue 19) must have exactly Mode's fields with their types; a classic candidate stores none.
+# A stored modern memory mode must have exactly Mode's fields with their types; a classic candidate stores none.
 _MODE_FIELD_TYPES = {
     "offload_ratio": (float, int),
     "zenflow": (bool,),

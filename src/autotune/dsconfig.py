@@ -115,7 +115,7 @@ def zero_section(candidate: Candidate, settings: TrainSettings, accumulation: in
 
 
 def mode_fields(candidate: Candidate, settings: TrainSettings, accumulation: int = 1) -> dict[str, Any]:
-    """The zero_optimization fields of the candidate's modern mode (issue 19); {} for the classic mode.
+    """The zero_optimization fields of the candidate's modern memory mode; {} for the classic mode.
 
     Keys under offload_optimizer come back under "offload_optimizer_extra" for zero_section to merge. Whether the
     mode applies to the rung is `autotune.modes`' question; here a mode on a rung that lacks what it needs is a

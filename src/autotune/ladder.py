@@ -66,7 +66,7 @@ def parse_rung(text: str) -> Rung:
 
 @dataclass(frozen=True, order=True)
 class Mode:
-    """Memory modes beyond the classic ladder that DeepSpeed 0.19.8 offers on some rungs (issue 19).
+    """Memory modes beyond the classic ladder that DeepSpeed 0.19.8 offers on some rungs: the modern memory modes.
 
     The default value is the classic rung, so a Candidate without a mode means exactly what it meant before, and its
     key and dict are unchanged (cache entries written before modes existed stay valid). Which mode applies to which

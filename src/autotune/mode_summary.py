@@ -1,4 +1,4 @@
-"""The modern modes (issue 19) in a plan-only answer: what `autotune plan` prints after its recommendation, and
+"""The modern memory modes in a plan-only answer: what `autotune plan` prints after its recommendation, and
 what a "nothing fits" message adds when a mode is predicted to fit where no classic rung does.
 
 Built from the search's `ModeRecord`s (`tuner.planned_modes`, or a search's outcome), never from its own

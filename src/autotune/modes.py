@@ -1,4 +1,4 @@
-"""Which memory modes beyond the classic ladder apply where (issue 19), read from DeepSpeed 0.19.8's own code.
+"""Which memory modes beyond the classic ladder (modern modes) apply where, read from DeepSpeed 0.19.8's own code.
 
 The `Mode` value lives in `autotune.ladder`; this module decides, for one rung and one machine, which modes are
 worth considering, whether each applies, why not, and whether a trial on this backend can verify it. The search

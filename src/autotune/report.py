@@ -77,7 +77,7 @@ def _versus(mode_speed: float | None, choice_speed: float | None) -> str:
 
 
 def _modes_lines(data: dict[str, Any]) -> list[str]:
-    """Modern modes (issue 19): what was considered on each rung, whether it applied and why, what the search
+    """Modern memory modes: what was considered on each rung, whether it applied and why, what the search
     did with it, and why the classic ladder won or lost against it (by measured speed only)."""
     modes = data.get("modes") or []
     if not modes:

@@ -37,11 +37,11 @@ from autotune.units import format_bytes
 MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
 RULED_OUT_MARGIN = 0.15  # skip without a trial only when the prediction is this far over the limit
 TRY_MARGIN = 0.10  # a micro-batch predicted within this much over the limit is still worth a trial
-# Offload-ratio knob (issue 19), a budget choice, not a claim about speed: at most this many micro-batches per
-# (rung, checkpointing), each with at most this many trials (the predicted smallest fitting ratio; after a miss,
-# the next ratio up that the OOM-calibrated model, or two measured peaks, say fits; after a fit, one step down
-# when the calibrated model allows it). Worst case 2 x 3 = 6 extra trials per checkpointing setting; usually
-# 1-2 (benchmarks/README.md, search quality).
+# Offload-ratio knob (a modern memory mode), a budget choice, not a claim about speed: at most this many micro-batches
+# per (rung, checkpointing), each with at most this many trials (the predicted smallest fitting ratio; after a miss, the
+# next ratio up that the OOM-calibrated model, or two measured peaks, say fits; after a fit, one step down when the
+# calibrated model allows it). Worst case 2 x 3 = 6 extra trials per checkpointing setting; usually 1-2
+# (benchmarks/README.md, search quality).
 RATIO_MICRO_BATCHES = 2
 RATIO_TRIES = 3
 
@@ -687,7 +687,7 @@ class Search:
                     self._plan_mode(rung, ckpt, choice.mode, record, "plan only: no trials on this machine")
         return self.outcome.modes
 
-    # -- modes beyond the classic ladder (issue 19) -------------------------------------------------
+    # -- modern memory modes (beyond the classic ladder) ----------------------------------------
     def _consider_modes(self) -> dict[Rung, list[tuple[ModeChoice, ModeRecord]]]:
         """Ask, once per rung, which modes apply; every one considered gets a record in the outcome."""
         options: dict[Rung, list[tuple[ModeChoice, ModeRecord]]] = {}

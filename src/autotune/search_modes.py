@@ -1,4 +1,4 @@
-"""The memory modes beyond the classic ladder, as the search sees them (issue 19).
+"""The modern memory modes (beyond the classic ladder), as the search sees them.
 
 Which mode applies to which rung, node count and hardware is `autotune.modes`'s decision; the search takes
 that list through an injected callable (`ModesFor`) and only needs four fields of each entry (`ModeChoice`).
@@ -40,7 +40,7 @@ ModesFor = Callable[[Rung], Sequence[ModeChoice]]
 
 
 def no_modes(rung: Rung) -> Sequence[ModeChoice]:
-    """The classic ladder only (what the search did before issue 19)."""
+    """The classic ladder only (what the search did before the modern memory modes)."""
     return ()
 
 

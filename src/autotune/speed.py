@@ -29,7 +29,7 @@ a group that was measured bounds it, through one of these relations:
      1.23x this bound gives). Only this direction is used.
   A3 (micro-batch): per-rank step time = fixed + per_sample * micro_batch within one group, fitted on
      its measured points (two per launch); per-sample speed does not fall as micro-batch grows.
-  A4 (modes, issue 19): a measured group bounds only candidates of its own mode (ZenFlow, ZeRO++, SuperOffload
+  A4 (modern memory modes): a measured group bounds only candidates of its own mode (ZenFlow, ZeRO++, SuperOffload
      and each offload ratio change the work in ways no ladder edge describes), with one exception: a measured
      classic rung with no optimizer offload (ZeRO-3) bounds partial optimizer offload on the rungs it dominates
      (A1), because partial offload does ZeRO-3's work plus the PCIe copies of the offloaded fraction, and its

@@ -360,7 +360,7 @@ def _report_data(
         "verdict": outcome.verdict.to_dict() if outcome and outcome.verdict else None,  # close_call.Verdict
         "host_need": host_need,
         "calibration": outcome.calibration.to_dict() if outcome else None,
-        "modes": [m.to_dict() for m in modes],  # issue 19
+        "modes": [m.to_dict() for m in modes],  # the modern memory modes considered per rung
         "plan": plan_data,
         "elapsed_s": elapsed_s,
         "versions": library_versions(),

@@ -1,4 +1,4 @@
-"""The memory mode (issue 19) a user's `zero_optimization` section runs, as DeepSpeed 0.19.8 would run it.
+"""The memory mode (classic or modern) a user's `zero_optimization` section runs, as DeepSpeed 0.19.8 would run it.
 
 `autotune.modes.mode_from_zero_section` reads what is written; this keeps only the parts DeepSpeed really acts on
 for the config's rung, and says in a note what it drops and why (DeepSpeed ignores it, or refuses the config), so

@@ -217,7 +217,7 @@ def predict_config(
         optimizer=optimizer,
         knobs=knobs,
     )
-    # issue 19: the modern mode the section runs (ratio, ZenFlow, ZeRO++, SuperOffload), cut by its sub_group_size
+    # the modern memory mode the section runs (ratio, ZenFlow, ZeRO++, SuperOffload), cut by its sub_group_size
     mode, mode_notes = config_mode(section, rung)
     candidate = Candidate(rung, micro, grad_checkpointing, mode)
     predicted = estimate(model, target, candidate, settings)

@@ -106,7 +106,7 @@ def estimate(
         pinned_rounding=pins_through_cuda(settings),
     )
     buffers = deepspeed_buffers(model, target, candidate.rung, settings, candidate.grad_checkpointing)
-    # issue 19: a modern mode's own terms on top of the classic rung (estimate/modes.py)
+    # a modern memory mode's own terms on top of the classic rung (estimate/modes.py)
     modes = mode_memory(model, target, candidate, settings.precision, settings.knobs, settings.reduce_bucket_elements)
     device = {**states.device_components, **buffers.device_components, **modes.device_components}
     raw_activations = _activation_components(model, candidate, settings)

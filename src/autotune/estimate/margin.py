@@ -66,7 +66,7 @@ def gpu_margins(
     relative.update(dict.fromkeys(_BUFFER_COMPONENTS, BUFFER_RELATIVE))
     relative.update(dict.fromkeys(_ACTIVATION_COMPONENTS, activation_relative))
     relative["live_params"] = LIVE_PARAMS_RELATIVE
-    relative.update(MODE_MARGINS)  # issue 19's mode terms (estimate/modes.py)
+    relative.update(MODE_MARGINS)  # the modern memory modes' terms (estimate/modes.py)
     calibrated = calibration is not None and calibration.samples > 0
     relative["unpartitioned_model_reserve"] = BUFFER_RELATIVE
     shrink = CALIBRATED_SHRINK if calibrated else 1.0

@@ -1,4 +1,4 @@
-"""What each modern mode (issue 19) adds to or moves out of one rank's memory, read from DeepSpeed 0.19.8's code.
+"""What each modern memory mode adds to or moves out of one rank's memory, read from DeepSpeed 0.19.8's code.
 
 The classic rung's figure (model_states.py, buffers.py) stays as it is; `mode_memory` returns the mode's terms on
 top, named, so the report shows them and margin.py gives each its own spread (MODE_MARGINS). Paths are relative

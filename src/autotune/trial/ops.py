@@ -67,7 +67,7 @@ def ops_built(device: str, names: tuple[str, ...] = ()) -> bool:
 
 
 # A build lock older than this is stale: first-ever builds of the trial ops took 3-5 min on 2 cores
-# (closing note of issue 4) and DeepSpeed's slowest op (async_io) about 6 min (shared/deepspeed-notes.md);
+# (our measurement) and DeepSpeed's slowest op (async_io) about 6 min (shared/deepspeed-notes.md);
 # twice the slowest.
 STALE_LOCK_S = 12 * 60.0
 

@@ -5,8 +5,8 @@ For that the trial records every allocation with its Python stack, replays the e
 allocated total was highest, and sums the blocks alive then by the line of code that allocated them:
 `transformers/.../modeling_llama.py:NNN forward` is activations, `deepspeed/runtime/zero/...` is ZeRO's
 buffers and gathered parameters, and so on. The GPU kit records it in its `sites` stage (four memory points,
-ZeRO-3 + full offload first) and for its OOM probes (issue 14: find which component of the published-set gap is
-ours), so one GPU session answers per component, not per total.
+ZeRO-3 + full offload first) and for its OOM probes (the memory model held to GPU truth: find which
+component of the published-set gap is ours), so one GPU session answers per component, not per total.
 
 The recorder is CUDA's caching allocator's own trace (`torch.cuda.memory._record_memory_history`, documented
 with `_snapshot` in torch/cuda/memory.py and in PyTorch's "Understanding CUDA Memory Usage"): each event holds

@@ -408,7 +408,7 @@ def timed_steps(
 
 
 def engine_mode_facts(engine: Any) -> dict:
-    """What the engine runs for the modes of issue 19, read from its parsed config and its optimizer.
+    """What the engine runs for the modern memory modes, read from its parsed config and its optimizer.
 
     For a partial optimizer offload the device-side share is read, not recomputed: DeepSpeed steps the sub-groups
     it keeps on the accelerator with its backup torch AdamW (runtime/zero/stage3.py:1249-1258), so the fp32
