@@ -39,6 +39,9 @@ from fractions import Fraction
 
 from autotune.hardware import Target
 from autotune.ladder import Mode, Rung
+from autotune.versions import SUPER_OFFLOAD as SUPER_OFFLOAD_FLOOR
+from autotune.versions import ZENFLOW as ZENFLOW_FLOOR
+from autotune.versions import installed
 
 # The ratio is searched in steps of 1/RATIO_STEPS, and the emitted sub_group_size cuts each rank's parameters into
 # about RATIO_STEPS sub-groups so each step moves one sub-group (stage3.py:1105). 20 steps = 5% granularity;
@@ -93,6 +96,7 @@ class ModeFacts:
     ds_optimizer: bool = True  # the config has a DeepSpeed optimizer section (adamw / torch-adamw), not a client one
     precision: str = "bf16"  # the training's precision: SuperOffload's update is exact only without a loss scale
     allow_approximate: bool = False  # --allow-approximate: modes that change the update rule or numerics may apply
+    deepspeed_version: str | None = None  # the installed DeepSpeed: a mode it predates is not searched (versions.py)
 
     @property
     def world_size(self) -> int:
@@ -123,6 +127,7 @@ def facts_for(
         ds_optimizer=ds_optimizer,
         precision=precision,
         allow_approximate=allow_approximate,
+        deepspeed_version=installed("deepspeed"),
     )
 
 
@@ -314,6 +319,8 @@ def _zenflow(rung: Rung, facts: ModeFacts) -> ModeOption:
         why_not = "ZenFlow is built for stages 1-2 with CPU optimizer offload (zenflow_stage_1_and_2.py:111-115)"
     elif not facts.ds_optimizer:
         why_not = "ZenFlow wraps DeepSpeed's own CPU Adam (engine.py:2386-2398), not a client optimizer"
+    else:
+        why_not = ZENFLOW_FLOOR.missing(facts.deepspeed_version)
     why = "updates the top-k gradient columns on the GPU, the rest asynchronously on the CPU"
     return _option(Mode(zenflow=True), ZENFLOW, facts, why_not, why)
 
@@ -368,6 +375,8 @@ def _super_offload(rung: Rung, facts: ModeFacts) -> ModeOption:
         why_not = "SuperOffload is tuned for superchips (GH200-class coherent host link); this hardware is not one"
     elif not facts.ds_optimizer:
         why_not = "SuperOffload builds its own CPU Adam from the config's optimizer section"
+    else:
+        why_not = SUPER_OFFLOAD_FLOOR.missing(facts.deepspeed_version)
     why = "stage-3 offload for superchips: CPU Adam on cpuadam_cores_perc of the cores, overlapped with backward"
     return _option(Mode(super_offload=True), SUPER_OFFLOAD, facts, why_not, why)
 

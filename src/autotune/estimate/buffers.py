@@ -39,12 +39,13 @@ from dataclasses import dataclass, field
 
 from autotune.dsconfig import stage3_buckets
 from autotune.estimate.pinned import pinned_bytes, pins_through_cuda
-from autotune.estimate.runtime import RuntimeStack, version_tuple
+from autotune.estimate.runtime import RuntimeStack
 from autotune.estimate.stage3_retention import gathered_at_turn, weight_matrices
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware import Target
 from autotune.ladder import Rung
 from autotune.models import ModelSummary
+from autotune.versions import version_tuple
 
 ALLREDUCE_BUCKET_ELEMENTS = 500_000_000  # engine default, stage 0
 OPTIMIZER_SWAP_BUFFERS = 4

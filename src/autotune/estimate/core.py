@@ -25,7 +25,6 @@ from autotune.estimate.runtime import (
     nccl_buffers,
     nvls_buffers,
     unpressured_reserve_fraction,
-    version_tuple,
 )
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
 from autotune.hardware import Target
@@ -33,6 +32,7 @@ from autotune.ladder import Candidate
 from autotune.models import ModelSummary
 from autotune.modes import ratio_sub_group_size
 from autotune.units import format_bytes
+from autotune.versions import version_tuple
 
 # Components that grow with the micro-batch; Calibration.activation_scale multiplies them.
 VARIABLE_COMPONENTS = ("activations", "logits", "backward_window")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from importlib import metadata
 
 from autotune.units import GiB, MiB
+from autotune.versions import installed as _installed
+from autotune.versions import version_tuple
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,6 @@ class RuntimeStack:
 
 # pip packages that carry NCCL with the CUDA builds of torch, newest first.
 _NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
-
-
-def _installed(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def local_stack(compute_capability: str | None = None) -> RuntimeStack:
@@ -60,23 +54,6 @@ class Overhead:
     source: str
 
 
-def version_tuple(text: str | None) -> tuple[int, ...] | None:
-    """Parse "2.5.1+cu124" as (2, 5, 1); None or unparsable gives None."""
-    return _version(text)
-
-
-def _version(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    parts = []
-    for piece in text.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) or None
-
-
 # --- CUDA context -------------------------------------------------------------------------------------
 # With lazy module loading (PyTorch sets CUDA_MODULE_LOADING=LAZY since 1.13, pytorch/pytorch PR #86509; the
 # driver supports it from CUDA 11.7): 287,047,680 B measured in that PR (CUDA 11.7), "around 400MB"
@@ -91,7 +68,7 @@ CONTEXT_EAGER_LOW = 666_632_192
 
 
 def lazy_loading(stack: RuntimeStack) -> bool | None:
-    torch_version, cuda_version = _version(stack.torch_version), _version(stack.cuda_version)
+    torch_version, cuda_version = version_tuple(stack.torch_version), version_tuple(stack.cuda_version)
     if torch_version is None or cuda_version is None:
         return None
     return torch_version >= (1, 13) and cuda_version >= (11, 7)
@@ -122,7 +99,7 @@ def nccl_buffers(world_size: int, stack: RuntimeStack) -> Overhead:
     if world_size <= 1:
         return Overhead(0, 0, "single rank: no communicator")
     one = NCCL_TWO_RANKS if world_size == 2 else NCCL_MORE_RANKS
-    nccl = _version(stack.nccl_version)
+    nccl = version_tuple(stack.nccl_version)
     if nccl is None:
         central, margin, note = one, one, "NCCL version unknown: second communicator in the margin"
     elif nccl >= (2, 22):
@@ -148,7 +125,7 @@ NVLS_FIRST_NCCL = (2, 17)
 
 
 def nvls_buffers(gpus_per_node: int, stack: RuntimeStack) -> Overhead:
-    capability, nccl = _version(stack.compute_capability), _version(stack.nccl_version)
+    capability, nccl = version_tuple(stack.compute_capability), version_tuple(stack.nccl_version)
     if gpus_per_node <= 2 or capability is None or capability < (9,):
         return Overhead(0, 0, "no NVLS: two GPUs or fewer per node, or not Hopper (or GPU unknown)")
     if nccl is not None and nccl < NVLS_FIRST_NCCL:

@@ -1,0 +1,65 @@
+"""The installed stack's versions, read in one place, and the features that need a newer one than the floor.
+
+Why: autotune installs into the user's own training environment (pyproject's floors are measured:
+benchmarks/results/version_floors.json), so a feature a newer release added is gated at run time with one line
+("ZenFlow needs DeepSpeed >= 0.17.5; you have 0.17.4: not searched") instead of the package refusing to install.
+Versions come from package metadata (importlib.metadata): no torch or DeepSpeed import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+
+
+def installed(package: str) -> str | None:
+    """The installed distribution's version string, None when it is not installed."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    """Parse "2.5.1+cu124" as (2, 5, 1) and "0.17.6rc1" as (0, 17, 6); None or unparsable gives None."""
+    if not text:
+        return None
+    parts = []
+    for piece in text.split("+")[0].split("."):
+        digits = ""
+        for char in piece:
+            if not char.isdigit():
+                break
+            digits += char
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+@dataclass(frozen=True)
+class FeatureFloor:
+    """The first release of `package` that has `feature`, and where that was read."""
+
+    feature: str
+    package: str
+    first: tuple[int, ...]
+    source: str
+
+    def missing(self, have: str | None) -> str | None:
+        """One line when the installed `have` is older than the feature needs; None when it is new enough or
+        unknown (not installed, e.g. a login-node install that only plans: the cluster's version decides)."""
+        parsed = version_tuple(have)
+        if parsed is None or parsed >= self.first:
+            return None
+        need = ".".join(map(str, self.first))
+        return f"{self.feature} needs {self.package} >= {need}; you have {have}: not searched"
+
+
+# Read in the released sdists: deepspeed/runtime/zenflow/ is absent in 0.17.4 and present in 0.17.5; the
+# offload config's `super_offload` field and runtime/superoffload/ are absent in 0.17.6 and present in 0.18.0.
+# DeepSpeed's config models forbid unknown keys, so an older release refuses a config that names either.
+ZENFLOW = FeatureFloor("ZenFlow", "DeepSpeed", (0, 17, 5), "deepspeed/runtime/zenflow/ first ships in 0.17.5")
+SUPER_OFFLOAD = FeatureFloor(
+    "SuperOffload", "DeepSpeed", (0, 18, 0), "deepspeed/runtime/superoffload/ first ships in 0.18.0"
+)

@@ -1,0 +1,48 @@
+"""The installed versions read in one place, and the features gated on a newer DeepSpeed than the floor."""
+
+from __future__ import annotations
+
+from autotune.ladder import Mode, Rung
+from autotune.modes import ModeFacts, considered_modes, mode_applies
+from autotune.versions import SUPER_OFFLOAD, ZENFLOW, installed, version_tuple
+
+
+def test_version_tuple_reads_local_and_pre_release_suffixes() -> None:
+    assert version_tuple("2.13.0+cpu") == (2, 13, 0)
+    assert version_tuple("0.17.6rc1") == (0, 17, 6)
+    assert version_tuple("4.57.6.dev0") == (4, 57, 6)
+    assert version_tuple(None) is None
+    assert version_tuple("unknown") is None
+
+
+def test_installed_reads_metadata_and_none_for_absent_packages() -> None:
+    assert version_tuple(installed("pytest")) is not None
+    assert installed("surely-not-an-installed-distribution") is None
+
+
+def test_a_feature_names_the_version_it_needs_and_the_one_installed() -> None:
+    assert ZENFLOW.missing("0.17.4") == "ZenFlow needs DeepSpeed >= 0.17.5; you have 0.17.4: not searched"
+    assert ZENFLOW.missing("0.17.5") is None
+    assert SUPER_OFFLOAD.missing("0.17.6") == "SuperOffload needs DeepSpeed >= 0.18.0; you have 0.17.6: not searched"
+    assert SUPER_OFFLOAD.missing(None) is None  # not installed (a login node's plan): the cluster's version decides
+
+
+def _zenflow_option(deepspeed_version: str | None):
+    facts = ModeFacts(allow_approximate=True, deepspeed_version=deepspeed_version)
+    options = considered_modes(Rung.Z2_OFFLOAD_OPT, facts)
+    return next(option for option in options if option.mode == Mode(zenflow=True)), facts
+
+
+def test_zenflow_is_not_searched_on_a_deepspeed_that_predates_it() -> None:
+    option, facts = _zenflow_option("0.16.9")
+    assert not option.applies
+    assert option.reason == "ZenFlow needs DeepSpeed >= 0.17.5; you have 0.16.9: not searched"
+    assert not mode_applies(Rung.Z2_OFFLOAD_OPT, Mode(zenflow=True), facts)
+    assert _zenflow_option("0.19.8")[0].applies
+
+
+def test_super_offload_is_not_searched_on_a_deepspeed_that_predates_it() -> None:
+    facts = ModeFacts(superchip=True, allow_approximate=True, deepspeed_version="0.17.6")
+    option = next(o for o in considered_modes(Rung.Z3_OFFLOAD_OPT, facts) if o.mode == Mode(super_offload=True))
+    assert not option.applies
+    assert option.reason.startswith("SuperOffload needs DeepSpeed >= 0.18.0; you have 0.17.6")
