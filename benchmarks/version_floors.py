@@ -112,17 +112,25 @@ def main() -> int:
     parser.add_argument("--venvs", type=Path, default=Path("/work/venvs"))
     parser.add_argument("--pytest", default="", help="pytest arguments, e.g. '-q' (default suite); empty: none")
     parser.add_argument("--keep", action="store_true", help="keep the virtualenv afterwards")
+    parser.add_argument("--build-only", action="store_true", help="build the virtualenv (kept), measure nothing")
+    parser.add_argument("--reuse", action="store_true", help="measure in the virtualenv --build-only left")
     parser.add_argument("specs", nargs="+")
     args = parser.parse_args()
     venv = args.venvs / args.name
     tmp = args.venvs / f"{args.name}-work"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    if not args.reuse:
+        shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, exist_ok=True)
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(tmp / "ext"))
     cell = {"name": args.name, "specs": args.specs, "date": datetime.datetime.now(datetime.UTC).isoformat(
         timespec="minutes"), "load_before": os.getloadavg(), "machine": f"{os.cpu_count()} cores, CPU only"}
-    cell["build_seconds"] = build(venv, args.specs, env, tmp / "pip.log")
+    build_seconds = tmp / "build_seconds"
+    if not args.reuse:
+        build_seconds.write_text(str(build(venv, args.specs, env, tmp / "pip.log")))
+    if args.build_only:
+        return 0
+    cell["build_seconds"] = float(build_seconds.read_text())
     cell["versions"] = installed(venv / "bin" / "python")
     cell["commands"] = {}
     for label, argv in commands(tmp):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.versions import installed, version_tuple
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -25,6 +27,15 @@ def _async_io_missing() -> str | None:
     if AsyncIOBuilder().is_compatible(verbose=False):
         return None
     return "DeepSpeed's async_io op needs libaio (apt-get install libaio-dev)"
+
+
+def needs(package: str, version: str, why: str) -> pytest.MarkDecorator:
+    """Skip, with the reason, where the installed `package` is older than `version`: the behaviour under test
+    (a DeepSpeed mode, a transformers code path a figure was measured on) first ships there. The floors cell
+    (.ci/run, benchmarks/results/version_floors.json) runs the suite on the oldest versions pyproject allows."""
+    have = installed(package)
+    older = have is not None and (version_tuple(have) or ()) < (version_tuple(version) or ())
+    return pytest.mark.skipif(older, reason=f"needs {package} >= {version} ({why}); installed {have}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -139,3 +139,18 @@ def test_checks_own_crash_is_one_line_and_exit_2_not_a_finding(monkeypatch, caps
         "autotune: error: check itself failed (RuntimeError at test_check_consumer.py:"
         f"{crashing.__code__.co_firstlineno + 1}: boom inside check); this says nothing about the config"
     ]
+
+
+def test_the_training_arguments_stand_in_carries_every_default_the_installed_transformers_has() -> None:
+    """transformers 4.x's trainer_config_process reads fields (fp16_backend) 5.x dropped: none may be missing."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from autotune.check.consumer import _training_arguments
+
+    args = _training_arguments({"train_micro_batch_size_per_gpu": 3, "bf16": {"enabled": True}}, world_size=2)
+    for field in dataclasses.fields(TrainingArguments):
+        if field.default is not dataclasses.MISSING:
+            assert hasattr(args, field.name), field.name
+    assert (args.per_device_train_batch_size, args.bf16, args.world_size) == (3, True, 2)

@@ -105,7 +105,8 @@ def _remove(config: dict[str, Any], dotted_path: str) -> None:
 
 
 def _training_arguments(config: dict[str, Any], world_size: int) -> SimpleNamespace:
-    """A TrainingArguments stand-in: the config's stated values, TrainingArguments' defaults otherwise."""
+    """A TrainingArguments stand-in: the config's stated values, the installed TrainingArguments' defaults
+    otherwise (its own dataclass fields, so a field an older or newer transformers reads is there)."""
     from transformers import TrainingArguments
 
     defaults = {
@@ -129,7 +130,9 @@ def _training_arguments(config: dict[str, Any], world_size: int) -> SimpleNamesp
         _get(config, "optimizer.params.eps"),
         _get(config, "optimizer.params.weight_decay"),
     )
-    return SimpleNamespace(
+    # Every TrainingArguments default first: the transformers release installed may read a field this module
+    # does not set (4.x reads fp16_backend; integrations/deepspeed.py's trainer_config_process).
+    stated = dict(
         world_size=world_size,
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=steps,
@@ -146,6 +149,7 @@ def _training_arguments(config: dict[str, Any], world_size: int) -> SimpleNamesp
         bf16_full_eval=False,
         get_warmup_steps=lambda _steps: warmup if isinstance(warmup, int) and not isinstance(warmup, bool) else 0,
     )
+    return SimpleNamespace(**{**defaults, **stated})
 
 
 def _prepare_kwargs(config: dict[str, Any], micro: Any, processes: int) -> dict[str, Any]:
