@@ -6,7 +6,8 @@ then `model`, `plan`, `check` (a plain and an HF "auto" config), one real CPU tu
 selection. Each cell is appended to benchmarks/results/version_floors.json (temp file then rename) with its
 versions, commands, exit codes, pass/fail counts, failures grouped by cause, date and load.
 
-    python3 benchmarks/version_floors.py --name ds0176-tf4513 deepspeed==0.17.6 transformers==4.51.3 ...
+    python3 benchmarks/version_floors.py --name ds0176-tf4513 --pytest=-q deepspeed==0.17.6 transformers==4.51.3 ...
+    python3 benchmarks/version_floors.py --name floors --floors --pytest='-q tests/test_versions.py'  # CI's cell
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ import sys
 import time
 from pathlib import Path
 
+import tomllib
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "version_floors.json"
 # autotune's own runtime dependencies that no cell floors (they come with the stack or have no known quarrel).
 UNFLOORED = ["nvidia-ml-py", "psutil", "hjson", "filelock", "pytest", "matplotlib"]
+FLOORED = ["torch", "deepspeed", "transformers", "accelerate", "peft", "pydantic", "typer", "rich"]
 REPORTED = ["torch", "deepspeed", "transformers", "accelerate", "peft", "pydantic", "typer", "rich", "click", "numpy"]
 FAILED_LINE = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
@@ -97,60 +101,97 @@ def build(venv: Path, specs: list[str], env: dict[str, str], log: Path) -> float
     return round(time.monotonic() - start, 1)
 
 
-def record(cell: dict) -> None:
+def record(cell: dict, results: Path) -> None:
     """Append the cell to the results file: temp file then rename, so a reader never sees half a file."""
-    cells = json.loads(RESULTS.read_text())["cells"] if RESULTS.exists() else []
+    cells = json.loads(results.read_text())["cells"] if results.exists() else []
     cells = [old for old in cells if old["name"] != cell["name"]] + [cell]
-    temp = RESULTS.with_suffix(".json.tmp")
+    temp = results.with_suffix(".json.tmp")
     temp.write_text(json.dumps({"about": __doc__.strip().splitlines()[0], "cells": cells}, indent=2) + "\n")
-    temp.replace(RESULTS)
+    temp.replace(results)
+
+
+def declared_floors() -> list[str]:
+    """pyproject's lower bounds of the measured packages as exact pins (torch 2.13.0 is the floor and the wheel
+    on disk): the CI floors cell installs exactly what pyproject promises to work."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = [*project["dependencies"], *project["optional-dependencies"]["lora"]]
+    pins = []
+    for requirement in declared:
+        name, _, floor = requirement.partition(">=")
+        if name.strip() in FLOORED and name.strip() != "torch":  # torch: build() installs 2.13.0 first
+            pins.append(f"{name.strip()}=={floor.split(',')[0].strip()}")
+    return pins
+
+
+def measure(args: argparse.Namespace, specs: list[str]) -> dict:
+    """Build (unless reused) and run the commands and pytest in the cell; the cell's record."""
+    venv, tmp = args.venvs / args.name, args.venvs / f"{args.name}-work"
+    if not args.reuse:
+        shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(tmp / "ext"))
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
+    cell = {"name": args.name, "specs": specs, "date": now, "load_before": os.getloadavg(),
+            "machine": f"{os.cpu_count()} cores, CPU only, Python {sys.version.split()[0]}"}
+    build_seconds = tmp / "build_seconds"
+    if not args.reuse:
+        build_seconds.write_text(str(build(venv, specs, env, tmp / "pip.log")))
+    if args.build_only:
+        return cell
+    cell["build_seconds"] = float(build_seconds.read_text())
+    cell["versions"] = installed(venv / "bin" / "python")
+    print(f"{args.name}: {cell['versions']}", flush=True)
+    cell["commands"] = {}
+    for label, argv in commands(tmp):
+        if args.no_tune and label == "tune cpu":
+            continue
+        result = run(argv, env, timeout=1800)
+        result["ok"] = command_ok(result)
+        cell["commands"][label] = result
+        print(f"{args.name}: {label}: rc {result['rc']} in {result['seconds']} s", flush=True)
+        if not result["ok"]:
+            print("\n".join(result["tail"]), flush=True)
+    if args.pytest:
+        start = time.monotonic()
+        argv = [str(venv / "bin" / "python"), "-m", "pytest", *args.pytest.split(), "-p", "no:cacheprovider"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO)
+        (tmp / "pytest.log").write_text(done.stdout + done.stderr)
+        cell["pytest"] = {"argv": args.pytest, "rc": done.returncode, "seconds": round(time.monotonic() - start, 1),
+                          **pytest_summary(done.stdout)}
+        print("\n".join(done.stdout.splitlines()[-25:]), flush=True)
+    cell["load_after"] = os.getloadavg()
+    cell["ext_dir_mib"] = round(sum(f.stat().st_size for f in (tmp / "ext").rglob("*") if f.is_file()) / 2**20, 1) \
+        if (tmp / "ext").exists() else 0
+    return cell
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True)
     parser.add_argument("--venvs", type=Path, default=Path("/work/venvs"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--pytest", default="", help="pytest arguments, e.g. '-q' (default suite); empty: none")
+    parser.add_argument("--floors", action="store_true", help="pin pyproject's declared lower bounds")
+    parser.add_argument("--no-tune", action="store_true", help="leave out the CPU tune (its op build: minutes)")
     parser.add_argument("--keep", action="store_true", help="keep the virtualenv afterwards")
     parser.add_argument("--build-only", action="store_true", help="build the virtualenv (kept), measure nothing")
     parser.add_argument("--reuse", action="store_true", help="measure in the virtualenv --build-only left")
-    parser.add_argument("specs", nargs="+")
+    parser.add_argument("specs", nargs="*")
     args = parser.parse_args()
-    venv = args.venvs / args.name
-    tmp = args.venvs / f"{args.name}-work"
-    if not args.reuse:
-        shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True, exist_ok=True)
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(tmp / "ext"))
-    cell = {"name": args.name, "specs": args.specs, "date": datetime.datetime.now(datetime.UTC).isoformat(
-        timespec="minutes"), "load_before": os.getloadavg(), "machine": f"{os.cpu_count()} cores, CPU only"}
-    build_seconds = tmp / "build_seconds"
-    if not args.reuse:
-        build_seconds.write_text(str(build(venv, args.specs, env, tmp / "pip.log")))
+    specs = [*declared_floors(), *args.specs] if args.floors else args.specs
+    cell = measure(args, specs)
     if args.build_only:
         return 0
-    cell["build_seconds"] = float(build_seconds.read_text())
-    cell["versions"] = installed(venv / "bin" / "python")
-    cell["commands"] = {}
-    for label, argv in commands(tmp):
-        result = run(argv, env, timeout=1800)
-        result["ok"] = command_ok(result)
-        cell["commands"][label] = result
-        print(f"{args.name}: {label}: rc {result['rc']} in {result['seconds']} s", flush=True)
-    if args.pytest:
-        start = time.monotonic()
-        argv = [str(venv / "bin" / "python"), "-m", "pytest", *args.pytest.split(), "-p", "no:cacheprovider"]
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO)
-        (tmp / "pytest.log").write_text(done.stdout + done.stderr)
-        cell["pytest"] = {"argv": args.pytest, "seconds": round(time.monotonic() - start, 1),
-                          **pytest_summary(done.stdout)}
-        print(f"{args.name}: pytest {cell['pytest']['counts']}", flush=True)
-    cell["load_after"] = os.getloadavg()
-    record(cell)
+    record(cell, args.results)
     if not args.keep:
-        shutil.rmtree(venv, ignore_errors=True)
-    return 0
+        shutil.rmtree(args.venvs / args.name, ignore_errors=True)
+    failed = [label for label, result in cell["commands"].items() if not result["ok"]]
+    if args.pytest and cell["pytest"]["rc"] != 0:
+        failed.append(f"pytest (exit {cell['pytest']['rc']})")
+    if failed:
+        print(f"{args.name}: failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

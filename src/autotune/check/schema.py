@@ -12,6 +12,7 @@ Two sources, because DeepSpeed reads its config in two ways:
 
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 import types
@@ -160,32 +161,41 @@ def plain_section_keys(section: str, value: dict[str, Any]) -> frozenset[str] | 
     return frozenset(recorder.looked_up)
 
 
+# Top-level sections DeepSpeed parses with a pydantic model: (section key, module, model). A release that lacks the
+# module or the model (deepspeed.compile and runtime/tensor_parallel/config.py are newer than 0.15) parses that
+# section some other way or not at all, so it is left out there.
+_SECTION_MODELS = (
+    ("zero_optimization", "deepspeed.runtime.zero.config", "DeepSpeedZeroConfig"),
+    ("fp16", "deepspeed.runtime.precision_config", "DeepSpeedFP16Config"),
+    ("bf16", "deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
+    ("bfloat16", "deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),  # BFLOAT16_OLD
+    ("comms_logger", "deepspeed.comm.config", "CommsLoggerConfig"),
+    ("compile", "deepspeed.compile.config", "CompileConfig"),  # runtime/config.py: CompileConfig(**...)
+    ("hybrid_engine", "deepspeed.runtime.config", "HybridEngineConfig"),  # get_hybrid_engine_config
+    ("tensor_parallel", "deepspeed.runtime.tensor_parallel.config", "TPTrainingConfig"),  # get_tensor_parallel_config
+    ("weight_quantization", "deepspeed.inference.config", "WeightQuantConfig"),
+)
+
+
+def _installed_model(module: str, name: str) -> type[BaseModel] | None:
+    """The installed DeepSpeed's model `module.name`, None when this release has no such module or model."""
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
 @cache
 def section_models() -> dict[str, type[BaseModel]]:
-    """Top-level sections that DeepSpeed parses with a pydantic model (extra keys are refused)."""
+    """Top-level sections that the installed DeepSpeed parses with a pydantic model (extra keys are refused)."""
     parse_without_device()
-    from deepspeed.comm.config import CommsLoggerConfig
-    from deepspeed.comm.constants import COMMS_LOGGER
-    from deepspeed.compile.config import CompileConfig
-    from deepspeed.inference.config import WeightQuantConfig
     from deepspeed.monitor.config import DeepSpeedMonitorConfig
-    from deepspeed.runtime.config import HybridEngineConfig
-    from deepspeed.runtime.constants import BFLOAT16, BFLOAT16_OLD, FP16
-    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
-    from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
-    from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION, DeepSpeedZeroConfig
 
-    models: dict[str, type[BaseModel]] = {
-        ZERO_OPTIMIZATION: DeepSpeedZeroConfig,
-        FP16: DeepSpeedFP16Config,
-        BFLOAT16: DeepSpeedBF16Config,
-        BFLOAT16_OLD: DeepSpeedBF16Config,
-        COMMS_LOGGER: CommsLoggerConfig,
-        "compile": CompileConfig,  # runtime/config.py: CompileConfig(**param_dict.get('compile', {}))
-        "hybrid_engine": HybridEngineConfig,  # get_hybrid_engine_config
-        "tensor_parallel": TPTrainingConfig,  # get_tensor_parallel_config
-        "weight_quantization": WeightQuantConfig,
-    }
+    models: dict[str, type[BaseModel]] = {}
+    for key, module, name in _SECTION_MODELS:
+        model = _installed_model(module, name)
+        if model is not None:
+            models[key] = model
     # tensorboard, wandb, csv_monitor, comet: each top-level key is a field of the monitor model.
     for name in DeepSpeedMonitorConfig.model_fields:
         nested = model_of(DeepSpeedMonitorConfig.model_fields[name])
