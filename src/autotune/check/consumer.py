@@ -218,7 +218,7 @@ def fill_like_consumer(
     except ImportError as error:  # accelerate is a dependency; an install without it cannot fill "auto"
         raise UserError(
             f'checking a config as {consumer.label} reads it runs its "auto" filling, which needs '
-            f"{error.name or 'accelerate'} ({error}): pip install 'accelerate>=1.15', "
+            f"{error.name or 'accelerate'} ({error}): pip install 'accelerate>=1.6.0', "
             "or --consumer deepspeed for a config DeepSpeed reads directly"
         ) from None
 
