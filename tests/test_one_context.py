@@ -108,6 +108,29 @@ def test_check_passes_on_the_plan_only_config_autotune_wrote(
     assert report["fit"] and report["fit"]["fits"], report["fit"]
 
 
+def test_check_reads_the_recorded_request_back_with_request_defaults_for_what_the_record_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataclasses import replace
+
+    from autotune.cli.check import request_as_recorded
+
+    out = tmp_path / "ds_config.json"
+    with pytest.raises(SystemExit) as exited:
+        main(["--model", "gpt2", "--gpus", "2", "--gpu-type", "a100-40gb", "--headroom", "0.8",
+              "--attention", "eager", "--optimizer", "adafactor", "--out", str(out)])  # fmt: skip
+    assert exited.value.code == 0, capsys.readouterr().err
+    recorded = json.loads((tmp_path / "ds_config.autotune.json").read_text())
+    request = request_as_recorded(recorded, seq_len=None)
+    asked = (request.model, request.gpus, request.gpu_type, request.headroom, request.attention, request.optimizer)
+    assert asked == ("gpt2", 2, "a100-40gb", 0.8, "eager", "adafactor")
+    assert request.seq_len == recorded["seq_len"] and request_as_recorded(recorded, seq_len=64).seq_len == 64
+    # An older record with only its model: every other field is TuneRequest's own default, restated nowhere.
+    assert request_as_recorded({"model": "gpt2"}, seq_len=None) == TuneRequest(model="gpt2")
+    cpu = request_as_recorded({"model": "gpt2", "device": "cpu", "memory_bytes_per_rank": 2**30}, seq_len=None)
+    assert cpu == replace(TuneRequest(model="gpt2"), device="cpu", memory_budget=f"{2**30}B")
+
+
 def test_check_passes_on_a_cpu_tune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "ds_config.json"
     request = TuneRequest(

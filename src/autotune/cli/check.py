@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +16,7 @@ from rich.table import Table
 from autotune.check import CheckReport, Severity, check_config, resolve_context
 from autotune.cli import click_errors
 from autotune.cli.options import (
+    D,
     GpuMemoryOpt,
     GpusOpt,
     GpuTypeOpt,
@@ -27,6 +28,7 @@ from autotune.cli.options import (
     TrustRemoteCodeOpt,
 )
 from autotune.cli.output import console, print_json
+from autotune.request import TuneRequest
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -137,7 +139,7 @@ def check_command(
     consumer: ConsumerOpt = "auto",
     init_check: InitCheckOpt = False,
     trust_remote_code: TrustRemoteCodeOpt = False,
-    kernels: KernelsOpt = "stock",
+    kernels: KernelsOpt = D.kernels,
     as_json: JsonOpt = False,
 ) -> None:
     """Check a DeepSpeed config against what DeepSpeed really does with it.
@@ -181,7 +183,7 @@ def check_command(
             seq_len = seq_len or default_seq_len(None if relative else summary.max_positions)
         from autotune.check.fit import FitAssumptions
 
-        assumed = FitAssumptions(kernels=kernels) if kernels != "stock" else None  # otherwise as before
+        assumed = FitAssumptions(kernels=kernels) if kernels != D.kernels else None  # otherwise as before
         report = check_config(
             config, context, env_file, summary, seq_len or 0, bool(grad_checkpointing), fix, fix_training, init_check,
             assumed,
@@ -210,6 +212,47 @@ class CheckOptions:
     init_check: bool
 
 
+# The tuning's recorded assumptions (autotune.assumptions) -> the TuneRequest fields they fill.
+_RECORDED_AS_REQUEST = {
+    "gpus_per_node": "gpus",
+    "nodes": "nodes",
+    "gpu_type": "gpu_type",
+    "gpu_memory": "gpu_memory",
+    "device": "device",
+    "seq_len": "seq_len",
+    "precision": "precision",
+    "attention": "attention",
+    "headroom": "headroom",
+    "trust_remote_code": "trust_remote_code",
+    "optimizer": "optimizer",
+    "lora_rank": "lora_rank",
+    "lora_targets": "lora_targets",
+    "decoder_seq_len": "decoder_seq_len",
+}
+
+
+def request_as_recorded(recorded: dict[str, Any], seq_len: int | None) -> TuneRequest:
+    """The tuning's own request, read back from the assumptions it recorded beside its config.
+
+    A key the record lacks (or holds empty) takes `TuneRequest`'s default, so no default is restated here;
+    `seq_len` (check's --seq-len) overrides the recorded one."""
+    given: dict[str, Any] = {
+        field: recorded[key] for key, field in _RECORDED_AS_REQUEST.items() if recorded.get(key) not in (None, "", [])
+    }
+    given["model"] = recorded["model"]  # a record without its model is not one autotune wrote
+    if "lora_targets" in given:
+        given["lora_targets"] = tuple(given["lora_targets"])
+    if "trust_remote_code" in given:
+        given["trust_remote_code"] = bool(given["trust_remote_code"])
+    if seq_len:
+        given["seq_len"] = seq_len
+    request = TuneRequest(**given)
+    per_rank = recorded.get("memory_bytes_per_rank")
+    if per_rank and request.device == "cpu":  # the CPU backend's per-rank cap the tuning ran under
+        request = replace(request, memory_budget=f"{per_rank}B")
+    return request
+
+
 def _check_as_tuned(
     config: Path,
     recorded: dict,
@@ -218,34 +261,14 @@ def _check_as_tuned(
     hf: bool,
     consumer: str | None,
     options: CheckOptions,
-    kernels: str = "stock",
+    kernels: str = D.kernels,
 ) -> CheckReport:
     """Check against the tuning's own context: the same model, target, precision and sequence length."""
     from autotune.check import CheckContext
     from autotune.check.fit import FitAssumptions
     from autotune.context import TuneContext
-    from autotune.request import TuneRequest
 
-    device = recorded.get("device", "cuda")
-    per_rank = recorded.get("memory_bytes_per_rank")
-    request = TuneRequest(
-        model=recorded["model"],
-        gpus=recorded.get("gpus_per_node"),
-        nodes=recorded.get("nodes", 1),
-        gpu_type=recorded.get("gpu_type"),
-        gpu_memory=recorded.get("gpu_memory"),
-        device=device,
-        memory_budget=f"{per_rank}B" if per_rank and device == "cpu" else None,
-        seq_len=seq_len or recorded.get("seq_len"),
-        precision=recorded.get("precision"),
-        attention=recorded.get("attention", "sdpa"),
-        headroom=recorded.get("headroom", 0.9),
-        trust_remote_code=bool(recorded.get("trust_remote_code")),
-        optimizer=recorded.get("optimizer") or "adamw",
-        lora_rank=recorded.get("lora_rank"),
-        lora_targets=tuple(recorded["lora_targets"]) if recorded.get("lora_targets") else None,
-        decoder_seq_len=recorded.get("decoder_seq_len"),
-    )
+    request = request_as_recorded(recorded, seq_len)
     ctx = TuneContext.build(request, outputs=False)
     target = ctx.target
     context = CheckContext(
@@ -259,12 +282,12 @@ def _check_as_tuned(
     ckpt = grad_checkpointing if grad_checkpointing is not None else bool(recorded.get("grad_checkpointing"))
     assumed = FitAssumptions(
         attention=ctx.request.attention,
-        device=device,
+        device=request.device,
         headroom=ctx.request.headroom,
         measured_peak_bytes=recorded.get("measured_peak_bytes") if recorded.get("verified") else None,
         optimizer=ctx.request.optimizer,
         decoder_seq_len=ctx.decoder_seq_len,
-        kernels=kernels if kernels != "stock" else recorded.get("kernels", "stock"),
+        kernels=kernels if kernels != D.kernels else recorded.get("kernels", D.kernels),
     )
     return check_config(
         config,
