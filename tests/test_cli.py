@@ -1,9 +1,13 @@
 """The CLI as a user meets it: real entry point, one-line errors, exit codes."""
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 from tests.conftest import run_cli
+
+import autotune.cli
 
 
 def _one_line_error(done) -> str:
@@ -74,3 +78,25 @@ def test_debug_variable_adds_the_traceback_before_the_same_one_line() -> None:
     wanted = {value: debug_wanted({"AUTOTUNE_DEBUG": value}) for value in ("1", "yes", "0", "", " ")}
     assert wanted == {"1": True, "yes": True, "0": False, "": False, " ": False}
     assert not debug_wanted({})
+
+
+def test_cli_commands_take_shared_option_defaults_from_the_request_not_literals() -> None:
+    """cli/options.py's shared options default to `D.<field>` (TuneRequest's own default) in every command: a
+    literal there would restate a default that request.py owns, and drift from it when it changes."""
+    cli = Path(autotune.cli.__file__).parent
+    options = ast.parse((cli / "options.py").read_text())
+    shared = {target.id for node in options.body if isinstance(node, ast.Assign) for target in node.targets
+              if isinstance(target, ast.Name) and target.id.endswith("Opt")}  # fmt: skip
+    restated = []
+    for path in sorted(cli.glob("*.py")):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            arguments = function.args.args + function.args.kwonlyargs
+            defaults = [None] * (len(function.args.args) - len(function.args.defaults)) + function.args.defaults
+            for argument, default in zip(arguments, defaults + function.args.kw_defaults, strict=True):
+                named = isinstance(argument.annotation, ast.Name) and argument.annotation.id in shared
+                literal = isinstance(default, ast.Constant) and default.value not in (None, False)
+                if named and literal:
+                    restated.append(f"{path.name}:{argument.lineno} {argument.arg} = {default.value!r}")
+    assert len(shared) > 10 and not restated, restated

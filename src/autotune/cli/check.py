@@ -126,7 +126,7 @@ def _print_fix(report: CheckReport) -> None:
 def check_command(
     config: ConfigArg,
     gpus: GpusOpt = None,
-    nodes: NodesOpt = 1,
+    nodes: NodesOpt = D.nodes,
     gpu_type: GpuTypeOpt = None,
     gpu_memory: GpuMemoryOpt = None,
     model: CheckModelOpt = None,
