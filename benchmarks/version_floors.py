@@ -131,6 +131,8 @@ def measure(args: argparse.Namespace, specs: list[str]) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(tmp / "ext"))
+    cache = tmp / f"autotune-cache-{time.time_ns()}"  # a fresh results cache: the tune must run its trials
+    env["AUTOTUNE_CACHE_DIR"] = str(cache)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
     cell = {"name": args.name, "specs": specs, "date": now, "load_before": os.getloadavg(),
             "machine": f"{os.cpu_count()} cores, CPU only, Python {sys.version.split()[0]}"}
