@@ -167,11 +167,18 @@ def _build_partitioned(spec: TrialSpec, device: Any) -> Any:
     HfDeepSpeedConfig): weight init is suppressed while partitioning, then done gathered, module by module.
     """
     import deepspeed
-    from transformers.initialization import no_init_weights
-    from transformers.integrations.deepspeed import initialize_weights_zero3, prevent_arange_dtype_change
 
     from autotune.models.build import build_model
 
+    try:  # transformers 5: suppress init while partitioning, then initialise gathered, module by module
+        from transformers.initialization import no_init_weights
+        from transformers.integrations.deepspeed import initialize_weights_zero3, prevent_arange_dtype_change
+    except ImportError:  # transformers 4.x's from_config: the model is built (and initialised) inside zero.Init
+        with deepspeed.zero.Init(config_dict_or_path=copy.deepcopy(spec.ds_config)):
+            model, _ = build_model(
+                spec.model_config, spec.architecture, device=str(device), trust_remote_code=spec.trust_remote_code
+            )
+        return model
     with (
         no_init_weights(),
         prevent_arange_dtype_change(),
@@ -426,7 +433,8 @@ def engine_mode_facts(engine: Any) -> dict:
     }
     offload = zero.offload_optimizer
     if offload is not None:
-        facts.update(offload_ratio=float(offload.ratio), super_offload=bool(offload.super_offload))
+        super_offload = bool(getattr(offload, "super_offload", False))  # the field is new in DeepSpeed 0.18.0
+        facts.update(offload_ratio=float(offload.ratio), super_offload=super_offload)
     groups = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
     if groups:
         backup = getattr(engine.optimizer, "backup_optimizer", None)
