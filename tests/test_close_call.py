@@ -67,6 +67,32 @@ def test_a_tie_is_remeasured_and_decided_on_the_interleaved_trials_only() -> Non
     assert unchanged.tie and unchanged.pick == Z0 and not unchanged.remeasured
 
 
+def test_a_less_simple_configs_clear_win_must_hold_side_by_side() -> None:
+    """Trials minutes apart also measure the machine in between: offload recommended only if it wins interleaved."""
+    asked = []
+
+    def remeasure(candidates, rounds):
+        asked.append((tuple(candidates), rounds))
+        return {Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(1.02, 0.02)}  # alike when measured side by side
+
+    verdict = settle({Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(6.0, 0.02)}, remeasure)
+    assert asked == [((Z2_OFFLOAD, Z0), 2)]
+    assert verdict.remeasured and verdict.tie and verdict.pick == Z0
+    held = settle(
+        {Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(6.0, 0.02)},
+        lambda c, r: {Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(5.0, 0.02)},
+    )
+    assert held.pick == Z2_OFFLOAD and held.remeasured and not held.tie
+
+
+def test_a_simpler_configs_clear_win_is_not_remeasured() -> None:
+    def remeasure(candidates, rounds):
+        raise AssertionError("a clear win of the simpler config needs no re-measure")
+
+    verdict = settle({Z0: _speed(1.0, 0.02), Z2_OFFLOAD: _speed(1.5, 0.02)}, remeasure)
+    assert verdict.pick == Z0 and not verdict.tie and not verdict.remeasured
+
+
 def _report_data(verdict, device: str = "cuda") -> dict:
     pick = verdict.pick
     trial = {

@@ -6,7 +6,11 @@ simplest of them: no host offload first (it needs host RAM and pinned memory the
 earlier rung of the ladder (fewer moving parts), then no gradient checkpointing, then the classic rung over a
 mode. A tie is first re-measured interleaved, the simplest and the fastest one after the other, ROUNDS times,
 so that the machine's drift (other jobs starting, thermal, page cache) hits both alike; the decision then rests
-on those interleaved trials alone.
+on those interleaved trials alone. So is a clear win of the less simple config: two trials minutes apart also
+measure the machine in between (on the shared 2-core machine the same config measured 2.3 and 17 samples/s in
+two runs of the README demo, benchmarks/results/pick_stability_cpu_load-none.json), so a config that asks more
+of the job is recommended only when it also wins side by side. A clear win of the simpler config stands:
+re-measuring could only confirm it or call a tie, and a tie picks it too.
 
 Pure: trials arrive through an injected callable, as in autotune.search.
 """
@@ -99,14 +103,17 @@ def settle(
     speeds: dict[Candidate, Speed],
     remeasure: Callable[[Sequence[Candidate], int], dict[Candidate, Speed] | None],
 ) -> Verdict | None:
-    """decide(), and when that is a tie, re-measure the two interleaved and decide again on those trials.
+    """decide(), and when that is a tie or the less simple config's win, re-measure the two interleaved and decide
+    again on those trials.
 
     `remeasure(candidates, rounds)` runs the rounds (A, B, A, B) and returns each candidate's pooled speed
     from them, or None when it could not (budget spent, a trial failed): the first verdict stands then.
     """
     verdict = decide(speeds)
-    if verdict is None or not verdict.tie or verdict.runner_up is None or verdict.spread == 0:
-        return verdict  # a clear win, or an exact tie of steps without spread: measuring again would not move it
+    if verdict is None or verdict.runner_up is None or verdict.spread == 0:
+        return verdict  # nothing to compare with, or steps without spread: measuring again would not move it
+    if not verdict.tie and simplicity(verdict.pick) <= simplicity(verdict.runner_up):
+        return verdict  # the simpler config's clear win: a re-measure could only confirm it or tie, picking it too
     again = remeasure((verdict.pick, verdict.runner_up), ROUNDS)
     if not again or len(again) < 2:
         return verdict
