@@ -53,13 +53,20 @@ def test_simplicity_prefers_no_host_offload_then_earlier_rungs_then_no_mode() ->
     assert ordered == [Z0, Z2, Z2_OFFLOAD, ZENFLOW]
 
 
-def test_a_tie_is_remeasured_and_decided_on_the_interleaved_trials_only() -> None:
-    asked = []
+def _recording(answer: dict):
+    """A re-measure that answers `answer` and records what it was asked: (candidates, rounds) per call."""
+    asked: list = []
 
     def remeasure(candidates, rounds):
         asked.append((tuple(candidates), rounds))
-        return {Z0: _speed(1.5, 0.02), Z2_OFFLOAD: _speed(1.0, 0.02)}  # offload clearly faster when measured alike
+        return answer
 
+    return asked, remeasure
+
+
+def test_a_tie_is_remeasured_and_decided_on_the_interleaved_trials_only() -> None:
+    # offload clearly faster when measured alike
+    asked, remeasure = _recording({Z0: _speed(1.5, 0.02), Z2_OFFLOAD: _speed(1.0, 0.02)})
     verdict = settle({Z0: _speed(1.0, 0.2), Z2_OFFLOAD: _speed(0.98, 0.2)}, remeasure)
     assert asked == [((Z0, Z2_OFFLOAD), 2)]
     assert verdict.pick == Z2_OFFLOAD and verdict.remeasured and not verdict.tie
@@ -69,12 +76,7 @@ def test_a_tie_is_remeasured_and_decided_on_the_interleaved_trials_only() -> Non
 
 def test_a_less_simple_configs_clear_win_must_hold_side_by_side() -> None:
     """Trials minutes apart also measure the machine in between: offload recommended only if it wins interleaved."""
-    asked = []
-
-    def remeasure(candidates, rounds):
-        asked.append((tuple(candidates), rounds))
-        return {Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(1.02, 0.02)}  # alike when measured side by side
-
+    asked, remeasure = _recording({Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(1.02, 0.02)})  # alike side by side
     verdict = settle({Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(6.0, 0.02)}, remeasure)
     assert asked == [((Z2_OFFLOAD, Z0), 2)]
     assert verdict.remeasured and verdict.tie and verdict.pick == Z0
