@@ -90,7 +90,9 @@ def test_every_report_names_the_deepspeed_version_and_the_consumer(capsys) -> No
     report = json.loads(out)
     assert code == 0 and report["deepspeed_version"] == deepspeed_version()
     assert report["consumer"] == "hf-trainer" and "assumed" in report["consumer_reason"]
-    code, out, _ = run(["check", str(CORPUS / "dse_onebit_adam.json"), "--gpus", "8"], capsys)
+    # max_grad_norm in optimizer.params crashes deepspeed.initialize on every supported release (0.17.6
+    # runtime/engine.py:1482); OneBitAdam, say, still trains on 0.17.6
+    code, out, _ = run(["check", str(CORPUS / "dse_max_grad_norm.json"), "--gpus", "8"], capsys)
     text = " ".join(out.split())
     assert code == 1 and f"DeepSpeed {deepspeed_version()}" in text and "consumer: DeepSpeed directly" in text
 

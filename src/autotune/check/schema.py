@@ -12,6 +12,7 @@ Two sources, because DeepSpeed reads its config in two ways:
 
 from __future__ import annotations
 
+import copy
 import importlib
 import io
 import logging
@@ -45,10 +46,14 @@ class _LookupView(KeysView):
 
 
 class _RecordingDict(dict):
-    """A dict that notes which keys are looked up, and whether someone took all of them."""
+    """A dict that notes which keys are looked up, and whether someone took all of them.
+
+    It holds a deep copy: DeepSpeed's parser writes into nested sections (0.17.6 runtime/config.py:999 sets
+    optimizer.params.max_grad_norm to 0.0 in FP32 mode), which must not reach the user's config or --fix output.
+    """
 
     def __init__(self, data: dict[str, Any]) -> None:
-        super().__init__(data)
+        super().__init__(copy.deepcopy(data))
         self.looked_up: set[str] = set()
         self.consumed_whole = False
 
