@@ -21,8 +21,8 @@ def test_installed_reads_metadata_and_none_for_absent_packages() -> None:
 
 
 def test_a_feature_names_the_version_it_needs_and_the_one_installed() -> None:
-    assert ZENFLOW.missing("0.17.4") == "ZenFlow needs DeepSpeed >= 0.17.5; you have 0.17.4: not searched"
-    assert ZENFLOW.missing("0.17.5") is None
+    assert ZENFLOW.missing("0.17.6") == "ZenFlow needs DeepSpeed >= 0.19.8; you have 0.17.6: not searched"
+    assert ZENFLOW.missing("0.19.8") is None
     assert SUPER_OFFLOAD.missing("0.17.6") == "SuperOffload needs DeepSpeed >= 0.18.0; you have 0.17.6: not searched"
     assert SUPER_OFFLOAD.missing(None) is None  # not installed (a login node's plan): the cluster's version decides
 
@@ -36,7 +36,7 @@ def _zenflow_option(deepspeed_version: str | None):
 def test_zenflow_is_not_searched_on_a_deepspeed_that_predates_it() -> None:
     option, facts = _zenflow_option("0.16.9")
     assert not option.applies
-    assert option.reason == "ZenFlow needs DeepSpeed >= 0.17.5; you have 0.16.9: not searched"
+    assert option.reason == "ZenFlow needs DeepSpeed >= 0.19.8; you have 0.16.9: not searched"
     assert not mode_applies(Rung.Z2_OFFLOAD_OPT, Mode(zenflow=True), facts)
     assert _zenflow_option("0.19.8")[0].applies
 

@@ -2,7 +2,7 @@
 
 Why: autotune installs into the user's own training environment (pyproject's floors are measured:
 benchmarks/results/version_floors.json), so a feature a newer release added is gated at run time with one line
-("ZenFlow needs DeepSpeed >= 0.17.5; you have 0.17.4: not searched") instead of the package refusing to install.
+("ZenFlow needs DeepSpeed >= 0.19.8; you have 0.17.6: not searched") instead of the package refusing to install.
 Versions come from package metadata (importlib.metadata): no torch or DeepSpeed import.
 """
 
@@ -56,10 +56,15 @@ class FeatureFloor:
         return f"{self.feature} needs {self.package} >= {need}; you have {have}: not searched"
 
 
-# Read in the released sdists: deepspeed/runtime/zenflow/ is absent in 0.17.4 and present in 0.17.5; the
-# offload config's `super_offload` field and runtime/superoffload/ are absent in 0.17.6 and present in 0.18.0.
-# DeepSpeed's config models forbid unknown keys, so an older release refuses a config that names either.
-ZENFLOW = FeatureFloor("ZenFlow", "DeepSpeed", (0, 17, 5), "deepspeed/runtime/zenflow/ first ships in 0.17.5")
+# Read in the released sdists: deepspeed/runtime/zenflow/ is absent in 0.17.4 and present in 0.17.5, but ZenFlow
+# runs only from a later release: 0.17.6's engine refuses ZenFlow's CPU optimizer as an "untested ZeRO Optimizer"
+# (zero/utils.py:43, engine.py:1384; seen at the declared floors), 0.19.8 accepts it (zero/utils.py:46); the releases
+# between were not checked, so the floor is the one seen to work. The offload config's `super_offload` field and
+# runtime/superoffload/ are absent in 0.17.6 and present in 0.18.0. DeepSpeed's config models forbid unknown keys,
+# so an older release refuses a config that names either.
+ZENFLOW = FeatureFloor(
+    "ZenFlow", "DeepSpeed", (0, 19, 8), "0.17.6 refuses ZenFlow's optimizer as untested; 0.19.8 runs it"
+)
 SUPER_OFFLOAD = FeatureFloor(
     "SuperOffload", "DeepSpeed", (0, 18, 0), "deepspeed/runtime/superoffload/ first ships in 0.18.0"
 )
