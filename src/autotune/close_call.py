@@ -7,9 +7,10 @@ earlier rung of the ladder (fewer moving parts), then no gradient checkpointing,
 mode. A tie is first re-measured interleaved, the simplest and the fastest one after the other, ROUNDS times,
 so that the machine's drift (other jobs starting, thermal, page cache) hits both alike; the decision then rests
 on those interleaved trials alone. So is a clear win of the less simple config: two trials minutes apart also
-measure the machine in between (on the shared 2-core machine the same config measured 2.3 and 17 samples/s in
-two runs of the README demo, benchmarks/results/pick_stability_cpu_load-none.json), so a config that asks more
-of the job is recommended only when it also wins side by side. A clear win of the simpler config stands:
+measure the machine in between (on the shared 2-core machine ZeRO-0 measured 2.3 and 18.5 samples/s in two runs
+of the README demo back to back, and the first run picked ZeRO-2 on it: runs 3-4 of
+benchmarks/results/pick_stability_cpu_load-none_before_side_by_side.json), so a config that asks more of the job
+is recommended only when it also wins side by side. A clear win of the simpler config stands:
 re-measuring could only confirm it or call a tie, and a tie picks it too.
 
 Pure: trials arrive through an injected callable, as in autotune.search.
