@@ -44,6 +44,11 @@ def main() -> None:
             f" loss {loss.item():.3f}",
             flush=True,
         )
+    # Without it, gloo's worker threads can outlive the interpreter and abort the exit with "terminate called
+    # without an active exception" (SIGABRT) after a finished run: pytorch/pytorch#190489; torch's docs ask
+    # every script to end this way.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -85,3 +85,10 @@ def report(facts: dict, path: str | None) -> None:
     print("ENGINE " + json.dumps(facts), flush=True)
     if path:
         Path(path).write_text(json.dumps(facts))
+
+
+def finish() -> None:
+    """End the run as torch's docs ask: without it, gloo's worker threads can outlive the interpreter and abort
+    a finished run's exit with "terminate called without an active exception" (SIGABRT, pytorch/pytorch#190489)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -14,7 +14,7 @@ import argparse
 
 import deepspeed
 import torch
-from common import RandomTokens, engine_facts, load_model, maybe_lora, report
+from common import RandomTokens, engine_facts, finish, load_model, maybe_lora, report
 
 
 def parse() -> argparse.Namespace:
@@ -53,6 +53,7 @@ def main() -> None:
         engine.backward(loss)
         engine.step()
     report(engine_facts(engine, model), args.report_json)
+    finish()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common import RandomTokens, engine_facts, load_model, maybe_lora, report
+from common import RandomTokens, engine_facts, finish, load_model, maybe_lora, report
 from transformers import HfArgumentParser, Trainer, TrainingArguments
 
 
@@ -34,6 +34,7 @@ def main() -> None:
     )
     trainer.train()
     report(engine_facts(trainer.model_wrapped, trainer.model), script.report_json)
+    finish()
 
 
 if __name__ == "__main__":

@@ -64,6 +64,11 @@ def main() -> None:
             print(f"step {step + 1} loss {loss.item():.4f} wall_s {now - last:.6f}", flush=True)
         last = now
     print(json.dumps({"steps": args.steps, "micro_batch": micro_batch}), flush=True)
+    # Without it, gloo's worker threads can outlive the interpreter and abort the exit with "terminate called
+    # without an active exception" (SIGABRT) after a finished run: pytorch/pytorch#190489; torch's docs ask
+    # every script to end this way.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
