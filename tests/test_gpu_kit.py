@@ -259,6 +259,39 @@ def test_smallest_fitting_ratio_falls_as_the_card_grows(kit_module) -> None:
     assert known == sorted(known, reverse=True)
 
 
+def test_the_warm_stage_puts_each_warm_trial_beside_its_fresh_row(kit_module, tmp_path: Path) -> None:
+    trials = FakeTrials()
+    kit = _kit(kit_module, tmp_path, trials)
+    kit_module.stage_memory(kit)
+    fresh_trials = len(trials.specs)
+    kit_module.stage_warm(kit)
+    warm = kit.data["warm"]
+    first, second = (point.key for point in kit_module.DRY_MEMORY_POINTS[:2])
+    assert [row["key"] for row in warm["rows"]] == [first, second, first] and warm["complete"]
+    assert len(trials.specs) == fresh_trials + 3
+    assert all(row["max_reserved_bytes"]["warm_minus_fresh"] == 0 for row in warm["rows"])  # the fake is stateless
+    assert warm["summary"]["ok"] == 3
+    kit_module.stage_warm(kit)  # a second run keeps the pool's rows: their order is part of what they measured
+    assert len(trials.specs) == fresh_trials + 3
+
+
+def test_warm_rows_say_what_a_warm_worker_adds_and_how_far_the_card_grew(kit_module) -> None:
+    from warm_check import compare, summary
+
+    fresh = {"key": "k", "status": "ok", "max_allocated_bytes": 10 * GiB, "nvml_peak_bytes": 12 * GiB, "startup_s": 9.0}
+    rows = [
+        compare({**fresh, "gpu_used_after_bytes": 1 * GiB, "startup_s": 0.5}, fresh),
+        compare({**fresh, "nvml_peak_bytes": 12 * GiB + 300 * 2**20, "gpu_used_after_bytes": GiB + 40 * 2**20}, fresh),
+    ]
+    assert rows[0]["startup_s"] == {"warm": 0.5, "fresh": 9.0}
+    assert rows[1]["nvml_peak_bytes"]["warm_minus_fresh"] == 300 * 2**20
+    assert rows[1]["host_rss_peak_bytes"]["warm_minus_fresh"] is None  # not measured either way
+    result = summary(rows, restarts=1, recycled=[])
+    assert result["largest_abs_nvml_peak_bytes_diff"] == 300 * 2**20
+    assert result["largest_abs_max_allocated_bytes_diff"] == 0
+    assert result["card_used_growth_after_first_bytes"] == 40 * 2**20
+
+
 @pytest.mark.slow
 def test_dry_run_exercises_every_stage_for_real(tmp_path: Path) -> None:
     """The kit end to end on the CPU backend with tiny models: what CI runs so the kit does not rot."""
@@ -275,6 +308,9 @@ def test_dry_run_exercises_every_stage_for_real(tmp_path: Path) -> None:
     data = json.loads((out / "validation-dry-run.json").read_text())
     assert data["setup"]["ops"] and "error" not in data["setup"]["ops"]
     assert all(row["status"] == "ok" for row in data["memory"]["rows"].values())
+    warm = data["warm"]  # two points again in one warm pool, the first one twice, beside their fresh rows
+    assert warm["complete"] and [row["status"] for row in warm["rows"]] == ["ok"] * 3
+    assert warm["summary"]["pool_restarts"] == 1 and warm["rows"][0]["startup_s"]["warm"] is not None
     assert all(row["verdict"] == "as predicted" for row in data["oom"]["rows"].values())
     sites = data["sites"]["rows"].values()  # the CPU backend has no allocation trace: the rows say so
     assert sites and all(row["status"] == "ok" and "CUDA" in row["peak_sites"]["error"] for row in sites)

@@ -203,8 +203,8 @@ def test_warm_pool_runs_every_rung_and_restarts_after_model_code_raises() -> Non
 def test_warm_pool_replaces_workers_whose_memory_grows_between_trials() -> None:
     """A trial's leftovers (here a fault that keeps 96 MiB per trial) must not reach the next trial's measurement."""
     mark, env = marked_env(**{FAULT_ENV: fault_value("leak", "step")})
-    replaced: list[int] = []
-    with WarmWorkerPool(env=env, on_replace=replaced.append) as pool:
+    replaced: list[tuple[int, str]] = []
+    with WarmWorkerPool(env=env, on_replace=lambda grown, what: replaced.append((grown, what))) as pool:
         first, second = run_trial(tiny_spec(), pool), run_trial(tiny_spec(), pool)  # the second grows past the first
         assert pool.restarts == 1 and len(pool.recycled) == 1
         assert pool.recycled[0] >= LEAK_BYTES - WARM_GROWTH_LIMIT_BYTES // 2  # measured, give or take allocator noise
@@ -212,7 +212,7 @@ def test_warm_pool_replaces_workers_whose_memory_grows_between_trials() -> None:
         assert pool.restarts == 2  # fresh workers for the third
         fourth = run_trial(tiny_spec(), pool)  # warm again: the third set the new workers' floor, the fourth grew
         assert (pool.restarts, len(pool.recycled)) == (2, 2)
-    assert replaced == pool.recycled  # what the tuner's progress line reports
+    assert replaced == [(grown, "host memory") for grown in pool.recycled]  # what the tuner's progress line reports
     for result in (first, second, third, fourth):
         assert_measured(result)
     assert third.startup_s and fourth.startup_s and fourth.startup_s < third.startup_s  # third cold, fourth warm

@@ -194,6 +194,6 @@ def test_replaced_warm_workers_get_a_progress_line() -> None:
     events: list[SearchEvent] = []
     note = _replaced_note(events.append)
     assert note is not None and _replaced_note(None) is None
-    note(96 * 2**20)
+    note(96 * 2**20, "device memory")
     assert [e.kind for e in events] == ["prepare"]  # the kind the progress printer shows as a plain line
-    assert "grew 96.0 MiB since their first trial" in events[0].message
+    assert "device memory grew 96.0 MiB since their first trial" in events[0].message

@@ -53,6 +53,7 @@ from points import (  # noqa: E402
     ModesSetting,
     TuneSetting,
 )
+from warm_check import compare, summary  # noqa: E402
 
 from autotune.atomic import atomic_write_json, atomic_write_text  # noqa: E402
 from autotune.estimate import EstimateSettings, check_fit, estimate  # noqa: E402
@@ -61,14 +62,14 @@ from autotune.hardware import Target, generic_gpu  # noqa: E402
 from autotune.ladder import Candidate, Rung  # noqa: E402
 from autotune.models import resolve_model, summarize  # noqa: E402
 from autotune.modes import ratio_grid, ratio_mode  # noqa: E402
-from autotune.trial import LocalLauncher, TrialResult, TrialSpec  # noqa: E402
+from autotune.trial import LocalLauncher, TrialLauncher, TrialResult, TrialSpec, WarmWorkerPool  # noqa: E402
 from autotune.trial.faults import FAULT_ENV  # noqa: E402
 from autotune.trial.ops import ensure_ops_ready  # noqa: E402
 from autotune.units import GiB  # noqa: E402
 from estimate_accuracy import environment as machine_and_versions  # noqa: E402
 from estimate_accuracy import predicted_trial  # noqa: E402
 
-STAGES = ("setup", "pinned", "memory", "sites", "oom", "modes", "tune", "grid", "side_by_side")
+STAGES = ("setup", "pinned", "memory", "warm", "sites", "oom", "modes", "tune", "grid", "side_by_side")
 DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "gpu" / "validation.json"
 
 
@@ -101,11 +102,23 @@ class Kit:
         """The dry run's tiny setting, else the lease's short list or the full kit's."""
         return dry if self.dry_run else lease if self.lease else full
 
-    def launch(self, spec: TrialSpec, key: str) -> tuple[TrialResult, str | None]:
-        """Run one trial; (its result, the directory holding its logs when it failed)."""
+    def trials_root(self) -> Path:
+        return self.trials_dir or self.results_path.parent / "trials"
+
+    def launch(
+        self, spec: TrialSpec, key: str, launcher: TrialLauncher | None = None
+    ) -> tuple[TrialResult, str | None]:
+        """Run one trial, in a fresh process unless a launcher is given (the warm stage's pool, whose workdir keeps
+        the logs); (its result, the directory holding its logs when it failed)."""
         if self.run_trial is not None:
             return self.run_trial(spec), None
-        workdir = (self.trials_dir or self.results_path.parent / "trials") / key.replace("/", "__")
+        if launcher is not None:
+            result = launcher.run(spec)
+            workdir = getattr(launcher, "workdir", None)
+            if not result.ok and workdir is not None:
+                append_logs(self.failure_log, key, result, workdir)
+            return result, None if result.ok or workdir is None else str(workdir)
+        workdir = self.trials_root() / key.replace("/", "__")
         shutil.rmtree(workdir, ignore_errors=True)  # an earlier run's logs of this item, which failed then
         planted = self.plant_fault is not None and self.plant_fault in key
         env = {FAULT_ENV: "raise@start"} if planted else {}
@@ -303,6 +316,7 @@ def trial_for(
     steps: int = 3,
     budget: int | None = None,
     record_sites: bool = False,
+    launcher: TrialLauncher | None = None,
 ) -> dict:
     """Run one config for real and put the prediction for exactly that config beside it.
 
@@ -337,7 +351,7 @@ def trial_for(
     spec = dataclasses.replace(spec, record_peak_sites=record_sites)
     used_before = gpu_used_bytes() if kit.device == "cuda" else None
     started = time.monotonic()
-    result, logs = kit.launch(spec, point.key)
+    result, logs = kit.launch(spec, point.key, launcher)
     row = {
         "key": point.key,
         "model": point.model,
@@ -443,6 +457,42 @@ def stage_memory(kit: Kit) -> None:
             f"  {row['status']} nvml={_gib(row.get('nvml_peak_bytes'))} reserved={_gib(row.get('max_reserved_bytes'))}"
             f" predicted={_gib(row['predicted_bytes'])} errors={errors} {row.get('error') or ''}"
         )
+
+
+WARM_POINTS = 2  # the memory stage's first points, then the first again: ~3 short trials in one process
+
+
+def stage_warm(kit: Kit) -> None:
+    """The memory stage's first points again in one warm worker pool, beside their fresh rows (warm_check.py): what
+    decides whether GPU trials may run warm by default (request.TuneRequest.trial_workers). A pool's order matters,
+    so a cut-off run is not resumed: its rows stay, marked incomplete."""
+    section = kit.section("warm")
+    if section.get("rows"):
+        return
+    fresh = kit.data.get("memory", {}).get("rows", {})
+    listed = kit.pick(DRY_MEMORY_POINTS, GPU_MEMORY_POINTS, LEASE_MEMORY_POINTS)
+    points = [p for p in listed if fresh.get(p.key, {}).get("status") == "ok"][:WARM_POINTS]
+    if not points:
+        log("warm: no fresh memory row to compare with; skipped")
+        return
+    if not kit.can_start(sum(fresh[p.key]["wall_s"] for p in points)):  # warm costs less than the fresh runs did
+        return
+    budget = 4 * GiB if kit.dry_run else None  # as the memory stage measured them
+    rows: list[dict] = []
+    section["complete"] = False
+    with WarmWorkerPool(workdir=kit.trials_root() / "warm-pool") as pool:  # the fresh rows' environment
+        for point in [*points, points[0]]:  # the first again: measured by a worker that ran the others
+            if not kit.can_start(_expected_s(fresh, 60)):
+                break
+            log(f"warm: {point.key}")
+            row = compare(trial_for(point, kit, fraction=None, budget=budget, launcher=pool), fresh[point.key])
+            rows.append(row)
+            section["rows"], section["summary"] = rows, summary(rows, pool.restarts, pool.recycled)
+            kit.save()
+            diffs = {m: row[m]["warm_minus_fresh"] for m in ("max_allocated_bytes", "nvml_peak_bytes")}
+            log(f"  {row['status']} warm - fresh {diffs} card used after {_gib(row['card_used_after_bytes'])}")
+        section["complete"] = len(rows) == len(points) + 1
+    kit.save()
 
 
 def stage_sites(kit: Kit) -> None:
@@ -836,6 +886,8 @@ def main(argv: list[str] | None = None) -> int:
             stage_pinned(kit)
         elif stage == "memory":
             stage_memory(kit)
+        elif stage == "warm":
+            stage_warm(kit)
         elif stage == "sites":
             stage_sites(kit)
         elif stage == "oom":

@@ -7,7 +7,7 @@
 # Most valuable first, each stage under its own `timeout`:
 #   install (carried .whl/) -> both DeepSpeed ops built in parallel (TORCH_CUDA_ARCH_LIST for this card) while the
 #   preflight runs (versions, env, CUDA headers, `autotune probe --json`, pinned-memory probe) -> memory points
-#   (ZeRO 0-3, offload, checkpointing) -> OOM probes -> a quick tune on an emulated 24 GB card and its choice
+#   (ZeRO 0-3, offload, checkpointing) -> two of them again in one warm worker pool -> OOM probes -> a quick tune on an emulated 24 GB card and its choice
 #   re-run with its mode -> the built ops packed for the next lease.
 # $OUT holds at most these files (the device tool brings back 8): lease.log (this output), lease.json (stages,
 # preflight, ops), validation.json (the kit's rows), trial-logs.txt (failed and cut-off trials' log tails),
@@ -132,8 +132,9 @@ kit() {  # kit STAGE END_BY_S: the kit's budget stops it starting an item it cou
         "${kit_args[@]}" --stages "$1"
 }
 export LIMIT
-kit memory $(( budget * 62 / 100 ))
-kit oom $(( budget * 72 / 100 ))
+kit memory $(( budget * 58 / 100 ))
+kit warm $(( budget * 66 / 100 ))  # two memory points again in one warm pool: may GPU trials run warm?
+kit oom $(( budget * 75 / 100 ))
 kit tune $(( budget - 12 ))
 
 # ---------------------------------------------------------------- built ops for the next lease

@@ -19,6 +19,7 @@ from autotune.units import parse_bytes
 DEVICES = ("cuda", "cpu")
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "flash", "eager")
+TRIAL_WORKERS = ("auto", "warm", "fresh")  # see TuneRequest.trial_workers
 KERNELS = ("stock", "liger", "flash-attn-fused")  # fused training kernels: autotune.estimate.kernels.KERNEL_SETS
 MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
 # Relative-position models (T5) have no position table; their pre-training length is the default.
@@ -76,6 +77,12 @@ class TuneRequest:
     # autotune.modes.approximation) join the search only when the user opts in: by default the tuned config trains
     # the same model the same way (same optimizer math, global batch and precision).
     allow_approximate: bool = False
+    # How trials are run: "warm" workers serve trial after trial (start-up paid once, a new process after a failure or
+    # when memory an earlier trial left grows past the pool's limit, trial/warm.py); "fresh" starts a process per
+    # trial, as the user's job is. "auto": warm on the CPU backend, where warm and fresh peaks were measured equal
+    # (benchmarks/README.md, "Warm workers and DeepSpeed's leftovers"); fresh on GPUs until the GPU kit's warm
+    # stage has measured the same there.
+    trial_workers: str = "auto"
 
 
 def default_of(name: str) -> Any:
@@ -146,6 +153,25 @@ def check_kernels(kernels: str, device: str = "cuda") -> None:
         raise UserError(f"--kernels {kernels} needs CUDA GPUs (Triton kernels); --device cpu runs stock modules")
 
 
+def check_trial_workers(request: TuneRequest) -> None:
+    """--trial-workers names a choice; warm workers run our own trial worker on one node."""
+    if request.trial_workers not in TRIAL_WORKERS:
+        raise UserError(f"--trial-workers must be one of {', '.join(TRIAL_WORKERS)}, got {request.trial_workers!r}")
+    if request.trial_workers != "warm":
+        return
+    if request.nodes > 1:
+        raise UserError("--trial-workers warm runs one node; multi-node trials start fresh processes on every node")
+    if request.command is not None:
+        raise UserError("--trial-workers warm runs autotune's own trial worker; an own command starts fresh each trial")
+
+
+def uses_warm_workers(request: TuneRequest) -> bool:
+    """Warm workers where asked, or by default on the CPU backend (see TuneRequest.trial_workers)."""
+    if request.nodes > 1 or request.command is not None:
+        return False
+    return request.trial_workers == "warm" or (request.trial_workers == "auto" and request.device == "cpu")
+
+
 def validate(request: TuneRequest, *, outputs: bool = True) -> None:
     """Every rule that needs neither the model nor the hardware; raises UserError with one line.
 
@@ -161,6 +187,7 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
     if request.attention not in ATTENTIONS:
         raise UserError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {request.attention!r}")
     check_kernels(request.kernels, request.device)
+    check_trial_workers(request)
     _fraction(request.headroom, "--headroom")
     _fraction(request.gpu_memory_fraction, "--gpu-memory-fraction")
     if request.seq_len is not None and request.seq_len <= 0:

@@ -24,7 +24,7 @@ from autotune.paths import cache_dir
 from autotune.plausible import Bounds
 from autotune.recommend import host_line, passed_over_line, recommend
 from autotune.report import write_report
-from autotune.request import TuneRequest, output_path
+from autotune.request import TuneRequest, output_path, uses_warm_workers
 from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
 from autotune.search_modes import ModeRecord
 from autotune.stop import StopReason
@@ -100,11 +100,12 @@ class TrialOps:
 
 @contextlib.contextmanager
 def _launcher_for(
-    device: str, given: TrialLauncher | None, nodes: int = 1, observe: Callable[[SearchEvent], None] | None = None
+    request: TuneRequest, given: TrialLauncher | None, observe: Callable[[SearchEvent], None] | None = None
 ) -> Iterator[TrialLauncher]:
-    """The caller's launcher, else warm workers on the CPU backend (start-up paid once) or a fresh
-    process per GPU trial (a GPU trial must give all its memory back before the next one). Several
-    nodes: srun inside a SLURM allocation, else one launcher per node with a chosen master port."""
+    """The caller's launcher, else warm workers (start-up paid once: by default on the CPU backend,
+    request.uses_warm_workers) or a fresh process per trial. Several nodes: srun inside a SLURM
+    allocation, else one launcher per node with a chosen master port."""
+    device, nodes = request.device, request.nodes
     if given is not None:
         yield given
         return
@@ -121,12 +122,13 @@ def _launcher_for(
             yield LocalNodesLauncher(env={"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None)
         return
 
-    if device != "cpu":
-        yield LocalLauncher()
-        return
     # glibc keeps freed arenas; returning large frees to the OS makes peak RSS the working set the memory
     # model predicts (about 20% lower than default glibc on CPU trials; benchmarks/results/estimate.md).
-    with WarmWorkerPool(env={"MALLOC_MMAP_THRESHOLD_": "65536"}, on_replace=_replaced_note(observe)) as pool:
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None
+    if not uses_warm_workers(request):
+        yield LocalLauncher(env=env)
+        return
+    with WarmWorkerPool(env=env, on_replace=_replaced_note(observe)) as pool:
         yield pool
 
 
@@ -135,12 +137,12 @@ def _replaced_note(observe: Callable[[SearchEvent], None] | None) -> Callable[[i
     if observe is None:
         return None
 
-    def note(grown: int) -> None:
+    def note(grown: int, what: str) -> None:
         observe(
             SearchEvent(
                 "prepare",
-                message=f"new trial workers: the last ones' memory grew {format_bytes(grown)} since their first trial, "
-                "which the next trial would have measured on top of its own",
+                message=f"new trial workers: the last ones' {what} grew {format_bytes(grown)} since their first trial,"
+                " which the next trial would have measured on top of its own",
             )
         )
 
@@ -413,7 +415,7 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
             ops.before()  # the ops every trial loads, before the trial workers start
         # one selection point: the caller's launcher, else the user's command (own-command mode), else ours
         given = launcher or script_launcher(request)
-        with _launcher_for(request.device, given, ctx.target.nodes, observe) as chosen:
+        with _launcher_for(request, given, observe) as chosen:
             outcome = _search(ctx, cache, chosen, observe, ops)
             outcome.process_starts = getattr(chosen, "restarts", None)  # warm workers count their starts
         candidate = outcome.best.candidate if outcome.best else None

@@ -173,6 +173,15 @@ AllowApproximateOpt = Annotated[
         " a partial offload ratio); off by default so the config trains the same model the same way.",
     ),
 ]
+TrialWorkersOpt = Annotated[
+    str,
+    typer.Option(
+        "--trial-workers",
+        help="warm: one process runs trial after trial (start-up paid once; replaced after a failure or when memory"
+        " a trial left grows); fresh: a new process per trial, as your job starts. auto: warm on --device cpu,"
+        " fresh on GPUs (warm GPU trials are not yet measured against fresh ones).",
+    ),
+]
 TrustRemoteCodeOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow custom model code from the HF cache.")
 ]

@@ -224,6 +224,14 @@ class MemoryTracker:
             return None
         return max(0, used - self._baseline_used)
 
+    def held_after_trial_bytes(self) -> int | None:
+        """Device memory this process holds between trials: NVML's figure (NCCL's buffers and the CUDA context
+        included), else what torch's allocator keeps reserved; None on the CPU backend."""
+        if self.device != "cuda":
+            return None
+        held = self.process_device_bytes()
+        return held if held is not None else int(self.cuda.memory_reserved(self.local_rank))
+
     def source(self) -> str | None:
         if self._view.handle is None:
             return None

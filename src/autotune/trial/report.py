@@ -32,6 +32,7 @@ class RankReport:
     model_flops_per_token: float | None = None  # excludes it: the MFU numerator
     engine_facts: dict = field(default_factory=dict)  # what the engine really runs (training.engine_mode_facts)
     host_rss_after_bytes: int | None = None  # warm workers: RSS once the trial's memory is freed (warm.py checks it)
+    device_after_bytes: int | None = None  # warm GPU workers: device memory this process still holds then (ditto)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,5 +1,8 @@
 """Warm workers: successive trials of one world size reuse processes that have imported and joined already.
 
+The default on the CPU backend; on GPUs when asked (`--trial-workers warm`), where a trial's leftovers would be device
+memory: the pool then watches that too.
+
 Start-up (interpreter, torch/DeepSpeed/transformers imports, process group, DeepSpeed op loading)
 dominates small trials; a warm worker pays it once. Each trial still gets a fresh model and engine,
 freed afterwards. After any failure the workers are killed and the next trial starts new ones: a rank
@@ -47,6 +50,11 @@ from autotune.trial.types import TrialResult, TrialSpec
 # offloads), 56 MiB of growth once DeepSpeed's leftovers are dropped (44 of it at the first ZeRO-1 trial: first-use
 # costs a fresh process pays too), against 102 MiB of tensors left by each ZeRO-3 trial of the demo's model before.
 WARM_GROWTH_LIMIT_BYTES = 64 * 2**20
+# The same for a GPU worker's device memory. No GPU measurement of a warm worker's growth yet (the GPU kit's warm
+# stage, benchmarks/gpu/kit.py, takes it): until then the limit is the smallest unit torch's caching allocator
+# reserves for a large tensor (kLargeBuffer, 20 MiB: c10/cuda/CUDACachingAllocator.cpp), so a single segment that an
+# earlier trial left held, or a communicator's buffers a new process group left behind, replaces the workers.
+WARM_DEVICE_GROWTH_LIMIT_BYTES = 20 * 2**20
 
 
 @dataclass
@@ -57,15 +65,26 @@ class _Workers:
     pool_dir: Path
     gpus_before: dict[int, int] | None  # NVML used before the workers started: what stopping them must restore
     next_index: int = 0
-    rss_floor: dict[int, int] | None = None  # per rank, RSS after the first trial: what later trials start from
+    # per rank, what each held after the first trial (host RSS, device memory): what later trials start from
+    floors: dict[str, dict[int, int]] | None = None
 
-    def grown_bytes(self, reports: Mapping[int, RankReport]) -> int:
-        """How far any rank's RSS after this trial lies above its floor (the first call sets the floor)."""
-        after = {rank: r.host_rss_after_bytes for rank, r in reports.items() if r.host_rss_after_bytes is not None}
-        if self.rss_floor is None:
-            self.rss_floor = after
-            return 0
-        return max((rss - self.rss_floor[rank] for rank, rss in after.items() if rank in self.rss_floor), default=0)
+    def growth(self, reports: Mapping[int, RankReport]) -> tuple[str, int] | None:
+        """The memory that grew past its limit since the first trial, and by how much (the first call sets the
+        floors): host RSS, or on a GPU the device memory the worker still holds between trials."""
+        after = {
+            "host memory": {r.rank: r.host_rss_after_bytes for r in reports.values() if r.host_rss_after_bytes},
+            "device memory": {r.rank: r.device_after_bytes for r in reports.values() if r.device_after_bytes},
+        }
+        if self.floors is None:
+            self.floors = after
+            return None
+        limits = {"host memory": WARM_GROWTH_LIMIT_BYTES, "device memory": WARM_DEVICE_GROWTH_LIMIT_BYTES}
+        for what, limit in limits.items():
+            floor = self.floors[what]
+            grown = max((held - floor[rank] for rank, held in after[what].items() if rank in floor), default=0)
+            if grown > limit:
+                return what, grown
+        return None
 
 
 class WarmWorkerPool:
@@ -83,9 +102,10 @@ class WarmWorkerPool:
         master_addr: str = "127.0.0.1",
         poll_interval_s: float = 0.02,
         kill_grace_s: float = 5.0,
-        on_replace: Callable[[int], None] | None = None,
+        on_replace: Callable[[int, str], None] | None = None,
     ) -> None:
-        """`on_replace(grown_bytes)`: called when healthy workers are replaced because their memory grew."""
+        """`on_replace(grown_bytes, what)`: called when healthy workers are replaced because their memory (host or
+        device, `what`) grew."""
         self.python = python
         self.env = dict(env or {})
         self.workdir = workdir
@@ -157,11 +177,12 @@ class WarmWorkerPool:
         result = build_result(spec, reports, outcome)
         if not result.ok and stopped is None:
             stopped = self._stop()
-        if stopped is None and (grown := workers.grown_bytes(reports)) > WARM_GROWTH_LIMIT_BYTES:
-            self.recycled.append(grown)  # the next trial must not start on this one's leftovers
+        if stopped is None and (grown := workers.growth(reports)) is not None:
+            what, size = grown
+            self.recycled.append(size)  # the next trial must not start on this one's leftovers
             stopped = self._stop(graceful=True)
             if self.on_replace is not None:
-                self.on_replace(grown)
+                self.on_replace(size, what)
         if stopped is not None:
             self._remove(stopped)
         return result

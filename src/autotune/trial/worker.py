@@ -157,7 +157,9 @@ def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
                 )
             memory.reset(record_sites=spec.record_peak_sites)
             report = run_rank(spec, placement, clock, memory)  # returns once the trial's memory is freed
-            report = dataclasses.replace(report, host_rss_after_bytes=host_rss_bytes())
+            report = dataclasses.replace(
+                report, host_rss_after_bytes=host_rss_bytes(), device_after_bytes=memory.held_after_trial_bytes()
+            )
         except Exception as error:
             report = failure_report(placement.rank, error, clock)
         write_report(out_dir, report)

@@ -1,0 +1,41 @@
+"""Does a warm GPU worker measure what a fresh process does? The rows of the kit's warm stage.
+
+`autotune` runs CPU trials in warm workers (one process, trial after trial: start-up paid once) and GPU trials in a
+fresh process each (`--trial-workers auto`), because nobody has yet compared the two on a GPU: an earlier trial's
+leftovers (a cached segment, a process group's NCCL buffers) would be counted in the next trial's peak, or push it
+into an OOM the user's fresh job would not hit. The kit's warm stage runs the memory stage's first points again, one
+after another in one warm pool, and these rows put each beside its fresh row. What a row says, per measure: warm,
+fresh, and warm - fresh; plus start-up and throughput both ways, and the card's used memory after each warm trial
+(read from outside the worker, so it does not rest on the pool's own figure).
+"""
+
+from __future__ import annotations
+
+MEASURES = ("max_allocated_bytes", "max_reserved_bytes", "nvml_peak_bytes", "host_rss_peak_bytes")
+TIMES = ("startup_s", "wall_s", "samples_per_s")
+
+
+def compare(warm: dict, fresh: dict) -> dict:
+    """One warm row beside its fresh twin: each memory measure warm, fresh and the difference; times both ways."""
+    row: dict = {"key": warm["key"], "status": warm["status"], "error": warm.get("error")}
+    for name in MEASURES:
+        a, b = warm.get(name), fresh.get(name)
+        row[name] = {"warm": a, "fresh": b, "warm_minus_fresh": a - b if a is not None and b is not None else None}
+    for name in TIMES:
+        row[name] = {"warm": warm.get(name), "fresh": fresh.get(name)}
+    row["card_used_after_bytes"] = warm.get("gpu_used_after_bytes")
+    return row
+
+
+def summary(rows: list[dict], restarts: int, recycled: list[int]) -> dict:
+    """The largest difference per measure over the warm trials that ran, and the card's growth between them."""
+    ran = [r for r in rows if r["status"] == "ok"]
+    out: dict = {"trials": len(rows), "ok": len(ran), "pool_restarts": restarts, "recycled_growth_bytes": recycled}
+    for name in MEASURES:
+        diffs = [r[name]["warm_minus_fresh"] for r in ran if r[name]["warm_minus_fresh"] is not None]
+        if diffs:
+            out[f"largest_abs_{name}_diff"] = max(diffs, key=abs)
+    used = [r["card_used_after_bytes"] for r in ran if r["card_used_after_bytes"] is not None]
+    if len(used) > 1:
+        out["card_used_growth_after_first_bytes"] = max(used[1:]) - used[0]
+    return out

@@ -1,0 +1,83 @@
+"""How trials are run (`--trial-workers`): warm workers by default on the CPU backend, fresh processes on GPUs unless
+asked, and the warm pool's watch on the device memory a GPU worker keeps between trials."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from tests.conftest import run_cli
+
+from autotune.errors import UserError
+from autotune.request import TuneRequest, uses_warm_workers, validate
+from autotune.trial import LocalLauncher, WarmWorkerPool
+from autotune.trial.report import RankReport
+from autotune.trial.warm import WARM_DEVICE_GROWTH_LIMIT_BYTES, WARM_GROWTH_LIMIT_BYTES, _Workers
+from autotune.tuner import _launcher_for
+from autotune.units import MiB
+
+
+@pytest.mark.parametrize(
+    ("device", "asked", "warm"),
+    [("cpu", "auto", True), ("cuda", "auto", False), ("cuda", "warm", True), ("cpu", "fresh", False)],
+)
+def test_warm_workers_by_default_on_cpu_and_when_asked_on_gpus(device: str, asked: str, warm: bool) -> None:
+    request = TuneRequest(model="tiny-gpt2", device=device, trial_workers=asked)
+    validate(request, outputs=False)
+    assert uses_warm_workers(request) is warm
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_tuner_starts_the_launcher_the_request_asks_for(device: str) -> None:
+    """No process starts here: the pool starts its workers at its first trial."""
+    for asked, kind in (("warm", WarmWorkerPool), ("fresh", LocalLauncher)):
+        with _launcher_for(TuneRequest(model="tiny-gpt2", device=device, trial_workers=asked), None) as chosen:
+            assert isinstance(chosen, kind)
+            assert chosen.env == ({"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else {})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"trial_workers": "sometimes"}, "--trial-workers must be one of auto, warm, fresh"),
+        ({"trial_workers": "warm", "nodes": 2}, "runs one node"),
+        ({"trial_workers": "warm", "command": ("python", "train.py")}, "own command starts fresh"),
+    ],
+)
+def test_warm_workers_refused_where_they_cannot_run(overrides: dict, words: str) -> None:
+    with pytest.raises(UserError, match=words):
+        validate(TuneRequest(model="tiny-gpt2", **overrides), outputs=False)
+
+
+def test_a_bad_choice_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = run_cli("tune", "--model", "tiny-gpt2", "--trial-workers", "sometimes", "--out", str(tmp_path / "c.json"))
+    assert done.returncode == 2, done.stderr
+    assert "--trial-workers must be one of" in done.stderr and "Traceback" not in done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def _workers() -> _Workers:
+    return _Workers((1, "cuda"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), None)
+
+
+def _after(host: int, device: int | None) -> dict[int, RankReport]:
+    return {0: RankReport(rank=0, status="ok", host_rss_after_bytes=host, device_after_bytes=device)}
+
+
+def test_a_gpu_worker_whose_device_memory_grew_past_one_allocator_segment_is_replaced() -> None:
+    workers = _workers()
+    base = 900 * MiB
+    assert workers.growth(_after(2000 * MiB, base)) is None  # the first trial sets the floors
+    assert workers.growth(_after(2000 * MiB, base + WARM_DEVICE_GROWTH_LIMIT_BYTES)) is None  # within one segment
+    assert workers.growth(_after(2000 * MiB, base + 64 * MiB)) == ("device memory", 64 * MiB)
+    # host memory keeps its own, measured limit (larger: glibc's arenas move by more than the allocator's segments)
+    assert workers.growth(_after(2000 * MiB + WARM_GROWTH_LIMIT_BYTES, base)) is None
+    assert workers.growth(_after(2100 * MiB, base)) == ("host memory", 100 * MiB)
+
+
+def test_cpu_workers_report_no_device_memory_and_are_judged_on_host_memory_alone() -> None:
+    workers = _workers()
+    assert workers.growth(_after(1000 * MiB, None)) is None
+    assert workers.growth(_after(1010 * MiB, None)) is None
+    assert workers.growth(_after(1100 * MiB, None)) == ("host memory", 100 * MiB)
