@@ -6,6 +6,7 @@ The fakes hold only what the driver and the allocator would report; what the tra
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -183,3 +184,43 @@ def test_cpu_tracker_reports_host_rss_only() -> None:
     metrics = MemoryTracker("cpu", 0).metrics(0)
     assert metrics.host_rss_peak_bytes and metrics.device_used_bytes is None
     assert RankMetrics(**metrics.__dict__) == metrics
+
+
+def test_each_phase_measures_its_own_peak_and_the_trials_peak_carries_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain micro-steps at two micro-batches each get their own peak, from where memory stands when they start;
+    resetting the allocator's counters for them must not lose the optimizer step's higher peak before them."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    tracker, allocator = _tracker(FakeCard())
+    tracker.reset()
+    allocator.reserve(4 * GiB)  # model states
+    allocator.reserve(3 * GiB)  # an optimizer step's temporaries: the trial's peak
+    allocator.release(3 * GiB)
+    with tracker.phase("micro"):
+        allocator.reserve(2 * GiB)  # activations of the trial's micro-batch
+        allocator.release(2 * GiB)
+    with tracker.phase("smaller_micro"):
+        allocator.reserve(1 * GiB)  # half of them
+        allocator.release(1 * GiB)
+    metrics = tracker.metrics(0)
+    assert (metrics.micro_peak_bytes, metrics.smaller_micro_peak_bytes) == (6 * GiB, 5 * GiB)
+    assert metrics.max_allocated_bytes == metrics.max_reserved_bytes == 7 * GiB  # the optimizer step's, kept
+    tracker.reset()  # a warm worker's next trial starts without the last one's phases or carried peaks
+    assert tracker.metrics(0).micro_peak_bytes is None and tracker.metrics(0).max_allocated_bytes == 4 * GiB
+
+
+def _ranked(peak: int, micro: int | None, smaller: int | None) -> RankMetrics:
+    return RankMetrics(rank=0, device_used_bytes=peak, micro_peak_bytes=micro, smaller_micro_peak_bytes=smaller)
+
+
+def test_one_launch_implies_the_peak_at_its_smaller_micro_batch() -> None:
+    result = TrialResult("ok", ranks=[_ranked(10 * GiB, 9 * GiB, 7 * GiB)], smaller_micro_batch=4)
+    assert result.smaller_peak_point == (4, 8 * GiB)  # the trial's peak less what the micro-batch added
+    two_ranks = [_ranked(10 * GiB, 9 * GiB, 7 * GiB), dataclasses.replace(_ranked(9 * GiB, 9 * GiB, 6 * GiB), rank=1)]
+    assert TrialResult("ok", ranks=two_ranks, smaller_micro_batch=4).smaller_peak_point == (4, 7 * GiB)  # steepest
+    for unknown in (
+        TrialResult("ok", ranks=[_ranked(10 * GiB, None, None)], smaller_micro_batch=4),  # not measured apart
+        TrialResult("ok", ranks=[_ranked(10 * GiB, 9 * GiB, 9 * GiB)], smaller_micro_batch=4),  # no difference
+        TrialResult("ok", ranks=[_ranked(10 * GiB, 9 * GiB, 7 * GiB)], smaller_micro_batch=None),
+        TrialResult("oom_gpu", ranks=[_ranked(10 * GiB, 9 * GiB, 7 * GiB)], smaller_micro_batch=4),
+    ):
+        assert unknown.smaller_peak_point is None

@@ -173,3 +173,39 @@ def test_integer_grid_ends_on_the_integer_boundary_a_trial_confirmed(model_name,
     assert any(t.candidate == above and not t.within_headroom for t in outcome.trials)
     # no more than the old budget: a quarter of the powers-of-two grid (1..128) over every rung and checkpointing
     assert len(machine.launched) <= len(RUNGS) * 2 * 8 / 4, [c.key for c in machine.launched]
+
+
+class HalfBatchPeaksMachine(SimulatedMachine):
+    """Its trials also measure their half micro-batch's plain micro-steps in the same launch, each with its own
+    peak, as the real worker does (trial/training.py timed_steps); this machine's peak lies in those steps."""
+
+    def result(self, candidate: Candidate) -> TrialResult:
+        result = super().result(candidate)
+        if not result.ok or candidate.micro_batch < 2:
+            return result
+        smaller = candidate.micro_batch // 2
+        rank = replace(
+            result.ranks[0],
+            micro_peak_bytes=self.true_peak(candidate),
+            smaller_micro_peak_bytes=self.true_peak(replace(candidate, micro_batch=smaller)),
+        )
+        return replace(result, ranks=[rank], smaller_micro_batch=smaller)
+
+
+def test_a_trial_that_measures_its_half_micro_batch_saves_boundary_trials() -> None:
+    """Two points of a group's memory line from its first trial: the same picks on an integer grid, fewer launches."""
+    setups = [("gpt2-medium", 16, 4, 1024), ("opt-1.3b", 12, 4, 512), ("gpt2-large", 24, 8, 1024)]
+    runs = {}
+    for machine_type in (SimulatedMachine, HalfBatchPeaksMachine):
+        picks, launched = [], 0
+        for setup in setups:
+            model, target, settings = _setup(*setup)
+            machine = machine_type(model, target, settings, headroom=0.9)
+            search = Search(model, target, settings, machine.run, RUNGS, list(range(1, 65)), SearchLimits(80))
+            outcome = search.run_search()
+            picks.append(outcome.best.candidate if outcome.best else None)
+            launched += len(machine.launched)
+        runs[machine_type] = picks, launched
+    (plain_picks, plain_launched), (half_picks, half_launched) = runs[SimulatedMachine], runs[HalfBatchPeaksMachine]
+    assert half_picks == plain_picks and None not in half_picks
+    assert half_launched < plain_launched, (half_launched, plain_launched)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autotune.dsconfig import TrainSettings, build_ds_config
@@ -80,3 +82,20 @@ def test_one_warm_launch_measures_two_micro_batches_of_a_group_each_with_its_own
     large_peak, small_peak, cold_peak = (r.peak_memory_bytes or 0 for r in (large, small, cold_small))
     assert small_peak < large_peak - 16 * 2**20  # 28 samples x 1 MiB of logits and more: the reset took
     assert abs(small_peak - cold_peak) <= WARM_GROWTH_LIMIT_BYTES
+
+
+@pytest.mark.slow  # about 40-60 s on the shared 2-core machine (two fresh trials)
+def test_one_launch_implies_the_peak_its_half_micro_batch_measures_on_its_own() -> None:
+    """A trial at micro-batch 32 measures its plain micro-steps at 32 and 16 each from its own start: the peak it
+    implies at 16 is what a trial at 16 measures, so the search's line for the group stands after one trial."""
+    env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}  # the tuner's CPU environment
+    spec = _group_spec(32)
+    large = run_trial(dataclasses.replace(spec, smaller_micro_batch=16), LocalLauncher(env=env))
+    half = run_trial(_group_spec(16), LocalLauncher(env=env))
+    assert large.status == half.status == "ok", (large.error, half.error)
+    implied = large.smaller_peak_point
+    assert implied is not None and implied[0] == 16
+    large_peak, half_peak = large.peak_memory_bytes or 0, half.peak_memory_bytes or 0
+    assert half_peak < large_peak - 8 * 2**20  # 16 samples x 1 MiB of logits and more: a slope to find
+    # within a tenth of what the 16 extra samples add: the line's error, not the model's
+    assert abs(implied[1] - half_peak) <= (large_peak - half_peak) / 10, (implied[1], half_peak, large_peak)

@@ -455,11 +455,18 @@ class SimulatedCluster:
         cycle = gas * cost.micro_s + cost.optimizer_s
         smaller = candidate.micro_batch // 2 or None  # autotune's trials also time half the micro-batch
         smaller_s = self.step_cost(replace(candidate, micro_batch=smaller)).micro_s if smaller else None
+        # ...and measure each set of plain micro-steps' own peak; this machine's peak is in those steps at any size
+        smaller_peak = self.gpu_bytes(replace(candidate, micro_batch=smaller)) if smaller else None
+        rank = RankMetrics(
+            rank=0,
+            device_used_bytes=peak,
+            host_rss_peak_bytes=self.host_bytes_per_node(candidate),
+            micro_peak_bytes=peak,
+            smaller_micro_peak_bytes=smaller_peak,
+        )
         return TrialResult(
             status="ok",
-            ranks=[
-                RankMetrics(rank=0, device_used_bytes=peak, host_rss_peak_bytes=self.host_bytes_per_node(candidate))
-            ],
+            ranks=[rank],
             step_times_s=[cycle] * 5,
             micro_step_s=cost.micro_s,
             optimizer_step_s=cost.optimizer_s,

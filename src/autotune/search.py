@@ -422,13 +422,17 @@ class Search:
 
     def _peak_line(self, candidate: Candidate) -> StepLine | None:
         """Peak bytes = intercept + slope x micro-batch, fitted on the measured peaks of `candidate`'s group (two
-        micro-batches at least). The calibration pools its slope over every group (autotune.estimate.calibration);
-        within one group the measured line is the better guide to where the limit falls."""
-        points = [
-            (float(t.candidate.micro_batch), float(t.result.peak_memory_bytes))
-            for t in self.outcome.trials
-            if same_group(t.candidate, candidate) and t.result.ok and t.result.peak_memory_bytes and not t.from_cache
-        ]  # a trial stopped at a cap (over_budget) reports the cap, not its peak: no point of the line
+        micro-batches at least; one trial gives two where its smaller micro-batch's peak was measured apart,
+        TrialResult.smaller_peak_point). The calibration pools its slope over every group
+        (autotune.estimate.calibration); within one group the measured line is the better guide to where the
+        limit falls."""
+        points: list[tuple[float, float]] = []
+        for t in self.outcome.trials:
+            if same_group(t.candidate, candidate) and t.result.ok and t.result.peak_memory_bytes and not t.from_cache:
+                points.append((float(t.candidate.micro_batch), float(t.result.peak_memory_bytes)))
+                if (smaller := t.result.smaller_peak_point) is not None:
+                    points.append((float(smaller[0]), float(smaller[1])))
+        # a trial stopped at a cap (over_budget) reports the cap, not its peak: no point of the line
         return fit_step_line(points)
 
     def _after_first_failure(self, rung: Rung, ckpt: bool, bad: int, below: list[int], mode: Mode = Mode()) -> int:

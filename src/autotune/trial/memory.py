@@ -23,7 +23,7 @@ import dataclasses
 import os
 import resource
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +205,8 @@ class MemoryTracker:
         self._outside: int | None = None  # this process's device memory outside torch's allocator, at step ends
         self._card_bytes: int | None = None  # the emulated card, when limit_device() set one
         self._sites: PeakSiteRecorder | None = None
+        self._carried: dict[str, int] = {}  # the trial's peaks before a phase reset the counters (phase())
+        self._phase_peaks: dict[str, int | None] = {}
 
     @property
     def cuda(self) -> Any:
@@ -244,6 +246,7 @@ class MemoryTracker:
         if record_sites:
             self._sites = PeakSiteRecorder(self.device, self.local_rank)
         reset_host_rss_peak()
+        self._carried, self._phase_peaks = {}, {}
         self._sampler.stop()
         self._sampler.peak = None
         self._outside = None
@@ -254,6 +257,32 @@ class MemoryTracker:
         self.sample()
         if self._sites is not None:
             self._sites.start()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Measure the peak of one phase of the trial on its own (GPU: allocated; CPU: host RSS), from where memory
+        stands when it starts; the trial's own peaks carry over. Read back in metrics() as `<name>_peak_bytes`."""
+        self._carry_peaks()
+        if self.device == "cuda":
+            self.cuda.reset_peak_memory_stats(self.local_rank)
+        elif not reset_host_rss_peak():  # VmHWM cannot be reset here: the phase's own peak is unknown
+            self._phase_peaks[name] = None
+            yield
+            return
+        yield
+        self._phase_peaks[name] = (
+            int(self.cuda.max_memory_allocated(self.local_rank)) if self.device == "cuda" else host_rss_peak_bytes()
+        )
+
+    def _carry_peaks(self) -> None:
+        now = {"host": host_rss_peak_bytes()}
+        if self.device == "cuda":
+            now["allocated"] = int(self.cuda.max_memory_allocated(self.local_rank))
+            now["reserved"] = int(self.cuda.max_memory_reserved(self.local_rank))
+        self._carried = {key: max(value, self._carried.get(key, 0)) for key, value in now.items()}
+
+    def _peak(self, key: str, now: int) -> int:
+        return max(now, self._carried.get(key, 0))
 
     def limit_device(self, fraction_of_card: float | None) -> None:
         """Emulate a card of fraction_of_card x this card's total (NVML's, as the tuner's limit is computed) for
@@ -305,22 +334,27 @@ class MemoryTracker:
     def _measured(self, rank: int) -> RankMetrics:
         self.sample()
         self._sampler.stop()
+        phases = {
+            "micro_peak_bytes": self._phase_peaks.get("micro"),
+            "smaller_micro_peak_bytes": self._phase_peaks.get("smaller_micro"),
+        }
         if self.device != "cuda":
-            return RankMetrics(rank=rank, host_rss_peak_bytes=host_rss_peak_bytes())
-        max_reserved = int(self.cuda.max_memory_reserved(self.local_rank))
+            return RankMetrics(rank=rank, host_rss_peak_bytes=self._peak("host", host_rss_peak_bytes()), **phases)
+        max_reserved = self._peak("reserved", int(self.cuda.max_memory_reserved(self.local_rank)))
         readings = [self._sampler.peak]
         if self._outside is not None:
             readings.append(max_reserved + self._outside)
         known = [r for r in readings if r is not None]
         return RankMetrics(
             rank=rank,
-            max_allocated_bytes=int(self.cuda.max_memory_allocated(self.local_rank)),
+            max_allocated_bytes=self._peak("allocated", int(self.cuda.max_memory_allocated(self.local_rank))),
             max_reserved_bytes=max_reserved,
             device_used_bytes=max(known) if known else None,
-            host_rss_peak_bytes=host_rss_peak_bytes(),
+            host_rss_peak_bytes=self._peak("host", host_rss_peak_bytes()),
             device_used_baseline_bytes=self._baseline_used,
             device_outside_allocator_bytes=self._outside,
             device_sampled_peak_bytes=self._sampler.peak,
             device_memory_source=self.source(),
             emulated_card_bytes=self._card_bytes,
+            **phases,
         )

@@ -394,12 +394,18 @@ def timed_steps(
         clock.mark("measured")
         return StepTimes(step_times_s=steps)
     parts = min(PART_STEPS, spec.max_steps)
-    plain = _timed(lambda: _micro_step(engine, batch, False), placement, engine.device, memory, parts)
+    # Each set of plain micro-steps also measures its own peak: two micro-batches' peaks from one launch
+    # (TrialResult.smaller_peak_point), so a group's memory line is known after its first trial.
+    with memory.phase("micro"):
+        plain = _timed(lambda: _micro_step(engine, batch, False), placement, engine.device, memory, parts)
     micro = statistics.median(plain)
     optimizer = max(0.0, statistics.median(steps) - accumulation * micro)
     smaller_mb = smaller_s = None
     if smaller_batch is not None:
-        smaller = _timed(lambda: _micro_step(engine, smaller_batch, False), placement, engine.device, memory, parts)
+        with memory.phase("smaller_micro"):
+            smaller = _timed(
+                lambda: _micro_step(engine, smaller_batch, False), placement, engine.device, memory, parts
+            )
         smaller_mb = int(next(iter(smaller_batch.values())).shape[0])
         smaller_s = statistics.median(smaller)
     engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own counting

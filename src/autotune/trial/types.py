@@ -72,6 +72,11 @@ class RankMetrics:
     device_sampled_peak_bytes: int | None = None  # the sampler thread's highest own-process reading
     device_memory_source: str | None = None  # "nvml_process" (per-pid list) | "nvml_used_minus_baseline"
     emulated_card_bytes: int | None = None  # TrialSpec.gpu_memory_fraction as bytes: the whole process was capped
+    # The peak of the plain micro-steps alone (forward and backward, no optimizer step) at the trial's micro-batch
+    # and at the smaller one timed after it (GPU: allocated; CPU: host RSS), each from its own start: their
+    # difference is what the micro-batch adds (trial/memory.py MemoryTracker.phase)
+    micro_peak_bytes: int | None = None
+    smaller_micro_peak_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,25 @@ class TrialResult:
         values = [r.device_used_bytes or r.max_reserved_bytes or r.host_rss_peak_bytes for r in self.ranks]
         values = [v for v in values if v]
         return max(values) if values else None
+
+    @property
+    def smaller_peak_point(self) -> tuple[int, int] | None:
+        """(smaller micro-batch, its peak) from this one launch: the trial's peak less what its plain micro-steps
+        measured between the two micro-batches (memory is linear in the micro-batch, search._peak_line). The
+        largest drop over the ranks, so a line through this point rises no slower than the truth: a peak outside
+        the micro-steps (an optimizer step's) does not grow with the micro-batch, so the line over-predicts
+        above the trial's micro-batch, never under."""
+        peak = self.peak_memory_bytes
+        if not (self.ok and self.smaller_micro_batch and peak):
+            return None
+        drops = [
+            r.micro_peak_bytes - r.smaller_micro_peak_bytes
+            for r in self.ranks
+            if r.micro_peak_bytes is not None and r.smaller_micro_peak_bytes is not None
+        ]
+        if not drops or max(drops) <= 0:  # nothing measured apart, or within what the allocator keeps: no slope
+            return None
+        return self.smaller_micro_batch, peak - max(drops)
 
     def to_dict(self) -> dict:
         return asdict(self)

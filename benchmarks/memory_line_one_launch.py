@@ -1,0 +1,87 @@
+"""Does one launch give two points of a group's memory line? (CPU backend, the README demo's model)
+
+    python benchmarks/memory_line_one_launch.py [--out FILE.json]
+
+Every trial also times half its micro-batch in the same process, and measures each set of plain micro-steps'
+own peak (trial/memory.py MemoryTracker.phase). The trial's peak less the difference between the two is the
+peak it implies at the half micro-batch (TrialResult.smaller_peak_point): what the search draws its group's line
+through after one trial instead of two. This runs micro-batch m and 2m of the same rung, each in a fresh process,
+and puts the point implied by the 2m trial beside the peak the m trial measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from autotune.atomic import atomic_write_json
+from autotune.context import TuneContext
+from autotune.ladder import Candidate, Rung
+from autotune.request import TuneRequest
+from autotune.trial import LocalLauncher, run_trial
+from autotune.trial.ops import prebuild_ops
+from autotune.units import MiB
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "memory_line_one_launch_cpu.json"
+PAIRS = ((Rung.Z0, 8), (Rung.Z0, 16), (Rung.Z2, 8), (Rung.Z3, 8))  # (rung, m): trials at m and 2m
+TUNER_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # what tuner._launcher_for gives CPU trials
+
+
+def demo_context() -> TuneContext:
+    request = TuneRequest(
+        model="gpt2-small-demo", device="cpu", memory_budget="8GiB", seq_len=128, precision="fp32", out="unused.json"
+    )
+    return TuneContext.build(request, outputs=False)
+
+
+def measure(ctx: TuneContext, rung: Rung, micro_batch: int) -> dict:
+    small = run_trial(ctx.spec(Candidate(rung, micro_batch, False)), LocalLauncher(env=TUNER_ENV))
+    large = run_trial(ctx.spec(Candidate(rung, 2 * micro_batch, False)), LocalLauncher(env=TUNER_ENV))
+    implied = large.smaller_peak_point
+    row = {
+        "rung": rung.value,
+        "micro_batch": micro_batch,
+        "status": [small.status, large.status],
+        "measured_peak_bytes": small.peak_memory_bytes,
+        "large_peak_bytes": large.peak_memory_bytes,
+        "implied_micro_batch": implied[0] if implied else None,
+        "implied_peak_bytes": implied[1] if implied else None,
+    }
+    if implied and small.peak_memory_bytes:
+        row["implied_minus_measured_bytes"] = implied[1] - small.peak_memory_bytes
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    prebuild_ops("cpu")
+    ctx = demo_context()
+    rows = [measure(ctx, rung, m) for rung, m in PAIRS]
+    from compare.environment import (  # benchmarks/ is the script directory, so on sys.path
+        git_revision,
+        load_average,
+        now_utc,
+    )
+    from estimate_accuracy import environment
+
+    data = {
+        "rows": rows,
+        "environment": {**environment("cpu"), **git_revision(HERE.parent), "date": now_utc(), "load": load_average()},
+    }
+    atomic_write_json(args.out, data)
+    print("| rung | m | measured peak at m | implied by the 2m trial | implied - measured | peak at 2m |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        diff = r.get("implied_minus_measured_bytes")
+        print(
+            f"| {r['rung']} | {r['micro_batch']} | {(r['measured_peak_bytes'] or 0) / MiB:.0f} MiB |"
+            f" {(r['implied_peak_bytes'] or 0) / MiB:.0f} MiB | {'-' if diff is None else f'{diff / MiB:+.1f} MiB'} |"
+            f" {(r['large_peak_bytes'] or 0) / MiB:.0f} MiB |"
+        )
+
+
+if __name__ == "__main__":
+    main()
