@@ -3,12 +3,15 @@ mapping moved into one place (cli/request.py), and every field reachable from ea
 
 from __future__ import annotations
 
+import inspect
 import json
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
 
 from autotune.cli import main
+from autotune.cli.request import NOT_OFFERED, offered_fields, recorded_options, source_of, unwired_fields
 from autotune.hook import HookRequest, JobOverrides
 from autotune.ladder import Rung
 from autotune.request import TuneRequest
@@ -62,7 +65,8 @@ def test_tune_with_every_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         "--report-dir", str(tmp_path / "report"), "--hf", "--no-cache", "--cache-dir", str(tmp_path / "cache"),
         "--script", "train.py", "--optimizer", "adafactor", "--lora-rank", "8", "--lora-targets", "q_proj, v_proj",
         "--kernels", "liger", "--host-memory", "64", "--trust-remote-code", "--allow-approximate",
-        "--config", str(base), "--json", "-v", "--", "torchrun", "train.py", "--deepspeed", "{ds_config}",
+        "--config", str(base), "--trial-workers", "fresh", "--json", "-v", "--", "torchrun", "train.py", "--deepspeed",
+        "{ds_config}",
     ]  # fmt: skip
     assert built_request(monkeypatch, *argv) == TuneRequest(
         model="gpt2", gpus=2, nodes=1, gpu_memory="24", seq_len=128, decoder_seq_len=64, global_batch=16,
@@ -71,7 +75,7 @@ def test_tune_with_every_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         gpu_memory_fraction=0.5, trial_timeout_s=100.0, out=str(tmp_path / "ds.json"),
         report_dir=str(tmp_path / "report"), hf=True, use_cache=False, cache_dir=str(tmp_path / "cache"),
         script="train.py", optimizer="adafactor", lora_rank=8, lora_targets=("q_proj", "v_proj"), kernels="liger",
-        host_memory="64", trust_remote_code=True, allow_approximate=True, base_config=str(base),
+        host_memory="64", trust_remote_code=True, allow_approximate=True, base_config=str(base), trial_workers="fresh",
         command=("torchrun", "train.py", "--deepspeed", "{ds_config}"),
     )  # fmt: skip
 
@@ -122,6 +126,7 @@ def test_hook_keeps_the_jobs_shape_and_shared_directory_out_of_the_tuning(
         "--micro-batches", "2,4", "--rungs", "z0,z3", "--nvme-path", str(tmp_path), "--trial-timeout", "50",
         "--report-dir", str(tmp_path / "report"), "--trust-remote-code", "--allow-approximate", "--config",
         str(base), "--optimizer", "adafactor", "--lora-rank", "2", "--lora-targets", "c_attn,c_proj", "-v",
+        "--trial-workers", "fresh",
         "--", "torchrun", "--nproc-per-node", "{gpus}", "train.py", "--deepspeed", "{ds_config}",
     ]  # fmt: skip
     tuning = TuneRequest(
@@ -130,6 +135,7 @@ def test_hook_keeps_the_jobs_shape_and_shared_directory_out_of_the_tuning(
         max_micro_batch=8, micro_batches=(2, 4), rungs=(Rung.Z0, Rung.Z3), nvme_path=str(tmp_path),
         trial_timeout_s=50.0, report_dir=str(tmp_path / "report"), trust_remote_code=True, allow_approximate=True,
         base_config=str(base), optimizer="adafactor", lora_rank=2, lora_targets=("c_attn", "c_proj"),
+        trial_workers="fresh",
         command=("torchrun", "--nproc-per-node", "{gpus}", "train.py", "--deepspeed", "{ds_config}"),
     )  # fmt: skip
     assert built_request(monkeypatch, *argv) == HookRequest(
@@ -139,3 +145,60 @@ def test_hook_keeps_the_jobs_shape_and_shared_directory_out_of_the_tuning(
         wait_timeout_s=600.0,
         strict=True,
     )
+
+
+def _parameters(command: str) -> set[str]:
+    from autotune.cli.hook import hook_command
+    from autotune.cli.plan import plan_command
+    from autotune.cli.tune import tune_command
+
+    function = {"tune": tune_command, "plan": plan_command, "hook": hook_command}[command]
+    return set(inspect.signature(function).parameters)
+
+
+# What each command's options do besides asking for a tuning: output, the plan's --config question, the job.
+_NOT_IN_THE_REQUEST = {
+    "tune": {"as_json", "verbose"},
+    "plan": {"as_json", "verbose", "grad_checkpointing"},
+    "hook": {"as_json", "verbose", "strict", "wait_timeout", "print_env", "gpus", "nodes", "nodelist", "cache_dir"},
+}
+
+
+@pytest.mark.parametrize("command", ["tune", "plan", "hook"])
+def test_every_request_field_is_an_option_of_each_command_or_declared_absent(command: str) -> None:
+    parameters = _parameters(command)
+    assert unwired_fields(command, parameters) == []
+    assert set(NOT_OFFERED[command]) <= {item.name for item in fields(TuneRequest)}  # no stale declaration
+    read = {source_of(name).parameter for name in offered_fields(command)}
+    assert parameters - read == _NOT_IN_THE_REQUEST[command]  # and no option the request forgets to read
+
+
+def test_a_new_request_field_without_an_option_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a new TuneRequest field without CLI wiring does: every command names it, here and when it runs."""
+    import autotune.cli.request
+
+    @dataclass(frozen=True)
+    class WiderRequest(TuneRequest):
+        new_knob: int = 0
+
+    monkeypatch.setattr(autotune.cli.request, "TuneRequest", WiderRequest)
+    for command in ("tune", "plan", "hook"):
+        assert unwired_fields(command, _parameters(command)) == ["new_knob"]
+    with pytest.raises(TypeError, match="new_knob"):
+        main(["plan", "--model", "gpt2"])
+
+
+def test_check_reads_every_recorded_option_through_the_commands_mapping() -> None:
+    from autotune.cli.check import request_as_recorded
+
+    recorded = {
+        "model": "gpt2", "gpus_per_node": 2, "nodes": 1, "gpu_type": "a100-40gb", "gpu_memory": None,
+        "device": "cuda", "seq_len": 256, "precision": "bf16", "attention": "eager", "headroom": 0.8,
+        "trust_remote_code": True, "optimizer": "adafactor", "lora_rank": 4, "lora_targets": ["c_attn"],
+        "decoder_seq_len": None, "memory_bytes_per_rank": 40 * 2**30, "kernels": "stock", "grad_checkpointing": True,
+    }  # fmt: skip
+    assert request_as_recorded(recorded, seq_len=None) == TuneRequest(
+        model="gpt2", gpus=2, nodes=1, gpu_type="a100-40gb", seq_len=256, precision="bf16", attention="eager",
+        headroom=0.8, trust_remote_code=True, optimizer="adafactor", lora_rank=4, lora_targets=("c_attn",),
+    )  # fmt: skip
+    assert set(recorded_options(recorded)) <= {source_of(item.name).parameter for item in fields(TuneRequest)}

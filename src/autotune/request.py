@@ -1,8 +1,9 @@
 """The one tuning request every entry point builds (`tune`, `plan`, `hook`, the Python API), and its rules.
 
 Defaults live here and nowhere else: the CLI reads them from `TuneRequest` (see cli/options.py), so
-`--headroom` means the same in every command. `validate()` checks everything that can be checked
-without the model or the hardware, so bad input is one line and exit 2 before anything runs.
+`--headroom` means the same in every command, and maps options to a request in one place (cli/request.py).
+`validate()` checks everything that can be checked without the model or the hardware, so bad input is one line
+and exit 2 before anything runs.
 """
 
 from __future__ import annotations

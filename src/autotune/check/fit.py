@@ -21,20 +21,22 @@ from autotune.estimate.types import EstimateSettings, MemoryEstimate, Verdict
 from autotune.hardware import Target
 from autotune.ladder import Candidate, Rung
 from autotune.models import ModelSummary
+from autotune.request import default_of
 from autotune.units import format_bytes
 
 
 @dataclass(frozen=True)
 class FitAssumptions:
-    """What the tuning that wrote the config assumed, beyond the model and sequence length."""
+    """What the tuning that wrote the config assumed, beyond the model and sequence length; without a record,
+    what a tuning assumes by default (TuneRequest's defaults, read from it, not restated)."""
 
-    attention: str = "sdpa"
-    device: str = "cuda"
-    headroom: float = 0.9
+    attention: str = default_of("attention")
+    device: str = default_of("device")
+    headroom: float = default_of("headroom")
     measured_peak_bytes: int | None = None  # the trial's peak, when the config was verified here
-    optimizer: str = "adamw"  # the optimizer the tuning ran, for a config without an optimizer section
+    optimizer: str = default_of("optimizer")  # the optimizer the tuning ran, for a config without an optimizer section
     decoder_seq_len: int | None = None  # encoder-decoders: the decoder length the tuning ran
-    kernels: str = "stock"  # fused training kernels (estimate/kernels.py): `check --kernels`
+    kernels: str = default_of("kernels")  # fused training kernels (estimate/kernels.py): `check --kernels`
 
 
 # (optimizer offload, parameter offload) at stage 3 -> rung, where the ladder has that exact rung.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,6 +28,7 @@ from autotune.cli.options import (
     TrustRemoteCodeOpt,
 )
 from autotune.cli.output import console, print_json
+from autotune.cli.request import recorded_options, request_from_given
 from autotune.request import TuneRequest
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -212,45 +213,14 @@ class CheckOptions:
     init_check: bool
 
 
-# The tuning's recorded assumptions (autotune.assumptions) -> the TuneRequest fields they fill.
-_RECORDED_AS_REQUEST = {
-    "gpus_per_node": "gpus",
-    "nodes": "nodes",
-    "gpu_type": "gpu_type",
-    "gpu_memory": "gpu_memory",
-    "device": "device",
-    "seq_len": "seq_len",
-    "precision": "precision",
-    "attention": "attention",
-    "headroom": "headroom",
-    "trust_remote_code": "trust_remote_code",
-    "optimizer": "optimizer",
-    "lora_rank": "lora_rank",
-    "lora_targets": "lora_targets",
-    "decoder_seq_len": "decoder_seq_len",
-}
-
-
 def request_as_recorded(recorded: dict[str, Any], seq_len: int | None) -> TuneRequest:
-    """The tuning's own request, read back from the assumptions it recorded beside its config.
-
-    A key the record lacks (or holds empty) takes `TuneRequest`'s default, so no default is restated here;
-    `seq_len` (check's --seq-len) overrides the recorded one."""
-    given: dict[str, Any] = {
-        field: recorded[key] for key, field in _RECORDED_AS_REQUEST.items() if recorded.get(key) not in (None, "", [])
-    }
-    given["model"] = recorded["model"]  # a record without its model is not one autotune wrote
-    if "lora_targets" in given:
-        given["lora_targets"] = tuple(given["lora_targets"])
-    if "trust_remote_code" in given:
-        given["trust_remote_code"] = bool(given["trust_remote_code"])
+    """The tuning's own request, read back from the assumptions it recorded beside its config through the mapping
+    every command builds its request with (cli/request.py): what the record lacks takes `TuneRequest`'s default,
+    so no default is restated here; `seq_len` (check's --seq-len) overrides the recorded one."""
+    options = recorded_options(recorded)
     if seq_len:
-        given["seq_len"] = seq_len
-    request = TuneRequest(**given)
-    per_rank = recorded.get("memory_bytes_per_rank")
-    if per_rank and request.device == "cpu":  # the CPU backend's per-rank cap the tuning ran under
-        request = replace(request, memory_budget=f"{per_rank}B")
-    return request
+        options["seq_len"] = seq_len
+    return request_from_given(options)
 
 
 def _check_as_tuned(

@@ -47,7 +47,7 @@ from autotune.cli.options import (
     say_assumed_units,
 )
 from autotune.cli.output import err_console, print_json, stamped
-from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
+from autotune.cli.request import request_from_options
 from autotune.cli.tune import TrialProgress
 from autotune.errors import UserError
 from autotune.pick_summary import measurement_lines, summary_head
@@ -153,40 +153,13 @@ def hook_command(
     command: UserCommandArg = None,
 ) -> None:
     """Pre-launch hook: tune once per job (one process tunes, the others wait) and write ds_config.json."""
+    options = dict(locals())  # before anything else is bound: the request is read from these (cli/request.py)
     from autotune.hook import HookRequest, JobOverrides, run_hook
-    from autotune.request import TuneRequest, validate
+    from autotune.request import validate
 
     if print_env and as_json:
         raise UserError("give --print-env or --json, not both")
-    tuning = TuneRequest(
-        model=model,
-        device=device,
-        memory_budget=memory_budget,
-        seq_len=seq_len,
-        decoder_seq_len=decoder_seq_len,
-        global_batch=global_batch,
-        precision=precision,
-        attention=attention,
-        headroom=headroom,
-        max_trials=max_trials,
-        time_budget_s=time_budget,
-        max_micro_batch=max_micro_batch,
-        micro_batches=parse_int_list(micro_batches, "--micro-batches"),
-        rungs=parse_rung_list(rungs),
-        nvme_path=nvme_path,
-        trial_timeout_s=trial_timeout,
-        out=out,
-        report_dir=report_dir,
-        trust_remote_code=trust_remote_code,
-        allow_approximate=allow_approximate,
-        trial_workers=trial_workers,
-        base_config=base_config,
-        optimizer=optimizer,
-        lora_rank=lora_rank,
-        lora_targets=parse_name_list(lora_targets),
-        kernels=kernels,
-        command=tuple(command) if command else None,
-    )
+    tuning = request_from_options("hook", options)
     say_assumed_units(memory_budget=memory_budget)
     validate(tuning)  # bad input is one line and exit 2 here, before any coordination or tuning
     if wait_timeout is not None and not (wait_timeout > 0 and wait_timeout != float("inf")):

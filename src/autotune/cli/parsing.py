@@ -1,6 +1,8 @@
-"""Parsers for list-valued options shared by the tune and hook commands."""
+"""Parsers for the list-valued options the commands share: option text -> the `TuneRequest` field's value."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from autotune.errors import UserError
 from autotune.ladder import Rung, parse_rung
@@ -18,6 +20,11 @@ def parse_int_list(text: str | None, what: str) -> tuple[int, ...] | None:
     return values
 
 
+def parse_micro_batches(text: str | None) -> tuple[int, ...] | None:
+    """--micro-batches '8,2,2' -> (2, 8): the grid, sorted, each once."""
+    return parse_int_list(text, "--micro-batches")
+
+
 def parse_rung_list(text: str | None) -> tuple[Rung, ...] | None:
     if not text:
         return None
@@ -27,7 +34,14 @@ def parse_rung_list(text: str | None) -> tuple[Rung, ...] | None:
         raise UserError(str(error)) from None
 
 
-def parse_name_list(text: str | None) -> tuple[str, ...] | None:
-    """'q_proj, v_proj' -> ('q_proj', 'v_proj'); None or blanks -> None."""
-    names = tuple(part.strip() for part in text.split(",") if part.strip()) if text else ()
+def parse_name_list(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """'q_proj, v_proj' (an option) or ['q_proj', 'v_proj'] (a tuning's record) -> ('q_proj', 'v_proj');
+    None or blanks -> None."""
+    parts = text.split(",") if isinstance(text, str) else (text or ())
+    names = tuple(part.strip() for part in parts if part.strip())
     return names or None
+
+
+def command_words(words: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The launch command after `--` (own-command mode); none given -> None (autotune's own worker)."""
+    return tuple(words) if words else None

@@ -43,7 +43,7 @@ from autotune.cli.options import (
     say_assumed_units,
 )
 from autotune.cli.output import console, print_json
-from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
+from autotune.cli.request import request_from_options
 from autotune.errors import NothingFitsError, UserError
 from autotune.estimate import PlanRow
 from autotune.units import format_bytes
@@ -293,39 +293,10 @@ def plan_command(
     With --config: whether that ds_config fits, as DeepSpeed would run it (the rule `check --model` uses).
     Exit codes: 0 something fits (--config: it fits), 2 bad input, 3 nothing fits (--config: it does not).
     """
+    request = request_from_options("plan", locals())
     from autotune.context import TuneContext
     from autotune.recommend import mode_summary, recommend
-    from autotune.request import TuneRequest
 
-    request = TuneRequest(
-        model=model,
-        gpus=gpus,
-        nodes=nodes,
-        gpu_type=gpu_type,
-        gpu_memory=gpu_memory,
-        device=device,
-        memory_budget=memory_budget,
-        gpu_memory_fraction=gpu_memory_fraction,
-        seq_len=seq_len,
-        global_batch=global_batch,
-        precision=precision,
-        attention=attention,
-        headroom=headroom,
-        max_micro_batch=max_micro_batch,
-        micro_batches=parse_int_list(micro_batches, "--micro-batches"),
-        rungs=parse_rung_list(rungs),
-        nvme_path=nvme_path,
-        trust_remote_code=trust_remote_code,
-        allow_approximate=allow_approximate,
-        optimizer=optimizer,
-        lora_rank=lora_rank,
-        lora_targets=parse_name_list(lora_targets),
-        micro_batch=micro_batch,
-        host_memory=host_memory,
-        decoder_seq_len=decoder_seq_len,
-        config=config,
-        kernels=kernels,
-    )
     say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget, host_memory=host_memory)
     if grad_checkpointing is not None and not config:
         raise UserError("--grad-checkpointing/--no-grad-checkpointing apply to --config (the plan shows both)")

@@ -52,7 +52,7 @@ from autotune.cli.options import (
     say_assumed_units,
 )
 from autotune.cli.output import console, err_console, print_json, stamped
-from autotune.cli.parsing import parse_int_list, parse_name_list, parse_rung_list
+from autotune.cli.request import request_from_options
 from autotune.pick_summary import measured_detail, measurement_lines, summary_head
 from autotune.terminate import Terminated, sigterm_raises
 from autotune.units import format_bytes, format_duration
@@ -235,49 +235,9 @@ def tune_command(
 
     Exit codes: 0 config written, 2 bad input (or no trial could complete), 3 nothing fits.
     """
-    from autotune.tuner import TuneRequest, tune
-
-    request = TuneRequest(
-        model=model,
-        gpus=gpus,
-        nodes=nodes,
-        gpu_type=gpu_type,
-        gpu_memory=gpu_memory,
-        device=device,
-        memory_budget=memory_budget,
-        seq_len=seq_len,
-        decoder_seq_len=decoder_seq_len,
-        global_batch=global_batch,
-        precision=precision,
-        attention=attention,
-        headroom=headroom,
-        max_trials=max_trials,
-        time_budget_s=time_budget,
-        max_micro_batch=max_micro_batch,
-        micro_batches=parse_int_list(micro_batches, "--micro-batches"),
-        rungs=parse_rung_list(rungs),
-        nvme_path=nvme_path,
-        gpu_memory_fraction=gpu_memory_fraction,
-        trial_timeout_s=trial_timeout,
-        out=out,
-        report_dir=report_dir,
-        hf=hf,
-        use_cache=not no_cache,
-        cache_dir=cache_dir,
-        script=script,
-        trust_remote_code=trust_remote_code,
-        allow_approximate=allow_approximate,
-        trial_workers=trial_workers,
-        base_config=base_config,
-        tokens_per_step=tokens_per_step,
-        optimizer=optimizer,
-        lora_rank=lora_rank,
-        kernels=kernels,
-        lora_targets=parse_name_list(lora_targets),
-        host_memory=host_memory,
-        command=tuple(command) if command else None,
-    )
+    request = request_from_options("tune", locals())
     from autotune.hook.leader import BestVerified
+    from autotune.tuner import tune
 
     say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget, host_memory=host_memory)
     progress = TrialProgress(err_console(), max_trials, enabled=not as_json, verbose=verbose)
