@@ -27,6 +27,7 @@ from autotune.lora import LoraSettings, lora_summary
 from autotune.models import ModelSummary, resolve_model, summarize
 from autotune.request import TuneRequest, chosen_rungs, default_seq_len, memory_size, micro_batch_grid, validate
 from autotune.trial.types import TrialSpec
+from autotune.versions import deepspeed_note
 
 # Trial results depend on the memory limit (a CPU trial over its budget is stopped), so the trials' key holds
 # the limit in buckets 5% wide on a log scale: a few percent of jitter in free memory keeps the key. The final
@@ -198,6 +199,7 @@ class TuneContext:
                 " (a measured step: 18 s in bf16, 1.3 s in fp32; README); --precision bf16 tunes bf16 anyway"
             )
         notes += kernel_notes(request, target.measured)
+        notes += [note] if (note := deepspeed_note()) else []  # the one place tune and hook say it (versions.py)
         chosen_by = "tokens_per_step" if request.tokens_per_step else "user" if request.global_batch else None
         global_batch = requested_global_batch(
             request.global_batch, request.tokens_per_step, seq_len, target.world_size

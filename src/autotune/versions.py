@@ -1,4 +1,5 @@
-"""The installed stack's versions, read in one place, and the features that need a newer one than the floor.
+"""The installed stack's versions, read in one place: the features that need a newer one than the floor, and the
+DeepSpeed release autotune's facts about DeepSpeed were read in.
 
 Why: autotune installs into the user's own training environment (pyproject's floors are measured:
 benchmarks/results/version_floors.json), so a feature a newer release added is gated at run time with one line
@@ -35,6 +36,30 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
             break
         parts.append(int(digits))
     return tuple(parts) or None
+
+
+# The DeepSpeed release autotune's facts about DeepSpeed were read in: the memory model's buffers and retention
+# (estimate/), the modern modes (modes.py), check's rules (check/), the trial's hooks (trial/). A source comment
+# "deepspeed 0.19.8 runtime/zero/stage3.py:1105" cites a line of this release, and keeps the number: a line number
+# holds for the release it was read in, so moving this constant to a newer release means re-reading those lines.
+# A comment naming another release (0.17.6, 0.15.3) cites that one.
+DEEPSPEED_READ_AGAINST = "0.19.8"
+
+
+def read_against_note(have: str | None) -> str | None:
+    """One line when the installed DeepSpeed (`have`) is not the release autotune's DeepSpeed facts were read in;
+    None when it is, or when none is installed (a login node that only plans: nothing to compare)."""
+    if have is None or version_tuple(have) == version_tuple(DEEPSPEED_READ_AGAINST):
+        return None
+    return (
+        f"DeepSpeed {have} is installed; autotune's DeepSpeed facts (memory model, modes, config rules) were read in"
+        f" {DEEPSPEED_READ_AGAINST} and may not hold where {have} differs"
+    )
+
+
+def deepspeed_note() -> str | None:
+    """`read_against_note` for the DeepSpeed installed here."""
+    return read_against_note(installed("deepspeed"))
 
 
 @dataclass(frozen=True)

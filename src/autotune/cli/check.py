@@ -30,6 +30,7 @@ from autotune.cli.options import (
 from autotune.cli.output import console, print_json
 from autotune.cli.request import recorded_options, request_from_given
 from autotune.request import TuneRequest
+from autotune.versions import read_against_note
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -78,6 +79,8 @@ def _counted(count: int, severity: Severity) -> str:
 def _print_report(report: CheckReport) -> None:
     out = console()
     out.print(f"checked against DeepSpeed {report.deepspeed_version}; {report.consumer_reason}", markup=False)
+    if note := read_against_note(report.deepspeed_version or None):
+        out.print(f"note: {note}", markup=False, highlight=False)
     table = Table(
         title=f"autotune check: {escape(str(report.config_path))}",
         caption=f"world size {report.world_size} ({report.world_size_source}), DeepSpeed {report.deepspeed_version}",

@@ -124,7 +124,7 @@ def _print_table(recommendation: Recommendation, modes: ModeSummary, verbose: bo
         table.add_row(*cells)
     out = console()
     out.print(table)
-    for note in _kernel_notes(settings):
+    for note in _plan_notes(settings):
         out.print(f"Note: {note}.", highlight=False)
     if verbose:
         out.print(f"Components per {'CPU rank' if on_cpu else 'GPU'} (the micro-batch shown, or 1 when none fits):")
@@ -180,11 +180,13 @@ def _kernels(name: str) -> str:
     return "" if name == "stock" else f"{name} kernels, "
 
 
-def _kernel_notes(settings: EstimateSettings) -> list[str]:
+def _plan_notes(settings: EstimateSettings) -> list[str]:
+    """What the prediction assumes beyond its table: the fused kernels counted, and a DeepSpeed other than the
+    release the memory model was read in (versions.py)."""
     from autotune.estimate.kernels import kernels_note
+    from autotune.versions import deepspeed_note
 
-    note = kernels_note(settings.kernels)
-    return [note] if note else []
+    return [note for note in (kernels_note(settings.kernels), deepspeed_note()) if note]
 
 
 def _decoder(length: int | None) -> str:
@@ -241,7 +243,7 @@ def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
     out.print(host, highlight=False)
     if not verdict.fits:
         out.print(f"  why: {verdict.reason}", highlight=False, markup=False)
-    for note in (*fitted.notes, *_overridden(ctx, fitted), *_kernel_notes(settings)):
+    for note in (*fitted.notes, *_overridden(ctx, fitted), *_plan_notes(settings)):
         out.print(f"  note: {note}", highlight=False, markup=False)
 
 
@@ -320,7 +322,7 @@ def plan_command(
         data["recommended_estimate"] = recommendation.estimate.to_dict() if recommendation.estimate else None
         data["host_ram_known"] = not recommendation.host_unknown
         data["modes"] = modes.to_dict()
-        data["notes"] = _kernel_notes(ctx.settings)
+        data["notes"] = _plan_notes(ctx.settings)
         print_json(data)
     else:
         _print_table(recommendation, modes, verbose)
@@ -340,7 +342,7 @@ def _config_json(ctx: TuneContext, fitted: ConfigFit) -> dict:
         "estimate": fitted.estimate.to_dict(),
         "verdict": {"fits": fitted.verdict.fits, "reason": fitted.verdict.reason, "limit": fitted.verdict.limit},
         "settings": asdict(fitted.settings),
-        "notes": [*fitted.notes, *_overridden(ctx, fitted), *_kernel_notes(fitted.settings)],
+        "notes": [*fitted.notes, *_overridden(ctx, fitted), *_plan_notes(fitted.settings)],
     }
 
 
