@@ -1,7 +1,7 @@
 """Options shared by several commands, declared once; their defaults come from `TuneRequest`.
 
 A command writes `headroom: HeadroomOpt = D.headroom`, so `--headroom` has one meaning and one default
-in `tune`, `plan` and `hook`.
+in `tune`, `plan` and `hook`; cli/request.py turns a command's options into its `TuneRequest`.
 """
 
 from __future__ import annotations
