@@ -195,10 +195,11 @@ def test_check_reads_every_recorded_option_through_the_commands_mapping() -> Non
         "model": "gpt2", "gpus_per_node": 2, "nodes": 1, "gpu_type": "a100-40gb", "gpu_memory": None,
         "device": "cuda", "seq_len": 256, "precision": "bf16", "attention": "eager", "headroom": 0.8,
         "trust_remote_code": True, "optimizer": "adafactor", "lora_rank": 4, "lora_targets": ["c_attn"],
-        "decoder_seq_len": None, "memory_bytes_per_rank": 40 * 2**30, "kernels": "stock", "grad_checkpointing": True,
+        "decoder_seq_len": None, "memory_bytes_per_rank": 40 * 2**30, "kernels": "liger", "grad_checkpointing": True,
     }  # fmt: skip
     assert request_as_recorded(recorded, seq_len=None) == TuneRequest(
         model="gpt2", gpus=2, nodes=1, gpu_type="a100-40gb", seq_len=256, precision="bf16", attention="eager",
         headroom=0.8, trust_remote_code=True, optimizer="adafactor", lora_rank=4, lora_targets=("c_attn",),
+        kernels="liger",
     )  # fmt: skip
     assert set(recorded_options(recorded)) <= {source_of(item.name).parameter for item in fields(TuneRequest)}

@@ -260,7 +260,7 @@ def _check_as_tuned(
         measured_peak_bytes=recorded.get("measured_peak_bytes") if recorded.get("verified") else None,
         optimizer=ctx.request.optimizer,
         decoder_seq_len=ctx.decoder_seq_len,
-        kernels=kernels if kernels != D.kernels else recorded.get("kernels", D.kernels),
+        kernels=kernels if kernels != D.kernels else request.kernels,  # check's --kernels, else as recorded
     )
     return check_config(
         config,

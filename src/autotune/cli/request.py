@@ -140,6 +140,7 @@ _RECORDED_OPTIONS = {
     "lora_rank": "lora_rank",
     "lora_targets": "lora_targets",
     "decoder_seq_len": "decoder_seq_len",
+    "kernels": "kernels",
 }
 
 
