@@ -348,7 +348,9 @@ def trial_for(
         host_memory_budget_bytes=budget,
         stack=stack,
     )
-    spec = dataclasses.replace(spec, record_peak_sites=record_sites)
+    # half the micro-batch timed after it, as the tuner's trials do (context.spec): its plain micro-steps' own peak
+    # gives the row the point one launch implies there (TrialResult.smaller_peak_point)
+    spec = dataclasses.replace(spec, record_peak_sites=record_sites, smaller_micro_batch=point.micro_batch // 2 or None)
     used_before = gpu_used_bytes() if kit.device == "cuda" else None
     started = time.monotonic()
     result, logs = kit.launch(spec, point.key, launcher)
@@ -394,6 +396,9 @@ def trial_for(
             outside_allocator_bytes=rank.device_outside_allocator_bytes,
             emulated_card_bytes=rank.emulated_card_bytes,
             host_rss_peak_bytes=rank.host_rss_peak_bytes,
+            micro_peak_bytes=rank.micro_peak_bytes,
+            smaller_micro_peak_bytes=rank.smaller_micro_peak_bytes,
+            implied_smaller_peak=result.smaller_peak_point,  # (half micro-batch, the peak this launch implies there)
         )
         if record_sites:
             row["peak_sites"] = rank.peak_sites
