@@ -182,8 +182,8 @@ def test_t5_takes_longer_sequences_and_says_the_decoder_length(tmp_path: Path) -
     """T5 has relative positions: 1024 tokens are allowed, and the report says the decoder uses --seq-len too."""
     out = tmp_path / "ds.json"
     result = tune(TuneRequest(model="t5-3b", gpus=8, gpu_type="a100-80gb", seq_len=1024, out=str(out)))
-    assert result.report["seq_len"] == 1024
-    assert any("decoder" in note for note in result.report["notes"])
+    assert result.report.seq_len == 1024
+    assert any("decoder" in note for note in result.report.notes)
 
 
 class TimingOutLauncher:

@@ -86,8 +86,8 @@ def test_every_key_outside_the_tuned_set_is_kept_as_written(tmp_path: Path) -> N
     assert "bf16" not in written and "fp16" not in written  # the base trains in fp32: no precision invented
     hf = json.loads(result.hf_config_path.read_text())
     assert all(hf[key] == base[key] for key in kept)  # HF Trainer gets the user's keys as written too
-    assert result.report["base_config"] == str(base_path)
-    assert not [n for n in result.report["notes"] if n.startswith("placeholder")]
+    assert result.report.base_config == str(base_path)
+    assert not [n for n in result.report.notes if n.startswith("placeholder")]
     # the trials trained with the same optimizer settings, the "auto" values filled as HF Trainer fills them
     assert trials.configs
     for config in trials.configs:
@@ -101,7 +101,7 @@ def test_without_a_base_no_hyperparameter_is_invented(tmp_path: Path) -> None:
     written = json.loads(result.config_path.read_text())
     assert not _keys_anywhere(written, set()) & set(NO_INVENTED), written
     assert written["optimizer"] == {"type": "AdamW", "params": {}}  # the type DeepSpeed builds the tuned optimizer by
-    placeholders = [n for n in result.report["notes"] if n.startswith("placeholder")]
+    placeholders = [n for n in result.report.notes if n.startswith("placeholder")]
     assert len(placeholders) == 1 and "lr" in placeholders[0]
     for config in trials.configs:  # the trial trains with the very config written
         assert "gradient_clipping" not in config and config["optimizer"]["params"] == {}
@@ -116,12 +116,12 @@ def test_a_base_without_an_optimizer_gets_the_type_and_says_so(tmp_path: Path) -
     written = json.loads(result.config_path.read_text())
     assert written["gradient_clipping"] == 0.5 and written["bf16"] == {"enabled": "auto"}
     assert written["optimizer"] == {"type": "AdamW", "params": {}}
-    assert [n for n in result.report["notes"] if n.startswith("placeholder: optimizer")]
+    assert [n for n in result.report.notes if n.startswith("placeholder: optimizer")]
     hf = json.loads(result.hf_config_path.read_text())
     assert hf["optimizer"]["params"]["lr"] == "auto" and hf["gradient_clipping"] == 0.5
     # "auto" precision: the launch commands say the precision tuned for, not whatever "auto" reads as
     for name in ("bf16", "fp16"):
-        assert (f"--{name}" in result.launch.hf_trainer.split()) == (result.report["precision"] == name)
+        assert (f"--{name}" in result.launch.hf_trainer.split()) == (result.report.precision == name)
 
 
 @pytest.mark.parametrize(

@@ -390,7 +390,7 @@ def test_an_impossible_measurement_from_a_trial_is_not_believed(tmp_path: Path) 
 
     launcher = Impossible()
     result = tune(tune_request(tmp_path, micro_batches=(1, 2, 4)), launcher=launcher)
-    first = result.report["trials"][0]
+    first = result.report.to_json()["trials"][0]
     assert first["result"]["status"] == "ok" and first["result"]["ranks"][0]["host_rss_peak_bytes"] > 1000
     assert launcher.specs[0] == launcher.specs[1]  # the implausible run was run once more
 

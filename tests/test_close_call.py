@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from tests.test_report_data import golden_report
 
 from autotune.close_call import decide, settle, simplicity
 from autotune.ladder import Candidate, Mode, Rung
 from autotune.measurement import MIN_STEPS, StepStats, enough_steps, median_rank_bound, speed_of
+from autotune.report_data import Choice, HostNeed, TrialEntry, TuneReport, VerdictEntry
+from autotune.trial.types import TrialResult
 
 Z0 = Candidate(Rung.Z0, 8, False)
 Z2 = Candidate(Rung.Z2, 8, False)
@@ -95,23 +100,42 @@ def test_a_simpler_configs_clear_win_is_not_remeasured() -> None:
     assert verdict.pick == Z0 and not verdict.tie and not verdict.remeasured
 
 
-def _report_data(verdict, device: str = "cuda") -> dict:
+def _trial(candidate: Candidate, result: TrialResult) -> TrialEntry:
+    return TrialEntry(
+        candidate=candidate,
+        result=result,
+        predicted_peak_bytes=2 * 2**30,
+        limit_bytes=4 * 2**30,
+        within_headroom=True,
+        host_peak_bytes=None,
+        host_limit_bytes=None,
+        from_cache=False,
+        purpose="",
+    )
+
+
+def _report_data(verdict, device: str = "cuda") -> TuneReport:
+    """A real report (tests/data/report) with this verdict, its pick, one trial of it and a host need."""
     pick = verdict.pick
-    trial = {
-        "candidate": pick.to_dict(),
-        "predicted_peak_bytes": 2 * 2**30,
-        "result": {"status": "ok", "ranks": [], "step_times_s": [1.0, 1.1, 0.9, 1.0, 1.05], "samples_per_s": 8.0},
-    }
-    choice = {**pick.to_dict(), "description": pick.describe(), "samples_per_s": verdict.speed.median}
-    return {
-        "choice": {**choice, "peak_bytes": 3 * 2**30, "predicted_peak_bytes": 2 * 2**30},
-        "verdict": verdict.to_dict(),
-        "limit_bytes": 4 * 2**30,
-        "headroom": 0.9,
-        "device": device,
-        "host_need": {"ram_bytes": 40 * 2**30, "pinned_bytes": 16 * 2**30, "nvme_bytes": 0, "measured": False},
-        "trials": [trial],
-    }
+    trial = _trial(pick, TrialResult("ok", step_times_s=[1.0, 1.1, 0.9, 1.0, 1.05], samples_per_s=8.0))
+    choice = Choice(
+        candidate=pick,
+        description=pick.describe(),
+        samples_per_s=verdict.speed.median,
+        tokens_per_s=None,
+        peak_bytes=3 * 2**30,
+        predicted_peak_bytes=2 * 2**30,
+    )
+    return replace(
+        golden_report(),
+        choice=choice,
+        verdict=VerdictEntry.from_json(verdict.to_dict()),
+        limit_bytes=4 * 2**30,
+        headroom=0.9,
+        device=device,
+        host_need=HostNeed(ram_bytes=40 * 2**30, pinned_bytes=16 * 2**30, nvme_bytes=0, measured=False),
+        trials=(trial,),
+    )
 
 
 def test_summary_leads_with_pick_spread_runner_up_headroom_and_host_needs() -> None:
@@ -159,9 +183,9 @@ def test_hook_summary_leads_with_the_lines_tune_prints() -> None:
     from autotune.pick_summary import summary_head
 
     tie = decide({Z0: _speed(1.0, 0.2), Z2_OFFLOAD: _speed(0.97, 0.2)})
-    report = {**_report_data(tie), "model": {"name": "tiny-gpt2"}, "target_description": "1x1 cpu"}
+    report = replace(_report_data(tie), model={"name": "tiny-gpt2"}, target_description="1x1 cpu")
     record = HookRecord("key", "complete", "{}", "tuned", True, None, "fp", "host pid 1", 0.0,
-                        details={"trials_launched": 3, "outputs": {"report": report}})  # fmt: skip
+                        details={"trials_launched": 3, "outputs": {"report": report.to_json()}})  # fmt: skip
     job = JobEnv("none", None, 1, 1, 0, 0, 0, (), None)
     lines = _summary(HookResult("leader", Path("ds.json"), record, job, "key", 0.0, 1.0)).splitlines()
     head = summary_head(report, verified=True, from_cache=False)
@@ -179,9 +203,9 @@ def test_verbose_lists_every_measured_candidate_with_its_interval_fastest_first(
 
     clear = decide({Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(1.2, 0.02)})
     data = _report_data(clear)
-    slow = {"status": "ok", "ranks": [], "step_times_s": [2.0, 2.2, 1.8, 2.0, 2.1], "samples_per_s": 4.0}
-    failed = {"status": "oom_host", "ranks": [], "step_times_s": [], "samples_per_s": None}
-    data["trials"] += [{"candidate": Z0.to_dict(), "result": slow}, {"candidate": Z2.to_dict(), "result": failed}]
+    slow = TrialResult("ok", step_times_s=[2.0, 2.2, 1.8, 2.0, 2.1], samples_per_s=4.0)
+    failed = TrialResult("oom_host")
+    data = replace(data, trials=(*data.trials, _trial(Z0, slow), _trial(Z2, failed)))
     title, fast, slower = measurement_lines(data)
     assert title.startswith("Measured") and "95% interval" in title
     assert fast.strip().startswith(Z2_OFFLOAD.describe()) and slower.strip().startswith(Z0.describe())

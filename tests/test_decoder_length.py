@@ -43,7 +43,7 @@ def test_the_trial_spec_carries_the_requested_decoder_length() -> None:
     ctx = TuneContext.build(request, outputs=False)
     spec = ctx.spec(Candidate(Rung.Z0, micro_batch=2))
     assert (spec.seq_len, spec.decoder_seq_len) == (512, 128)
-    assert ctx.assumptions(None)["decoder_seq_len"] == 128
+    assert ctx.assumptions(None).decoder_seq_len == 128
 
 
 def test_a_real_trial_trains_an_encoder_decoder_at_two_lengths() -> None:

@@ -14,9 +14,11 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tests.test_report_data import golden_report
 
 from autotune.assumptions import assumptions_path, read_assumptions, write_assumptions
 from autotune.atomic import atomic_write_json
@@ -73,12 +75,15 @@ class FakeTune:
     def _finish(self, request: TuneRequest, config: dict, verified: bool) -> TuneResult:
         path = atomic_write_json(request.out, config)
         message = "time budget spent (5 s)" if self.stop_reason is StopReason.TIME_BUDGET else "no better candidate"
-        report = {
-            "stop_message": message,
-            "choice": {"description": "fake choice"},
-            "assumptions": {"model": request.model, "seq_len": request.seq_len},
-            "verified": verified,
-        }
+        real = golden_report()  # a real report, with this fake's request, message and verification
+        assert real.choice is not None
+        report = replace(
+            real,
+            stop_message=message,
+            choice=replace(real.choice, description="fake choice"),
+            assumptions=replace(real.assumptions, model=request.model, seq_len=request.seq_len),
+            verified=verified,
+        )
         write_assumptions(path, report)  # as tune() does beside every config it emits
         return TuneResult(
             verified, None, config, path, None, None, None, None, 10.0, len(self.trials), False, 0.0, self.stop_reason,

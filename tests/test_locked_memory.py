@@ -87,7 +87,7 @@ def test_an_offload_rung_that_would_mlock_past_the_limit_is_ruled_out_not_tried(
     result = tune(request, launcher=launcher)
     assert launcher.specs and not any(s.ds_config["zero_optimization"].get("offload_optimizer") for s in launcher.specs)
     assert result.candidate.rung is Rung.Z0
-    skipped = " ".join(str(s) for s in result.report["skipped"])
+    skipped = " ".join(str(s.to_json()) for s in result.report.skipped)
     assert "ulimit -l 64.0 KiB" in skipped and "mlock" in skipped
     only_offload = replace(request, rungs=(Rung.Z2_OFFLOAD_OPT,), out=str(tmp_path / "only_offload.json"))
     with pytest.raises(NothingFitsError, match="ulimit -l"):

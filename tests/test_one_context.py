@@ -54,7 +54,7 @@ def test_plan_and_plan_only_tune_recommend_the_same_config(
     result = tune(request)
     assert not result.verified
     assert result.candidate == Candidate.from_dict(planned["recommended"])
-    assert result.report["seq_len"] == planned["settings"]["seq_len"]
+    assert result.report.seq_len == planned["settings"]["seq_len"]
 
 
 def test_tune_leaves_the_callers_environment_and_deepspeed_accelerator_as_found(

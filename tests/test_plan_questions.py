@@ -281,7 +281,7 @@ def test_plan_only_tune_notes_the_host_need(tmp_path):
     )
     result = tune(request)
     assert not result.verified
-    assert any("needs host RAM" in note for note in result.report["notes"])
+    assert any("needs host RAM" in note for note in result.report.notes)
 
 
 def test_plan_only_tune_holds_host_memory(tmp_path):

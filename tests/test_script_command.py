@@ -247,9 +247,9 @@ def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_repor
     result = tune(request, launcher=_RecordingScriptLauncher())
     config = json.loads(Path(result.config_path).read_text())  # type: ignore[arg-type]
     assert config["scheduler"] == {"type": "WarmupLR"} and "autotuning" not in config
-    own = result.report["own_command"]
+    own = result.report.own_command.to_json()
     assert own["train_command"].endswith(f"--deepspeed {result.config_path} --bs 4")
-    assert all(t["result"]["command"] for t in result.report["trials"])
+    assert all(t.result.command for t in result.report.trials)
     markdown = Path(result.report_path).read_text()  # type: ignore[arg-type]
     assert "## Your command" in markdown and "`python train.py --mb=4`" in markdown
 
@@ -298,7 +298,7 @@ def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tm
     again = tune(request, launcher=_RecordingScriptLauncher())
     assert not first.from_cache and again.from_cache and again.trials_launched == 0
     assert again.ds_config == first.ds_config and first.ds_config["scheduler"] == {"type": "WarmupLR"}  # type: ignore[index]
-    assert again.report["own_command"]["train_command"] == first.report["own_command"]["train_command"]
+    assert again.report.own_command.train_command == first.report.own_command.train_command
 
 
 def test_the_printed_command_carries_the_environment_its_trials_had(tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ believes and what the "machine" does, so a test fails when the search trusts the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
+from tests.test_report_data import golden_report
 
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
 from autotune.hardware import Target, generic_gpu
@@ -17,9 +18,11 @@ from autotune.ladder import Candidate, Mode, Rung
 from autotune.models import resolve_model, summarize
 from autotune.modes import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.report import render_markdown
+from autotune.report_data import Choice, ModeEntry, Skipped, TrialEntry, TuneReport
 from autotune.search import MemoryModel, Search, SearchLimits, holds_at_least_the_memory_of
 from autotune.search_modes import ModeRecord, is_ratio_mode, smallest_fitting_ratio
 from autotune.speed import BoundContext, GroupMeasurements, could_beat
+from autotune.stop import StopReason
 from autotune.trial.types import RankMetrics, TrialResult
 
 GIB = 2**30
@@ -265,8 +268,9 @@ def test_report_rows_applicable_modes_and_the_json_keeps_every_reason(nodes: int
     search.modes = lambda rung: considered_modes(rung, facts)
     search.memory = FakeMemory().model()
     outcome = search.run_search()
-    data = _report(outcome.to_dict())
-    text = render_markdown(data)
+    report = _report(outcome.to_dict())
+    text = render_markdown(report)
+    data = report.to_json()
     assert "## Modern modes" in text
     considered = [(r.value, option) for r in search.rungs for option in considered_modes(r, facts)]
     lines = text.splitlines()
@@ -284,31 +288,37 @@ def test_report_rows_applicable_modes_and_the_json_keeps_every_reason(nodes: int
         assert any("on one node" in m["reason"] for m in zero_pp)
 
 
-def _report(outcome: dict) -> dict:
+def _report(outcome: dict) -> TuneReport:
+    """The search's outcome in a real report (tests/data/report), as tuner._report_data states it."""
     best = outcome["best"]
     choice = None
     if best:
-        choice = {**best["candidate"], "description": "the choice", "samples_per_s": best["result"]["samples_per_s"]}
-    return {
-        "model": {"name": "gpt2"},
-        "verified": True,
-        "target_description": "a fake GPU",
-        "seq_len": 128,
-        "precision": "bf16",
-        "world_size": 1,
-        "headroom": 1.0,
-        "limit_bytes": 16 * GIB,
-        "device": "cuda",
-        "trials_launched": len(outcome["trials"]),
-        "elapsed_s": 0.0,
-        "stop_reason": outcome["stop_reason"],
-        "choice": choice,
-        "config_path": "ds_config.json",
-        "launch": {},
-        "trials": outcome["trials"],
-        "skipped": outcome["skipped"],
-        "modes": outcome["modes"],
-    }
+        measured = {"samples_per_s": best["result"]["samples_per_s"], "tokens_per_s": None, "peak_bytes": None}
+        details = {"description": "the choice", **measured, "predicted_peak_bytes": best["predicted_peak_bytes"]}
+        choice = Choice.from_json({**best["candidate"], **details})
+    return replace(
+        golden_report(),
+        model={"name": "gpt2"},
+        verified=True,
+        target_description="a fake GPU",
+        seq_len=128,
+        precision="bf16",
+        world_size=1,
+        headroom=1.0,
+        limit_bytes=16 * GIB,
+        device="cuda",
+        trials_launched=len(outcome["trials"]),
+        elapsed_s=0.0,
+        stop_reason=StopReason(outcome["stop_reason"]),
+        choice=choice,
+        config_path="ds_config.json",
+        launch=None,
+        verdict=None,
+        host_need=None,
+        trials=tuple(TrialEntry.from_json(t) for t in outcome["trials"]),
+        skipped=tuple(Skipped.from_json(s) for s in outcome["skipped"]),
+        modes=tuple(ModeEntry.from_json(m) for m in outcome["modes"]),
+    )
 
 
 def test_mode_record_names_the_ratio_only_once_settled() -> None:
@@ -389,12 +399,12 @@ def test_tune_passes_the_modes_to_the_search_and_writes_the_winning_ratio(tmp_pa
     assert result.candidate is not None and is_ratio_mode(result.candidate.mode)
     written = json.loads(result.config_path.read_text())
     assert written["zero_optimization"]["offload_optimizer"]["ratio"] == result.candidate.mode.offload_ratio
-    modes = result.report["modes"]
+    modes = result.report.to_json()["modes"]
     assert any(m["status"] == "measured" for m in modes)
     assert any(not m["applies"] and "one node" in m["reason"] for m in modes)
     text = result.report_path.read_text()
     assert "## Modern modes" in text and "A mode won" in text
-    changed = [note for note in result.report["notes"] if note.startswith("changes the training:")]
+    changed = [note for note in result.report.notes if note.startswith("changes the training:")]
     assert len(changed) == 1 and "partial offload" in changed[0]  # one line says what the picked mode changes
     from autotune.report_plot import _trial_rows
 
@@ -409,9 +419,9 @@ def test_partial_offload_tuned_for_real_on_the_cpu_backend(tmp_path) -> None:
     from autotune import tune
 
     result = tune(_tune_request(tmp_path, max_trials=4))
-    partial = [t for t in result.report["trials"] if t["candidate"].get("mode")]
-    assert partial and all(t["result"]["status"] == "ok" for t in partial), partial
-    assert any(m["status"] == "measured" and m["trial_verifiable"] for m in result.report["modes"])
+    partial = [t for t in result.report.trials if not t.candidate.mode.is_classic]
+    assert partial and all(t.result.ok for t in partial), partial
+    assert any(m.status == "measured" and m.trial_verifiable for m in result.report.modes)
 
 
 def test_mode_trials_come_back_from_the_results_cache_and_bad_modes_do_not(tmp_path, caplog) -> None:
@@ -448,7 +458,7 @@ def test_plan_only_lists_the_modes_as_predictions(tmp_path) -> None:
     )
     result = tune(request)
     assert not result.verified and result.candidate is not None and result.candidate.mode.is_classic
-    modes = result.report["modes"]
+    modes = result.report.to_json()["modes"]
     assert modes and not any(m["trial_verifiable"] for m in modes)
     partial = next(m for m in modes if m["rung"] == "z3+offload_opt" and m["mode"]["offload_ratio"] != 1.0)
     assert partial["status"] == "planned" and partial["predicted_peak_bytes"] and partial["micro_batch"] > 0

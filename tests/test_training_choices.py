@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 from tests.conftest import run_cli
+from tests.test_report_data import golden_report
 from tests.test_tune import CountingLauncher, tune_request
 
 from autotune import tune
@@ -105,15 +105,15 @@ def test_global_batch_from_tokens_and_who_chose_it() -> None:
 
 def test_tune_states_the_global_batch_and_draws_the_picture(tmp_path: Path) -> None:
     result = tune(tune_request(tmp_path, micro_batches=(1, 2, 4)), launcher=CountingLauncher())
-    batch = result.report["batch"]
-    assert batch["chosen_by"] == "autotune" and batch["global_batch"] == result.candidate.micro_batch
+    batch = result.report.batch
+    assert batch.chosen_by == "autotune" and batch.global_batch == result.candidate.micro_batch
     markdown = Path(result.report_path).read_text()
-    assert f"pin it with --global-batch {batch['global_batch']}" in markdown
+    assert f"pin it with --global-batch {batch.global_batch}" in markdown
     assert "![predicted and measured peak" in markdown and (tmp_path / "autotune-report.png").stat().st_size > 0
     pinned = tune(
         tune_request(tmp_path, global_batch=4, micro_batches=(1, 2, 4), use_cache=False), launcher=CountingLauncher()
     )
-    assert pinned.report["batch"]["chosen_by"] == "user"
+    assert pinned.report.batch.chosen_by == "user"
     assert "(--global-batch)" in Path(pinned.report_path).read_text()
 
 
@@ -128,19 +128,7 @@ def test_tune_passes_optimizer_and_lora_to_trials_and_launchers(tmp_path: Path) 
 
 
 def test_picture_is_skipped_with_a_line_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = json.loads(
-        json.dumps(
-            {
-                "trials": [
-                    {
-                        "candidate": {"rung": "z0", "micro_batch": 1, "grad_checkpointing": False},
-                        "predicted_peak_bytes": 1,
-                        "result": {"status": "ok", "ranks": []},
-                    }
-                ]
-            }
-        )
-    )
+    data = golden_report()  # a real report with trials: there is something to draw
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
@@ -178,9 +166,9 @@ def test_lora_tuning_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     benchmarks/optimizer_lora_memory.py, results/optimizer_lora_cpu_*.json."""
     result = tune(tune_request(tmp_path, lora_rank=4, rungs=(Rung.Z0, Rung.Z3), micro_batches=(4,), max_trials=2))
     assert result.verified and result.ds_config["train_micro_batch_size_per_gpu"] == 4
-    trials = [t for t in result.report["trials"] if t["result"]["status"] == "ok"]
+    trials = [t for t in result.report.trials if t.result.ok]
     assert trials
     for trial in trials:
-        measured = max(r["host_rss_peak_bytes"] for r in trial["result"]["ranks"])
-        assert measured > 0 and trial["predicted_peak_bytes"] > 0
-    assert result.report["training"]["lora"]["target_modules"] == ["c_attn"]
+        measured = max(r.host_rss_peak_bytes for r in trial.result.ranks)
+        assert measured > 0 and trial.predicted_peak_bytes > 0
+    assert result.report.training.lora["target_modules"] == ["c_attn"]

@@ -63,8 +63,8 @@ def test_global_batch_is_kept_and_the_config_is_valid(tmp_path) -> None:
     assert {s.ds_config["train_micro_batch_size_per_gpu"] for s in launcher.specs} <= {1, 2, 3, 6}
     validate_with_deepspeed(config, world_size=2)
     # where the launches went: every trial counted by why it ran; this launcher starts no processes of its own
-    assert sum(result.report["launches_by_purpose"].values()) == result.trials_launched == len(launcher.specs)
-    assert result.report["process_starts"] is None
+    assert sum(result.report.launches_by_purpose.values()) == result.trials_launched == len(launcher.specs)
+    assert result.report.process_starts is None
 
 
 def test_global_batch_that_no_micro_batch_divides_is_bad_input(tmp_path) -> None:
@@ -83,7 +83,7 @@ def test_interrupted_run_resumes_from_finished_trials(tmp_path) -> None:
     second = CountingLauncher(mib_per_sample=40)
     result = tune(request, launcher=second)
     assert first.specs[0] not in second.specs  # the finished trial came from the cache
-    assert any(t["from_cache"] for t in result.report["trials"])
+    assert any(t.from_cache for t in result.report.trials)
     third = CountingLauncher(mib_per_sample=40)
     hit = tune(request, launcher=third)
     assert hit.from_cache and not third.specs  # latency: benchmarks/cache_hit.py
@@ -130,14 +130,14 @@ def test_real_search_decides_from_what_it_measured_with_fewer_trials(tmp_path) -
     request = tune_request(tmp_path, micro_batches=(1, 8, 32), use_cache=False)
     result = tune(request)
     assert result.verified and result.candidate is not None
-    trials = result.report["trials"]
+    trials = result.report.to_json()["trials"]
     grid_size = len(request.rungs or ()) * 2 * 3
     assert 0 < result.trials_launched == len(trials)
     assert len({json.dumps(t["candidate"], sort_keys=True) for t in trials}) < grid_size  # re-measures repeat some
     fitted = [t for t in trials if t["within_headroom"]]
     fastest = max(fitted, key=lambda t: t["result"]["samples_per_s"] or 0.0)
     if Candidate.from_dict(fastest["candidate"]) != result.candidate:  # only a tie or an interleaved re-measure
-        assert result.report["verdict"]["tie"] or result.report["verdict"]["remeasured"]  # overrules the fastest
+        assert result.report.verdict.tie or result.report.verdict.remeasured  # overrules the fastest
     group = [
         Candidate.from_dict(t["candidate"]).micro_batch
         for t in fitted
@@ -146,7 +146,7 @@ def test_real_search_decides_from_what_it_measured_with_fewer_trials(tmp_path) -
     ]
     assert result.candidate.micro_batch == max(group)
     tried = {(t["candidate"]["rung"], t["candidate"]["grad_checkpointing"]) for t in trials}
-    skipped = {(s["rung"], s["grad_checkpointing"]) for s in result.report["skipped"] if s["reason"]}
+    skipped = {(s.rung, s.grad_checkpointing) for s in result.report.skipped if s.reason}
     assert tried | skipped == {(r.value, ck) for r in request.rungs or () for ck in (False, True)}
 
 
@@ -177,7 +177,7 @@ def test_real_tune_ends_between_powers_of_two_on_a_boundary_a_trial_confirmed(tm
     assert pick.micro_batch & (pick.micro_batch - 1) != 0, pick.key  # not a power of two
     group = [
         (Candidate.from_dict(t["candidate"]), t)
-        for t in result.report["trials"]
+        for t in result.report.to_json()["trials"]
         if Candidate.from_dict(t["candidate"]).rung is pick.rung
         and Candidate.from_dict(t["candidate"]).grad_checkpointing == pick.grad_checkpointing
     ]
@@ -187,7 +187,7 @@ def test_real_tune_ends_between_powers_of_two_on_a_boundary_a_trial_confirmed(tm
     # machine scatter, 1.8-2.7 samples/s for neighbouring micro-batches in one run)
     assert any(c.micro_batch > pick.micro_batch and not t["within_headroom"] for c, t in group)
     # CPU trials run in warm workers: fewer process starts than trials, a new one only after a failure
-    assert 1 <= result.report["process_starts"] <= result.trials_launched
+    assert 1 <= result.report.process_starts <= result.trials_launched
 
 
 def test_replaced_warm_workers_get_a_progress_line() -> None:

@@ -57,7 +57,7 @@ def test_two_node_direct_tuning_on_localhost(tmp_path) -> None:
         )
     )
     assert result.verified and result.candidate is not None and result.trials_launched >= 1
-    trial = result.report["trials"][0]
+    trial = result.report.to_json()["trials"][0]
     assert trial["result"]["status"] == "ok", trial["result"]["error"]
     assert [r["rank"] for r in trial["result"]["ranks"]] == [0, 1]  # one rank on each "node"
     assert result.ds_config["train_batch_size"] == 2 * 2

@@ -73,7 +73,7 @@ def run_autotune(settings: BenchSettings, scenario: str, request: TuneRequest) -
             run.wall_s = time.perf_counter() - started
             return run.finish()
     run.wall_s = time.perf_counter() - started
-    report = result.report
+    report = result.report.to_json() if result.report else {}  # the JSON autotune-report.json holds
     run.launches = result.trials_launched
     run.explored = _explored(report)
     run.reported_samples_per_s = result.samples_per_s

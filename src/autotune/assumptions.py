@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.atomic import atomic_write_json
+
+if TYPE_CHECKING:
+    from autotune.report_data import TuneReport
 
 SUFFIX = ".autotune.json"
 SCHEMA = 1
@@ -22,17 +25,21 @@ def assumptions_path(config_path: str | Path) -> Path:
     return path.with_name(path.stem + SUFFIX)
 
 
-def write_assumptions(config_path: Path, report: dict[str, Any]) -> Path:
-    choice = report.get("choice") or {}
-    record = {
+def assumptions_record(report: TuneReport) -> dict[str, Any]:
+    """The record written beside the config: the report's assumptions, whether trials verified the pick, its
+    measured peak and the limit it was held to."""
+    return {
         "schema": SCHEMA,
         "written_by": "autotune",
-        **(report.get("assumptions") or {}),
-        "verified": bool(report.get("verified")),
-        "measured_peak_bytes": choice.get("peak_bytes"),
-        "limit_bytes": report.get("limit_bytes"),
+        **report.assumptions.to_json(),
+        "verified": report.verified,
+        "measured_peak_bytes": report.measured_peak_bytes,
+        "limit_bytes": report.limit_bytes,
     }
-    return atomic_write_json(assumptions_path(config_path), record)
+
+
+def write_assumptions(config_path: Path, report: TuneReport) -> Path:
+    return atomic_write_json(assumptions_path(config_path), assumptions_record(report))
 
 
 def read_assumptions(config_path: str | Path) -> dict[str, Any] | None:

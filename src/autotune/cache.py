@@ -12,9 +12,10 @@ What is read back is not taken on faith (sharing.py has the trust model):
   what to do, and the tuning runs without the cache (SQLite would replay a planted hot journal into our file);
 - every row carries an HMAC made with a key only this user (or the shared group) can read (integrity.py):
   a row another user wrote or edited does not verify, and is dropped and measured again;
-- every row is parsed through a typed schema (pydantic, strict): a malformed row is skipped with a warning and
-  its candidate measured again, never a crash, never trusted; an implausible figure is refused by the tuner
-  (plausible.py);
+- every row is parsed through a typed schema (a trial through pydantic, strict; a final answer and its report
+  through their types, report_data.py): a malformed row is skipped with a warning and its candidate measured
+  again (a malformed answer: tuned again), never a crash, never trusted; an implausible figure is refused by the
+  tuner (plausible.py);
 - a truncated or garbage database is moved aside (`results.sqlite.corrupt-<time>`) with a warning and
   rebuilt empty, so one bad file costs re-measurement, not every later run; any other SQLite failure (disk
   I/O, read-only, locked) turns the cache off for the rest of the run, with one line.
@@ -41,8 +42,10 @@ from typing import Any, TypeVar
 import filelock
 from pydantic import TypeAdapter, ValidationError
 
+from autotune.errors import MalformedReportError
 from autotune.integrity import KeyRefused, sign, signing_key, verify
 from autotune.ladder import Candidate
+from autotune.report_data import JsonRecord, TuneReport
 from autotune.sharing import file_mode_for, group_shared, make_dirs, path_distrust_reason, share_file
 from autotune.trial.types import TrialResult
 
@@ -137,15 +140,22 @@ def parse_trial(text: str) -> TrialResult:
     return result
 
 
-def parse_recommendation(text: str) -> dict:
-    """{"candidate", "ds_config", "report"} with the candidate strictly typed and the others JSON objects."""
-    data = json.loads(text)
-    if not isinstance(data, dict) or not {"candidate", "ds_config", "report"} <= set(data):
-        raise MalformedRecord("recommendation lacks candidate, ds_config or report")
-    parse_candidate(json.dumps(data["candidate"]))
-    if not isinstance(data["ds_config"], dict) or not isinstance(data["report"], dict):
-        raise MalformedRecord("recommendation ds_config or report is not an object")
-    return data
+@dataclass(frozen=True, kw_only=True)
+class StoredAnswer(JsonRecord):
+    """A tuning's final answer as the cache stores it: the pick, its config, its report, the memory limit it was
+    found under and whether memory bound the search there (tuner.cached_answer decides if it still holds)."""
+
+    candidate: Candidate
+    ds_config: dict[str, Any]
+    report: TuneReport
+    limit_bytes: int
+    memory_bound: bool
+
+
+def parse_recommendation(text: str) -> StoredAnswer:
+    """A stored answer read back strictly through its types (report_data): a key missing or unknown, or a value
+    of the wrong type anywhere in it, report included, raises MalformedReportError."""
+    return StoredAnswer.from_json(json.loads(text), "recommendation")
 
 
 def _first(error: ValidationError) -> str:
@@ -375,7 +385,7 @@ class ResultsCache:
 
         self._guard(delete, None)
 
-    def recommendation(self, key: str) -> dict | None:
+    def recommendation(self, key: str) -> StoredAnswer | None:
         """The stored final answer, or None when absent, unsigned or malformed (such a row is deleted)."""
 
         def read() -> tuple[str, str] | None:
@@ -391,13 +401,13 @@ class ResultsCache:
             if not isinstance(payload, str) or not verify(self.key, mac, "recommendation", key, payload):
                 raise MalformedRecord("its signature does not verify (written or edited by someone else)")
             return parse_recommendation(payload)
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
+        except (MalformedReportError, ValueError, KeyError, TypeError, AttributeError) as error:
             log.warning("autotune: dropped a cached recommendation (%s); tuning again", error)
             self._guard(lambda: self._delete_recommendation(key), None)
             return None
 
-    def put_recommendation(self, key: str, data: dict) -> None:
-        row = self.recommendation_row(key, json.dumps(data))
+    def put_recommendation(self, key: str, answer: StoredAnswer) -> None:
+        row = self.recommendation_row(key, json.dumps(answer.to_json()))
 
         def write() -> None:
             with closing(self._connect()) as db, db:

@@ -25,6 +25,7 @@ from autotune.hardware import GpuSpec, Target
 from autotune.ladder import Candidate, Rung
 from autotune.lora import LoraSettings, lora_summary
 from autotune.models import ModelSummary, resolve_model, summarize
+from autotune.report_data import Assumptions
 from autotune.request import TuneRequest, chosen_rungs, default_seq_len, memory_size, micro_batch_grid, validate
 from autotune.trial.types import TrialSpec
 from autotune.versions import deepspeed_note
@@ -355,29 +356,29 @@ class TuneContext:
             decoder_seq_len=self.decoder_seq_len,
         )
 
-    def assumptions(self, candidate: Candidate | None) -> dict:
+    def assumptions(self, candidate: Candidate | None) -> Assumptions:
         """What the tuning assumed, written beside the config so `check` and a later `plan` ask the same question."""
-        return {
-            "model": self.request.model,
-            "model_fingerprint": self.model.fingerprint,
-            "seq_len": self.seq_len,
-            "precision": self.precision,
-            "attention": self.request.attention,
-            "grad_checkpointing": candidate.grad_checkpointing if candidate else None,
-            "gpus_per_node": self.target.gpus_per_node,
-            "nodes": self.target.nodes,
-            "gpu_type": self.request.gpu_type,
-            "gpu_memory": self.request.gpu_memory,
-            "memory_bytes_per_rank": self.target.free_memory_bytes,  # the CPU budget, or a planned GPU's memory
-            "device": self.request.device,
-            "headroom": self.request.headroom,
-            "trust_remote_code": self.request.trust_remote_code,
-            "optimizer": self.request.optimizer,
-            "lora_rank": self.request.lora_rank,
-            "lora_targets": list(self.request.lora_targets) if self.request.lora_targets else None,
-            "decoder_seq_len": self.decoder_seq_len,
-            "kernels": self.request.kernels,
-        }
+        return Assumptions(
+            model=self.request.model,
+            model_fingerprint=self.model.fingerprint,
+            seq_len=self.seq_len,
+            precision=self.precision,
+            attention=self.request.attention,
+            grad_checkpointing=candidate.grad_checkpointing if candidate else None,
+            gpus_per_node=self.target.gpus_per_node,
+            nodes=self.target.nodes,
+            gpu_type=self.request.gpu_type,
+            gpu_memory=self.request.gpu_memory,
+            memory_bytes_per_rank=self.target.free_memory_bytes,  # the CPU budget, or a planned GPU's memory
+            device=self.request.device,
+            headroom=self.request.headroom,
+            trust_remote_code=self.request.trust_remote_code,
+            optimizer=self.request.optimizer,
+            lora_rank=self.request.lora_rank,
+            lora_targets=tuple(self.request.lora_targets) if self.request.lora_targets else None,
+            decoder_seq_len=self.decoder_seq_len,
+            kernels=self.request.kernels,
+        )
 
 
 def kernel_notes(request: TuneRequest, trials_run: bool) -> list[str]:

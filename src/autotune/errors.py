@@ -36,6 +36,11 @@ class TrialsFailedError(UserError):
     Exit code 2, like other input the user must change (a longer --trial-timeout, a working launcher)."""
 
 
+class MalformedReportError(UserError):
+    """A stored tuning report that does not read back as this version's `TuneReport` (report_data.py): a key
+    missing or unknown, or a value of the wrong type. The results cache treats it as a miss and tunes again."""
+
+
 class HookError(AutotuneError):
     """The pre-launch hook could not give this job a config (timeout, failed tuning, --strict); exit code 4."""
 

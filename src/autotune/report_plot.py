@@ -11,55 +11,52 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.atomic import atomic_write_bytes
-from autotune.ladder import Mode
 from autotune.measurement import speed_of
+from autotune.trial.types import TrialResult
+
+if TYPE_CHECKING:
+    from autotune.report_data import TuneReport
 
 MIB = 2**20
 
 
-def _trial_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+def _trial_rows(report: TuneReport) -> list[dict[str, Any]]:
+    """One bar group per trial: its label, predicted and measured peak, status, speed with interval, and pick."""
     rows = []
-    for trial in data.get("trials", []):
-        cand, result = trial["candidate"], trial["result"]
-        peaks = [
-            rank.get("device_used_bytes") or rank.get("max_reserved_bytes") or rank.get("host_rss_peak_bytes")
-            for rank in result.get("ranks", [])
-        ]
+    for trial in report.trials:
+        candidate, result = trial.candidate, trial.result
+        peaks = [rank.device_used_bytes or rank.max_reserved_bytes or rank.host_rss_peak_bytes for rank in result.ranks]
         peaks = [p for p in peaks if p]
+        checkpointing = " ckpt" if candidate.grad_checkpointing else ""
+        mode = "" if candidate.mode.is_classic else f"\n{'+'.join(candidate.mode.parts)}"
         rows.append(
             {
-                "label": f"{cand['rung']}\nmb{cand['micro_batch']}{' ckpt' if cand['grad_checkpointing'] else ''}"
-                + (f"\n{'+'.join(Mode.from_dict(cand['mode']).parts)}" if cand.get("mode") else ""),
-                "predicted": trial.get("predicted_peak_bytes") or 0,
+                "label": f"{candidate.rung.value}\nmb{candidate.micro_batch}{checkpointing}{mode}",
+                "predicted": trial.predicted_peak_bytes or 0,
                 "measured": max(peaks) if peaks else 0,
-                "status": result["status"],
-                "speed": result.get("samples_per_s") or 0.0,
+                "status": result.status,
+                "speed": result.samples_per_s or 0.0,
                 "interval": _interval(result),
-                "chosen": _same_candidate(cand, data.get("choice")),
+                "chosen": report.choice is not None and candidate == report.choice.candidate,
             }
         )
     return rows
 
 
-def _interval(result: dict[str, Any]) -> tuple[float, float]:
+def _interval(result: TrialResult) -> tuple[float, float]:
     """The speed's distance down and up to its interval's ends (autotune.measurement), for error bars."""
-    speed = speed_of(result.get("step_times_s") or [], result.get("samples_per_s"))
-    if speed is None or result.get("status") != "ok":
+    speed = speed_of(result.step_times_s, result.samples_per_s)
+    if speed is None or not result.ok:
         return 0.0, 0.0
     return speed.median - speed.low, speed.high - speed.median
 
 
-def _same_candidate(candidate: dict[str, Any], choice: dict[str, Any] | None) -> bool:
-    keys = ("rung", "micro_batch", "grad_checkpointing", "mode")
-    return choice is not None and all(candidate.get(k) == choice.get(k) for k in keys)
-
-
-def write_report_plot(data: dict[str, Any], path: Path) -> tuple[Path | None, str]:
+def write_report_plot(report: TuneReport, path: Path) -> tuple[Path | None, str]:
     """Draw the picture at `path` (atomically); returns (path or None, a line for the report)."""
-    rows = _trial_rows(data)
+    rows = _trial_rows(report)
     if not rows:
         return None, "No picture: no trial ran (plan only or answered from the cache)."
     try:
@@ -86,12 +83,12 @@ def write_report_plot(data: dict[str, Any], path: Path) -> tuple[Path | None, st
                 va="bottom",
                 fontsize=8,
             )
-    limit = data.get("limit_bytes")
+    limit = report.limit_bytes
     if limit:
-        memory.axhline(limit / MIB, color="red", linestyle="--", label=f"limit ({data['headroom']:.0%} of free)")
-    unit = "per-rank RSS" if data.get("device") == "cpu" else "GPU memory"
+        memory.axhline(limit / MIB, color="red", linestyle="--", label=f"limit ({report.headroom:.0%} of free)")
+    unit = "per-rank RSS" if report.device == "cpu" else "GPU memory"
     memory.set_ylabel(f"peak {unit} (MiB)")
-    memory.set_title(f"autotune: {data['model']['name']} on {data['target_description']}")
+    memory.set_title(f"autotune: {report.model_name} on {report.target_description}")
     memory.legend(loc="upper left", fontsize=8)
     errors = [[r["interval"][0] for r in rows], [r["interval"][1] for r in rows]]
     colors = ["tab:orange" if r["chosen"] else "tab:green" for r in rows]

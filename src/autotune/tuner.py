@@ -12,7 +12,7 @@ from pathlib import Path
 from autotune.assumptions import write_assumptions
 from autotune.base_config import placeholder_notes
 from autotune.batch import describe_global_batch
-from autotune.cache import ResultsCache, library_versions
+from autotune.cache import ResultsCache, StoredAnswer, library_versions
 from autotune.context import TuneContext, check_host_capacity
 from autotune.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.environment import deepspeed_accelerator, preserved_environment
@@ -24,8 +24,20 @@ from autotune.paths import cache_dir
 from autotune.plausible import Bounds
 from autotune.recommend import host_line, passed_over_line, recommend
 from autotune.report import write_report
+from autotune.report_data import (
+    Batch,
+    Choice,
+    HostNeed,
+    ModeEntry,
+    OwnCommand,
+    Skipped,
+    Training,
+    TrialEntry,
+    TuneReport,
+    VerdictEntry,
+)
 from autotune.request import TuneRequest, output_path, uses_warm_workers
-from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome
+from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome, TrialRecord
 from autotune.search_modes import ModeRecord
 from autotune.stop import StopReason
 from autotune.training_choices import training_choices_report
@@ -41,7 +53,7 @@ RESULTS_FILE = "results.sqlite"  # inside --cache-dir (a directory, as for the h
 
 @dataclass
 class TuneResult:
-    """What `tune()` returns; `report` is the same data as autotune-report.json."""
+    """What `tune()` returns; `report.to_json()` is autotune-report.json (without its picture)."""
 
     verified: bool  # True when the choice ran for real; False for a plan-only recommendation
     candidate: Candidate | None
@@ -56,7 +68,7 @@ class TuneResult:
     from_cache: bool
     elapsed_s: float
     stop_reason: StopReason = StopReason.NO_BETTER
-    report: dict = field(repr=False, default_factory=dict)
+    report: TuneReport | None = field(repr=False, default=None)  # None only from callers that wrote no report
 
 
 def _results_cache(request: TuneRequest) -> ResultsCache | None:
@@ -293,6 +305,53 @@ def _smallest_shortfall(plan_data: dict | None, outcome: SearchOutcome | None) -
     return f"smallest shortfall {format_bytes(min(shortfalls))} per {'rank' if outcome else 'GPU'}"
 
 
+def _choice(ctx: TuneContext, candidate: Candidate, best: TrialRecord | None) -> tuple[Choice, HostNeed]:
+    """The pick as the report states it, and what it needs from each node's host."""
+    from autotune.estimate import estimate
+    from autotune.estimate.pinned import pinned_host_bytes
+
+    predicted = estimate(ctx.model, ctx.target, candidate, ctx.settings)
+    choice = Choice(
+        candidate=candidate,
+        description=candidate.describe(),
+        samples_per_s=best.result.samples_per_s if best else None,
+        tokens_per_s=best.result.tokens_per_s if best else None,
+        peak_bytes=best.result.peak_memory_bytes if best else None,
+        predicted_peak_bytes=predicted.gpu_peak_bytes,
+    )
+    measured_host = best.host_peak_bytes if best and ctx.request.device != "cpu" else None
+    host_need = HostNeed(
+        ram_bytes=measured_host or predicted.host_ram_bytes,
+        measured=measured_host is not None,
+        pinned_bytes=pinned_host_bytes(predicted.host_components),  # dsconfig pins every offload
+        nvme_bytes=predicted.nvme_bytes,
+    )
+    return choice, host_need
+
+
+def _trial_entry(record: TrialRecord) -> TrialEntry:
+    return TrialEntry(
+        candidate=record.candidate,
+        result=record.result,
+        predicted_peak_bytes=record.predicted_peak_bytes,
+        limit_bytes=record.limit_bytes,
+        within_headroom=record.within_headroom,
+        host_peak_bytes=record.host_peak_bytes,
+        host_limit_bytes=record.host_limit_bytes,
+        from_cache=record.from_cache,
+        purpose=record.purpose,
+    )
+
+
+def _skipped(ctx: TuneContext, outcome: SearchOutcome | None) -> tuple[Skipped, ...]:
+    """What the search skipped, then the rungs this machine cannot run at all (both checkpointing settings)."""
+    searched = tuple(Skipped.from_json(s.to_dict()) for s in outcome.skipped) if outcome else ()
+    unavailable = tuple(
+        Skipped(rung=r.value, grad_checkpointing=ck, reason=why) for r, why in ctx.unavailable for ck in (False, True)
+    )
+    return searched + unavailable
+
+
 def _report_data(
     ctx: TuneContext,
     candidate: Candidate | None,
@@ -302,73 +361,77 @@ def _report_data(
     hf_path: Path | None,
     launch: LaunchCommands | None,
     elapsed_s: float,
-) -> dict:
+) -> TuneReport:
+    """The report of what was found; a finished tuning adds its batch, training and command (`_finished`)."""
     request = ctx.request
-    best = outcome.best if outcome else None
-    choice = host_need = None
-    if candidate is not None:
-        from autotune.estimate import estimate
-        from autotune.estimate.pinned import pinned_host_bytes
-
-        predicted = estimate(ctx.model, ctx.target, candidate, ctx.settings)
-        choice = {
-            **candidate.to_dict(),
-            "description": candidate.describe(),
-            "samples_per_s": best.result.samples_per_s if best else None,
-            "tokens_per_s": best.result.tokens_per_s if best else None,
-            "peak_bytes": best.result.peak_memory_bytes if best else None,
-            "predicted_peak_bytes": predicted.gpu_peak_bytes,
-        }
-        measured_host = best.host_peak_bytes if best and request.device != "cpu" else None
-        host_need = {
-            "ram_bytes": measured_host or predicted.host_ram_bytes,
-            "measured": measured_host is not None,
-            "pinned_bytes": pinned_host_bytes(predicted.host_components),  # dsconfig pins every offload
-            "nvme_bytes": predicted.nvme_bytes,
-        }
-    skipped = [
-        {"rung": r.value, "grad_checkpointing": ck, "reason": why} for r, why in ctx.unavailable for ck in (False, True)
-    ]
+    choice, host_need = _choice(ctx, candidate, outcome.best if outcome else None) if candidate else (None, None)
     modes = outcome.modes if outcome else planned_modes(ctx)
-    return {
-        "model": {k: v for k, v in ctx.model.to_dict().items() if k != "config"},
-        "target": ctx.target.to_dict(),
-        "target_description": ctx.target.describe(),
-        "device": request.device,
-        "verified": ctx.verified and outcome is not None,
-        "seq_len": ctx.seq_len,
-        "precision": ctx.precision,
-        "world_size": ctx.target.world_size,
-        "global_batch": request.global_batch,
-        "headroom": request.headroom,
-        "limit_bytes": ctx.limit_bytes,
-        "assumptions": ctx.assumptions(candidate),
-        "notes": ctx.notes,
-        "micro_batch_grid": ctx.grid,
-        "choice": choice,
-        "config_path": str(config_path) if config_path else None,
-        "base_config": request.base_config,  # the user's config the tuned one was built on (autotune.base_config)
-        "hf_config_path": str(hf_path) if hf_path else None,
-        "launch": launch.to_dict() if launch else None,
-        "trials": [t.to_dict() for t in outcome.trials] if outcome else [],
-        "skipped": ([s.to_dict() for s in outcome.skipped] if outcome else []) + skipped,
-        "trials_launched": outcome.trials_launched if outcome else 0,
-        "process_starts": outcome.process_starts if outcome else None,  # None: one process per trial
-        "launches_by_purpose": outcome.launches_by_purpose() if outcome else {},
-        "stop_reason": (outcome.stop_reason if outcome and outcome.stop_reason else StopReason.PLAN_ONLY).value,
-        "stop_message": outcome.stop_message if outcome else "plan only: no trials on this machine",
-        "margin": outcome.margin if outcome else None,  # best vs runner-up after re-measuring close calls
-        "noise": outcome.noise if outcome else None,
-        "verdict": outcome.verdict.to_dict() if outcome and outcome.verdict else None,  # close_call.Verdict
-        "host_need": host_need,
-        "calibration": outcome.calibration.to_dict() if outcome else None,
-        "modes": [m.to_dict() for m in modes],  # the modern memory modes considered per rung
-        "plan": plan_data,
-        "elapsed_s": elapsed_s,
-        "versions": library_versions(),
-        "from_cache": False,
-        "nothing_fits_reason": None if candidate else _smallest_shortfall(plan_data, outcome) + _mode_hint(modes),
-    }
+    return TuneReport(
+        model={k: v for k, v in ctx.model.to_dict().items() if k != "config"},
+        target=ctx.target.to_dict(),
+        target_description=ctx.target.describe(),
+        device=request.device,
+        verified=ctx.verified and outcome is not None,
+        seq_len=ctx.seq_len,
+        precision=ctx.precision,
+        world_size=ctx.target.world_size,
+        global_batch=request.global_batch,
+        headroom=request.headroom,
+        limit_bytes=ctx.limit_bytes,
+        assumptions=ctx.assumptions(candidate),
+        notes=tuple(ctx.notes),
+        micro_batch_grid=tuple(ctx.grid),
+        choice=choice,
+        config_path=str(config_path) if config_path else None,
+        base_config=request.base_config,
+        hf_config_path=str(hf_path) if hf_path else None,
+        launch=launch,
+        trials=tuple(_trial_entry(t) for t in outcome.trials) if outcome else (),
+        skipped=_skipped(ctx, outcome),
+        trials_launched=outcome.trials_launched if outcome else 0,
+        process_starts=outcome.process_starts if outcome else None,
+        launches_by_purpose=outcome.launches_by_purpose() if outcome else {},
+        stop_reason=outcome.stop_reason if outcome and outcome.stop_reason else StopReason.PLAN_ONLY,
+        stop_message=outcome.stop_message if outcome else "plan only: no trials on this machine",
+        margin=outcome.margin if outcome else None,
+        noise=outcome.noise if outcome else None,
+        verdict=VerdictEntry.from_json(outcome.verdict.to_dict()) if outcome and outcome.verdict else None,
+        host_need=host_need,
+        calibration=outcome.calibration.to_dict() if outcome else None,
+        modes=tuple(ModeEntry.from_json(m.to_dict()) for m in modes),
+        plan=plan_data,
+        elapsed_s=elapsed_s,
+        versions=library_versions(),
+        from_cache=False,
+        nothing_fits_reason=None if candidate else _smallest_shortfall(plan_data, outcome) + _mode_hint(modes),
+    )
+
+
+def _finished(
+    ctx: TuneContext, report: TuneReport, candidate: Candidate, config: dict, config_path: Path, plan_notes: list[str]
+) -> TuneReport:
+    """A tuning that emitted a config: its notes on the config, the global batch, the training and any own
+    command, added once to the report `_report_data` built."""
+    request = ctx.request
+    notes = [*placeholder_notes(config, ctx.base), *([] if ctx.verified else plan_notes)]
+    if changes := approximation(candidate.mode, mode_facts(ctx)):  # only reachable with --allow-approximate
+        notes.append(f"changes the training: {changes}")
+    batch = describe_global_batch(config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step)
+    return replace(
+        report.with_notes(*notes),
+        batch=Batch.from_json(batch.to_dict()),
+        training=Training.from_json(training_choices_report(request.optimizer, ctx.lora, ctx.model)),
+        own_command=_own_command(ctx, candidate, config_path),
+    )
+
+
+def _own_command(ctx: TuneContext, candidate: Candidate, config_path: Path) -> OwnCommand | None:
+    """Own-command mode: the user's command, naming this run's config path."""
+    if not ctx.request.command:
+        return None
+    from autotune.trial.script_mode import command_report
+
+    return OwnCommand.from_json(command_report(ctx.request, ctx.spec(candidate), config_path))
 
 
 def _mode_hint(records: list[ModeRecord]) -> str:
@@ -420,8 +483,8 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
             outcome.process_starts = getattr(chosen, "restarts", None)  # warm workers count their starts
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := _no_trial_completed(outcome)):
-            data = _report_data(ctx, None, outcome, None, None, None, None, time.monotonic() - started)
-            write_report(data, report_dir)
+            report = _report_data(ctx, None, outcome, None, None, None, None, time.monotonic() - started)
+            write_report(report, report_dir)
             raise TrialsFailedError(failed)
     else:
         recommendation = recommend(ctx)
@@ -429,33 +492,26 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
         lines = (host_line(recommendation), passed_over_line(recommendation), recommendation.grid_note)
         plan_notes = [line for line in lines if line]
     if candidate is None:
-        data = _report_data(ctx, None, outcome, plan_data, None, None, None, time.monotonic() - started)
-        write_report(data, report_dir)
-        raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {data['nothing_fits_reason']}")
+        report = _report_data(ctx, None, outcome, plan_data, None, None, None, time.monotonic() - started)
+        write_report(report, report_dir)
+        raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {report.nothing_fits_reason}")
     config = ctx.emitted_config(candidate)
     # The .hf.json is always written: the HF Trainer and accelerate launch paths read it.
     config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True, base=ctx.base)
     launch = _launch(ctx, config, candidate, config_path)
-    data = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
-    data["notes"] = [*data["notes"], *placeholder_notes(config, ctx.base)]
-    if not ctx.verified:
-        data["notes"] = [*data["notes"], *plan_notes]
-    if changes := approximation(candidate.mode, mode_facts(ctx)):  # only reachable with --allow-approximate
-        data["notes"] = [*data["notes"], f"changes the training: {changes}"]
-    data["batch"] = describe_global_batch(
-        config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step
-    ).to_dict()
-    data["training"] = training_choices_report(request.optimizer, ctx.lora, ctx.model)
-    if request.command and config_path:
-        from autotune.trial.script_mode import command_report
-
-        data["own_command"] = command_report(request, ctx.spec(candidate), config_path)
-    write_assumptions(config_path, data)
-    report_md, report_json = write_report(data, report_dir)
+    found = _report_data(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
+    report = _finished(ctx, found, candidate, config, config_path, plan_notes)
+    write_assumptions(config_path, report)
+    report_md, report_json = write_report(report, report_dir)
     if cache and outcome is not None:
-        stored = {"candidate": candidate.to_dict(), "ds_config": config, "report": data}
-        stored |= {"limit_bytes": ctx.limit_bytes, "memory_bound": memory_bound(ctx, outcome)}
-        cache.put_recommendation(ctx.answer_key, stored)
+        answer = StoredAnswer(
+            candidate=candidate,
+            ds_config=config,
+            report=report,
+            limit_bytes=ctx.limit_bytes,
+            memory_bound=memory_bound(ctx, outcome),
+        )
+        cache.put_recommendation(ctx.answer_key, answer)
     best = outcome.best if outcome else None
     return TuneResult(
         ctx.verified,
@@ -470,8 +526,8 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
         outcome.trials_launched if outcome else 0,
         False,
         time.monotonic() - started,
-        StopReason(data["stop_reason"]),
-        data,
+        report.stop_reason,
+        report,
     )
 
 
@@ -496,25 +552,25 @@ def world_size_for(request: TuneRequest) -> int:
 ANSWER_GROWTH_TOLERANCE = 1.05
 
 
-def cached_answer(ctx: TuneContext, cache: ResultsCache) -> dict | None:
+def cached_answer(ctx: TuneContext, cache: ResultsCache) -> StoredAnswer | None:
     """A stored answer that still holds for the memory free now (see above); else None, and the search runs
     (reusing the cached trials of this limit bucket)."""
     hit = cache.recommendation(ctx.answer_key)
     if hit is None:
         return None
-    choice = hit.get("report", {}).get("choice") or {}
-    peak, speed = choice.get("peak_bytes"), choice.get("samples_per_s")
-    tokens_per_s = speed * ctx.seq_len if isinstance(speed, (int, float)) else None
-    candidate = Candidate.from_dict(hit["candidate"])
-    if why := run_bounds(ctx).why_implausible_figures(candidate, tokens_per_s, [peak] if isinstance(peak, int) else []):
+    choice = hit.report.choice
+    peak = choice.peak_bytes if choice else None
+    speed = choice.samples_per_s if choice else None
+    tokens_per_s = speed * ctx.seq_len if speed is not None else None
+    candidate = hit.candidate
+    if why := run_bounds(ctx).why_implausible_figures(candidate, tokens_per_s, [peak] if peak is not None else []):
         log.warning("autotune: dropped the cached answer as corrupt: %s; tuning again", why)
         return None
-    found_under = hit.get("limit_bytes")
-    if peak is None or found_under is None or peak > ctx.limit_bytes:
+    if peak is None or peak > ctx.limit_bytes:
         return None
-    if ctx.limit_bytes > found_under * ANSWER_GROWTH_TOLERANCE and hit.get("memory_bound", True):
+    if ctx.limit_bytes > hit.limit_bytes * ANSWER_GROWTH_TOLERANCE and hit.memory_bound:
         return None
-    if hit["ds_config"] != ctx.emitted_config(candidate):
+    if hit.ds_config != ctx.emitted_config(candidate):
         # a stored config is never written just because it was stored
         log.warning("autotune: the cached config differs from the one built for its candidate; tuning again")
         return None
@@ -548,9 +604,8 @@ def _launch(ctx: TuneContext, config: dict, candidate: Candidate, config_path: P
     )
 
 
-def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, started: float) -> TuneResult:
-    candidate = Candidate.from_dict(hit["candidate"])
-    config = hit["ds_config"]
+def _from_cache(ctx: TuneContext, hit: StoredAnswer, out_path: Path, report_dir: Path, started: float) -> TuneResult:
+    candidate, config = hit.candidate, hit.ds_config
     # Not the stored bytes: cached_answer accepted the hit only because its config equals the one this version
     # builds for the candidate now, and that same build was validated by this DeepSpeed version at this world
     # size when the answer was stored (both are in the key). Re-validating would import DeepSpeed (~4 s) to
@@ -558,23 +613,20 @@ def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, s
     world = ctx.target.world_size
     config_path, hf_path = write_configs(config, world, out_path, hf=True, validate=False, base=ctx.base)
     launch = _launch(ctx, config, candidate, config_path)
-    data = {
-        **hit["report"],
-        "from_cache": True,
-        "trials_launched": 0,
-        "config_path": str(config_path),
-        "hf_config_path": str(hf_path) if hf_path else None,
-        "launch": launch.to_dict(),
-        "limit_bytes": ctx.limit_bytes,
-        "elapsed_s": time.monotonic() - started,
-    }
+    report = replace(
+        hit.report,
+        from_cache=True,
+        trials_launched=0,
+        config_path=str(config_path),
+        hf_config_path=str(hf_path) if hf_path else None,
+        launch=launch,
+        limit_bytes=ctx.limit_bytes,
+        elapsed_s=time.monotonic() - started,
+    )
     if ctx.request.command:  # the command to train with names this run's config path
-        from autotune.trial.script_mode import command_report
-
-        data["own_command"] = command_report(ctx.request, ctx.spec(candidate), config_path)
-    write_assumptions(config_path, data)
-    report_md, report_json = write_report(data, report_dir, redraw=False)
-    choice = data.get("choice") or {}
+        report = replace(report, own_command=_own_command(ctx, candidate, config_path))
+    write_assumptions(config_path, report)
+    report_md, report_json = write_report(report, report_dir, redraw=False)
     return TuneResult(
         True,
         candidate,
@@ -584,10 +636,10 @@ def _from_cache(ctx: TuneContext, hit: dict, out_path: Path, report_dir: Path, s
         report_md,
         report_json,
         launch,
-        choice.get("samples_per_s"),
+        report.choice.samples_per_s if report.choice else None,
         0,
         True,
         time.monotonic() - started,
         StopReason.CACHE_HIT,
-        data,
+        report,
     )

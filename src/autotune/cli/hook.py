@@ -50,6 +50,7 @@ from autotune.cli.output import err_console, print_json, stamped
 from autotune.cli.request import request_from_options
 from autotune.cli.tune import TrialProgress
 from autotune.errors import UserError
+from autotune.hook.outputs import published_report
 from autotune.pick_summary import measurement_lines, summary_head
 from autotune.terminate import sigterm_raises
 
@@ -86,8 +87,8 @@ def _summary(result: HookResult, verbose: bool = False) -> str:
         f" config {result.config_path} (sha256 {(record.config_sha256 or '')[:16]}) in {result.elapsed_s:.1f} s"
         + (f"; report {result.report_path}" if result.report_path else "")
     )
-    report = (details.get("outputs") or {}).get("report")
-    if not isinstance(report, dict) or not report.get("choice"):
+    report = published_report(details.get("outputs") or {})
+    if report is None or report.choice is None:
         return hook_line
     headline, *lead = summary_head(report, record.verified, bool(details.get("from_cache")))
     lead += measurement_lines(report) if verbose else []

@@ -113,7 +113,7 @@ class TrialProgress:
                 self.durations.append(now - self.trial_started)
             result = record.result
             speed = f", {result.samples_per_s:.2f} samples/s" if result.samples_per_s else ""
-            if self.verbose and (detail := measured_detail(result.to_dict())):
+            if self.verbose and (detail := measured_detail(result)):
                 speed = f", {detail}"
             cached = " (cached)" if record.from_cache else ""
             status = result.status if record.within_headroom or not result.ok else "over headroom"
@@ -153,33 +153,33 @@ def _group_label(candidate: Candidate | None) -> str:
 
 def _print_summary(result: TuneResult, verbose: bool = False) -> None:
     out = console()
-    data = result.report
-    headline, *lead = summary_head(data, result.verified, result.from_cache)
+    report = result.report
+    if report is None:  # tune() always reports; only a caller's own TuneResult may lack one
+        return
+    headline, *lead = summary_head(report, result.verified, result.from_cache)
     out.print(headline, style="bold", markup=False, highlight=False)  # a model path may hold "[/]"
     for index, line in enumerate(lead):
         out.print(f"  {line}", style="bold" if index == 0 else None, markup=False, highlight=False)
-    for line in measurement_lines(data) if verbose else []:
+    for line in measurement_lines(report) if verbose else []:
         out.print(f"  {line}", markup=False, highlight=False)
-    if data.get("batch"):
-        batch = data["batch"]
-        style = "bold yellow" if batch["chosen_by"] == "autotune" else "bold"
+    if batch := report.batch:
+        style = "bold yellow" if batch.chosen_by == "autotune" else "bold"
         out.print(
-            f"  [{style}]global batch {batch['global_batch']}[/{style}] = micro-batch {batch['micro_batch']}"
-            f" x accumulation {batch['accumulation']} x {batch['world_size']} rank(s): {batch['how']}",
+            f"  [{style}]global batch {batch.global_batch}[/{style}] = micro-batch {batch.micro_batch}"
+            f" x accumulation {batch.accumulation} x {batch.world_size} rank(s): {batch.how}",
             highlight=False,
         )
     out.print(f"  trials launched: {result.trials_launched}, {result.elapsed_s:.1f} s")
     hf = f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""
     out.print(f"  config: {result.config_path}{hf}", markup=False)
     out.print(f"  report: {result.report_path}", markup=False)
-    own = data.get("own_command")
-    if own:
-        out.print(f"  launch (your command): {own['train_command']}", highlight=False, markup=False)
+    if own := report.own_command:
+        out.print(f"  launch (your command): {own.train_command}", highlight=False, markup=False)
     elif result.launch:
         out.print(f"  launch (DeepSpeed script): {result.launch.deepspeed}", highlight=False, markup=False)
         out.print(f"  launch (HF Trainer):       {result.launch.hf_trainer}", highlight=False, markup=False)
         out.print("  torchrun and accelerate launch: see the report", highlight=False)
-    for note in data.get("notes") or []:
+    for note in report.notes:
         out.print(f"  note: {note}", markup=False)
 
 
@@ -248,7 +248,7 @@ def tune_command(
     except Terminated:
         raise Terminated(_on_terminated(request, best)) from None
     if as_json:
-        print_json(result.report)
+        print_json(result.report.to_json() if result.report else {})
         return
     _print_summary(result, verbose)
 

@@ -119,13 +119,13 @@ class LeaderJob:
 
 
 def _details(result: TuneResult) -> dict:
-    report = result.report or {}
+    report = result.report
     return {
         "trials_launched": result.trials_launched,
         "samples_per_s": result.samples_per_s,
         "stop_reason": result.stop_reason.value,
-        "stop_message": report.get("stop_message"),
-        "choice": (report.get("choice") or {}).get("description"),
+        "stop_message": report.stop_message if report else None,
+        "choice": report.choice.description if report and report.choice else None,
         "from_cache": result.from_cache,
     }
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,22 +24,28 @@ from autotune.assumptions import assumptions_path
 from autotune.atomic import atomic_write_bytes, atomic_write_json
 from autotune.dsconfig import hf_variant
 from autotune.emit import emit_launchers
+from autotune.errors import MalformedReportError
 from autotune.hook.env import JobEnv
 from autotune.ladder import Candidate
 from autotune.report import REPORT_STEM, write_report
+from autotune.report_data import OwnCommand, TuneReport
 
 if TYPE_CHECKING:
     from autotune.hook.coordinate import HookRecord
     from autotune.request import TuneRequest
 
+log = logging.getLogger(__name__)
 
-def published_outputs(candidate: Candidate | None, report: dict | None, staged: Path, picture: Path | None) -> dict:
+
+def published_outputs(
+    candidate: Candidate | None, report: TuneReport | None, staged: Path, picture: Path | None
+) -> dict:
     """What the tuner adds to its record so that any process can write the outputs (see the module doc)."""
     outputs: dict[str, Any] = {"staged_config": str(staged)}
     if candidate is not None:
         outputs["candidate"] = candidate.to_dict()
     if report is not None:
-        outputs["report"] = report
+        outputs["report"] = report.to_json()
     if picture is not None and picture.is_file():
         outputs["picture_png"] = base64.b64encode(picture.read_bytes()).decode("ascii")
     return outputs
@@ -53,6 +61,7 @@ def write_outputs(
     hf_path = atomic_write_json(config_path.with_suffix(".hf.json"), hf_variant(config))
     if isinstance(record.details.get("assumptions"), dict):  # what `autotune check` reads beside the config
         atomic_write_json(assumptions_path(config_path), record.details["assumptions"])
+    report = published_report(outputs)
     launch = None
     if outputs.get("candidate"):
         candidate = Candidate.from_dict(outputs["candidate"])
@@ -67,21 +76,32 @@ def write_outputs(
             tuning.lora_rank,
             kernels=tuning.kernels,
             device=tuning.device,
-            precision=(outputs.get("report") or {}).get("precision") or tuning.precision,  # the one tuned for
+            precision=report.precision if report else tuning.precision,  # the one tuned for
         )
-    report = outputs.get("report")
-    if not isinstance(report, dict):
+    if report is None:
         return None
     picture = _picture(outputs)
     if picture is not None:
         atomic_write_bytes(report_dir / f"{REPORT_STEM}.png", picture)
-    data = {**report, "config_path": str(config_path), "hf_config_path": str(hf_path)}
+    report = replace(report, config_path=str(config_path), hf_config_path=str(hf_path))
     if launch is not None:
-        data["launch"] = launch.to_dict()
-    if isinstance(report.get("own_command"), dict) and outputs.get("staged_config"):
-        data["own_command"] = _retarget(report["own_command"], outputs["staged_config"], config_path)
-    report_md, _ = write_report(data, report_dir, redraw=picture is None)
+        report = replace(report, launch=launch)
+    if report.own_command and outputs.get("staged_config"):
+        report = replace(report, own_command=_retarget(report.own_command, outputs["staged_config"], config_path))
+    report_md, _ = write_report(report, report_dir, redraw=picture is None)
     return report_md
+
+
+def published_report(outputs: dict) -> TuneReport | None:
+    """The report a record carries, read back through its type; None when it carries none, or one this version
+    cannot read (a record another autotune version wrote): then the config is written without its report."""
+    if outputs.get("report") is None:
+        return None
+    try:
+        return TuneReport.from_json(outputs["report"])
+    except MalformedReportError as error:
+        log.warning("autotune: the published report does not read back (%s); writing the config without it", error)
+        return None
 
 
 def _picture(outputs: dict) -> bytes | None:
@@ -91,9 +111,9 @@ def _picture(outputs: dict) -> bytes | None:
         return None
 
 
-def _retarget(own: dict, staged: str, config_path: Path) -> dict:
+def _retarget(own: OwnCommand, staged: str, config_path: Path) -> OwnCommand:
     """Own-command mode: the printed command names the staged config (a path no other text contains: a fresh
     private directory); name --out instead, quoted as the shell needs it."""
     target = str(config_path)
     before, after = (staged, target) if shlex.quote(target) == target else (shlex.quote(staged), shlex.quote(target))
-    return {**own, "train_command": own["train_command"].replace(before, after)}
+    return replace(own, train_command=own.train_command.replace(before, after))
