@@ -28,7 +28,7 @@ def deepspeed_accelerator(device: str = "cpu") -> Iterator[None]:
     before_cached = getattr(module, "ds_accelerator", None) if module else None
     os.environ[ACCELERATOR_ENV] = device
     if module is not None and before_cached is not None and getattr(before_cached, "_name", device) != device:
-        module.ds_accelerator = None  # re-detect for the block
+        vars(module)["ds_accelerator"] = None  # re-detect for the block
     try:
         yield
     finally:
@@ -38,7 +38,7 @@ def deepspeed_accelerator(device: str = "cpu") -> Iterator[None]:
             os.environ[ACCELERATOR_ENV] = before_env
         module = sys.modules.get(_ACCELERATOR_MODULE)
         if module is not None:
-            module.ds_accelerator = before_cached  # None: the next get_accelerator() detects afresh
+            vars(module)["ds_accelerator"] = before_cached  # None: the next get_accelerator() detects afresh
 
 
 @contextmanager

@@ -151,4 +151,5 @@ def match_probed_gpu(name: str, memory_bytes: int) -> GpuSpec | None:
         and abs(spec.memory_bytes - memory_bytes) < 0.12 * spec.memory_bytes
     ]
     same_form = [s for s in matches if ("pcie" in name.lower()) == ("pcie" in s.name.lower())]
-    return (same_form or matches or [None])[0]
+    found = same_form or matches
+    return found[0] if found else None

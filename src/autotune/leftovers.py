@@ -52,7 +52,7 @@ def owner_gone(directory: Path) -> bool:
 
 def sweep(parent: Path, prefix: str) -> list[Path]:
     """Remove `parent/prefix*` directories whose owner is gone; returns what was removed."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(Path(parent).iterdir())
     except OSError:

@@ -291,7 +291,8 @@ def _verifiable(family: str, facts: ModeFacts) -> bool:
 
 def _option(mode: Mode, family: str, facts: ModeFacts, why_not: str | None, why: str) -> ModeOption:
     applies = why_not is None
-    return ModeOption(mode, family, applies, why if applies else why_not, applies and _verifiable(family, facts))
+    reason = why if why_not is None else why_not
+    return ModeOption(mode, family, applies, reason, applies and _verifiable(family, facts))
 
 
 def _partial_offload(rung: Rung, facts: ModeFacts) -> ModeOption:
@@ -355,7 +356,7 @@ def _zero_plus_plus(rung: Rung, facts: ModeFacts) -> list[ModeOption]:
     ]
     applies = why_not is None
     return [
-        ModeOption(mode, family, applies, why if applies else why_not, applies and _zpp_verifiable(mode, facts))
+        ModeOption(mode, family, applies, why if why_not is None else why_not, applies and _zpp_verifiable(mode, facts))
         for mode, family, why in choices
     ]
 

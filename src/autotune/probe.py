@@ -12,8 +12,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import TypeVar
 
 import psutil
 
@@ -73,9 +76,9 @@ def _cgroup_limit(proc_cgroup: str, root: Path) -> int | None:
         elif "memory" in controllers.split(","):
             candidates += [root / "memory" / path.lstrip("/") / "memory.limit_in_bytes"]
             candidates += [root / "memory" / "memory.limit_in_bytes"]  # a container sees its own cgroup as root
-    for path in candidates:
+    for limit_file in candidates:
         try:
-            text = path.read_text().strip()
+            text = limit_file.read_text().strip()
         except OSError:
             continue
         if text == "max" or not text.isdigit() or int(text) >= CGROUP_UNLIMITED:
@@ -183,18 +186,21 @@ def _probe_nvml(visible: str | None) -> tuple[list[GpuInfo], str | None]:
         pynvml.nvmlShutdown()
 
 
+_T = TypeVar("_T")
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _optional(call, *args):
+def _optional(call: Callable[..., _T], *args: object) -> _T | None:
     try:
         return call(*args)
     except Exception:
         return None
 
 
-def _nvml_device(pynvml, handle, index: int, physical: int, uuid: str) -> GpuInfo:
+def _nvml_device(pynvml: ModuleType, handle: object, index: int, physical: int, uuid: str) -> GpuInfo:
     memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
     capability = _optional(pynvml.nvmlDeviceGetCudaComputeCapability, handle)
     cc = f"{capability[0]}.{capability[1]}" if capability else None

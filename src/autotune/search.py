@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from autotune.close_call import Verdict, settle
 from autotune.estimate import calibrate, calibrate_oom, check_fit, estimate
@@ -119,7 +120,11 @@ class SkipRecord:
     mode: Mode = field(default_factory=Mode)
 
     def to_dict(self) -> dict:
-        data = {"rung": self.rung.value, "grad_checkpointing": self.grad_checkpointing, "reason": self.reason}
+        data: dict[str, Any] = {
+            "rung": self.rung.value,
+            "grad_checkpointing": self.grad_checkpointing,
+            "reason": self.reason,
+        }
         if not self.mode.is_classic:
             data["mode"] = self.mode.to_dict()
         return data
@@ -547,7 +552,7 @@ class Search:
         r = record.result
         if not (r.smaller_micro_batch and r.smaller_micro_step_s and r.optimizer_step_s is not None):
             return None
-        accumulation = max(1, r.accumulation)
+        accumulation: float = max(1, r.accumulation)
         if self.global_batch is not None:
             accumulation = accumulation * record.candidate.micro_batch / r.smaller_micro_batch
         return r.smaller_micro_batch, r.smaller_micro_step_s + r.optimizer_step_s / accumulation
@@ -732,13 +737,7 @@ class Search:
                 (mb for r in reversed(ratios) if (mb := self._predicted_max(rung, ckpt, 0.0, Mode(offload_ratio=r)))),
                 None,
             )
-            # no trial will confirm a plan: the ratio must fit with the model's margin (as a classic plan row
-            # must), not on the point prediction a search's trials then confirm. Bisect on the GPU alone (monotone
-            # in the ratio); the host need grows with the ratio, so the smallest GPU fit is the best for the host
-            ratio = top and smallest_fitting_ratio(ratios, lambda r: self._fits_with_margin(rung, top, ckpt, r))
-            if ratio and not check_fit(self._estimate(Candidate(rung, top, ckpt, Mode(offload_ratio=ratio))),
-                                       self.target, self.limits.headroom).fits:  # fmt: skip
-                ratio = None
+            ratio = self._planned_ratio(rung, ckpt, top, ratios) if top else None
             mode = Mode(offload_ratio=ratio) if ratio else mode
         else:
             top = self._predicted_max(rung, ckpt, 0.0, mode)
@@ -749,6 +748,17 @@ class Search:
         record.status, record.mode, record.micro_batch, record.grad_checkpointing = "planned", mode, top, ckpt
         record.predicted_peak_bytes = self._estimate(Candidate(rung, top, ckpt, mode)).gpu_peak_bytes
         record.detail = why or "this backend cannot run it: predicted only"
+
+    def _planned_ratio(self, rung: Rung, ckpt: bool, micro_batch: int, ratios: list[float]) -> float | None:
+        """The smallest offload ratio that fits at `micro_batch` for a plan, None when none does. No trial will
+        confirm a plan: the ratio must fit with the model's margin (as a classic plan row must), not on the point
+        prediction a search's trials then confirm. Bisect on the GPU alone (monotone in the ratio); the host need
+        grows with the ratio, so the smallest GPU fit is the best for the host."""
+        ratio = smallest_fitting_ratio(ratios, lambda r: self._fits_with_margin(rung, micro_batch, ckpt, r))
+        if ratio and not check_fit(self._estimate(Candidate(rung, micro_batch, ckpt, Mode(offload_ratio=ratio))),
+                                   self.target, self.limits.headroom).fits:  # fmt: skip
+            return None
+        return ratio
 
     def _ratio_settings(self, mode: Mode) -> list[float]:
         """The offload ratio's real settings strictly between 0 (ZeRO-3's neighbour) and 1 (full offload)."""

@@ -32,10 +32,12 @@ def resolve_target(
         raise UserError("give either --gpu-type or --gpu-memory, not both")
     host_ram = probed.host.usable_ram_bytes if probed else None
     nvme = probed.host.nvme_free_bytes if probed else None
-    if gpu_type or gpu_memory:
-        spec: GpuSpec = (
-            resolve_gpu_type(gpu_type) if gpu_type else generic_gpu(parse_bytes(gpu_memory, what="--gpu-memory"))
-        )
+    spec: GpuSpec | None = None
+    if gpu_type:
+        spec = resolve_gpu_type(gpu_type)
+    elif gpu_memory:
+        spec = generic_gpu(parse_bytes(gpu_memory, what="--gpu-memory"))
+    if spec is not None:
         return Target(spec, gpus or 1, nodes, spec.memory_bytes, host_ram, nvme, measured=False)
     if probed is None or not probed.gpus:
         raise UserError(

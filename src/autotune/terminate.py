@@ -38,7 +38,7 @@ def sigterm_raises() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    raised = []
+    raised: list[int] = []
 
     def handler(signum: int, frame: object) -> None:
         if raised:

@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -232,7 +232,14 @@ def fill_like_consumer(
     return outcome
 
 
-def _fill(config, consumer, world_size, mixed_precision, hf_deepspeed, plugin_class) -> FillOutcome:
+def _fill(
+    config: dict[str, Any],
+    consumer: Consumer,
+    world_size: int,
+    mixed_precision: str | None,
+    hf_deepspeed: ModuleType,
+    plugin_class: type,
+) -> FillOutcome:
     args = _training_arguments(config, world_size)
     outcome = FillOutcome(filled=config)
     try:

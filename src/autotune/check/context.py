@@ -53,11 +53,11 @@ def resolve_context(
         world_size, source = target.world_size, f"{target.gpus_per_node} probed GPU(s) x --nodes {nodes}"
     else:
         world_size, source = nodes, f"1 GPU per node (no --gpus) x --nodes {nodes}"
-    known_gpu = target is not None and target.gpu.key != "custom"  # --gpu-memory says nothing of bf16
+    known_gpu = target if target is not None and target.gpu.key != "custom" else None  # --gpu-memory: no bf16 word
     return CheckContext(
         world_size=world_size,
         world_size_source=source,
-        bf16_capable=target.gpu.bf16 if known_gpu else None,
+        bf16_capable=known_gpu.gpu.bf16 if known_gpu is not None else None,
         target=target,
         for_hf_trainer=for_hf_trainer,
         hardware_note=hardware_note,

@@ -106,7 +106,8 @@ def _assignments_in(line: str) -> list[tuple[str, str]]:
     stripped = line.strip()
     if stripped.startswith("#SBATCH") and "--export=" in stripped:
         items = stripped.split("--export=", 1)[1].split()[0].split(",")
-        return [tuple(item.split("=", 1)) for item in items if "=" in item and _NAME.match(item.split("=", 1)[0])]
+        exported = [item.split("=", 1) for item in items if "=" in item]
+        return [(name, value) for name, value in exported if _NAME.match(name)]
     if not stripped or stripped.startswith("#"):
         return []
     try:

@@ -12,7 +12,7 @@ from typing import Any
 from autotune.check import schema
 from autotune.check.config_mode import config_mode, moot_ratio_note
 from autotune.check.context import CheckContext
-from autotune.check.findings import Finding, FitResult, Severity
+from autotune.check.findings import Finding, FitResult, Severity, section_of
 from autotune.check.rules import ZERO, batch_arithmetic, resolve_batch, zero_stage
 from autotune.check.values import batch_keys
 from autotune.estimate.kernels import kernels_note
@@ -60,7 +60,7 @@ def effective_rung(config: dict[str, Any]) -> tuple[Rung | None, str]:
     stage = zero_stage(config)
     if stage is None:
         return None, "the ZeRO stage is not a number"
-    zero = config.get(ZERO) if isinstance(config.get(ZERO), dict) else {}
+    zero = section_of(config, ZERO)
     optimizer = _offload_device(zero, "offload_optimizer")
     if stage < 3:
         optimizer = "cpu" if optimizer else None  # NVMe runs as CPU below stage 3; params are never offloaded
@@ -79,7 +79,7 @@ def effective_rung(config: dict[str, Any]) -> tuple[Rung | None, str]:
 
 def _reduce_bucket_elements(config: dict[str, Any]) -> int:
     """The config's reduce bucket, else DeepSpeed's default (not the smaller one autotune emits)."""
-    zero = config.get(ZERO) if isinstance(config.get(ZERO), dict) else {}
+    zero = section_of(config, ZERO)
     value = zero.get("reduce_bucket_size")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return int(value)
@@ -116,7 +116,7 @@ def _optimizer(config: dict[str, Any], fallback: str) -> tuple[str, str]:
     if not isinstance(section, dict):
         return fallback, f"no optimizer section: the script's optimizer runs; sized as {fallback}"
     kind = str(section.get("type", "")).lower()
-    params = section.get("params") if isinstance(section.get("params"), dict) else {}
+    params = section_of(section, "params")
     if kind in ("adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam"):
         return ("torch-adamw" if params.get("torch_adam") is True else "adamw"), ""
     return "adamw", f"optimizer {section.get('type')!r} is sized as AdamW (8 bytes of states per parameter)"
@@ -209,7 +209,7 @@ def predict_config(
     micro, accumulation = _batch(config, target.world_size, micro_batch, global_batch)
     optimizer, optimizer_note = _optimizer(config, base.optimizer)
     stage = int(zero.stage)
-    section = config.get(ZERO) if isinstance(config.get(ZERO), dict) else {}
+    section = section_of(config, ZERO)
     # the optimizer's temporaries are counted by name (settings.optimizer -> optimizers.optimizer_memory)
     knobs = ZeroKnobs.from_ds_config(section, model.hidden_size, stage, accumulation)
     settings = replace(
@@ -270,20 +270,18 @@ def fit_findings(
     base = EstimateSettings(
         seq_len=seq_len,
         precision="fp32",  # a bf16/fp16 section set to "auto" is sized as fp32 here, as before
-        **(
-            {
-                "attention": assumed.attention,
-                "device": assumed.device,
-                "optimizer": assumed.optimizer,
-                "decoder_seq_len": assumed.decoder_seq_len,
-                "kernels": assumed.kernels,
-            }
-            if assumed
-            else {}
-        ),
         stack=runtime_stack(context.target, assumed.device if assumed else "cuda"),
         native_pinning=native_pinning(),  # what the job's DeepSpeed pins with mlock (estimate/pinned.py)
     )
+    if assumed:
+        base = replace(
+            base,
+            attention=assumed.attention,
+            device=assumed.device,
+            optimizer=assumed.optimizer,
+            decoder_seq_len=assumed.decoder_seq_len,
+            kernels=assumed.kernels,
+        )
     try:
         fitted = predict_config(
             config, model, context.target, base, grad_checkpointing, assumed.headroom if assumed else 0.9

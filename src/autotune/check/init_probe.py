@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.check.consumer import PLACEHOLDER_TRAINING_STEPS, accelerate_mixed_precision
-from autotune.check.rules import resolve_batch
+from autotune.check.findings import section_of
+from autotune.check.rules import resolve_batch, stated_batch
 from autotune.check.values import batch_keys
 from autotune.trial.processes import one_rank_env
 
@@ -51,8 +52,8 @@ class InitOutcome:
 def scaled_to_one_rank(config: dict[str, Any], world_size: int) -> dict[str, Any]:
     """The config with its batch keys for world size 1: micro-batch and accumulation as at `world_size`."""
     scaled = json.loads(json.dumps(config, default=str))
-    given = [config.get(name) for name in batch_keys()]
-    if all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in given):
+    given = stated_batch(config)
+    if given is not None:
         _, micro, steps, problem = resolve_batch(*given, world_size)
         if not problem and micro and steps:
             tbs_key, micro_key, gas_key = batch_keys()
@@ -99,7 +100,7 @@ def _first_line(error: BaseException) -> str:
 
 def _limits(config: dict[str, Any]) -> str:
     """Why the CPU backend cannot answer for this config, or ""."""
-    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    zero = section_of(config, "zero_optimization")
     for section in ("offload_optimizer", "offload_param"):
         value = zero.get(section)
         if isinstance(value, dict) and value.get("device") == "nvme":

@@ -17,7 +17,7 @@ import inspect
 import os
 from typing import Any
 
-from autotune.check.findings import Finding, Severity
+from autotune.check.findings import Finding, Severity, section_of
 
 
 def deepspeed_version() -> str:
@@ -104,7 +104,7 @@ def optimizer_findings(config: dict[str, Any], version: str) -> list[Finding]:
     from deepspeed.runtime import config as ds_config
 
     name = section["type"]
-    params = section.get("params") if isinstance(section.get("params"), dict) else {}
+    params = section_of(section, "params")
     where = f"DeepSpeed {version}"
     if name.lower() not in ds_config.DEEPSPEED_OPTIMIZERS and getattr(torch.optim, name, None) is None:
         known = ", ".join(sorted({n.capitalize() for n in ds_config.DEEPSPEED_OPTIMIZERS} | {"AdamW", "SGD"}))
@@ -157,10 +157,10 @@ def scheduler_findings(config: dict[str, Any], version: str) -> list[Finding]:
     from deepspeed.runtime import lr_schedules
 
     name = section["type"]
-    params = section.get("params") if isinstance(section.get("params"), dict) else {}
+    params = section_of(section, "params")
     where = f"DeepSpeed {version}"
     cls = getattr(lr_schedules, name, None) or getattr(torch.optim.lr_scheduler, name, None)
-    if cls is None or not inspect.isclass(cls):
+    if not isinstance(cls, type):  # inspect.isclass's own test (None fails it too), which mypy narrows to a class
         message = (
             f"deepspeed.initialize asserts: DeepSpeed does not recognize LR scheduler {name!r} ({where}; accepted: "
             f"{', '.join(lr_schedules.VALID_LR_SCHEDULES)} or a torch.optim.lr_scheduler class)."

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.check import schema
-from autotune.check.findings import Edit, Finding, Fix, Severity
+from autotune.check.findings import Edit, Finding, Fix, Severity, section_of
 from autotune.check.values import batch_keys
 from autotune.units import format_bytes
 
@@ -33,7 +33,7 @@ def _stage3_only_keys() -> set[str]:
     keys = {"sub_group_size"}
     for name, field in schema.section_models()[ZERO].model_fields.items():
         if (field.alias or "").startswith("stage3_") or name.startswith("stage3_"):
-            keys.update({name, field.alias} - {None})
+            keys.update(key for key in (name, field.alias) if key is not None)
     return keys
 
 
@@ -121,6 +121,19 @@ def resolve_batch(
     )
 
 
+def stated_batch(config: dict[str, Any]) -> tuple[int | None, int | None, int | None] | None:
+    """(train_batch_size, micro-batch, accumulation) as the config states them, each an integer or unset; None
+    when one is anything else ("auto", a string, a bool)."""
+    values: list[int | None] = []
+    for name in batch_keys():
+        value = config.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return None
+        values.append(value)
+    train_batch, micro_batch, accumulation = values
+    return train_batch, micro_batch, accumulation
+
+
 def batch_arithmetic(
     train_batch: int | None, micro_batch: int | None, accumulation: int | None, world_size: int
 ) -> str:
@@ -145,8 +158,8 @@ def batch_arithmetic(
 def batch_findings(config: dict[str, Any], world_size: int) -> list[Finding]:
     """train_batch_size = micro-batch x gradient accumulation x world size, or DeepSpeed refuses to start."""
     names = batch_keys()
-    given = [config.get(name) for name in names]
-    if any(value is not None and (isinstance(value, bool) or not isinstance(value, int)) for value in given):
+    given = stated_batch(config)
+    if given is None:
         return []  # "auto" or strings: reported by the value checks
     _, micro_batch, accumulation, problem = resolve_batch(*given, world_size)
     if not problem:
@@ -161,7 +174,9 @@ def batch_findings(config: dict[str, Any], world_size: int) -> list[Finding]:
     return [Finding(Severity.ERROR, tbs_key, message, "batch", fix)]
 
 
-def _batch_fix(given: list[Any], micro_batch: int | None, accumulation: int | None, world_size: int) -> Fix:
+def _batch_fix(
+    given: tuple[int | None, int | None, int | None], micro_batch: int | None, accumulation: int | None, world_size: int
+) -> Fix:
     """Keep the global batch and the micro-batch when gradient accumulation can make them add up.
 
     Only that touches no training value: the effective batch and the per-GPU batch stay as written.
@@ -172,7 +187,7 @@ def _batch_fix(given: list[Any], micro_batch: int | None, accumulation: int | No
     if isinstance(total, int) and isinstance(micro, int) and micro > 0 and total % (micro * world_size) == 0:
         steps = total // (micro * world_size)
         if steps >= 1:
-            edits = (Edit("set", (gas_key,), steps),)
+            edits: tuple[Edit, ...] = (Edit("set", (gas_key,), steps),)
             description = f"keep {tbs_key}={total} and {micro_key}={micro}, set {gas_key}={steps}"
             return Fix(description, edits, changes_training=False)
     micro = max(1, micro_batch or 1)  # as given, or as DeepSpeed derived it (0 when the batch is too small)
@@ -193,8 +208,8 @@ def precision_findings(config: dict[str, Any], bf16_capable: bool | None) -> lis
     """fp16 where the GPU has bf16 (loss scaling and overflow risk for nothing), or bf16 where it has none."""
     if bf16_capable is None:
         return []
-    fp16 = config.get("fp16") if isinstance(config.get("fp16"), dict) else {}
-    bf16 = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
+    fp16 = section_of(config, "fp16")
+    bf16 = section_of(config, "bf16")
     if bf16_capable and fp16.get("enabled") is True:
         edits = (Edit("remove", ("fp16",)), Edit("set", ("bf16",), {**bf16, "enabled": True}))
         message = (

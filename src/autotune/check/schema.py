@@ -20,7 +20,7 @@ import types
 from collections.abc import Iterator, KeysView
 from contextlib import contextmanager, redirect_stdout
 from functools import cache
-from typing import Any, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 from unittest import mock
 
 from pydantic import BaseModel
@@ -28,24 +28,31 @@ from pydantic.fields import FieldInfo
 
 from autotune.environment import parse_without_device
 
+if TYPE_CHECKING:
+    from _collections_abc import dict_items, dict_values  # what dict.items() and dict.values() return
+
 # Read by deepspeed.initialize() (deepspeed/__init__.py, mesh set-up) rather than by DeepSpeedConfig.
 _READ_BY_INITIALIZE = ("data_parallel_size", "sequence_parallel_size")
 
 Path = tuple[str, ...]
 
 
-class _LookupView(KeysView):
+class _LookupView(KeysView[str]):
     """`key in d.keys()` is a lookup; iterating the keys means the whole dict is consumed."""
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._mapping
+    def __init__(self, recording: _RecordingDict) -> None:
+        super().__init__(recording)
+        self._recording = recording
 
-    def __iter__(self):
-        self._mapping.consumed_whole = True
+    def __contains__(self, key: object) -> bool:
+        return key in self._recording
+
+    def __iter__(self) -> Iterator[str]:
+        self._recording.consumed_whole = True
         return super().__iter__()
 
 
-class _RecordingDict(dict):
+class _RecordingDict(dict[str, Any]):
     """A dict that notes which keys are looked up, and whether someone took all of them.
 
     It holds a deep copy: DeepSpeed's parser writes into nested sections (0.17.6 runtime/config.py:999 sets
@@ -57,30 +64,33 @@ class _RecordingDict(dict):
         self.looked_up: set[str] = set()
         self.consumed_whole = False
 
-    def get(self, key, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
         self.looked_up.add(key)
         return super().get(key, default)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> Any:
         self.looked_up.add(key)
         return super().__getitem__(key)
 
-    def __contains__(self, key) -> bool:
-        self.looked_up.add(key)
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):  # a config's keys are strings: another type is never one of them
+            self.looked_up.add(key)
         return super().__contains__(key)
 
-    def keys(self):
+    # dict_keys cannot be subclassed or built: a view that records lookups is a KeysView, which typeshed's
+    # dict.keys() (-> dict_keys) does not accept as an override.
+    def keys(self) -> _LookupView:  # type: ignore[override]
         return _LookupView(self)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         self.consumed_whole = True
         return super().__iter__()
 
-    def items(self):
+    def items(self) -> dict_items[str, Any]:
         self.consumed_whole = True
         return super().items()
 
-    def values(self):
+    def values(self) -> dict_values[str, Any]:
         self.consumed_whole = True
         return super().values()
 

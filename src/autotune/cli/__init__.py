@@ -20,7 +20,8 @@ import typer
 try:  # typer >= 0.20 vendors click
     from typer._click import exceptions as click_errors
 except ImportError:  # pragma: no cover - older typer depends on click itself
-    from click import exceptions as click_errors
+    # the same module, from click itself: to mypy a second module bound to the name
+    from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from autotune.errors import AutotuneError
 from autotune.terminate import Terminated

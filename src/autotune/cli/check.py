@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune.check import CheckReport, Severity, check_config, resolve_context
+from autotune.check.findings import FixResult
 from autotune.cli import click_errors
 from autotune.cli.options import (
     D,
@@ -103,12 +104,11 @@ def _print_report(report: CheckReport) -> None:
     summary = f"{report.config_path}: {counts}" if report.findings else f"{report.config_path}: no findings"
     out.print(summary, markup=False)
     if report.fix is not None:
-        _print_fix(report)
+        _print_fix(report.fix)
 
 
-def _print_fix(report: CheckReport) -> None:
+def _print_fix(fix: FixResult) -> None:
     out = console()
-    fix = report.fix
     if not fix.written:
         out.print(
             f"[bold red]Not written[/] ({escape(str(fix.output_path))} left as it was): the fixed config is still"

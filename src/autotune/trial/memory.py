@@ -111,21 +111,25 @@ class DeviceView:
     pid: int
 
     def card_used(self) -> int | None:
+        if self.nvml is None or self.handle is None:  # a handle comes only from an NVML (_nvml_handle)
+            return None
         try:
-            return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used) if self.handle is not None else None
+            return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
         except Exception:
             return None
 
     def card_total(self) -> int | None:
+        if self.nvml is None or self.handle is None:
+            return None
         try:
-            return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).total) if self.handle is not None else None
+            return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).total)
         except Exception:
             return None
 
     def own_bytes(self) -> int | None:
         """This pid's device memory from NVML's compute-process list; None where the list does not show it
         (pid namespaces, no per-process accounting) or the driver cannot say (usedGpuMemory unavailable)."""
-        if self.handle is None:
+        if self.nvml is None or self.handle is None:
             return None
         try:
             processes = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
@@ -334,12 +338,14 @@ class MemoryTracker:
     def _measured(self, rank: int) -> RankMetrics:
         self.sample()
         self._sampler.stop()
-        phases = {
-            "micro_peak_bytes": self._phase_peaks.get("micro"),
-            "smaller_micro_peak_bytes": self._phase_peaks.get("smaller_micro"),
-        }
+        micro_peak, smaller_micro_peak = self._phase_peaks.get("micro"), self._phase_peaks.get("smaller_micro")
         if self.device != "cuda":
-            return RankMetrics(rank=rank, host_rss_peak_bytes=self._peak("host", host_rss_peak_bytes()), **phases)
+            return RankMetrics(
+                rank=rank,
+                host_rss_peak_bytes=self._peak("host", host_rss_peak_bytes()),
+                micro_peak_bytes=micro_peak,
+                smaller_micro_peak_bytes=smaller_micro_peak,
+            )
         max_reserved = self._peak("reserved", int(self.cuda.max_memory_reserved(self.local_rank)))
         readings = [self._sampler.peak]
         if self._outside is not None:
@@ -356,5 +362,6 @@ class MemoryTracker:
             device_sampled_peak_bytes=self._sampler.peak,
             device_memory_source=self.source(),
             emulated_card_bytes=self._card_bytes,
-            **phases,
+            micro_peak_bytes=micro_peak,
+            smaller_micro_peak_bytes=smaller_micro_peak,
         )

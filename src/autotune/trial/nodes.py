@@ -10,7 +10,7 @@ that runs the launcher there (e.g. ssh), which is not wired yet.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +41,7 @@ class LocalNodesLauncher:
         env: Mapping[str, str] | None = None,
         master_addr: str = "127.0.0.1",
         workdir: Path | None = None,
-        port_source=free_port,
+        port_source: Callable[[], int] = free_port,
     ) -> None:
         self.env = dict(env or {})
         self.master_addr = master_addr

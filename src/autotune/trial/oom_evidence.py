@@ -104,7 +104,9 @@ class OomKillWatch:
     kmsg: Path = KMSG
 
     @classmethod
-    def start(cls, root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup"), kmsg: Path = KMSG):
+    def start(
+        cls, root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup"), kmsg: Path = KMSG
+    ) -> OomKillWatch:
         return cls({path: _oom_kills(path) for path in oom_kill_files(root, proc_cgroup)}, kmsg)
 
     def evidence(self, pids: set[int] | None = None) -> str | None:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -72,12 +72,12 @@ def ops_built(device: str, names: tuple[str, ...] = ()) -> bool:
 STALE_LOCK_S = 12 * 60.0
 
 
-def extensions_dir(env: dict[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    return Path(env.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+def extensions_dir(env: Mapping[str, str] | None = None) -> Path:
+    values = os.environ if env is None else env
+    return Path(values.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
 
 
-def build_locks(device: str, env: dict[str, str] | None = None) -> list[Path]:
+def build_locks(device: str, env: Mapping[str, str] | None = None) -> list[Path]:
     """torch's build-lock files for the ops a trial loads (`<extensions dir>/[py*/]<op>/lock`)."""
     base = extensions_dir(env)
     found: list[Path] = []
@@ -87,7 +87,7 @@ def build_locks(device: str, env: dict[str, str] | None = None) -> list[Path]:
 
 
 def clear_stale_locks(
-    device: str, env: dict[str, str] | None = None, max_age_s: float = STALE_LOCK_S, now: float | None = None
+    device: str, env: Mapping[str, str] | None = None, max_age_s: float = STALE_LOCK_S, now: float | None = None
 ) -> tuple[list[str], list[Path]]:
     """Remove build locks older than `max_age_s` (a killed build's leftovers); (what was done, locks still
     held by a build that may be running)."""

@@ -10,7 +10,9 @@ import re
 import signal
 import traceback
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeGuard
 
 from autotune.trial.report import RankReport
 from autotune.trial.throughput import FlopsPerToken, throughput
@@ -206,14 +208,14 @@ def is_sigterm(code: int | None) -> bool:
     return code in (-signal.SIGTERM, 128 + signal.SIGTERM)
 
 
-def killed_by_signal(code: int | None) -> bool:
+def killed_by_signal(code: int | None) -> TypeGuard[int]:
     """Death by a signal, seen directly (negative) or through a shell or launcher (128 + n)."""
     return code is not None and (code < 0 or 128 < code < 128 + 65)
 
 
-def unexplained_signal(code: int | None, evidence: str | None) -> tuple[TrialStatus, str]:
+def unexplained_signal(code: int, evidence: str | None) -> tuple[TrialStatus, str]:
     """A death by signal: an OOM only with the kernel's word for it, otherwise inconclusive."""
-    how = describe_exit(code if code is None or code < 0 else -(code - 128))
+    how = describe_exit(code if code < 0 else -(code - 128))
     if is_sigkill(code) and evidence:
         return "oom_host", f"{how}: the kernel's OOM killer ({evidence})"
     return "inconclusive", (
@@ -349,16 +351,16 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
         report.memory or RankMetrics(rank=rank) for rank, report in sorted(reports.items()) if rank in outcome.ranks
     ]
     phases = _slowest_phases(reports)
-    common = dict(ranks=ranks, wall_s=outcome.wall_s, phases=phases, startup_s=_startup_s(phases))
+    result = partial(TrialResult, ranks=ranks, wall_s=outcome.wall_s, phases=phases, startup_s=_startup_s(phases))
     failure = _failure(spec, reports, outcome)
     if failure is not None:
         status, error = failure
-        return TrialResult(status=status, error=error, **common)
+        return result(status=status, error=error)
     first = reports[min(reports)]
     if any(step <= 0 for step in first.step_times_s):
         # a wrong step time must never become a speed (a negative one once made ZenFlow look 50x faster)
         shown = ", ".join(f"{step:.3g}" for step in first.step_times_s)
-        return TrialResult(status="error", error=f"non-positive step time measured ({shown} s)", **common)
+        return result(status="error", error=f"non-positive step time measured ({shown} s)")
     flops = None
     if first.hardware_flops_per_token and first.model_flops_per_token:
         flops = FlopsPerToken(hardware=first.hardware_flops_per_token, model=first.model_flops_per_token)
@@ -366,8 +368,8 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
         first.step_times_s, first.train_batch_size or 0, spec.seq_len, spec.world_size, flops, spec.peak_tflops
     )
     if rates is None:
-        return TrialResult(status="error", error="the trial measured no step", **common)
-    return TrialResult(
+        return result(status="error", error="the trial measured no step")
+    return result(
         status="ok",
         step_times_s=list(first.step_times_s),
         micro_step_s=first.micro_step_s,
@@ -380,5 +382,4 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
         tflops_per_gpu=rates.tflops_per_gpu,
         mfu=rates.mfu,
         engine_facts=dict(first.engine_facts),
-        **common,
     )

@@ -83,7 +83,7 @@ class CommandTemplate:
         return self.config_flag_index is None
 
     def placeholders(self) -> set[str]:
-        names = set()
+        names: set[str] = set()
         for argument in self.argv:
             names.update(m.group(1) for m in _PLACEHOLDER.finditer(argument) if m.group(1))
         return names

@@ -51,7 +51,8 @@ def command_ports(argv: Sequence[str], given: int | None) -> set[int]:
 def remove_segments(ports: Iterable[int], since: float, directory: Path = SHM_DIRECTORY) -> list[Path]:
     """Unlink this user's segments for `ports` whose inode changed at or after `since` (epoch seconds): those
     the trial's ranks made. An older one, or another port's, belongs to another job and is left alone."""
-    wanted, uid, removed = set(ports), os.getuid(), []
+    wanted, uid = set(ports), os.getuid()
+    removed: list[Path] = []
     try:
         entries = list(directory.iterdir())
     except OSError:

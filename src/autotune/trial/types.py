@@ -117,8 +117,7 @@ class TrialResult:
     @property
     def peak_memory_bytes(self) -> int | None:
         """Worst rank's own peak (GPU: its device memory, else max reserved; CPU: host RSS)."""
-        values = [r.device_used_bytes or r.max_reserved_bytes or r.host_rss_peak_bytes for r in self.ranks]
-        values = [v for v in values if v]
+        values = [v for r in self.ranks if (v := r.device_used_bytes or r.max_reserved_bytes or r.host_rss_peak_bytes)]
         return max(values) if values else None
 
     @property

@@ -25,6 +25,11 @@ import importlib.util
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import ModuleType
 
 ENGINE_MODULE = "deepspeed.runtime.engine"
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,11 +43,11 @@ def _run_next_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
-def _record_boundaries(engine_class: type, log_stem: str) -> None:
+def _record_boundaries(engine_class: Any, log_stem: str) -> None:  # DeepSpeedEngine: deepspeed has no types
     step = engine_class.step
     autotuning_exit = engine_class._autotuning_exit
 
-    def timed_step(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def timed_step(self: Any, *args: Any, **kwargs: Any) -> Any:
         before = self.global_steps
         try:
             return step(self, *args, **kwargs)
@@ -51,7 +56,7 @@ def _record_boundaries(engine_class: type, log_stem: str) -> None:
                 with open(f"{log_stem}.rank{self.global_rank}", "a") as log:
                     log.write(f"{time.time():.6f}\n")
 
-    def metric_without_exit(self):  # type: ignore[no-untyped-def]
+    def metric_without_exit(self: Any) -> None:
         with contextlib.suppress(SystemExit):
             autotuning_exit(self)
 
@@ -65,7 +70,9 @@ class _EngineHook(importlib.abc.MetaPathFinder):
     def __init__(self, log_stem: str) -> None:
         self.log_stem = log_stem
 
-    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if name != ENGINE_MODULE:
             return None
         sys.meta_path.remove(self)
@@ -75,7 +82,7 @@ class _EngineHook(importlib.abc.MetaPathFinder):
         run_module = spec.loader.exec_module
         log_stem = self.log_stem
 
-        def exec_module(module):  # type: ignore[no-untyped-def]
+        def exec_module(module: ModuleType) -> None:
             run_module(module)
             _record_boundaries(module.DeepSpeedEngine, log_stem)
 
