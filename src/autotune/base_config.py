@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from autotune.choices import Precision
 from autotune.errors import UserError
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class BaseFacts:
     """What a base config fixes about the training; None where it leaves the choice open."""
 
     global_batch: int | None = None
-    precision: str | None = None
+    precision: Precision | None = None
     optimizer: str | None = None  # an autotune.optimizers name, from the base's optimizer section
     notes: list[str] = field(default_factory=list)
 
@@ -66,7 +67,7 @@ def base_facts(base: Mapping[str, Any], world_size: int) -> BaseFacts:
     bf16, fp16 = _enabled(base, "bf16"), _enabled(base, "fp16")
     if bf16 is True and fp16 is True:
         raise UserError("the base config enables both bf16 and fp16; DeepSpeed refuses that")
-    precision = "bf16" if bf16 is True else "fp16" if fp16 is True else None
+    precision: Precision | None = "bf16" if bf16 is True else "fp16" if fp16 is True else None
     if precision is None and "auto" not in (bf16, fp16):
         precision = "fp32"
         notes.append(

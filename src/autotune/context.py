@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from autotune.base_config import load_base, on_base, request_on_base, runnable
 from autotune.batch import requested_global_batch
 from autotune.cache import library_versions, run_key
+from autotune.choices import Precision
 from autotune.dsconfig import TrainSettings, build_ds_config
 from autotune.errors import UserError
 from autotune.estimate.knobs import ZeroKnobs
@@ -89,7 +90,7 @@ def gpu_target(request: TuneRequest) -> Target:
     return target
 
 
-def default_precision(target: Target) -> str:
+def default_precision(target: Target) -> Precision:
     """bf16 where the device computes it natively; else fp16 on GPUs (pre-Ampere) and fp32 on CPUs (no fp16 there)."""
     if target.gpu.bf16:
         return "bf16"
@@ -143,7 +144,7 @@ class TuneContext:
     request: TuneRequest
     model: ModelSummary
     target: Target
-    precision: str
+    precision: Precision
     seq_len: int
     grid: list[int]
     rungs: list[Rung]

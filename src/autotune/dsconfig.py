@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
+from autotune.choices import Precision
 from autotune.environment import parse_without_device
 from autotune.errors import UserError
 from autotune.ladder import Candidate
@@ -39,12 +40,12 @@ ZENFLOW_DEFAULTS: dict[str, Any] = {
 SUPER_OFFLOAD_CPUADAM_CORES_PERC = 0.8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainSettings:
     """Everything besides the candidate that shapes the emitted config."""
 
     world_size: int
-    precision: str = "bf16"  # "bf16" | "fp16" | "fp32"
+    precision: Precision = "bf16"
     global_batch: int | None = None
     hidden_size: int | None = None  # sizes the stage-3 buckets the way HF's "auto" does
     nvme_path: str | None = None

@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.atomic import atomic_write_json
 from autotune.base_config import runnable
+from autotune.choices import Device, Kernels, Precision
 from autotune.dsconfig import ConfigRejected, hf_variant, validate_with_deepspeed
 from autotune.errors import UserError
 from autotune.ladder import Candidate
@@ -27,9 +28,9 @@ def emit_launchers(
     optimizer: str = "adamw",
     lora_rank: int | None = None,
     hf_script: str | None = None,
-    kernels: str = "stock",
-    device: str = "cuda",
-    precision: str | None = None,
+    kernels: Kernels = "stock",
+    device: Device = "cuda",
+    precision: Precision | None = None,
 ) -> LaunchCommands:
     """Write the accelerate config beside `config_path` (the .hf.json is written by write_configs) and
     return the command for every launcher, all read off the same emitted config. `precision`: the one tuned
@@ -59,9 +60,10 @@ def emit_launchers(
     return launch_commands(run)
 
 
-def _config_precision(config: dict[str, Any]) -> str:
+def _config_precision(config: dict[str, Any]) -> Precision:
     """The precision a config enables (DeepSpeed's reading: only `true` enables)."""
-    for name in ("bf16", "fp16"):
+    halves: tuple[Precision, ...] = ("bf16", "fp16")
+    for name in halves:
         section = config.get(name)
         if isinstance(section, dict) and section.get("enabled") is True:
             return name

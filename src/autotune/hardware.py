@@ -13,7 +13,7 @@ from autotune.paths import profiles_dir
 from autotune.units import format_bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuSpec:
     """One accelerator model, from a vendor spec sheet (profiles) or from a probe."""
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autotune.atomic import atomic_write_text
+from autotune.choices import Device, Kernels, Precision
 from autotune.optimizers import optimizer_kind
 
 
@@ -32,17 +33,17 @@ class TunedRun:
     accelerate_config_path: Path
     micro_batch: int
     accumulation: int
-    precision: str  # "bf16" | "fp16" | "fp32"
+    precision: Precision
     grad_checkpointing: bool
     stage: int
     optimizer: str = "adamw"
     lora_rank: int | None = None
-    kernels: str = "stock"  # estimate/kernels.py: "liger" is HF's --use_liger_kernel
+    kernels: Kernels = "stock"  # estimate/kernels.py: "liger" is HF's --use_liger_kernel
     gpus_per_node: int = 1
     nodes: int = 1
     script: str = "train.py"  # a plain DeepSpeed script (deepspeed and torchrun paths)
     hf_script: str = "train.py"  # an HF Trainer script (HF Trainer and accelerate paths)
-    device: str = "cuda"  # "cpu": DeepSpeed's CPU backend, which a launched process selects by DS_ACCELERATOR
+    device: Device = "cuda"  # "cpu": DeepSpeed's CPU backend, which a launched process selects by DS_ACCELERATOR
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from autotune.choices import Device, Precision
 from autotune.hardware import Target
 from autotune.ladder import Mode, Rung
 from autotune.versions import SUPER_OFFLOAD as SUPER_OFFLOAD_FLOOR
@@ -85,16 +86,16 @@ CPU_BACKEND: dict[str, CpuBackendResult] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModeFacts:
     """What decides whether a mode applies: the layout, the backend, the hardware and the optimizer."""
 
     nodes: int = 1
     gpus_per_node: int = 1
-    device: str = "cuda"  # 'cuda' | 'cpu' (the CPU backend, DS_ACCELERATOR=cpu)
+    device: Device = "cuda"  # "cpu": the CPU backend, DS_ACCELERATOR=cpu
     superchip: bool = False  # host and GPU share a fast coherent link (GH200-class); hardware profile's flag
     ds_optimizer: bool = True  # the config has a DeepSpeed optimizer section (adamw / torch-adamw), not a client one
-    precision: str = "bf16"  # the training's precision: SuperOffload's update is exact only without a loss scale
+    precision: Precision = "bf16"  # the training's precision: SuperOffload's update is exact only without a loss scale
     allow_approximate: bool = False  # --allow-approximate: modes that change the update rule or numerics may apply
     deepspeed_version: str | None = None  # the installed DeepSpeed: a mode it predates is not searched (versions.py)
 
@@ -116,7 +117,11 @@ def is_superchip(gpu_key: str, gpu_name: str) -> bool:
 
 
 def facts_for(
-    target: Target, device: str, ds_optimizer: bool = True, precision: str = "bf16", allow_approximate: bool = False
+    target: Target,
+    device: str,
+    ds_optimizer: bool = True,
+    precision: Precision = "bf16",
+    allow_approximate: bool = False,
 ) -> ModeFacts:
     """ModeFacts for a planning or tuning target: its layout, backend and whether its GPU is a superchip."""
     return ModeFacts(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from autotune.choices import Device
 from autotune.ladder import Candidate, Mode
 from autotune.trial.types import TrialResult
 from autotune.units import format_bytes
@@ -61,10 +62,10 @@ class Bounds:
     params: int  # the model's parameters (all of them: frozen weights are still computed through)
     world_size: int
     machine_peak_flops: float  # all ranks together
-    device: str  # "cpu": peaks are host RSS (hold offloaded weights too); else device memory
+    device: Device  # "cpu": peaks are host RSS (hold offloaded weights too); else device memory
 
     @classmethod
-    def for_run(cls, params: int, world_size: int, device: str, gpu_peak_tflops: float | None) -> Bounds:
+    def for_run(cls, params: int, world_size: int, device: Device, gpu_peak_tflops: float | None) -> Bounds:
         peak = cpu_peak_flops() if device == "cpu" else gpu_peak_flops(gpu_peak_tflops) * world_size
         return cls(params, world_size, peak, device)
 

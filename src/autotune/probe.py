@@ -23,7 +23,7 @@ import psutil
 from autotune.errors import UserError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuInfo:
     index: int  # index as the job will see it (after CUDA_VISIBLE_DEVICES)
     physical_index: int | None

@@ -13,36 +13,45 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from autotune.choices import (
+    ATTENTIONS,
+    DEVICES,
+    KERNELS,
+    PRECISIONS,
+    TRIAL_WORKERS,
+    Attention,
+    Device,
+    Kernels,
+    Precision,
+    TrialWorkers,
+    is_one_of,
+)
 from autotune.errors import UserError
 from autotune.ladder import Rung
 from autotune.units import parse_bytes
 
-DEVICES = ("cuda", "cpu")
-PRECISIONS = ("bf16", "fp16", "fp32")
-ATTENTIONS = ("sdpa", "flash", "eager")
-TRIAL_WORKERS = ("auto", "warm", "fresh")  # see TuneRequest.trial_workers
-KERNELS = ("stock", "liger", "flash-attn-fused")  # fused training kernels: autotune.estimate.kernels.KERNEL_SETS
 MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
 # Relative-position models (T5) have no position table; their pre-training length is the default.
 RELATIVE_POSITION_DEFAULT_SEQ_LEN = 512  # T5 paper, section 3.1.2: "sequence length of 512"
 DEFAULT_SEQ_LEN_CAP = 2048  # a model's context is used up to this; longer contexts are a choice, not a default
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TuneRequest:
-    """What the user asked for, with the defaults every command shares."""
+    """What the user asked for, with the defaults every command shares. The choices' Literal types
+    (autotune.choices) hold once `validate` has accepted the request."""
 
     model: str
     gpus: int | None = None
     nodes: int = 1
     gpu_type: str | None = None
     gpu_memory: str | None = None  # "80GiB"; a bare number is GiB (said on stderr by the CLI)
-    device: str = "cuda"  # "cuda" or "cpu" (real trials on the CPU backend)
+    device: Device = "cuda"  # "cpu": real trials on the CPU backend
     memory_budget: str | None = None  # per-rank cap for --device cpu, e.g. "2GiB"; a bare number is GiB
     seq_len: int | None = None
     global_batch: int | None = None
-    precision: str | None = None
-    attention: str = "sdpa"
+    precision: Precision | None = None
+    attention: Attention = "sdpa"
     headroom: float = 0.9
     max_trials: int = 12
     time_budget_s: float | None = None
@@ -70,7 +79,7 @@ class TuneRequest:
     # tune/hook: the user's ds_config the tuned one is built on; every key outside the tuned set is kept
     # (autotune.base_config), and its global batch, precision and optimizer are the job's
     base_config: str | None = None
-    kernels: str = "stock"  # fused training kernels the user's training runs (Liger, flash-attn's): activations
+    kernels: Kernels = "stock"  # fused training kernels the user's training runs (Liger, flash-attn's): activations
     # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
     # substituted in (trial/script_mode.py); None: our synthetic worker.
     command: tuple[str, ...] | None = None
@@ -83,7 +92,7 @@ class TuneRequest:
     # trial, as the user's job is. "auto": warm on the CPU backend, where warm and fresh peaks were measured equal
     # (benchmarks/README.md, "Warm workers and DeepSpeed's leftovers"); fresh on GPUs until the GPU kit's warm
     # stage has measured the same there.
-    trial_workers: str = "auto"
+    trial_workers: TrialWorkers = "auto"
 
 
 def default_of(name: str) -> Any:
@@ -146,12 +155,14 @@ def check_outputs(request: TuneRequest) -> None:
         vet_output_dir(request.cache_dir, "--cache-dir")
 
 
-def check_kernels(kernels: str, device: str = "cuda") -> None:
-    """--kernels names a kernel set the memory model knows; Liger and flash-attn kernels are Triton/CUDA only."""
-    if kernels not in KERNELS:
+def check_kernels(kernels: str, device: str = "cuda") -> Kernels:
+    """--kernels names a kernel set the memory model knows (returned as one); Liger and flash-attn kernels are
+    Triton/CUDA only."""
+    if not is_one_of(kernels, KERNELS):
         raise UserError(f"--kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     if kernels != "stock" and device == "cpu":
         raise UserError(f"--kernels {kernels} needs CUDA GPUs (Triton kernels); --device cpu runs stock modules")
+    return kernels
 
 
 def check_trial_workers(request: TuneRequest) -> None:

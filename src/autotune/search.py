@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from autotune.close_call import Verdict, settle
 from autotune.estimate import calibrate, calibrate_oom, check_fit, estimate
@@ -130,15 +130,19 @@ class SkipRecord:
         return data
 
 
+# "prepare": the tuner's own work before or between trials (building DeepSpeed's ops, replacing warm workers)
+SearchEventKind = Literal["prepare", "trial_start", "trial_end", "skip"]
+
+
 @dataclass(frozen=True)
 class SearchEvent:
-    kind: str  # "trial_start" | "trial_end" | "skip"
+    kind: SearchEventKind
     candidate: Candidate | None = None
     message: str = ""
     record: TrialRecord | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SearchOutcome:
     best: TrialRecord | None
     trials: list[TrialRecord] = field(default_factory=list)

@@ -15,6 +15,7 @@ from autotune.check.context import CheckContext
 from autotune.check.findings import Finding, FitResult, Severity, section_of
 from autotune.check.rules import ZERO, batch_arithmetic, resolve_batch, zero_stage
 from autotune.check.values import batch_keys
+from autotune.choices import Attention, Device, Kernels, Precision
 from autotune.estimate.kernels import kernels_note
 from autotune.estimate.pinned import native_pinning
 from autotune.estimate.types import EstimateSettings, MemoryEstimate, Verdict
@@ -30,13 +31,13 @@ class FitAssumptions:
     """What the tuning that wrote the config assumed, beyond the model and sequence length; without a record,
     what a tuning assumes by default (TuneRequest's defaults, read from it, not restated)."""
 
-    attention: str = default_of("attention")
-    device: str = default_of("device")
+    attention: Attention = default_of("attention")
+    device: Device = default_of("device")
     headroom: float = default_of("headroom")
     measured_peak_bytes: int | None = None  # the trial's peak, when the config was verified here
     optimizer: str = default_of("optimizer")  # the optimizer the tuning ran, for a config without an optimizer section
     decoder_seq_len: int | None = None  # encoder-decoders: the decoder length the tuning ran
-    kernels: str = default_of("kernels")  # fused training kernels (estimate/kernels.py): `check --kernels`
+    kernels: Kernels = default_of("kernels")  # fused training kernels (estimate/kernels.py): `check --kernels`
 
 
 # (optimizer offload, parameter offload) at stage 3 -> rung, where the ladder has that exact rung.
@@ -86,11 +87,12 @@ def _reduce_bucket_elements(config: dict[str, Any]) -> int:
     return int(schema.field_default(schema.section_models()[ZERO].model_fields["reduce_bucket_size"]))
 
 
-def _precision(config: dict[str, Any], when_auto: str) -> str:
+def _precision(config: dict[str, Any], when_auto: Precision) -> Precision:
     """bf16 / fp16 when the config enables one; `when_auto` when one is "auto" (HF Trainer fills it from its
     --bf16 / --fp16 flags); fp32 when neither is on."""
     auto = False
-    for name in ("bf16", "fp16"):
+    halves: tuple[Precision, ...] = ("bf16", "fp16")
+    for name in halves:
         section = config.get(name)
         if isinstance(section, dict) and section.get("enabled") is True:
             return name

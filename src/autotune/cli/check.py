@@ -15,6 +15,7 @@ from rich.table import Table
 
 from autotune.check import CheckReport, Severity, check_config, resolve_context
 from autotune.check.findings import FixResult
+from autotune.choices import Kernels
 from autotune.cli import click_errors
 from autotune.cli.options import (
     D,
@@ -165,7 +166,7 @@ def check_command(
         raise UserError(f"--hf contradicts --consumer {consumer}")
     from autotune.request import check_kernels
 
-    check_kernels(kernels)
+    kernel_set = check_kernels(kernels)
     load_config(config)  # an unreadable config fails first, before any probing
     if fix is not None:
         _check_fix_output(fix)
@@ -174,7 +175,7 @@ def check_command(
     recorded = read_assumptions(config)
     hardware_given = gpus is not None or gpu_type is not None or gpu_memory is not None
     if recorded and not model and not hardware_given:
-        report = _check_as_tuned(config, recorded, seq_len, grad_checkpointing, hf, requested, options, kernels)
+        report = _check_as_tuned(config, recorded, seq_len, grad_checkpointing, hf, requested, options, kernel_set)
     else:
         context = resolve_context(gpus, nodes, gpu_type, gpu_memory, for_hf_trainer=hf, consumer=requested)
         summary = None
@@ -187,7 +188,7 @@ def check_command(
             seq_len = seq_len or default_seq_len(None if relative else summary.max_positions)
         from autotune.check.fit import FitAssumptions
 
-        assumed = FitAssumptions(kernels=kernels) if kernels != D.kernels else None  # otherwise as before
+        assumed = FitAssumptions(kernels=kernel_set) if kernel_set != D.kernels else None  # otherwise as before
         report = check_config(
             config, context, env_file, summary, seq_len or 0, bool(grad_checkpointing), fix, fix_training, init_check,
             assumed,
@@ -234,7 +235,7 @@ def _check_as_tuned(
     hf: bool,
     consumer: str | None,
     options: CheckOptions,
-    kernels: str = D.kernels,
+    kernels: Kernels = D.kernels,
 ) -> CheckReport:
     """Check against the tuning's own context: the same model, target, precision and sequence length."""
     from autotune.check import CheckContext

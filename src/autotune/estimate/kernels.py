@@ -37,10 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.choices import KERNELS, Kernels, is_one_of
 from autotune.estimate.pinned import power_of_two_ceil
 from autotune.models import ModelSummary
-
-KERNEL_SETS = ("stock", "liger", "flash-attn-fused")
 
 # Model types HF's `use_liger_kernel=True` patches among those estimate/traits.py knows: Liger 0.8.5
 # transformers/monkey_patch.py:3904-3958 MODEL_TYPE_TO_APPLY_LIGER_FN; for the rest Liger changes nothing.
@@ -67,7 +66,7 @@ class FusedKernels:
         return rmsnorm and gated_mlp
 
 
-_SETS = {
+_SETS: dict[Kernels, FusedKernels] = {  # one per autotune.choices.KERNELS (tests/test_estimate_kernels.py)
     "stock": FusedKernels("stock", rms_norm=False, gated_mlp_tensors=None, loss="stock"),
     # HF Trainer use_liger_kernel=True: apply_liger_kernel_to_llama's defaults (monkey_patch.py:259-264): rope,
     # fused_linear_cross_entropy, rms_norm, swiglu on; cross_entropy off.
@@ -81,9 +80,9 @@ _SETS = {
 
 
 def fused_kernels(name: str) -> FusedKernels:
-    """The kernel set called `name` (one of KERNEL_SETS); ValueError for any other name."""
-    if name not in _SETS:
-        raise ValueError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {name!r}")
+    """The kernel set called `name` (one of autotune.choices.KERNELS); ValueError for any other name."""
+    if not is_one_of(name, KERNELS):
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {name!r}")
     return _SETS[name]
 
 

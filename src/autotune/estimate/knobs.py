@@ -38,7 +38,7 @@ def _steps(steps: int | None) -> int | None:
     return None if steps is None else max(1, int(steps))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ZeroKnobs:
     reduce_bucket_size: int | None = None  # None: what dsconfig emits (stage 1-2: EstimateSettings', stage 3: hidden^2)
     allgather_bucket_size: int | None = None

@@ -49,7 +49,7 @@ OFFLOAD_GRADIENT_BYTES_PER_PARAM = 4
 OFFLOAD_MOMENTS_BYTES_PER_PARAM = 8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelStates:
     """Per rank: on the device (GPU, or the process itself on the CPU backend), in host RAM, on NVMe."""
 

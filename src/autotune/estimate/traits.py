@@ -56,7 +56,7 @@ _LLAMA_STYLE_EAGER = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "
 _FP32_SOFTMAX_TYPES = (*_LLAMA_STYLE_EAGER, "bloom", "opt", "gpt_neox")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArchTraits:
     rmsnorm: bool  # python RMSNorm: keeps an fp32 copy of its input
     gated_mlp: bool  # act(gate(x)) * up(x), as in Llama and T5 v1.1

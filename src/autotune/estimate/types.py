@@ -4,23 +4,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from autotune.choices import Attention, Device, Kernels, Precision
 from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.runtime import RuntimeStack
 from autotune.ladder import Candidate
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EstimateSettings:
     seq_len: int
-    precision: str = "bf16"  # "bf16" | "fp16" | "fp32"
-    attention: str = "sdpa"  # "sdpa" | "flash" | "eager": eager materialises the s^2 score matrix
-    device: str = "cuda"  # "cuda": GPU quantities; "cpu": the CPU backend, where everything is host memory
+    precision: Precision = "bf16"
+    attention: Attention = "sdpa"  # "eager" materialises the s^2 score matrix
+    device: Device = "cuda"  # "cuda": GPU quantities; "cpu": the CPU backend, where everything is host memory
     reduce_bucket_elements: int = 200_000_000  # what autotune.dsconfig emits for stages 1-2
     knobs: ZeroKnobs = field(default_factory=ZeroKnobs)  # ds_config values that size buffers (default: dsconfig's)
     stack: RuntimeStack = field(default_factory=RuntimeStack)  # as probed; unknown fields widen the margin
     optimizer: str = "adamw"  # an autotune.optimizers name: its states and step temporaries
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length; None: seq_len for both
-    kernels: str = "stock"  # fused training kernels in use: an estimate/kernels.py KERNEL_SETS name
+    kernels: Kernels = "stock"  # fused training kernels in use (estimate/kernels.py)
     native_pinning: bool = False  # DS_PIN_MEMORY_BACKEND=native: pin_memory mlocks (estimate/pinned.py)
 
 
@@ -53,7 +54,7 @@ class MemoryEstimate:
     nvme_bytes: int  # per node
     gpu_components: dict[str, int] = field(default_factory=dict)
     host_components: dict[str, int] = field(default_factory=dict)
-    device: str = "cuda"  # EstimateSettings.device it was made for: "cpu" means gpu_* fields are per-rank RSS
+    device: Device = "cuda"  # EstimateSettings.device it was made for: "cpu" means gpu_* fields are per-rank RSS
     deepspeed_estimate_bytes: int = 0  # what DeepSpeed's model-states estimator alone says per GPU
     nvme_components: dict[str, int] = field(default_factory=dict)
     # How far the true peak may be above gpu_peak_bytes, per component (bytes); "fits" needs peak + margin.

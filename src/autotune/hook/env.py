@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from autotune.choices import Device
 from autotune.errors import UserError
 from autotune.hook.hostlist import ScontrolRunner, expand_hostlist, scontrol_hostnames
 
@@ -92,7 +93,7 @@ class _Sources:
 
     environ: Mapping[str, str]
     overrides: JobOverrides
-    device: str
+    device: Device
     visible_gpus: Callable[[], int]
     scontrol: ScontrolRunner
 
@@ -263,7 +264,7 @@ def detect_job_env(
     environ: Mapping[str, str],
     overrides: JobOverrides = JobOverrides(),
     *,
-    device: str = "cuda",
+    device: Device = "cuda",
     visible_gpus: Callable[[], int] = count_visible_gpus,
     scontrol: ScontrolRunner = scontrol_hostnames,
 ) -> JobEnv:

@@ -10,7 +10,7 @@ from pathlib import Path
 from autotune.paths import profiles_dir
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelProfile:
     name: str
     architecture: str

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSummary:
     name: str
     origin: str

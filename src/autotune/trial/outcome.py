@@ -237,7 +237,7 @@ class BudgetBreach:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchOutcome:
     """What the launcher saw, besides the rank reports."""
 

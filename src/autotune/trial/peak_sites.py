@@ -56,7 +56,7 @@ class PeakSite:
     blocks: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PeakSites:
     source: str  # "cuda_allocator_trace"; tests: any trace in the documented format
     peak_bytes: int  # allocated total at the replayed peak, what was live before the trial included

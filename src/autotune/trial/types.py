@@ -17,7 +17,7 @@ TrialStatus = Literal["ok", "oom_gpu", "oom_host", "over_budget", "timeout", "er
 DETERMINISTIC_STATUSES: tuple[TrialStatus, ...] = ("ok", "oom_gpu", "oom_host", "over_budget", "error", "incomplete")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrialSpec:
     model_config: dict  # HF config.json content, model_type included
     architecture: str  # transformers class to build, e.g. "GPT2LMHeadModel"
