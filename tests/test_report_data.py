@@ -120,6 +120,8 @@ MALFORMED = {
     "trial with a classic mode written out": _with(DEMO, Mode().to_dict(), "trials", 0, "candidate", "mode"),
     "trial with a mode missing a key": _with(DEMO, {"offload_ratio": 0.5}, "trials", 0, "candidate", "mode"),
     "assumptions missing a key": _without(DEMO, "assumptions", "kernels"),
+    "a device that is not a choice": _with(DEMO, "tpu", "assumptions", "device"),
+    "a precision that is not a choice": _with(DEMO, "fp64", "precision"),
     "verdict speed interval of strings": _with(DEMO, ["a", "b"], "verdict", "speed", "interval"),
     "notes not a list": _with(DEMO, "one note", "notes"),
     "launch with an unknown launcher": _with(DEMO, "x", "launch", "mpirun"),
@@ -138,6 +140,11 @@ def test_a_malformed_report_raises_one_project_error(data: object) -> None:
 def test_the_error_names_where_the_report_is_wrong() -> None:
     with pytest.raises(MalformedReportError, match=r"TuneReport.trials\[0\].predicted_peak_bytes: expected int"):
         TuneReport.from_json(_with(DEMO, "1", "trials", 0, "predicted_peak_bytes"))
+
+
+def test_a_choice_outside_its_literal_is_named_with_the_choices() -> None:
+    with pytest.raises(MalformedReportError, match=r"TuneReport.assumptions.kernels: expected one of stock, liger"):
+        TuneReport.from_json(_with(DEMO, "triton", "assumptions", "kernels"))
 
 
 def test_parts_only_a_finished_tuning_has_are_absent_not_null() -> None:

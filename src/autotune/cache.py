@@ -81,7 +81,9 @@ def run_key(parts: dict[str, Any]) -> str:
 
 
 _TRIAL_SCHEMA = TypeAdapter(TrialResult)
-_CORRUPTION_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+# SQLITE_CORRUPT and SQLITE_NOTADB (sqlite.org/rescode.html), as numbers: Python's sqlite3 names them only from 3.11
+# on (with an error's sqlite_errorcode); on 3.10 there is no code to compare and is_corruption reads the message.
+_CORRUPTION_CODES = {11, 26}
 
 
 class MalformedRecord(ValueError):
@@ -351,7 +353,8 @@ class ResultsCache:
                 return db.execute(query, (key,)).fetchall()
 
         found: dict[Candidate, TrialResult] = {}
-        for candidate, payload, mac in self._guard(read, []):
+        rows: list[tuple[str, str, str]] = self._guard(read, [])
+        for candidate, payload, mac in rows:
             if not (isinstance(candidate, str) and isinstance(payload, str)) or not verify(
                 self.key, mac, "trial", key, candidate, payload
             ):

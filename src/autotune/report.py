@@ -276,6 +276,7 @@ def write_report(report: TuneReport, out_dir: Path, stem: str = REPORT_STEM, red
     and drawing costs about a second, most of a cache hit's time.
     """
     existing = out_dir / f"{stem}.png"
+    picture: Path | None
     try:
         if not redraw and existing.exists():
             picture, line = existing, embed_line(existing)

@@ -19,10 +19,11 @@ import typing
 from dataclasses import Field, dataclass, field, fields, is_dataclass, replace
 from enum import Enum
 from functools import cache
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import TypeAdapter, ValidationError
 
+from autotune.choices import Attention, Device, Kernels, Precision
 from autotune.errors import MalformedReportError
 from autotune.ladder import Candidate, Mode, parse_rung
 from autotune.launchers import LaunchCommands
@@ -161,6 +162,10 @@ def _parse(value: Any, hint: Any, where: str) -> Any:
 
 
 def _parse_scalar(value: Any, hint: Any, where: str) -> Any:
+    if get_origin(hint) is Literal:  # one of the string choices (autotune.choices)
+        if type(value) is not str or value not in get_args(hint):
+            raise _fail(where, f"expected one of {', '.join(get_args(hint))}, got {value!r}")
+        return value
     if hint is float:
         ok = type(value) in (int, float)
     elif hint in (int, bool, str):
@@ -219,22 +224,22 @@ class Assumptions(JsonRecord):
     model: str
     model_fingerprint: str
     seq_len: int
-    precision: str
-    attention: str
+    precision: Precision
+    attention: Attention
     grad_checkpointing: bool | None
     gpus_per_node: int
     nodes: int
     gpu_type: str | None
     gpu_memory: str | None
     memory_bytes_per_rank: int
-    device: str
+    device: Device
     headroom: float
     trust_remote_code: bool
     optimizer: str
     lora_rank: int | None
     lora_targets: tuple[str, ...] | None
     decoder_seq_len: int | None
-    kernels: str
+    kernels: Kernels
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -394,10 +399,10 @@ class TuneReport(JsonRecord):
     model: dict[str, Any]  # models.ModelSummary.to_dict without its config
     target: dict[str, Any]  # hardware.Target.to_dict
     target_description: str
-    device: str
+    device: Device
     verified: bool
     seq_len: int
-    precision: str
+    precision: Precision
     world_size: int
     global_batch: int | None
     headroom: float

@@ -28,8 +28,11 @@ def _trial_rows(report: TuneReport) -> list[dict[str, Any]]:
     rows = []
     for trial in report.trials:
         candidate, result = trial.candidate, trial.result
-        peaks = [rank.device_used_bytes or rank.max_reserved_bytes or rank.host_rss_peak_bytes for rank in result.ranks]
-        peaks = [p for p in peaks if p]
+        peaks = [
+            peak
+            for rank in result.ranks
+            if (peak := rank.device_used_bytes or rank.max_reserved_bytes or rank.host_rss_peak_bytes)
+        ]
         checkpointing = " ckpt" if candidate.grad_checkpointing else ""
         mode = "" if candidate.mode.is_classic else f"\n{'+'.join(candidate.mode.parts)}"
         rows.append(

@@ -13,6 +13,7 @@ from autotune.assumptions import write_assumptions
 from autotune.base_config import placeholder_notes
 from autotune.batch import describe_global_batch
 from autotune.cache import ResultsCache, StoredAnswer, library_versions
+from autotune.choices import Device
 from autotune.context import TuneContext, check_host_capacity
 from autotune.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.environment import deepspeed_accelerator, preserved_environment
@@ -144,7 +145,7 @@ def _launcher_for(
         yield pool
 
 
-def _replaced_note(observe: Callable[[SearchEvent], None] | None) -> Callable[[int], None] | None:
+def _replaced_note(observe: Callable[[SearchEvent], None] | None) -> Callable[[int, str], None] | None:
     """The progress line for warm workers the pool replaced because their memory grew (trial/warm.py)."""
     if observe is None:
         return None
@@ -235,7 +236,7 @@ def _search(
 
 def run_bounds(ctx: TuneContext) -> Bounds:
     """What this run's hardware and model allow a trial to measure (plausible.py)."""
-    device = "cpu" if ctx.request.device == "cpu" else "cuda"
+    device: Device = "cpu" if ctx.request.device == "cpu" else "cuda"
     peak_tflops = ctx.target.gpu.peak_tflops(ctx.precision)
     return Bounds.for_run(ctx.model.total_params, ctx.target.world_size, device, peak_tflops)
 

@@ -103,7 +103,9 @@ class LeaderJob:
     observe: Callable[[SearchEvent], None] = lambda event: None
     tune_fn: TuneFn = real_tune
 
-    def record(self, status: RecordStatus, config_text: str | None, source: str, verified: bool, **extra) -> HookRecord:
+    def record(
+        self, status: RecordStatus, config_text: str | None, source: str, verified: bool, **extra: Any
+    ) -> HookRecord:
         return HookRecord(
             key=self.key,
             status=status,
