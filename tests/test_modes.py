@@ -37,7 +37,7 @@ from autotune.modes import (
     ratio_sub_group_size,
 )
 from autotune.units import GiB
-from autotune.versions import installed
+from autotune.versions import ZENFLOW, installed
 
 # Where each mode applies at all, so with the opt-in (--allow-approximate) for the modes that change the training;
 # that they stay out of the default search is tests/test_same_training.py's question.
@@ -220,7 +220,9 @@ def test_every_applicable_mode_passes_deepspeeds_parser_at_the_world_size(facts:
                 assert zero["offload_optimizer"]["super_offload"] is True
                 assert zero["offload_optimizer"]["cpuadam_cores_perc"] == 0.8
             checked += 1
-    assert checked >= 2
+    # the partial offload ratio everywhere; ZenFlow (and more) only where the installed release runs it: at the
+    # declared floor (0.17.6) a single GPU has the ratio alone (versions.ZENFLOW, SUPER_OFFLOAD)
+    assert checked >= (2 if ZENFLOW.missing(facts.deepspeed_version) is None else 1)
 
 
 def test_every_ratio_on_the_grid_parses() -> None:
