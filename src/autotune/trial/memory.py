@@ -269,14 +269,12 @@ class MemoryTracker:
         self._carry_peaks()
         if self.device == "cuda":
             self.cuda.reset_peak_memory_stats(self.local_rank)
-        elif not reset_host_rss_peak():  # VmHWM cannot be reset here: the phase's own peak is unknown
-            self._phase_peaks[name] = None
             yield
+            self._phase_peaks[name] = int(self.cuda.max_memory_allocated(self.local_rank))
             return
+        reset = reset_host_rss_peak()  # where VmHWM cannot be reset, the phase's own peak is unknown
         yield
-        self._phase_peaks[name] = (
-            int(self.cuda.max_memory_allocated(self.local_rank)) if self.device == "cuda" else host_rss_peak_bytes()
-        )
+        self._phase_peaks[name] = host_rss_peak_bytes() if reset else None
 
     def _carry_peaks(self) -> None:
         now = {"host": host_rss_peak_bytes()}

@@ -55,6 +55,11 @@ WARM_GROWTH_LIMIT_BYTES = 64 * 2**20
 # reserves for a large tensor (kLargeBuffer, 20 MiB: c10/cuda/CUDACachingAllocator.cpp), so a single segment that an
 # earlier trial left held, or a communicator's buffers a new process group left behind, replaces the workers.
 WARM_DEVICE_GROWTH_LIMIT_BYTES = 20 * 2**20
+# What the pool watches after each trial: the name its note uses, the rank report's figure, and how far it may grow.
+_WATCHED = (
+    ("host memory", "host_rss_after_bytes", WARM_GROWTH_LIMIT_BYTES),
+    ("device memory", "device_after_bytes", WARM_DEVICE_GROWTH_LIMIT_BYTES),
+)
 
 
 @dataclass
@@ -72,14 +77,13 @@ class _Workers:
         """The memory that grew past its limit since the first trial, and by how much (the first call sets the
         floors): host RSS, or on a GPU the device memory the worker still holds between trials."""
         after = {
-            "host memory": {r.rank: r.host_rss_after_bytes for r in reports.values() if r.host_rss_after_bytes},
-            "device memory": {r.rank: r.device_after_bytes for r in reports.values() if r.device_after_bytes},
+            what: {r.rank: held for r in reports.values() if (held := getattr(r, figure))}
+            for what, figure, _ in _WATCHED
         }
         if self.floors is None:
             self.floors = after
             return None
-        limits = {"host memory": WARM_GROWTH_LIMIT_BYTES, "device memory": WARM_DEVICE_GROWTH_LIMIT_BYTES}
-        for what, limit in limits.items():
+        for what, _, limit in _WATCHED:
             floor = self.floors[what]
             grown = max((held - floor[rank] for rank, held in after[what].items() if rank in floor), default=0)
             if grown > limit:
