@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import run_cli
+from tests.fakes.launchers import FailingLauncher
 
 from autotune import tune
 from autotune.cli import main
 from autotune.errors import TrialsFailedError
 from autotune.ladder import Rung
-from autotune.trial.types import TrialResult, TrialSpec
 from autotune.tuner import TuneRequest
 
 TINY_CPU = ["--model", "tiny-gpt2", "--device", "cpu", "--seq-len", "32"]
@@ -186,23 +186,13 @@ def test_t5_takes_longer_sequences_and_says_the_decoder_length(tmp_path: Path) -
     assert any("decoder" in note for note in result.report.notes)
 
 
-class TimingOutLauncher:
-    def __init__(self, status: str) -> None:
-        self.status = status
-        self.specs: list[TrialSpec] = []
-
-    def run(self, spec: TrialSpec) -> TrialResult:
-        self.specs.append(spec)
-        return TrialResult(status=self.status, error=f"trial {self.status}")  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("status", ["timeout", "error"])
 def test_trials_that_never_complete_are_not_reported_as_nothing_fits(tmp_path: Path, status: str) -> None:
     request = TuneRequest(
         model="tiny-gpt2", device="cpu", memory_budget="1GiB", seq_len=32, rungs=(Rung.Z0, Rung.Z2),
         out=str(tmp_path / "ds.json"), use_cache=False,
     )  # fmt: skip
-    launcher = TimingOutLauncher(status)
+    launcher = FailingLauncher(status)
     with pytest.raises(TrialsFailedError, match=f"no trial completed.*{status}") as raised:
         tune(request, launcher=launcher)
     assert raised.value.exit_code == 2 and launcher.specs

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.fakes.launchers import CountingLauncher
 
 from autotune.base_config import TUNED_KEYS
 from autotune.cli import main
 from autotune.ladder import Rung
-from autotune.trial.types import RankMetrics, TrialResult
 
 BASE_TEXT = """{
   "train_batch_size": 16,
@@ -32,22 +32,6 @@ BASE_TEXT = """{
 NO_INVENTED = ("lr", "weight_decay", "gradient_clipping", "betas", "eps")
 
 
-class _Trials:
-    """Stand-in trials: every candidate fits and runs at one fixed speed; the specs are kept to be read."""
-
-    def __init__(self) -> None:
-        self.configs: list[dict] = []
-
-    def run(self, spec) -> TrialResult:
-        self.configs.append(spec.ds_config)
-        return TrialResult(
-            status="ok",
-            ranks=[RankMetrics(0, host_rss_peak_bytes=400 * 2**20)],
-            step_times_s=[0.2] * 3,
-            samples_per_s=spec.ds_config["train_batch_size"] / 0.2,
-        )
-
-
 def _tune(tmp_path: Path, **options):
     from autotune.tuner import TuneRequest, tune
 
@@ -55,7 +39,7 @@ def _tune(tmp_path: Path, **options):
         model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=64, gpus=1, max_trials=3,
         rungs=(Rung.Z2, Rung.Z2_OFFLOAD_OPT), out=str(tmp_path / "ds_config.json"), use_cache=False, **options,
     )  # fmt: skip
-    trials = _Trials()
+    trials = CountingLauncher(mib_per_sample=0, fixed_s=0.2, s_per_sample=0.0)  # every candidate alike
     return tune(request, launcher=trials), trials
 
 

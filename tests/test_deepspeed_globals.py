@@ -9,11 +9,11 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
+from tests.fakes.devices import FakeAioHandle
 from tests.test_trial_run import tiny_spec
 
 from autotune.dsconfig import TrainSettings, build_ds_config
@@ -92,24 +92,9 @@ def test_caches_are_found_behind_decorators_that_hide_them() -> None:
     assert list(lru_caches([plain, 3, hiding(plain)])) == []
 
 
-@dataclass
-class FakeHandle:
-    """DeepNVMe's handle as the swapper uses it: frees only the buffers its allocator handed out."""
-
-    managed: set[int]
-    freed: list[int] = field(default_factory=list)
-
-    def free_cpu_locked_tensor(self, tensor: torch.Tensor) -> bool:
-        if tensor.data_ptr() not in self.managed:
-            return False
-        self.managed.discard(tensor.data_ptr())
-        self.freed.append(tensor.data_ptr())
-        return True
-
-
 def test_the_parameter_swappers_locked_buffers_are_freed_once_each() -> None:
     read_buffer, write_buffer, foreign = torch.empty(1000, dtype=torch.bfloat16), torch.empty(10), torch.empty(7)
-    handles = FakeHandle({read_buffer.data_ptr(), write_buffer.data_ptr()})
+    handles = FakeAioHandle({read_buffer.data_ptr(), write_buffer.data_ptr()})
 
     class Swapper:
         aio_read_handle = aio_write_handle = handles

@@ -1,5 +1,5 @@
 """The tuner's GPU memory figures without a GPU: a fake NVML (the card as the driver shows it, with another
-tenant on it) and a fake torch.cuda allocator (reserved grows and shrinks as a step runs).
+tenant on it) and a fake torch.cuda allocator (reserved grows and shrinks as a step runs), from tests/fakes/devices.py.
 
 The fakes hold only what the driver and the allocator would report; what the tracker makes of it is checked.
 """
@@ -7,100 +7,23 @@ The fakes hold only what the driver and the allocator would report; what the tra
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
-from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pytest
+from tests.fakes.devices import (
+    CARD_TOTAL,
+    CONTEXT,
+    CUDA_TOTAL,
+    DRIVER_RESERVED,
+    OTHER_TENANT,
+    FakeAllocator,
+    FakeCard,
+    FakeNvml,
+)
 
 from autotune.trial.memory import MemoryTracker, PeakSampler, allocator_fraction
 from autotune.trial.types import RankMetrics, TrialResult
 from autotune.units import GiB, MiB
-
-CARD_TOTAL = 80 * GiB  # NVML's total
-CUDA_TOTAL = 79 * GiB  # cudaMemGetInfo's total: the driver keeps a reservation NVML counts in total
-DRIVER_RESERVED = 600 * MiB  # what NVML's used shows on an idle card
-OTHER_TENANT = 10 * GiB
-CONTEXT = 500 * MiB  # our CUDA context, outside the allocator
-
-
-@dataclass
-class FakeCard:
-    """One GPU: processes by pid with their device bytes; NVML used = driver reservation + every process."""
-
-    processes: dict[int, int] = field(default_factory=lambda: {999_999: OTHER_TENANT})
-    per_process_visible: bool = True  # False: a container whose pids NVML does not show
-
-    def used(self) -> int:
-        return DRIVER_RESERVED + sum(self.processes.values())
-
-
-class FakeNvml:
-    def __init__(self, card: FakeCard) -> None:
-        self.card = card
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
-        return f"gpu{index}"
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
-        return uuid
-
-    def nvmlDeviceGetMemoryInfo(self, handle: str) -> SimpleNamespace:
-        used = self.card.used()
-        return SimpleNamespace(total=CARD_TOTAL, used=used, free=CARD_TOTAL - used)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[SimpleNamespace]:
-        if not self.card.per_process_visible:
-            return [SimpleNamespace(pid=1, usedGpuMemory=sum(self.card.processes.values()))]
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.card.processes.items()]
-
-
-class FakeAllocator:
-    """torch.cuda's caching allocator for one process on the fake card; its reserved bytes are on the card."""
-
-    def __init__(self, card: FakeCard, outside: int = CONTEXT) -> None:
-        self.card = card
-        self.outside = outside
-        self.reserved = 0
-        self.allocated_peak = 0
-        self.reserved_peak = 0
-        self.fraction = 1.0
-        self._sync()
-
-    def _sync(self) -> None:
-        self.card.processes[os.getpid()] = self.outside + self.reserved
-
-    def reserve(self, size: int) -> None:
-        if self.reserved + size > self.fraction * CUDA_TOTAL:
-            raise RuntimeError("CUDA out of memory")
-        self.reserved += size
-        self.reserved_peak = max(self.reserved_peak, self.reserved)
-        self.allocated_peak = max(self.allocated_peak, self.reserved)
-        self._sync()
-
-    def release(self, size: int) -> None:
-        self.reserved -= size
-        self._sync()
-
-    def reset_peak_memory_stats(self, device: int) -> None:
-        self.reserved_peak = self.reserved
-        self.allocated_peak = self.reserved
-
-    def memory_reserved(self, device: int) -> int:
-        return self.reserved
-
-    def max_memory_reserved(self, device: int) -> int:
-        return self.reserved_peak
-
-    def max_memory_allocated(self, device: int) -> int:
-        return self.allocated_peak
-
-    def mem_get_info(self, device: int) -> tuple[int, int]:
-        return CUDA_TOTAL - self.card.used(), CUDA_TOTAL
-
-    def set_per_process_memory_fraction(self, fraction: float, device: int) -> None:
-        self.fraction = fraction
 
 
 def _tracker(card: FakeCard) -> tuple[MemoryTracker, FakeAllocator]:

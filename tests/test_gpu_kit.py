@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.fakes.launchers import GpuKitTrials
 
-from autotune.trial import RankMetrics, TrialResult, TrialSpec
+from autotune.trial import TrialResult, TrialSpec
 from autotune.units import GiB
 
 KIT_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
@@ -29,33 +30,14 @@ def kit_module(monkeypatch: pytest.MonkeyPatch):
     return kit
 
 
-class FakeTrials:
-    """Answers each trial like a GPU would: OOM above a micro-batch, else a peak that grows with the batch."""
-
-    def __init__(self, oom_above: int = 1_000) -> None:
-        self.oom_above = oom_above
-        self.specs: list[TrialSpec] = []
-
-    def __call__(self, spec: TrialSpec) -> TrialResult:
-        self.specs.append(spec)
-        micro_batch = spec.ds_config["train_micro_batch_size_per_gpu"]
-        if micro_batch > self.oom_above:
-            return TrialResult(status="oom_gpu", error="CUDA out of memory", wall_s=1.0)
-        peak = (1 + micro_batch) * GiB
-        sites = {"peak_bytes": peak - GiB // 2, "sites": [{"site": "x.py:1 f", "bytes": 1, "blocks": 1}]}
-        sites = sites if spec.record_peak_sites else None
-        rank = RankMetrics(0, peak - GiB // 2, peak - GiB // 4, peak, peak // 2, 0, sites)
-        return TrialResult(status="ok", ranks=[rank], samples_per_s=10.0 * micro_batch, wall_s=1.0)
-
-
-def _kit(kit_module, tmp_path: Path, trials: FakeTrials, budget_s: float = 600.0):
+def _kit(kit_module, tmp_path: Path, trials: GpuKitTrials, budget_s: float = 600.0):
     kit = kit_module.Kit(tmp_path / "validation.json", dry_run=True, budget_s=budget_s, run_trial=trials)
     kit.load()
     return kit
 
 
 def test_memory_rows_put_each_measure_beside_its_like_for_like_prediction(kit_module, tmp_path: Path) -> None:
-    trials = FakeTrials()
+    trials = GpuKitTrials()
     kit = _kit(kit_module, tmp_path, trials)
     kit_module.stage_memory(kit)
     rows = kit.data["memory"]["rows"]
@@ -71,7 +53,7 @@ def test_memory_rows_put_each_measure_beside_its_like_for_like_prediction(kit_mo
 def test_site_rows_record_allocations_and_check_the_recording_against_their_memory_twin(
     kit_module, tmp_path: Path
 ) -> None:
-    trials = FakeTrials()
+    trials = GpuKitTrials()
     kit = _kit(kit_module, tmp_path, trials)
     kit_module.stage_memory(kit)
     assert not any(spec.record_peak_sites for spec in trials.specs)  # the memory stage's figures stay clean
@@ -87,7 +69,7 @@ def test_site_rows_record_allocations_and_check_the_recording_against_their_memo
 
 def test_a_point_without_zero_init_is_built_whole_and_predicted_so(kit_module, tmp_path: Path) -> None:
     """The zero.Init twins: the trial builds the whole model first and the prediction carries the cached reserve."""
-    trials = FakeTrials()
+    trials = GpuKitTrials()
     kit = _kit(kit_module, tmp_path, trials)
     kit_module.stage_memory(kit)
     rows = kit.data["memory"]["rows"]
@@ -140,7 +122,7 @@ def test_on_the_whole_card_reserved_and_nvml_are_compared_with_the_unpressured_e
 
 
 def test_rows_record_the_extra_the_phases_and_the_stack_predicted_with(kit_module, tmp_path: Path) -> None:
-    class PhasedTrials(FakeTrials):
+    class PhasedTrials(GpuKitTrials):
         def __call__(self, spec: TrialSpec) -> TrialResult:
             result = super().__call__(spec)
             return dataclasses.replace(result, phases={"imports": 3.0, "engine_init": 2.0}, startup_s=6.0)
@@ -154,7 +136,7 @@ def test_rows_record_the_extra_the_phases_and_the_stack_predicted_with(kit_modul
 
 
 def test_the_tunes_re_run_keeps_the_chosen_mode(kit_module, tmp_path: Path) -> None:
-    trials = FakeTrials()
+    trials = GpuKitTrials()
     kit = _kit(kit_module, tmp_path, trials)
     choice = {"rung": "z3+offload_opt", "micro_batch": 2, "grad_checkpointing": True, "mode": {"offload_ratio": 0.6}}
     kit.data["tune"] = {"result": {"choice": {**choice, "samples_per_s": 5.0}}}
@@ -190,9 +172,9 @@ def test_gpu_points_leave_room_on_an_80_gb_card(kit_module) -> None:
 
 
 def test_a_second_run_resumes_instead_of_repeating(kit_module, tmp_path: Path) -> None:
-    kit = _kit(kit_module, tmp_path, FakeTrials())
+    kit = _kit(kit_module, tmp_path, GpuKitTrials())
     kit_module.stage_memory(kit)
-    again = FakeTrials()
+    again = GpuKitTrials()
     kit2 = _kit(kit_module, tmp_path, again)
     kit_module.stage_memory(kit2)
     assert again.specs == []
@@ -200,7 +182,7 @@ def test_a_second_run_resumes_instead_of_repeating(kit_module, tmp_path: Path) -
 
 
 def test_grid_skips_micro_batches_above_a_failure_in_the_same_group(kit_module, tmp_path: Path) -> None:
-    trials = FakeTrials(oom_above=1)
+    trials = GpuKitTrials(oom_above=1)
     kit = _kit(kit_module, tmp_path, trials)
     kit_module.stage_grid(kit)
     rows = kit.data["grid"]["rows"]
@@ -212,7 +194,7 @@ def test_grid_skips_micro_batches_above_a_failure_in_the_same_group(kit_module, 
 
 
 def test_nothing_starts_that_would_end_after_the_budget(kit_module, tmp_path: Path) -> None:
-    trials = FakeTrials()
+    trials = GpuKitTrials()
     kit = _kit(kit_module, tmp_path, trials, budget_s=5.0)
     kit_module.stage_memory(kit)
     assert trials.specs == []  # the default estimate for a dry-run item is 30 s
@@ -231,7 +213,7 @@ def test_unknown_stage_is_refused_in_one_line() -> None:
 
 def test_modes_stage_runs_zero3_offload_and_partial_ratios_beside_each_other(kit_module, tmp_path: Path) -> None:
     """Modern modes: ZeRO-3, ZeRO-3 + offload and partial offload (the set ratios and the smallest predicted to fit)."""
-    trials = FakeTrials()
+    trials = GpuKitTrials()
     kit = _kit(kit_module, tmp_path, trials)
     kit_module.stage_modes(kit)
     section = kit.data["modes"]
@@ -260,7 +242,7 @@ def test_smallest_fitting_ratio_falls_as_the_card_grows(kit_module) -> None:
 
 
 def test_the_warm_stage_puts_each_warm_trial_beside_its_fresh_row(kit_module, tmp_path: Path) -> None:
-    trials = FakeTrials()
+    trials = GpuKitTrials()
     kit = _kit(kit_module, tmp_path, trials)
     kit_module.stage_memory(kit)
     fresh_trials = len(trials.specs)

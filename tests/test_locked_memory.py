@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.test_tune import CountingLauncher
+from tests.fakes.launchers import CountingLauncher
 
 from autotune import tune
 from autotune.errors import NothingFitsError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import run_cli
-from tests.test_tune import CountingLauncher
+from tests.fakes.launchers import CountingLauncher
 
 from autotune import tune
 from autotune.cli import main

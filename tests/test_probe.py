@@ -1,7 +1,7 @@
 import sys
-import types
 
 import pytest
+from tests.fakes.devices import FakeCard, FakeNvml
 
 from autotune import probe as probe_module
 from autotune.errors import UserError
@@ -37,28 +37,13 @@ def test_cuda_visible_devices_selection(value, expected) -> None:
     assert visible_selection(value, ["GPU-aaa", "GPU-bbb", "GPU-ccc"]) == expected
 
 
-class _Memory:
-    def __init__(self, total: int, free: int) -> None:
-        self.total, self.free = total, free
-
-
-def _fake_pynvml(devices: list[tuple[str, int, int, tuple[int, int]]]) -> types.ModuleType:
-    fake = types.ModuleType("pynvml")
-    fake.NVML_FEATURE_ENABLED = 1
-    fake.NVML_NVLINK_MAX_LINKS = 4
-    fake.nvmlInit = lambda: None
-    fake.nvmlShutdown = lambda: None
-    fake.nvmlSystemGetDriverVersion = lambda: "550.54"
-    fake.nvmlDeviceGetCount = lambda: len(devices)
-    fake.nvmlDeviceGetHandleByIndex = lambda i: i
-    fake.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
-    fake.nvmlDeviceGetName = lambda h: devices[h][0]
-    fake.nvmlDeviceGetMemoryInfo = lambda h: _Memory(devices[h][1], devices[h][2])
-    fake.nvmlDeviceGetCudaComputeCapability = lambda h: devices[h][3]
-    fake.nvmlDeviceGetNvLinkState = lambda h, link: 1
-    fake.nvmlDeviceGetCurrPcieLinkGeneration = lambda h: 5
-    fake.nvmlDeviceGetCurrPcieLinkWidth = lambda h: 16
-    return fake
+def _fake_pynvml(devices: list[tuple[str, int, int, tuple[int, int]]]) -> FakeNvml:
+    """NVML over cards given as (name, total bytes, free bytes, compute capability), nothing running on them."""
+    cards = [
+        FakeCard(processes={}, total_bytes=total, driver_reserved_bytes=total - free, name=name, compute_capability=cc)
+        for name, total, free, cc in devices
+    ]
+    return FakeNvml(*cards)
 
 
 def test_nvml_probe_honours_cuda_visible_devices(monkeypatch) -> None:

@@ -22,7 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.test_tune import CountingLauncher, tune_request
+from tests.fakes.launchers import CountingLauncher
+from tests.test_tune import tune_request
 
 from autotune import tune
 from autotune.assumptions import assumptions_record

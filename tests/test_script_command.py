@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import run_cli
+from tests.fakes.launchers import OwnCommandLauncher
 
 from autotune.errors import UserError
 from autotune.ladder import Rung
@@ -19,7 +20,7 @@ from autotune.trial.processes import TRIAL_TAG_ENV, new_tag, stop_processes
 from autotune.trial.script import ScriptOutcome, classify, placeholder_values
 from autotune.trial.script_command import parse_command
 from autotune.trial.script_memory import TreeMemorySampler, visible_gpu_indices
-from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
+from autotune.trial.types import TrialSpec
 
 CONFIG = {
     "train_batch_size": 16,
@@ -210,22 +211,6 @@ def test_hook_takes_the_same_command_form_and_keys_on_it(tmp_path: Path) -> None
     assert done.returncode == 2 and "unknown placeholder(s) {nope}" in done.stderr and "Traceback" not in done.stderr
 
 
-class _RecordingScriptLauncher:
-    """Stands in for ScriptLauncher inside tune(): answers like an own-command trial, without running one."""
-
-    def __init__(self) -> None:
-        self.specs: list[TrialSpec] = []
-
-    def run(self, spec: TrialSpec) -> TrialResult:
-        self.specs.append(spec)
-        mb = spec.ds_config["train_micro_batch_size_per_gpu"]
-        step = 0.1 + 0.01 * mb
-        ranks = [RankMetrics(0, host_rss_peak_bytes=(400 + mb) * 2**20)]
-        command = ["python", "train.py", f"--mb={mb}"]
-        return TrialResult(status="ok", ranks=ranks, step_times_s=[step], samples_per_s=mb / step, command=command,
-                           metric_source="deepspeed_autotuning")  # fmt: skip
-
-
 def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_reports_the_commands(
     tmp_path: Path,
 ) -> None:
@@ -244,7 +229,7 @@ def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_repor
     hooks = script_launcher(request).trial_config(_spec(), tmp_path / "m.json")["autotuning"]  # type: ignore[union-attr]
     assert hooks == {"enabled": True, "start_profile_step": 3, "end_profile_step": 5,
                      "metric_path": str(tmp_path / "m.json")}  # fmt: skip
-    result = tune(request, launcher=_RecordingScriptLauncher())
+    result = tune(request, launcher=OwnCommandLauncher())
     config = json.loads(Path(result.config_path).read_text())  # type: ignore[arg-type]
     assert config["scheduler"] == {"type": "WarmupLR"} and "autotuning" not in config
     own = result.report.own_command.to_json()
@@ -256,22 +241,16 @@ def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_repor
 
 def test_hook_leaves_own_command_trials_to_the_tuner(tmp_path: Path) -> None:
     """The hook's launcher choice (synthetic workers) must not replace the user's command."""
-    from tests.test_hook_run import FakeTune, hook_request
+    from tests.fakes.hook import FakeTune
+    from tests.test_hook_run import hook_request
 
     from autotune.hook import run_hook
 
-    launchers: list[object] = []
-
-    class RecordingTune(FakeTune):
-        def __call__(self, request, launcher=None, observe=lambda event: None):  # type: ignore[no-untyped-def]
-            launchers.append(launcher)
-            return super().__call__(request, launcher, observe)
-
-    fake = RecordingTune()
+    fake = FakeTune()
     command = ("python", "train.py", "--deepspeed", "{ds_config}")
     request = hook_request(tmp_path / "c.json", tmp_path / "shared", command=command)
     run_hook(request, environ={}, tune_fn=fake, launcher_chooser=lambda *args: "synthetic launcher")
-    assert launchers == [None] and fake.requests[0].command == command
+    assert fake.launchers == [None] and fake.requests[0].command == command
 
 
 def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tmp_path: Path) -> None:
@@ -294,8 +273,8 @@ def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tm
     synthetic = replace(request, command=None)
     own_ctx, plain_ctx = TuneContext.build(request), TuneContext.build(synthetic)
     assert own_ctx.key != plain_ctx.key and own_ctx.answer_key != plain_ctx.answer_key
-    first = tune(request, launcher=_RecordingScriptLauncher())
-    again = tune(request, launcher=_RecordingScriptLauncher())
+    first = tune(request, launcher=OwnCommandLauncher())
+    again = tune(request, launcher=OwnCommandLauncher())
     assert not first.from_cache and again.from_cache and again.trials_launched == 0
     assert again.ds_config == first.ds_config and first.ds_config["scheduler"] == {"type": "WarmupLR"}  # type: ignore[index]
     assert again.report.own_command.train_command == first.report.own_command.train_command

@@ -1,31 +1,33 @@
 """The search with the modern memory modes: the offload ratio bisected and confirmed by trials, modes compared by
 measured speed only, never pruned by the ladder's order, and planned-only modes never picked.
 
-The memory model and the trial runner are fakes here (no DeepSpeed, no timing): each test says what the model
-believes and what the "machine" does, so a test fails when the search trusts the wrong one.
+The memory model and the trial runner are fakes here (tests/fakes/machines.py LinearMemory and LinearMachine; no
+DeepSpeed, no timing): each test says what the model believes and what the "machine" does, so a test fails when
+the search trusts the wrong one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pytest
+from tests.fakes.launchers import RatioSpeedLauncher
+from tests.fakes.machines import GIB, LinearMachine, LinearMemory
 from tests.test_report_data import golden_report
 
-from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
+from autotune.estimate.types import EstimateSettings
 from autotune.hardware import Target, generic_gpu
 from autotune.ladder import Candidate, Mode, Rung
 from autotune.models import resolve_model, summarize
 from autotune.modes import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.report import render_markdown
 from autotune.report_data import Choice, ModeEntry, Skipped, TrialEntry, TuneReport
-from autotune.search import MemoryModel, Search, SearchLimits, holds_at_least_the_memory_of
+from autotune.search import Search, SearchLimits, holds_at_least_the_memory_of
 from autotune.search_modes import ModeRecord, is_ratio_mode, smallest_fitting_ratio
 from autotune.speed import BoundContext, GroupMeasurements, could_beat
 from autotune.stop import StopReason
 from autotune.trial.types import RankMetrics, TrialResult
 
-GIB = 2**30
 RATIOS = tuple(r for r in ratio_grid() if 0.0 < r < 1.0)
 GRID = [1, 2, 4, 8]
 
@@ -44,70 +46,9 @@ def test_bisection_finds_the_smallest_fitting_ratio_in_log_steps() -> None:
     assert smallest_fitting_ratio([], lambda r: True) is None
 
 
-# -- a fake memory model and machine --------------------------------------------------------------------------
-def _peak_gib(candidate: Candidate, optimizer_gib: float, activation_gib: float = 1.0) -> float:
-    """Z3: 4 GiB of weights and gradients + the optimizer states; optimizer offload keeps (1 - ratio) of them;
-    `activation_gib` of activations per sample."""
-    kept = 0.0 if candidate.rung.offload_optimizer else 1.0
-    if candidate.rung.offload_optimizer:
-        kept = 1.0 - candidate.mode.offload_ratio
-    return 4 + optimizer_gib * kept + activation_gib * candidate.micro_batch
-
-
-@dataclass
-class FakeMemory:
-    """What the search believes: optimizer states of `optimizer_gib`; records the OOM calibrations it is given."""
-
-    optimizer_gib: float = 12.0
-    oom_calibrations: list[Candidate] = field(default_factory=list)
-
-    def estimate(self, model, target, candidate, settings, calibration=None) -> MemoryEstimate:
-        peak = int(_peak_gib(candidate, self.optimizer_gib) * GIB)
-        return MemoryEstimate(candidate, peak, 0, 0)
-
-    def calibrate(self, calibration, model, target, candidate, settings, measured) -> Calibration:
-        return Calibration(samples=calibration.samples + 1)
-
-    def calibrate_oom(self, calibration, model, target, candidate, settings, limit) -> Calibration:
-        self.oom_calibrations.append(candidate)
-        return Calibration(samples=calibration.samples + 1)
-
-    def model(self) -> MemoryModel:
-        return MemoryModel(self.estimate, self.calibrate, self.calibrate_oom)
-
-
-@dataclass
-class FakeMachine:
-    """What is true: optimizer states of `optimizer_gib`; step time = compute + the offloaded share's CPU Adam
-    (`cpu_adam_s` for the whole optimizer), so less offload is faster; `fast_modes` run twice as fast."""
-
-    memory_bytes: int
-    optimizer_gib: float = 12.0
-    cpu_adam_s: float = 2.0
-    fast_modes: tuple[Mode, ...] = ()
-    activation_gib: float = 1.0
-    launched: list[Candidate] = field(default_factory=list)
-
-    def run(self, candidate: Candidate) -> tuple[TrialResult, bool]:
-        self.launched.append(candidate)
-        peak = int(_peak_gib(candidate, self.optimizer_gib, self.activation_gib) * GIB)
-        if peak > self.memory_bytes:
-            return TrialResult(status="oom_gpu", error="torch.OutOfMemoryError: CUDA out of memory."), False
-        offloaded = candidate.mode.offload_ratio if candidate.rung.offload_optimizer else 0.0
-        step = 0.2 + 0.1 * candidate.micro_batch + self.cpu_adam_s * offloaded
-        if candidate.mode in self.fast_modes:
-            step /= 2
-        result = TrialResult(
-            status="ok",
-            ranks=[RankMetrics(0, device_used_bytes=peak)],
-            step_times_s=[step] * 3,
-            samples_per_s=candidate.micro_batch / step,
-        )
-        return result, False
-
-
+# -- the search over a fake memory model and machine (tests/fakes/machines.py) -------------------------------
 def _search(
-    machine: FakeMachine, memory: FakeMemory, options, rungs, max_trials: int = 30, headroom: float = 1.0
+    machine: LinearMachine, memory: LinearMemory, options, rungs, max_trials: int = 30, headroom: float = 1.0
 ) -> Search:
     model = summarize(resolve_model("gpt2"))
     target = Target(generic_gpu(machine.memory_bytes), 1, 1, machine.memory_bytes, 512 * GIB, None, True)
@@ -133,8 +74,8 @@ def test_partial_offload_is_searched_and_wins_although_full_offload_was_measured
     """Z3 does not fit at all (16 GiB of states + activations > 16 GiB); full offload fits everything but is slow;
     the smallest ratio that fits at the largest micro-batch wins. The ladder puts full offload first; its
     measurement must not bound partial offload (it does more host work, not less)."""
-    machine = FakeMachine(memory_bytes=16 * GIB)
-    search = _search(machine, FakeMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3, Rung.Z3_OFFLOAD_OPT])
+    machine = LinearMachine(memory_bytes=16 * GIB)
+    search = _search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3, Rung.Z3_OFFLOAD_OPT])
     outcome = search.run_search()
     classic_full = [c for c in machine.launched if c.rung is Rung.Z3_OFFLOAD_OPT and c.mode.is_classic]
     partial = [c for c in machine.launched if is_ratio_mode(c.mode)]
@@ -163,8 +104,8 @@ def test_bounds_never_let_full_offload_prune_partial_offload_but_zero3_may() -> 
 def test_an_oom_at_ratio_r_moves_the_next_try_up_and_calibrates() -> None:
     """The model thinks the optimizer states are 12 GiB, the machine has 14: the predicted smallest ratio runs out
     of memory; the next try at the same micro-batch is a larger ratio, and the OOM went to the calibration."""
-    machine = FakeMachine(memory_bytes=16 * GIB, optimizer_gib=14.0)
-    memory = FakeMemory(optimizer_gib=12.0)
+    machine = LinearMachine(memory_bytes=16 * GIB, optimizer_gib=14.0)
+    memory = LinearMemory(optimizer_gib=12.0)
     search = _search(machine, memory, {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT])
     outcome = search.run_search()
     partial = [c for c in machine.launched if is_ratio_mode(c.mode)]
@@ -182,8 +123,8 @@ def test_measured_peaks_on_both_sides_of_a_ratio_draw_its_line() -> None:
     by the model would miss again. The classic offload (ratio 1) measured 12 GiB at micro-batch 8 and ratio 0.7
     19.2 GiB: the line between the two measured peaks lands on the smallest ratio that fits, with no trial between.
     Limit 16 GiB (80% of 20): at micro-batch 8 the truth needs 4 + 24 (1 - r) + 8 <= 16, r >= 5/6 -> 0.85."""
-    machine = FakeMachine(memory_bytes=20 * GIB, optimizer_gib=24.0)
-    search = _search(machine, FakeMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT], headroom=0.8)
+    machine = LinearMachine(memory_bytes=20 * GIB, optimizer_gib=24.0)
+    search = _search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT], headroom=0.8)
     outcome = search.run_search()
     at_8 = [
         t
@@ -199,8 +140,8 @@ def test_a_config_holding_no_less_device_memory_than_one_that_did_not_fit_is_nev
     """The truth's activations are 1.5 GiB a sample, the model's 1: the classic optimizer offload at micro-batch 8
     runs out of memory (4 + 12 GiB > 14). A partial offload keeps more on the device than the classic one at the
     same micro-batch, so no ratio is tried at micro-batch 8 (the model alone would have said 0.85 fits there)."""
-    machine = FakeMachine(memory_bytes=14 * GIB, activation_gib=1.5)
-    outcome = _search(machine, FakeMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT]).run_search()
+    machine = LinearMachine(memory_bytes=14 * GIB, activation_gib=1.5)
+    outcome = _search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT]).run_search()
     classic_8 = Candidate(Rung.Z3_OFFLOAD_OPT, 8, False)
     assert classic_8 in machine.launched and machine.run(classic_8)[0].status == "oom_gpu"
     partial = [c for c in machine.launched if is_ratio_mode(c.mode) and not c.grad_checkpointing]
@@ -232,26 +173,26 @@ def test_modes_that_cannot_run_here_are_planned_listed_and_never_picked() -> Non
     launched, never the pick; the same mode when verifiable is launched and wins on its measured speed."""
     fast = Mode(hpz_partition_size=2)
     option = ModeOption(fast, "hpz", True, "secondary partition", False)
-    machine = FakeMachine(memory_bytes=40 * GIB, fast_modes=(fast,))
-    outcome = _search(machine, FakeMemory(), {Rung.Z3: [option]}, [Rung.Z3]).run_search()
+    machine = LinearMachine(memory_bytes=40 * GIB, fast_modes=(fast,))
+    outcome = _search(machine, LinearMemory(), {Rung.Z3: [option]}, [Rung.Z3]).run_search()
     assert all(c.mode.is_classic for c in machine.launched)
     assert outcome.best is not None and outcome.best.candidate.mode.is_classic
     record = outcome.modes[0]
     assert record.status == "planned" and record.predicted_peak_bytes and record.samples_per_s is None
 
     verifiable = ModeOption(fast, "hpz", True, "secondary partition", True)
-    machine = FakeMachine(memory_bytes=40 * GIB, fast_modes=(fast,))
-    outcome = _search(machine, FakeMemory(), {Rung.Z3: [verifiable]}, [Rung.Z3]).run_search()
+    machine = LinearMachine(memory_bytes=40 * GIB, fast_modes=(fast,))
+    outcome = _search(machine, LinearMemory(), {Rung.Z3: [verifiable]}, [Rung.Z3]).run_search()
     assert outcome.best is not None and outcome.best.candidate.mode == fast
     assert outcome.modes[0].status == "measured"
 
 
 def test_modes_take_only_the_budget_the_classic_ladder_left() -> None:
-    machine = FakeMachine(memory_bytes=16 * GIB)
+    machine = LinearMachine(memory_bytes=16 * GIB)
     rungs = [Rung.Z3, Rung.Z3_OFFLOAD_OPT]
-    alone = FakeMachine(memory_bytes=16 * GIB)
-    _search(alone, FakeMemory(), {}, rungs, max_trials=3).run_search()
-    outcome = _search(machine, FakeMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, rungs, max_trials=3).run_search()
+    alone = LinearMachine(memory_bytes=16 * GIB)
+    _search(alone, LinearMemory(), {}, rungs, max_trials=3).run_search()
+    outcome = _search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, rungs, max_trials=3).run_search()
     assert machine.launched == alone.launched  # the classic ladder spent the budget: no mode trial displaced it
     assert len(machine.launched) == 3
     record = outcome.modes[0]
@@ -263,10 +204,10 @@ def test_report_rows_applicable_modes_and_the_json_keeps_every_reason(nodes: int
     """The markdown has a row per applicable mode and points to the JSON for the reasons (with their sources) and
     the modes that do not apply: the default report stays short."""
     facts = ModeFacts(nodes=nodes, gpus_per_node=4, device="cuda", allow_approximate=True)
-    machine = FakeMachine(memory_bytes=16 * GIB)
-    search = _search(machine, FakeMemory(), {}, [Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT])
+    machine = LinearMachine(memory_bytes=16 * GIB)
+    search = _search(machine, LinearMemory(), {}, [Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT])
     search.modes = lambda rung: considered_modes(rung, facts)
-    search.memory = FakeMemory().model()
+    search.memory = LinearMemory().model()
     outcome = search.run_search()
     report = _report(outcome.to_dict())
     text = render_markdown(report)
@@ -348,25 +289,6 @@ def test_simulated_cluster_where_a_mode_is_the_answer_and_the_search_finds_it(mo
     assert ours["trials"] <= ours["budget"]
 
 
-class _RatioSpeedLauncher:
-    """Stand-in trials for tune(): the less of the optimizer offloaded, the faster; memory flat. Records specs."""
-
-    def __init__(self) -> None:
-        self.configs: list[dict] = []
-
-    def run(self, spec) -> TrialResult:
-        self.configs.append(spec.ds_config)
-        offload = spec.ds_config["zero_optimization"].get("offload_optimizer") or {}
-        ratio = offload.get("ratio", 1.0) if offload else 0.0
-        step = 0.1 + 0.2 * ratio
-        return TrialResult(
-            status="ok",
-            ranks=[RankMetrics(0, host_rss_peak_bytes=500 * 2**20)],
-            step_times_s=[step] * 3,
-            samples_per_s=spec.ds_config["train_batch_size"] / step,
-        )
-
-
 def _tune_request(tmp_path, **overrides):
     from autotune.tuner import TuneRequest
 
@@ -392,7 +314,7 @@ def test_tune_passes_the_modes_to_the_search_and_writes_the_winning_ratio(tmp_pa
 
     from autotune import tune
 
-    launcher = _RatioSpeedLauncher()
+    launcher = RatioSpeedLauncher()
     result = tune(_tune_request(tmp_path), launcher=launcher)
     ratios = [c["zero_optimization"]["offload_optimizer"].get("ratio") for c in launcher.configs]
     assert any(r is not None and r < 1.0 for r in ratios)

@@ -1,6 +1,6 @@
 """What clusters do to jobs: SIGTERM with a grace period, SIGKILL leftovers, a hung lock holder.
 
-The hook paths use the stand-in tune() of test_hook_run (fast); tests/test_hook_e2e.py and
+The hook paths use the stand-in tune() of tests/fakes/hook.py (fast); tests/test_hook_e2e.py and
 tests/cluster/ send the same signals to real DeepSpeed trials.
 """
 
@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.test_hook_run import REPO, FakeTune, hook_request
+from tests.fakes.hook import FakeTune
+from tests.test_hook_run import REPO, hook_request
 
 from autotune.hook import HookError, run_hook
 from autotune.hook.coordinate import SharedSlot, coordinate, read_record
@@ -72,7 +73,8 @@ def test_sigterm_before_anything_was_verified_publishes_nothing(tmp_path: Path) 
 
 HOOK_UNDER_SIGTERM = """
 import sys
-from tests.test_hook_run import FakeTune, hook_request
+from tests.fakes.hook import FakeTune
+from tests.test_hook_run import hook_request
 from tests.test_terminate import MB4
 from autotune.cli import fail_with
 from autotune.hook import run_hook

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import run_cli
+from tests.fakes.launchers import CountingLauncher
 from tests.test_report_data import golden_report
-from tests.test_tune import CountingLauncher, tune_request
+from tests.test_tune import tune_request
 
 from autotune import tune
 from autotune.batch import describe_global_batch, requested_global_batch

@@ -19,6 +19,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from tests.fakes.torch_errors import DistNetworkError
 
 from autotune.trial.oom_evidence import OomKillWatch, kernel_oom_record, oom_kill_files
 from autotune.trial.outcome import LaunchOutcome, build_result, classify_exception, classify_line
@@ -91,10 +92,6 @@ def test_own_command_logs_use_the_same_matcher() -> None:
     for log, expected in ((PINNED_TRACEBACK, "oom_host"), (NCCL_CALLOC, "oom_gpu"), (CUDA_DRIVER_OOM, "oom_gpu")):
         outcome = ScriptOutcome(exit_code=1, log_text=log, metric=None, wall_s=1.0)
         assert classify(outcome, 60, 5)[0] == expected
-
-
-class DistNetworkError(RuntimeError):
-    """Stands for torch.distributed.DistNetworkError (no torch import in this test)."""
 
 
 @pytest.mark.parametrize(
@@ -235,25 +232,10 @@ def test_a_real_torchrun_trial_ignores_pet_rdzv_endpoint_at_a_closed_port(monkey
 # --- the tuner: an inconclusive trial is retried once, never cached, never a memory fact ------------------------
 
 
-class SigkillingLauncher:
-    """Real trials (LocalLauncher) whose worker is SIGKILLed at its entry (trial/faults.py), as `kill -9` from
-    outside would: no allocator message, no budget breach, no OOM-killer record."""
-
-    def __init__(self) -> None:
-        from autotune.trial import LocalLauncher
-        from autotune.trial.faults import FAULT_ENV, fault_value
-
-        self.inner = LocalLauncher(env={FAULT_ENV: fault_value("sigkill", "entry"), "OMP_NUM_THREADS": "1"})
-        self.specs: list[TrialSpec] = []
-
-    def run(self, spec: TrialSpec):
-        self.specs.append(spec)
-        return self.inner.run(spec)
-
-
 def test_a_sigkilled_worker_is_retried_once_not_cached_and_not_an_oom(tmp_path: Path) -> None:
     import json
 
+    from tests.fakes.launchers import FaultInjectingLauncher
     from tests.test_tune import tune_request
 
     from autotune import tune
@@ -261,7 +243,7 @@ def test_a_sigkilled_worker_is_retried_once_not_cached_and_not_an_oom(tmp_path: 
     from autotune.ladder import Rung
 
     request = tune_request(tmp_path, micro_batches=(2,), rungs=(Rung.Z0,))
-    killed = SigkillingLauncher()
+    killed = FaultInjectingLauncher()  # SIGKILLed at the worker's entry, as `kill -9` would
     with pytest.raises(TrialsFailedError, match="inconclusive"):
         tune(request, launcher=killed)
     def tried(specs: list[TrialSpec]) -> list[str]:
@@ -273,7 +255,7 @@ def test_a_sigkilled_worker_is_retried_once_not_cached_and_not_an_oom(tmp_path: 
     report = json.loads((tmp_path / "autotune-report.json").read_text())
     assert {t["result"]["status"] for t in report["trials"]} == {"inconclusive"}
     assert report["calibration"]["oom_bounds"] == [] and report["calibration"]["samples"] == 0
-    again = SigkillingLauncher()
+    again = FaultInjectingLauncher()
     with pytest.raises(TrialsFailedError):
         tune(request, launcher=again)  # the next run launches them again: nothing was cached
     assert tried(again.specs) == tried(killed.specs)
@@ -293,23 +275,24 @@ def test_a_sigkilled_worker_is_retried_once_not_cached_and_not_an_oom(tmp_path: 
 def test_a_host_or_inconclusive_failure_on_a_gpu_run_does_not_raise_the_device_prediction(
     status: str, error: str
 ) -> None:
-    from tests.test_search_modes import GIB, FakeMachine, FakeMemory, _search
+    from tests.fakes.machines import GIB, LinearMachine, LinearMemory
+    from tests.test_search_modes import _search
 
     from autotune.ladder import Rung
     from autotune.trial.types import TrialResult
 
-    class HostFailing(FakeMachine):
+    class HostFailing(LinearMachine):
         def run(self, candidate):  # the device would fit everything; the host side fails once
             if not self.launched:
                 self.launched.append(candidate)
                 return TrialResult(status=status, error=error), False
             return super().run(candidate)
 
-    memory = FakeMemory()
+    memory = LinearMemory()
     _search(HostFailing(memory_bytes=80 * GIB), memory, {}, [Rung.Z3]).run_search()
     assert memory.oom_calibrations == []
-    device_oom = FakeMemory(optimizer_gib=2.0)  # believes the states small; the machine's are 12 GiB: a device OOM
-    _search(FakeMachine(memory_bytes=16 * GIB), device_oom, {}, [Rung.Z3]).run_search()
+    device_oom = LinearMemory(optimizer_gib=2.0)  # believes the states small; the machine's are 12 GiB: a device OOM
+    _search(LinearMachine(memory_bytes=16 * GIB), device_oom, {}, [Rung.Z3]).run_search()
     assert device_oom.oom_calibrations  # still teaches the model
 
 

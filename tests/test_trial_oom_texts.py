@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.fakes.torch_errors import DistBackendError
 
 from autotune.trial.outcome import LaunchOutcome, build_result, classify_exception, classify_line, is_gpu_oom_text
 from autotune.trial.types import TrialSpec
@@ -28,10 +29,6 @@ CUBLAS_OOM = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(
 CUBLASLT_OOM = (
     "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasLtMatmul( ltHandle, computeDesc.descriptor(), ...)`"
 )
-
-
-class DistBackendError(RuntimeError):
-    """Stands for torch.distributed.DistBackendError (no torch import in this test)."""
 
 
 @pytest.mark.parametrize(

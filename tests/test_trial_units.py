@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.fakes.torch_errors import OutOfMemoryError
 
 from autotune.errors import UserError
 from autotune.trial import LocalLauncher, SlurmLauncher, TrialSpec
@@ -56,10 +57,6 @@ def ok_report(rank: int, rss: int = 500 << 20) -> RankReport:
 
 
 # --- exceptions and logs -------------------------------------------------------------------------
-
-
-class OutOfMemoryError(RuntimeError):
-    """Stands for torch.OutOfMemoryError, which the classifier recognises by name (no torch import)."""
 
 
 @pytest.mark.parametrize(

@@ -5,38 +5,16 @@ from dataclasses import replace
 
 import pytest
 from tests.conftest import run_cli
+from tests.fakes.launchers import CountingLauncher
 
 from autotune import tune
 from autotune.dsconfig import validate_with_deepspeed
 from autotune.errors import NothingFitsError, UserError
 from autotune.ladder import Candidate, Rung
 from autotune.search import SearchEvent
-from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
 from autotune.tuner import TuneRequest, _replaced_note
 
 MIB = 2**20
-
-
-class CountingLauncher:
-    """Deterministic stand-in: memory and speed grow with the micro-batch; can be told to stop mid-run."""
-
-    def __init__(self, interrupt_after: int | None = None, mib_per_sample: int = 1) -> None:
-        self.specs: list[TrialSpec] = []
-        self.interrupt_after = interrupt_after
-        self.mib_per_sample = mib_per_sample
-
-    def run(self, spec: TrialSpec) -> TrialResult:
-        if self.interrupt_after is not None and len(self.specs) >= self.interrupt_after:
-            raise KeyboardInterrupt
-        self.specs.append(spec)
-        mb = spec.ds_config["train_micro_batch_size_per_gpu"]
-        step = 0.1 + 0.01 * mb * spec.ds_config["gradient_accumulation_steps"]
-        return TrialResult(
-            status="ok",
-            ranks=[RankMetrics(0, host_rss_peak_bytes=(400 + mb * self.mib_per_sample) * MIB)],
-            step_times_s=[step] * 3,
-            samples_per_s=spec.ds_config["train_batch_size"] / step,
-        )
 
 
 def tune_request(tmp_path, **overrides) -> TuneRequest:
