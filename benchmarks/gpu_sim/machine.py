@@ -17,6 +17,8 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tests.fakes.machines import RecordingMachine
+
 from autotune.hardware import GpuSpec, resolve_gpu_type
 from autotune.ladder import Candidate, Mode, Rung
 from autotune.models import ModelSummary
@@ -220,7 +222,7 @@ class StepCost:
     optimizer_s: float
 
 
-class SimulatedCluster:
+class SimulatedCluster(RecordingMachine):
     """`run(candidate)` answers like a real trial would; `truth(candidate)` is the exhaustive grid's view."""
 
     def __init__(
@@ -476,7 +478,3 @@ class SimulatedCluster:
             samples_per_s=self.samples_per_s(candidate),
             wall_s=self.trial_seconds(candidate),
         )
-
-    def run(self, candidate: Candidate) -> tuple[TrialResult, bool]:
-        self.launched.append(candidate)
-        return self.result(candidate), False
