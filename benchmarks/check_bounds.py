@@ -92,7 +92,7 @@ def main() -> None:
                 row["within_target"] = row["wall_s"] <= TARGET_S and row["peak_rss_bytes"] <= TARGET_RSS_BYTES
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    from autotune.atomic import atomic_write_json
+    from autotune.infra.atomic import atomic_write_json
 
     atomic_write_json(
         args.out,

@@ -28,20 +28,20 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from autotune.dsconfig import TrainSettings, build_ds_config
+from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.core.units import GiB
+from autotune.dsconfig.build import TrainSettings, build_ds_config
 from autotune.estimate import EstimateSettings, estimate
 from autotune.estimate.ds_estimators import deepspeed_estimators
 from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.runtime import RuntimeStack
 from autotune.estimate.types import MemoryEstimate
-from autotune.hardware import Target, generic_gpu
-from autotune.ladder import Candidate, Mode, Rung
+from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import ModelSummary, resolve_model, summarize
 from autotune.models.build import build_model
 from autotune.models.profiles import find_profile
-from autotune.modes import ratio_mode
+from autotune.modes.applies import ratio_mode
 from autotune.trial import LocalLauncher, TrialSpec, run_trial
-from autotune.units import GiB
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -62,7 +62,7 @@ class Point:
     grad_checkpointing: bool = False
     ranks: int = 1
     malloc: str = "mmap64k"
-    offload_ratio: float = 1.0  # partial optimizer offload (a modern mode, autotune.modes); 1.0 = the classic rung
+    offload_ratio: float = 1.0  # partial optimizer offload (a modern mode, modes.applies); 1.0 = the classic rung
 
     @property
     def candidate(self) -> Candidate:
@@ -240,7 +240,7 @@ def predicted_trial(
         world_size=target.gpus_per_node,
         precision=precision,
         hidden_size=summary.hidden_size,
-        trainable_params=summary.trainable_params,  # sizes sub_group_size for an offload ratio (autotune.modes)
+        trainable_params=summary.trainable_params,  # sizes sub_group_size for an offload ratio (autotune.modes.applies)
     )
     spec = TrialSpec(
         model_config=source.config,

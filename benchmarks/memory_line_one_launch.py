@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from autotune.atomic import atomic_write_json
-from autotune.context import TuneContext
-from autotune.ladder import Candidate, Rung
-from autotune.request import TuneRequest
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.units import MiB
+from autotune.infra.atomic import atomic_write_json
+from autotune.request.context import TuneContext
+from autotune.request.tune_request import TuneRequest
 from autotune.trial import LocalLauncher, run_trial
 from autotune.trial.ops import prebuild_ops
-from autotune.units import MiB
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "memory_line_one_launch_cpu.json"

@@ -1,8 +1,8 @@
 """Which modern DeepSpeed modes run on the CPU backend (DS_ACCELERATOR=cpu, gloo): one real trial per mode.
 
-Each mode's config comes from autotune.dsconfig (the config autotune emits), runs through autotune.trial.run_trial
+Each mode's config comes from autotune.dsconfig.build (the config autotune emits), runs through autotune.trial.run_trial
 on a tiny GPT-2, and the outcome (ok, or DeepSpeed's first error line) goes to
-benchmarks/results/modes_cpu_backend.json. autotune.modes.CPU_BACKEND restates the outcome; the slow test
+benchmarks/results/modes_cpu_backend.json. autotune.modes.applies.CPU_BACKEND restates the outcome; the slow test
 tests/test_modes_cpu.py re-runs it and fails when they disagree.
 
     PYTHONPATH=src python3 benchmarks/modes_cpu_backend.py [--out benchmarks/results/modes_cpu_backend.json]
@@ -20,10 +20,10 @@ from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from autotune.atomic import atomic_write_text
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.ladder import Candidate, Mode, Rung
-from autotune.modes import HPZ, PARTIAL_OFFLOAD, QUANTIZED_GRADIENTS, QUANTIZED_WEIGHTS, SUPER_OFFLOAD, ZENFLOW
+from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.infra.atomic import atomic_write_text
+from autotune.modes.applies import HPZ, PARTIAL_OFFLOAD, QUANTIZED_GRADIENTS, QUANTIZED_WEIGHTS, SUPER_OFFLOAD, ZENFLOW
 from autotune.trial import LocalLauncher, TrialSpec, run_trial
 from autotune.trial.ops import prebuild_ops
 

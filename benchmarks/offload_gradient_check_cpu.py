@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     central, _ = offload_gradient_check_bytes(1, RuntimeStack(deepspeed_version=result["deepspeed"]))
     result["model_bytes_per_element"] = central
-    from autotune.atomic import atomic_write_json
+    from autotune.infra.atomic import atomic_write_json
 
     atomic_write_json(args.out, result)
     print(json.dumps(result))

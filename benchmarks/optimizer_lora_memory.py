@@ -15,15 +15,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.atomic import atomic_write_json
-from autotune.dsconfig import TrainSettings, build_ds_config
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.units import GiB
+from autotune.dsconfig.build import TrainSettings, build_ds_config
 from autotune.estimate import EstimateSettings, estimate
-from autotune.hardware import Target, generic_gpu
-from autotune.ladder import Candidate, Rung
-from autotune.lora import LoraSettings, lora_summary
+from autotune.hardware.specs import Target, generic_gpu
+from autotune.infra.atomic import atomic_write_json
 from autotune.models import resolve_model, summarize
+from autotune.training.lora import LoraSettings, lora_summary
 from autotune.trial import LocalLauncher, TrialSpec, run_trial
-from autotune.units import GiB
 from estimate_accuracy import MALLOC_ENV, environment
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -14,7 +14,7 @@ measures the two candidates, order alternating between rounds (A, B then B, A) s
   (TuneContext.emitted_config) for `--steps` optimizer steps, each printing its own wall time (`wall_s`); the
   median after the first 5 steps (warm-up, the same count autotune skips before its profiled step).
 
-Per round the faster candidate both ways, and overall the verdict autotune.close_call gives on the pooled trials.
+Per round the faster candidate both ways, and overall the verdict autotune.search.close_call gives on the pooled trials.
 Every round records the load average (`uptime`). Written after every round (temp file + rename).
 """
 
@@ -31,12 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from autotune.atomic import atomic_write_json
-from autotune.close_call import decide
-from autotune.context import TuneContext
-from autotune.ladder import Candidate, Rung
-from autotune.measurement import pooled
-from autotune.request import TuneRequest
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.measurement import pooled
+from autotune.infra.atomic import atomic_write_json
+from autotune.request.context import TuneContext
+from autotune.request.tune_request import TuneRequest
+from autotune.search.close_call import decide
 from autotune.trial.processes import one_rank_env, trial_env
 from autotune.trial.script import ScriptLauncher
 

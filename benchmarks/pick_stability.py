@@ -28,7 +28,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from autotune.atomic import atomic_write_json
+from autotune.infra.atomic import atomic_write_json
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -90,7 +90,7 @@ class LoadSampler:
 def _key(candidate: dict | None) -> str | None:
     if not candidate:
         return None
-    from autotune.ladder import Candidate
+    from autotune.core.ladder import Candidate
 
     return Candidate.from_dict(candidate).key
 

@@ -40,11 +40,11 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.units import GiB
 from autotune.estimate import EstimateSettings, check_fit, estimate
-from autotune.hardware import Target, generic_gpu
-from autotune.ladder import Candidate, Rung
+from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import ModelSummary, resolve_model, summarize
-from autotune.units import GiB
 
 HERE = Path(__file__).resolve().parent
 POINTS = HERE / "published" / "points.json"

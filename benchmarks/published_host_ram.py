@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from autotune.atomic import atomic_write_json
+from autotune.core.ladder import Candidate
+from autotune.core.units import GiB
 from autotune.estimate import estimate
-from autotune.hardware import Target, generic_gpu
-from autotune.ladder import Candidate
-from autotune.units import GiB
+from autotune.hardware.specs import Target, generic_gpu
+from autotune.infra.atomic import atomic_write_json
 from published_accuracy import HERE, _environment, _model, _rung, _settings
 
 POINTS = HERE / "published" / "host_points.json"

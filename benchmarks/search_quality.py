@@ -25,15 +25,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.fakes (gpu_sim)
 
-from autotune.atomic import atomic_write_text
-from autotune.cache import library_versions
+from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.estimate.types import EstimateSettings
-from autotune.hardware import Target
-from autotune.ladder import Candidate, Mode, Rung
+from autotune.hardware.specs import Target
+from autotune.infra.atomic import atomic_write_text
 from autotune.models import resolve_model, summarize
-from autotune.modes import ModeFacts, ModeOption, considered_modes, ratio_grid
-from autotune.search import Search, SearchLimits
-from autotune.search_modes import is_ratio_mode
+from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
+from autotune.modes.search_view import is_ratio_mode
+from autotune.search.cache import library_versions
+from autotune.search.walk import Search, SearchLimits
 from gpu_sim.ds_autotuning import ds_autotuning
 from gpu_sim.machine import SimulatedCluster, models_mode
 from gpu_sim.scenarios import SCENARIOS, Scenario
@@ -64,7 +64,7 @@ def cluster(scenario: Scenario) -> tuple[SimulatedCluster, Target, EstimateSetti
 
 
 def mode_options(scenario: Scenario) -> dict[Rung, list[ModeOption]]:
-    """autotune.modes' own answer for this machine, per rung. A mode the simulator has no model of (ZenFlow,
+    """autotune.modes.applies' own answer for this machine, per rung. A mode the simulator has no model of (ZenFlow,
     SuperOffload) cannot be "run" here: it is passed on as not trial-verifiable, so the search plans and lists it
     but never picks it, exactly as on a backend that cannot run it."""
     # every mode, the ones that change the training included (--allow-approximate): the search's quality is measured
@@ -82,7 +82,7 @@ def mode_options(scenario: Scenario) -> dict[Rung, list[ModeOption]]:
 
 
 def offload_ratios() -> tuple[float, ...]:
-    """The ratio's real settings: the grid autotune.modes searches, whose sub_group_size makes each one act."""
+    """The ratio's real settings: the grid autotune.modes.applies searches, whose sub_group_size makes each one act."""
     return tuple(r for r in ratio_grid() if 0.0 < r < 1.0)
 
 

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({row['error']:+.1%})  of {row['total_params']:,}")
     result.update(python=platform.python_version(), machine=platform.machine(),
                   date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), ranks=2)
-    from autotune.atomic import atomic_write_json
+    from autotune.infra.atomic import atomic_write_json
 
     atomic_write_json(args.out, result)
     return 0

@@ -24,8 +24,8 @@ from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
 
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.ladder import Candidate, Rung
+from autotune.core.ladder import Candidate, Rung
+from autotune.dsconfig.build import TrainSettings, build_ds_config
 from autotune.trial import LocalLauncher, TrialResult, TrialSpec, WarmWorkerPool, run_trial
 from autotune.trial.ops import prebuild_ops
 

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import psutil
 
-from autotune.atomic import atomic_write_json
-from autotune.context import TuneContext
-from autotune.ladder import Candidate, Rung
-from autotune.request import TuneRequest
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.units import GiB, MiB
+from autotune.infra.atomic import atomic_write_json
+from autotune.request.context import TuneContext
+from autotune.request.tune_request import TuneRequest
 from autotune.trial import LocalLauncher, TrialResult, WarmWorkerPool, run_trial
 from autotune.trial.ops import prebuild_ops
-from autotune.units import GiB, MiB
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "warm_workers_cpu.json"

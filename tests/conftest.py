@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.versions import installed, version_tuple
+from autotune.core.versions import installed, version_tuple
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,8 @@ from tests.fakes.launchers import FailingLauncher
 
 from autotune import tune
 from autotune.cli import main
+from autotune.core.ladder import Rung
 from autotune.errors import TrialsFailedError
-from autotune.ladder import Rung
 from autotune.tuner import TuneRequest
 
 TINY_CPU = ["--model", "tiny-gpt2", "--device", "cpu", "--seq-len", "32"]

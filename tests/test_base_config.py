@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from tests.fakes.launchers import CountingLauncher
 
-from autotune.base_config import TUNED_KEYS
 from autotune.cli import main
-from autotune.ladder import Rung
+from autotune.core.ladder import Rung
+from autotune.dsconfig.base import TUNED_KEYS
 
 BASE_TEXT = """{
   "train_batch_size": 16,

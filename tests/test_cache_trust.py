@@ -20,12 +20,12 @@ from tests.test_hook_run import hook_request
 from tests.test_tune import tune_request
 
 from autotune import tune
-from autotune.atomic import atomic_write_text
-from autotune.cache import ResultsCache
+from autotune.core.ladder import Candidate, Rung
 from autotune.hook import run_hook
 from autotune.hook.coordinate import HookRecord, SharedSlot, coordinate, publish, read_record
-from autotune.ladder import Candidate, Rung
-from autotune.sharing import distrust_reason
+from autotune.infra.atomic import atomic_write_text
+from autotune.infra.sharing import distrust_reason
+from autotune.search.cache import ResultsCache
 from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
 
 OTHER = 65534  # nobody / nogroup

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from autotune.check import CheckContext, Severity, check_config, config_findings, load_config
-from autotune.check.consumer import Consumer, detect_consumer, fill_like_consumer
 from autotune.check.initialize import deepspeed_version
 from autotune.cli import main
+from autotune.dsconfig.consumer import Consumer, detect_consumer, fill_like_consumer
 
 CORPUS = Path(__file__).parent / "data" / "check" / "corpus"
 HF_BASE = {
@@ -149,7 +149,7 @@ def test_the_training_arguments_stand_in_carries_every_default_the_installed_tra
 
     from transformers import TrainingArguments
 
-    from autotune.check.consumer import _training_arguments
+    from autotune.dsconfig.consumer import _training_arguments
 
     args = _training_arguments({"train_micro_batch_size_per_gpu": 3, "bf16": {"enabled": True}}, world_size=2)
     for field in dataclasses.fields(TrainingArguments):

@@ -16,9 +16,9 @@ import pytest
 from tests.conftest import needs
 
 from autotune.check import CheckContext, Severity, check_config, load_config
-from autotune.check.consumer import Consumer, fill_like_consumer
 from autotune.check.findings import TRAINING_KEYS
-from autotune.dsconfig import validate_with_deepspeed
+from autotune.dsconfig.build import validate_with_deepspeed
+from autotune.dsconfig.consumer import Consumer, fill_like_consumer
 
 CORPUS = Path(__file__).parent / "data" / "check" / "corpus"
 INDEX: list[dict[str, Any]] = json.loads((CORPUS / "index.json").read_text())

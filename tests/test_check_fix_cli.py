@@ -11,8 +11,8 @@ from autotune.check import CheckContext, Severity, check_config, fix_config, loa
 from autotune.check.envvars import env_findings, parse_env_file
 from autotune.check.fit import effective_rung
 from autotune.cli import main
-from autotune.dsconfig import validate_with_deepspeed
-from autotune.ladder import Rung
+from autotune.core.ladder import Rung
+from autotune.dsconfig.build import validate_with_deepspeed
 
 DATA = Path(__file__).parent / "data" / "check"
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from autotune.check import CheckContext, Severity, check_config, load_config
-from autotune.check.consumer import Consumer, detect_consumer, fill_like_consumer
 from autotune.check.init_probe import run_init_check, scaled_to_one_rank
+from autotune.dsconfig.consumer import Consumer, detect_consumer, fill_like_consumer
 
 CORPUS = Path(__file__).parent / "data" / "check" / "corpus"
 INDEX: list[dict[str, Any]] = json.loads((CORPUS / "index.json").read_text())

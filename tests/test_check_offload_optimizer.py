@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from autotune.check import CheckContext, Severity, check_config, config_findings
-from autotune.check.consumer import Consumer, fill_like_consumer
 from autotune.check.init_probe import run_init_check
+from autotune.dsconfig.consumer import Consumer, fill_like_consumer
 
 OFFLOAD = "zero_optimization.offload_optimizer"
 HF_BATCH = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}

@@ -12,9 +12,9 @@ import pytest
 
 from autotune.cli import main
 from autotune.cli.request import NOT_OFFERED, offered_fields, recorded_options, source_of, unwired_fields
+from autotune.core.ladder import Rung
 from autotune.hook import HookRequest, JobOverrides
-from autotune.ladder import Rung
-from autotune.request import TuneRequest
+from autotune.request.tune_request import TuneRequest
 
 
 class Captured(Exception):
@@ -31,13 +31,13 @@ def _raise_with(request: object, *_: object, **__: object) -> None:
 
 def built_request(monkeypatch: pytest.MonkeyPatch, *argv: str) -> object:
     """What `autotune ARGV` hands to tune() (tune), TuneContext.build (plan) or run_hook (hook)."""
-    import autotune.context
     import autotune.hook
+    import autotune.request.context
     import autotune.tuner
 
     monkeypatch.setattr(autotune.tuner, "tune", _raise_with)
     monkeypatch.setattr(autotune.hook, "run_hook", _raise_with)
-    monkeypatch.setattr(autotune.context.TuneContext, "build", staticmethod(_raise_with))
+    monkeypatch.setattr(autotune.request.context.TuneContext, "build", staticmethod(_raise_with))
     with pytest.raises(Captured) as captured:
         main(list(argv))
     return captured.value.request

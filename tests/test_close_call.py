@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 from tests.test_report_data import golden_report
 
-from autotune.close_call import decide, settle, simplicity
-from autotune.ladder import Candidate, Mode, Rung
-from autotune.measurement import MIN_STEPS, StepStats, enough_steps, median_rank_bound, speed_of
-from autotune.report_data import Choice, HostNeed, TrialEntry, TuneReport, VerdictEntry
+from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.core.measurement import MIN_STEPS, StepStats, enough_steps, median_rank_bound, speed_of
+from autotune.report.data import Choice, HostNeed, TrialEntry, TuneReport, VerdictEntry
+from autotune.search.close_call import decide, settle, simplicity
 from autotune.trial.types import TrialResult
 
 Z0 = Candidate(Rung.Z0, 8, False)
@@ -139,7 +139,7 @@ def _report_data(verdict, device: str = "cuda") -> TuneReport:
 
 
 def test_summary_leads_with_pick_spread_runner_up_headroom_and_host_needs() -> None:
-    from autotune.pick_summary import lead_lines
+    from autotune.report.pick import lead_lines
 
     tie = decide({Z0: _speed(1.0, 0.2), Z2_OFFLOAD: _speed(0.97, 0.2)})
     pick, speed, versus, memory, host = lead_lines(_report_data(tie))
@@ -154,7 +154,7 @@ def test_summary_leads_with_pick_spread_runner_up_headroom_and_host_needs() -> N
 
 
 def test_chart_marks_the_pick_and_carries_each_trials_interval() -> None:
-    from autotune.report_plot import _trial_rows
+    from autotune.report.plot import _trial_rows
 
     rows = _trial_rows(_report_data(decide({Z0: _speed(1.0, 0.02)})))
     assert rows[0]["chosen"]
@@ -164,7 +164,7 @@ def test_chart_marks_the_pick_and_carries_each_trials_interval() -> None:
 
 def test_steps_timed_past_the_stopping_point_are_dropped() -> None:
     """An own command runs on between two polls: its figure is the prefix the stopping rule accepts, capped."""
-    from autotune.measurement import steps_until_enough
+    from autotune.core.measurement import steps_until_enough
 
     steady = [1.0, 1.01, 0.99, 1.0, 1.005] + [5.0] * 18  # known to +-3% after five steps; the rest came later
     assert steps_until_enough(steady, max_steps=12, max_seconds=600) == steady[:5]
@@ -180,7 +180,7 @@ def test_hook_summary_leads_with_the_lines_tune_prints() -> None:
     from autotune.hook.coordinate import HookRecord
     from autotune.hook.env import JobEnv
     from autotune.hook.run import HookResult
-    from autotune.pick_summary import summary_head
+    from autotune.report.pick import summary_head
 
     tie = decide({Z0: _speed(1.0, 0.2), Z2_OFFLOAD: _speed(0.97, 0.2)})
     report = replace(_report_data(tie), model={"name": "tiny-gpt2"}, target_description="1x1 cpu")
@@ -199,7 +199,7 @@ def test_hook_summary_leads_with_the_lines_tune_prints() -> None:
 
 
 def test_verbose_lists_every_measured_candidate_with_its_interval_fastest_first() -> None:
-    from autotune.pick_summary import measured_detail, measurement_lines
+    from autotune.report.pick import measured_detail, measurement_lines
 
     clear = decide({Z2_OFFLOAD: _speed(1.0, 0.02), Z0: _speed(1.2, 0.02)})
     data = _report_data(clear)

@@ -14,11 +14,11 @@ import pytest
 from tests.test_trial_run import GENEROUS_TIMEOUT_S, cpu_ops_built, marked_env  # noqa: F401 (fixture)
 
 from autotune.cli import main
-from autotune.context import TuneContext
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.ladder import Candidate, Rung
+from autotune.core.ladder import Candidate, Rung
+from autotune.dsconfig.build import TrainSettings, build_ds_config
 from autotune.models import resolve_model
-from autotune.request import TuneRequest
+from autotune.request.context import TuneContext
+from autotune.request.tune_request import TuneRequest
 from autotune.trial import LocalLauncher, TrialSpec, run_trial
 from autotune.trial.training import synthetic_batch
 

@@ -16,8 +16,8 @@ import torch
 from tests.fakes.devices import FakeAioHandle
 from tests.test_trial_run import tiny_spec
 
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.ladder import Candidate, Rung
+from autotune.core.ladder import Candidate, Rung
+from autotune.dsconfig.build import TrainSettings, build_ds_config
 from autotune.trial.deepspeed_globals import lru_caches, release_nvme_param_buffers
 from autotune.trial.processes import one_rank_env
 from autotune.trial.types import TrialSpec

@@ -21,9 +21,9 @@ from tests.fakes.devices import (
     FakeNvml,
 )
 
+from autotune.core.units import GiB, MiB
 from autotune.trial.memory import MemoryTracker, PeakSampler, allocator_fraction
 from autotune.trial.types import RankMetrics, TrialResult
-from autotune.units import GiB, MiB
 
 
 def _tracker(card: FakeCard) -> tuple[MemoryTracker, FakeAllocator]:

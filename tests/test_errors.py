@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import AutotuneError, HookError, NothingFitsError, TrialsFailedError, UserError
-from autotune.terminate import TERMINATED_EXIT, Terminated
+from autotune.infra.terminate import TERMINATED_EXIT, Terminated
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from autotune.core.ladder import LADDER, Candidate, Rung
+from autotune.core.units import GiB
 from autotune.estimate import (
     Calibration,
     EstimateSettings,
@@ -21,10 +23,8 @@ from autotune.estimate.activations import activation_breakdown, layer_bytes, log
 from autotune.estimate.ds_estimators import compile_estimators, import_estimators
 from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.model_states import model_states
-from autotune.hardware import Target, generic_gpu
-from autotune.ladder import LADDER, Candidate, Rung
+from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import ModelSummary
-from autotune.units import GiB
 
 GPT_CONFIG = {"model_type": "gpt2", "activation_function": "gelu", "attn_pdrop": 0.1, "resid_pdrop": 0.1}
 

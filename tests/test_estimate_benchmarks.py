@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from tests.conftest import needs
 
-from autotune.hardware import Target, generic_gpu
-from autotune.ladder import Rung
+from autotune.core.ladder import Rung
+from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import resolve_model, summarize
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from tests.test_estimate import summary, target
 
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.units import GiB
 from autotune.estimate import (
     Calibration,
     EstimateSettings,
@@ -42,8 +44,6 @@ from autotune.estimate.runtime import (
     nvls_buffers,
 )
 from autotune.estimate.stage3_retention import retained_at_turn
-from autotune.ladder import Candidate, Rung
-from autotune.units import GiB
 
 REPO = Path(__file__).resolve().parents[1]
 NEW_STACK = RuntimeStack(torch_version="2.7.1+cu126", cuda_version="12.6", nccl_version="2.26.2")

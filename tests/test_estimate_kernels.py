@@ -9,13 +9,13 @@ import pytest
 from tests.test_estimate import summary, target
 
 from autotune.cli import main
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.versions import deepspeed_note
 from autotune.estimate import EstimateSettings, estimate
 from autotune.estimate.activations import activation_breakdown
 from autotune.estimate.kernels import fused_kernels, linear_cross_entropy_chunk_rows
 from autotune.estimate.runtime import RuntimeStack
-from autotune.ladder import Candidate, Rung
-from autotune.request import KERNELS
-from autotune.versions import deepspeed_note
+from autotune.request.tune_request import KERNELS
 
 ROOT = Path(__file__).resolve().parents[1]
 TINYLLAMA = str(ROOT / "benchmarks" / "published" / "models" / "tinyllama-1.1b.json")
@@ -183,8 +183,8 @@ def test_check_kernels_option(capsys, tmp_path):
 
 
 def test_tune_notes_say_the_synthetic_trials_run_stock_modules():
-    from autotune.context import kernel_notes
-    from autotune.request import TuneRequest
+    from autotune.request.context import kernel_notes
+    from autotune.request.tune_request import TuneRequest
 
     liger = TuneRequest(model="m", kernels="liger")
     assert kernel_notes(TuneRequest(model="m"), trials_run=True) == []
@@ -197,7 +197,7 @@ def test_tune_notes_say_the_synthetic_trials_run_stock_modules():
 
 
 def test_hf_trainer_launch_turns_liger_on_when_the_prediction_counted_it(tmp_path):
-    from autotune.launchers import TunedRun, hf_trainer_flags
+    from autotune.dsconfig.launchers import TunedRun, hf_trainer_flags
 
     run = TunedRun(tmp_path / "c.json", tmp_path / "c.hf.json", tmp_path / "c.yaml", 3, 4, "bf16", False, 2)
     assert "--use_liger_kernel" not in hf_trainer_flags(run)

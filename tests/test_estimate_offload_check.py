@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from tests.test_estimate import summary, target
 
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.units import GiB
 from autotune.estimate import EstimateSettings, check_fit, estimate
 from autotune.estimate.buffers import (
     deepspeed_buffers,
@@ -20,8 +22,6 @@ from autotune.estimate.buffers import (
     stage3_offload_grad_transient,
 )
 from autotune.estimate.runtime import RuntimeStack
-from autotune.ladder import Candidate, Rung
-from autotune.units import GiB
 
 REPO = Path(__file__).resolve().parents[1]
 LARGEST = 400_000_000  # an output layer the size of deepseek-math-7b's (102400 x 4096 = 419,430,400)

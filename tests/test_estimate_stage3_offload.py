@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tests.test_estimate import summary, target
 
+from autotune.core.ladder import Rung
 from autotune.estimate.buffers import (
     NORM_BYTES,
     NORM_CHUNK_ELEMENTS,
@@ -18,7 +19,6 @@ from autotune.estimate.buffers import (
 )
 from autotune.estimate.runtime import RuntimeStack
 from autotune.estimate.types import EstimateSettings
-from autotune.ladder import Rung
 
 LARGEST = 525_336_576  # Llama-3-8B's embedding: 128256 x 4096
 

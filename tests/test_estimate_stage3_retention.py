@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from tests.test_estimate import summary, target
 
+from autotune.core.ladder import Candidate, Rung
 from autotune.estimate import EstimateSettings, estimate
 from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.margin import LIVE_PARAMS_RELATIVE
 from autotune.estimate.stage3_retention import gathered_at_turn, retained_at_turn, step_trace
-from autotune.ladder import Candidate, Rung
 from autotune.models import ModelSummary
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 from tests.test_estimate import LLAMA_70B, target
 
+from autotune.core.ladder import Candidate, Rung
 from autotune.estimate import EstimateSettings, estimate
 from autotune.estimate.buffers import zero_init_pinned_partitions
 from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.pinned import pinned_host_bytes, power_of_two_ceil
 from autotune.estimate.stage3_retention import weight_matrices
-from autotune.ladder import Candidate, Rung
 
 NAME = "zero_init_pinned_partitions"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from tests.fakes.launchers import GpuKitTrials
 
+from autotune.core.units import GiB
 from autotune.trial import TrialResult, TrialSpec
-from autotune.units import GiB
 
 KIT_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
 
@@ -154,9 +154,9 @@ def test_gpu_points_leave_room_on_an_80_gb_card(kit_module) -> None:
     """Predicted (+ its margin + the unpressured cache) at most 70 GiB: a point must give a peak, not an OOM."""
     import points
 
+    from autotune.core.ladder import Candidate
     from autotune.estimate.runtime import RuntimeStack
-    from autotune.hardware import Target, generic_gpu
-    from autotune.ladder import Candidate
+    from autotune.hardware.specs import Target, generic_gpu
     from estimate_accuracy import predicted_trial
 
     h100 = RuntimeStack("2.11.0+cu130", "13.0", None, "9.0", "5.17.0", "0.19.8")  # the lent machine's stack

@@ -128,7 +128,7 @@ def test_eight_hooks_one_tuner_killed_and_recovered_then_hits_then_corrupt_entri
     [again] = finish([start_cli(cache, tmp_path / "again.json", one_node_job("102", 0))])
     assert again["role"] == "leader" and again["ignored_record"]
     # the corrupt answer is re-derived, not trusted; the measured trials are stored apart from it (keyed with the
-    # memory limit, see autotune.context) and are still valid, so they are replayed rather than re-run
+    # memory limit, see autotune.request.context) and are still valid, so they are replayed rather than re-run
     assert again["details"]["from_cache"] is False and again["details"]["trials_launched"] == 0
     assert (tmp_path / "again.json").read_bytes() == shared_out.read_bytes()
 

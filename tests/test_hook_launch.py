@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.dsconfig import TrainSettings, build_ds_config
+from autotune.core.ladder import Candidate, Rung
+from autotune.dsconfig.build import TrainSettings, build_ds_config
 from autotune.errors import UserError
 from autotune.hook.env import JobEnv
 from autotune.hook.launch import choose_launcher
-from autotune.ladder import Candidate, Rung
 from autotune.models import resolve_model
 from autotune.trial import LocalLauncher, SlurmLauncher
 from autotune.trial.hostfile import TRIAL_MASTER_PORT, HostfileLauncher, read_hostfile, write_hostfile

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 from tests.fakes.hook import PLANNED, TUNED, FakeTune
 
-from autotune.assumptions import assumptions_path, read_assumptions
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.stop import StopReason
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook import HookError, HookRequest, HookResult, JobOverrides, run_hook
 from autotune.hook.coordinate import SharedSlot
 from autotune.hook.launch import choose_launcher
-from autotune.ladder import Candidate, Rung
-from autotune.stop import StopReason
+from autotune.report.assumptions import assumptions_path, read_assumptions
 from autotune.trial import SlurmLauncher
 from autotune.trial.types import TrialLauncher
 from autotune.tuner import TuneRequest, ds_config_for

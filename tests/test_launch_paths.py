@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.emit import emit_launchers, write_configs
-from autotune.ladder import Candidate, Rung
-from autotune.launchers import LaunchCommands
+from autotune.core.ladder import Candidate, Rung
+from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.emit import emit_launchers, write_configs
+from autotune.dsconfig.launchers import LaunchCommands
 from autotune.trial.shm import remove_segments
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """The Mode value on a Candidate: classic candidates keep their old keys and dicts (cache entries stay valid)."""
 
-from autotune.ladder import Candidate, Mode, Rung
+from autotune.core.ladder import Candidate, Mode, Rung
 
 
 def test_classic_candidate_key_and_dict_are_unchanged() -> None:

@@ -10,13 +10,15 @@ from types import SimpleNamespace
 import pytest
 from tests.test_estimate import summary as hand_summary
 
-from autotune.dsconfig import TrainSettings, build_ds_config, validate_with_deepspeed
+from autotune.core.ladder import LADDER, Candidate, Mode, Rung
+from autotune.core.units import GiB
+from autotune.core.versions import ZENFLOW, installed
+from autotune.dsconfig.build import TrainSettings, build_ds_config, validate_with_deepspeed
 from autotune.estimate import EstimateSettings, estimate
 from autotune.estimate.modes import mode_memory, partial_offload_device_elements, partial_offload_device_share
-from autotune.hardware import Target, generic_gpu
-from autotune.ladder import LADDER, Candidate, Mode, Rung
+from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import ModelSummary
-from autotune.modes import (
+from autotune.modes.applies import (
     CPU_BACKEND,
     FAMILIES,
     RATIO_STEPS,
@@ -36,8 +38,6 @@ from autotune.modes import (
     ratio_mode,
     ratio_sub_group_size,
 )
-from autotune.units import GiB
-from autotune.versions import ZENFLOW, installed
 
 # Where each mode applies at all, so with the opt-in (--allow-approximate) for the modes that change the training;
 # that they stay out of the default search is tests/test_same_training.py's question.
@@ -353,7 +353,7 @@ def test_mode_terms_carry_a_margin() -> None:
 
 
 def test_facts_for_a_target_find_superchips_by_profile() -> None:
-    from autotune.hardware import resolve_gpu_type
+    from autotune.hardware.specs import resolve_gpu_type
 
     gh200 = Target(resolve_gpu_type("gh200"), gpus_per_node=4, nodes=2, free_memory_bytes=90 * GiB)
     facts = facts_for(gh200, "cuda")

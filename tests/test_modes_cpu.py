@@ -11,7 +11,7 @@ import pytest
 
 from autotune.estimate.modes import partial_offload_device_elements
 from autotune.models import resolve_model, summarize
-from autotune.modes import CPU_BACKEND, RATIO_STEPS
+from autotune.modes.applies import CPU_BACKEND, RATIO_STEPS
 from autotune.trial.ops import prebuild_ops
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -33,7 +33,7 @@ def cpu_ops_built() -> None:
 
 @pytest.mark.slow
 def test_the_cpu_backend_table_is_what_deepspeed_does() -> None:
-    """Every mode runs, or fails with exactly the error autotune.modes records for it."""
+    """Every mode runs, or fails with exactly the error autotune.modes.applies records for it."""
     import modes_cpu_backend
 
     for family, rung, mode, ranks in modes_cpu_backend.CASES:

@@ -13,8 +13,8 @@ from tests.fakes.launchers import CountingLauncher
 
 from autotune import tune
 from autotune.cli import main
+from autotune.core.ladder import Candidate, Rung
 from autotune.errors import NothingFitsError
-from autotune.ladder import Candidate, Rung
 from autotune.tuner import TuneRequest
 
 # (model, GPUs per node, nodes, GPU type): small and large models, tight and roomy cards, one and many nodes.
@@ -146,7 +146,7 @@ def test_check_passes_on_a_cpu_tune(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def _jittery_ram(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The real CPU target, with the available RAM a run sees set by the test (it moves between real runs)."""
-    import autotune.context as context_module
+    import autotune.request.context as context_module
 
     available = [2 * 2**30]
     real_target = context_module.cpu_target
@@ -226,7 +226,7 @@ def test_piped_progress_is_plain_timestamped_lines_with_a_line_when_a_trial_star
     from rich.console import Console
 
     from autotune.cli.tune import TrialProgress
-    from autotune.search import SearchEvent
+    from autotune.search.walk import SearchEvent
 
     progress = TrialProgress(Console(file=io.StringIO(), stderr=True), max_trials=12, enabled=True)
     progress(SearchEvent("trial_start", Candidate(Rung.Z2, 8, True)))

@@ -8,7 +8,7 @@ import dataclasses
 import torch
 from tests.test_trial_run import tiny_spec
 
-from autotune.ladder import Rung
+from autotune.core.ladder import Rung
 from autotune.trial import LocalLauncher
 from autotune.trial.peak_sites import (
     BEFORE_TRIAL,

@@ -12,16 +12,16 @@ from tests.conftest import needs
 
 from autotune.check import check_config, resolve_context
 from autotune.cli import main
-from autotune.context import TuneContext, known_accumulation
+from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.estimate import check_fit, estimate
 from autotune.estimate.activations import _encoder_decoder_breakdown, activation_breakdown
 from autotune.estimate.runtime import RuntimeStack, local_stack
 from autotune.estimate.types import EstimateSettings
-from autotune.hardware import Target, resolve_gpu_type
-from autotune.ladder import Candidate, Mode, Rung
+from autotune.hardware.specs import Target, resolve_gpu_type
 from autotune.models import resolve_model, summarize
-from autotune.recommend import recommend
-from autotune.request import TuneRequest
+from autotune.request.context import TuneContext, known_accumulation
+from autotune.request.tune_request import TuneRequest
+from autotune.search.recommend import recommend
 
 GIB = 1 << 30
 
@@ -220,7 +220,7 @@ def test_unknown_host_memory_is_printed_beside_the_pick(capsys):
 
 def test_host_memory_is_for_planning_elsewhere():
     from autotune.errors import UserError
-    from autotune.request import validate
+    from autotune.request.tune_request import validate
 
     with pytest.raises(UserError, match="--host-memory"):
         validate(TuneRequest(model="gpt2", device="cpu", host_memory="64"), outputs=False)
@@ -406,7 +406,7 @@ def test_config_ratio_below_stage_3_is_deepspeeds_refusal(capsys, tmp_path):
 
 
 LLAMA_1B_ON_4090 = ("--model", "llama-3.2-1b", "--gpus", "1", "--gpu-type", "rtx-4090", "--seq-len", "1024")
-# A partial offload ratio changes the update (autotune.modes.approximation): considered only with the opt-in.
+# A partial offload ratio changes the update (autotune.modes.applies.approximation): considered only with the opt-in.
 WITH_RATIO = (*LLAMA_1B_ON_4090, "--allow-approximate")
 
 

@@ -3,10 +3,10 @@ import sys
 import pytest
 from tests.fakes.devices import FakeCard, FakeNvml
 
-from autotune import probe as probe_module
 from autotune.errors import UserError
-from autotune.probe import probe, probe_host, visible_selection
-from autotune.target import resolve_target
+from autotune.hardware import probe as probe_module
+from autotune.hardware.probe import probe, probe_host, visible_selection
+from autotune.hardware.target import resolve_target
 
 
 def test_probe_without_gpu_reports_host() -> None:
@@ -85,7 +85,7 @@ def test_planned_target_from_profile_or_memory() -> None:
 
 
 def test_native_bf16_read_from_cpu_flags() -> None:
-    from autotune.probe import cpu_has_native_bf16
+    from autotune.hardware.probe import cpu_has_native_bf16
 
     assert cpu_has_native_bf16("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n")
     assert cpu_has_native_bf16("flags\t\t: fpu sse2 amx_bf16 amx_tile\n")
@@ -95,8 +95,9 @@ def test_native_bf16_read_from_cpu_flags() -> None:
 
 
 def test_cpu_tune_defaults_to_fp32_without_native_bf16(monkeypatch) -> None:
-    from autotune import context, probe
-    from autotune.request import TuneRequest
+    from autotune.hardware import probe
+    from autotune.request import context
+    from autotune.request.tune_request import TuneRequest
 
     for native, expected in ((False, "fp32"), (True, "bf16")):
         monkeypatch.setattr(probe, "cpu_has_native_bf16", lambda native=native: native)

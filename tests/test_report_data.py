@@ -1,4 +1,4 @@
-"""The typed report (autotune.report_data) against reports today's code wrote: read back strictly, written back
+"""The typed report (autotune.report.data) against reports today's code wrote: read back strictly, written back
 byte for byte, rendered to the same markdown; a report that does not parse is refused with one error, and a
 stored answer whose report does not parse is a results-cache miss, never a crash.
 
@@ -26,12 +26,12 @@ from tests.fakes.launchers import CountingLauncher
 from tests.test_tune import tune_request
 
 from autotune import tune
-from autotune.assumptions import assumptions_record
-from autotune.cache import ResultsCache, StoredAnswer
+from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.errors import MalformedReportError, UserError
-from autotune.ladder import Candidate, Mode, Rung
-from autotune.report import render_markdown, write_report
-from autotune.report_data import TuneReport
+from autotune.report.assumptions import assumptions_record
+from autotune.report.data import TuneReport
+from autotune.report.markdown import render_markdown, write_report
+from autotune.search.cache import ResultsCache, StoredAnswer
 
 DATA = Path(__file__).parent / "data" / "report"
 GOLDEN = sorted(path.name.split(".")[0] for path in DATA.glob("*.autotune-report.json"))

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from tests.conftest import needs
 
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.ladder import Candidate, Mode, Rung
-from autotune.modes import (
+from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.modes.applies import (
     APPROXIMATE_FLAG,
     ModeFacts,
     approximation,
@@ -72,7 +72,7 @@ def test_zenflow_update_interval_is_the_stated_accumulation() -> None:
 
 
 # Every (rung, mode) the search can emit on one node that the CPU backend can build; NVMe rungs need libaio and a
-# scratch path, hpZ needs two nodes, qwZ/qgZ and SuperOffload a GPU (autotune.modes.CPU_BACKEND). DeepSpeed
+# scratch path, hpZ needs two nodes, qwZ/qgZ and SuperOffload a GPU (autotune.modes.applies.CPU_BACKEND). DeepSpeed
 # 0.19.8 changes gradient_accumulation_steps after parsing only in zenflow/engine.py:69 (and in the user-called
 # set_train_batch_size, engine.py:1336), so ZenFlow is the mode that needs the engine to tell.
 EMITTABLE = [
@@ -169,7 +169,7 @@ def test_only_zenflow_rewrites_the_accumulation_after_parsing() -> None:
 
 
 def test_plan_and_check_say_when_a_users_zenflow_makes_the_accumulation_zero() -> None:
-    from autotune.check.config_mode import config_mode
+    from autotune.modes.from_config import config_mode
 
     zero = {"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": 0.1}}
     _, notes = config_mode(zero, Rung.Z2_OFFLOAD_OPT)

@@ -13,8 +13,8 @@ import pytest
 from tests.conftest import run_cli
 from tests.fakes.launchers import OwnCommandLauncher
 
+from autotune.core.ladder import Rung
 from autotune.errors import UserError
-from autotune.ladder import Rung
 from autotune.trial.outcome import BudgetBreach
 from autotune.trial.processes import TRIAL_TAG_ENV, new_tag, stop_processes
 from autotune.trial.script import ScriptOutcome, classify, placeholder_values
@@ -259,8 +259,8 @@ def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tm
     user's base config merged, is what cached_answer compares)."""
     from dataclasses import replace
 
-    from autotune.context import TuneContext
-    from autotune.request import validate
+    from autotune.request.context import TuneContext
+    from autotune.request.tune_request import validate
     from autotune.tuner import TuneRequest, tune
 
     with pytest.raises(UserError, match=r"unknown placeholder\(s\) \{nope\}"):
@@ -283,7 +283,7 @@ def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tm
 def test_the_printed_command_carries_the_environment_its_trials_had(tmp_path: Path) -> None:
     """Without a launcher the trials set the one-rank variables; printed without them, `python3 train.py`
     made DeepSpeed look for MPI ("No module named 'mpi4py'"). The end-to-end run is in test_script_mode.py."""
-    from autotune.trial.script_mode import train_command
+    from autotune.request.own_command import train_command
 
     bare = parse_command(["python3", "train.py", "--deepspeed_config", "{ds_config}", "--mb", "{micro_batch}"])
     line = train_command(bare, _spec(nprocs_per_node=1), tmp_path / "ds config.json")

@@ -17,9 +17,9 @@ import psutil
 import pytest
 from tests.conftest import run_cli
 
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.ladder import Candidate, Rung
-from autotune.measurement import MIN_STEPS
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.measurement import MIN_STEPS
+from autotune.dsconfig.build import TrainSettings, build_ds_config
 from autotune.trial.processes import one_rank_env
 from autotune.trial.script import ScriptLauncher
 from autotune.trial.script_steps import step_times

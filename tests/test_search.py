@@ -11,12 +11,12 @@ from dataclasses import replace
 import pytest
 from tests.fakes.machines import SimulatedMachine
 
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.stop import StopReason
 from autotune.estimate.types import EstimateSettings
-from autotune.hardware import Target, generic_gpu
-from autotune.ladder import Candidate, Rung
+from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import resolve_model, summarize
-from autotune.search import Search, SearchLimits
-from autotune.stop import StopReason
+from autotune.search.walk import Search, SearchLimits
 from autotune.trial.types import TrialResult
 
 GIB = 2**30

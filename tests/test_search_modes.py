@@ -15,17 +15,17 @@ from tests.fakes.launchers import RatioSpeedLauncher
 from tests.fakes.machines import GIB, LinearMachine, LinearMemory
 from tests.test_report_data import golden_report
 
+from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.core.stop import StopReason
 from autotune.estimate.types import EstimateSettings
-from autotune.hardware import Target, generic_gpu
-from autotune.ladder import Candidate, Mode, Rung
+from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import resolve_model, summarize
-from autotune.modes import ModeFacts, ModeOption, considered_modes, ratio_grid
-from autotune.report import render_markdown
-from autotune.report_data import Choice, ModeEntry, Skipped, TrialEntry, TuneReport
-from autotune.search import Search, SearchLimits, holds_at_least_the_memory_of
-from autotune.search_modes import ModeRecord, is_ratio_mode, smallest_fitting_ratio
-from autotune.speed import BoundContext, GroupMeasurements, could_beat
-from autotune.stop import StopReason
+from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
+from autotune.modes.search_view import ModeRecord, is_ratio_mode, smallest_fitting_ratio
+from autotune.report.data import Choice, ModeEntry, Skipped, TrialEntry, TuneReport
+from autotune.report.markdown import render_markdown
+from autotune.search.speed import BoundContext, GroupMeasurements, could_beat
+from autotune.search.walk import Search, SearchLimits, holds_at_least_the_memory_of
 from autotune.trial.types import RankMetrics, TrialResult
 
 RATIOS = tuple(r for r in ratio_grid() if 0.0 < r < 1.0)
@@ -302,13 +302,13 @@ def _tune_request(tmp_path, **overrides):
         rungs=(Rung.Z3_OFFLOAD_OPT,),
         out=str(tmp_path / "ds_config.json"),
         use_cache=False,
-        allow_approximate=True,  # a partial offload ratio changes the update (autotune.modes.approximation)
+        allow_approximate=True,  # a partial offload ratio changes the update (autotune.modes.applies.approximation)
     )
     return TuneRequest(**{**base, **overrides})
 
 
 def test_tune_passes_the_modes_to_the_search_and_writes_the_winning_ratio(tmp_path) -> None:
-    """tune() asks autotune.modes, trials carry DeepSpeed's ratio field, the winner's config keeps it, and the
+    """tune() asks autotune.modes.applies, trials carry DeepSpeed's ratio field, the winner's config keeps it, and the
     report's Modern modes section names what was not applicable on one CPU rank and why."""
     import json
 
@@ -328,7 +328,7 @@ def test_tune_passes_the_modes_to_the_search_and_writes_the_winning_ratio(tmp_pa
     assert "## Modern modes" in text and "A mode won" in text
     changed = [note for note in result.report.notes if note.startswith("changes the training:")]
     assert len(changed) == 1 and "partial offload" in changed[0]  # one line says what the picked mode changes
-    from autotune.report_plot import _trial_rows
+    from autotune.report.plot import _trial_rows
 
     assert any("ratio" in row["label"] for row in _trial_rows(result.report))  # the chart names the mode too
 
@@ -352,7 +352,7 @@ def test_mode_trials_come_back_from_the_results_cache_and_bad_modes_do_not(tmp_p
     import logging
     import sqlite3
 
-    from autotune.cache import ResultsCache
+    from autotune.search.cache import ResultsCache
 
     cache = ResultsCache(tmp_path / "results.sqlite")
     partial = Candidate(Rung.Z3_OFFLOAD_OPT, 4, False, Mode(offload_ratio=0.35))
@@ -388,7 +388,7 @@ def test_plan_only_lists_the_modes_as_predictions(tmp_path) -> None:
 
 
 def test_mode_summary_lists_predictions_groups_reasons_and_names_a_fit_when_nothing_classic_does() -> None:
-    from autotune.mode_summary import ModeSummary
+    from autotune.modes.summary import ModeSummary
 
     planned = ModeRecord(Rung.Z3_OFFLOAD_OPT, Mode(offload_ratio=0.7), True, "why", False, status="planned",
                          micro_batch=2, grad_checkpointing=True, predicted_peak_bytes=3 << 30)  # fmt: skip

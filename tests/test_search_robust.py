@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.ladder import Candidate, Rung
-from autotune.search import Search, SearchLimits
+from autotune.core.ladder import Candidate, Rung
+from autotune.search.walk import Search, SearchLimits
 from autotune.trial.types import TrialResult
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -116,7 +116,7 @@ def test_oom_with_nothing_run_jumps_by_the_memory_model() -> None:
 def test_two_close_configs_are_remeasured_interleaved_and_a_tie_goes_to_the_simpler() -> None:
     """Candidates within each other's noise (steps spread +-10%): re-measured interleaved (A, B, A, B), and
     with the spread still wider than the margin the pick is the simpler config, said to be a tie."""
-    from autotune.close_call import simplicity
+    from autotune.search.close_call import simplicity
 
     machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
     order: list[Candidate] = []
@@ -151,7 +151,7 @@ def test_a_clear_winner_is_not_remeasured() -> None:
 def test_offload_rungs_over_the_host_ram_headroom_are_not_chosen() -> None:
     """GPU trials: the node's host RSS peak is held to the headroom too (offload pins host buffers)."""
     from autotune.estimate.types import EstimateSettings
-    from autotune.hardware import Target
+    from autotune.hardware.specs import Target
     from autotune.models import resolve_model, summarize
     from gpu_sim.machine import SimulatedCluster
     from gpu_sim.scenarios import SCENARIOS

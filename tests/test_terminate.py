@@ -20,11 +20,11 @@ import pytest
 from tests.fakes.hook import FakeTune
 from tests.test_hook_run import REPO, hook_request
 
+from autotune.core.ladder import Candidate, Rung
 from autotune.hook import HookError, run_hook
 from autotune.hook.coordinate import SharedSlot, coordinate, read_record
-from autotune.ladder import Candidate, Rung
-from autotune.leftovers import OWNER_FILE, claim, owned_tempdir, sweep
-from autotune.terminate import TERMINATED_EXIT, Terminated, sigterm_raises
+from autotune.infra.leftovers import OWNER_FILE, claim, owned_tempdir, sweep
+from autotune.infra.terminate import TERMINATED_EXIT, Terminated, sigterm_raises
 
 MB4 = Candidate(Rung.Z0, 4, False)
 
@@ -78,7 +78,7 @@ from tests.test_hook_run import hook_request
 from tests.test_terminate import MB4
 from autotune.cli import fail_with
 from autotune.hook import run_hook
-from autotune.terminate import Terminated, sigterm_raises
+from autotune.infra.terminate import Terminated, sigterm_raises
 
 try:
     with sigterm_raises():
@@ -142,7 +142,7 @@ def test_leftovers_of_a_dead_owner_are_swept_and_nothing_else(tmp_path: Path) ->
 SIGKILLED_TUNER = """
 import os, sys, time
 from autotune.trial.launch import trial_directory
-from autotune.leftovers import owned_tempdir
+from autotune.infra.leftovers import owned_tempdir
 from pathlib import Path
 
 with trial_directory(None) as a, trial_directory(Path(sys.argv[1])) as b:

@@ -12,17 +12,17 @@ from tests.test_report_data import golden_report
 from tests.test_tune import tune_request
 
 from autotune import tune
-from autotune.batch import describe_global_batch, requested_global_batch
-from autotune.dsconfig import TrainSettings, build_ds_config, validate_with_deepspeed
+from autotune.core.batch import describe_global_batch, requested_global_batch
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.units import GiB
+from autotune.dsconfig.build import TrainSettings, build_ds_config, validate_with_deepspeed
 from autotune.errors import UserError
 from autotune.estimate import EstimateSettings, estimate
-from autotune.hardware import Target, generic_gpu
-from autotune.ladder import Candidate, Rung
-from autotune.lora import LoraSettings, lora_summary
+from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import resolve_model, summarize
-from autotune.optimizers import adafactor_state_elements, optimizer_kind, optimizer_memory
-from autotune.report_plot import write_report_plot
-from autotune.units import GiB
+from autotune.report.plot import write_report_plot
+from autotune.training.lora import LoraSettings, lora_summary
+from autotune.training.optimizers import adafactor_state_elements, optimizer_kind, optimizer_memory
 
 
 def _target(ranks: int = 1) -> Target:

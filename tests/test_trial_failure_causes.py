@@ -239,8 +239,8 @@ def test_a_sigkilled_worker_is_retried_once_not_cached_and_not_an_oom(tmp_path: 
     from tests.test_tune import tune_request
 
     from autotune import tune
+    from autotune.core.ladder import Rung
     from autotune.errors import TrialsFailedError
-    from autotune.ladder import Rung
 
     request = tune_request(tmp_path, micro_batches=(2,), rungs=(Rung.Z0,))
     killed = FaultInjectingLauncher()  # SIGKILLed at the worker's entry, as `kill -9` would
@@ -278,7 +278,7 @@ def test_a_host_or_inconclusive_failure_on_a_gpu_run_does_not_raise_the_device_p
     from tests.fakes.machines import GIB, LinearMachine, LinearMemory
     from tests.test_search_modes import _search
 
-    from autotune.ladder import Rung
+    from autotune.core.ladder import Rung
     from autotune.trial.types import TrialResult
 
     class HostFailing(LinearMachine):

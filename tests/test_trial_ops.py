@@ -81,7 +81,7 @@ def test_each_op_builds_in_its_own_process_at_once_with_a_line_when_ready(tmp_pa
 
 def test_cpu_adam_waits_for_the_first_optimizer_offload_trial(monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune import tuner
-    from autotune.ladder import Candidate, Rung
+    from autotune.core.ladder import Candidate, Rung
     from autotune.trial import ops
 
     loaded: list[tuple[str, ...]] = []

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.ladder import Candidate, Rung
+from autotune.core.ladder import Candidate, Rung
+from autotune.dsconfig.build import TrainSettings, build_ds_config
 from autotune.trial import LocalLauncher, TrialResult, TrialSpec, WarmWorkerPool, run_trial, tagged_processes
 from autotune.trial.faults import FAULT_ENV, LEAK_BYTES, fault_value
 from autotune.trial.ops import prebuild_ops

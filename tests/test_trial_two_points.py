@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from autotune.dsconfig import TrainSettings, build_ds_config
-from autotune.ladder import Candidate, Rung
+from autotune.core.ladder import Candidate, Rung
+from autotune.dsconfig.build import TrainSettings, build_ds_config
 from autotune.trial import LocalLauncher, TrialSpec, WarmWorkerPool, run_trial
 from autotune.trial.ops import prebuild_ops
 from autotune.trial.warm import WARM_GROWTH_LIMIT_BYTES

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from tests.conftest import run_cli
 
+from autotune.core.units import MiB
 from autotune.errors import UserError
-from autotune.request import TuneRequest, uses_warm_workers, validate
+from autotune.request.tune_request import TuneRequest, uses_warm_workers, validate
 from autotune.trial import LocalLauncher, WarmWorkerPool
 from autotune.trial.report import RankReport
 from autotune.trial.warm import WARM_DEVICE_GROWTH_LIMIT_BYTES, WARM_GROWTH_LIMIT_BYTES, _Workers
 from autotune.tuner import _launcher_for
-from autotune.units import MiB
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ from tests.conftest import run_cli
 from tests.fakes.launchers import CountingLauncher
 
 from autotune import tune
-from autotune.dsconfig import validate_with_deepspeed
+from autotune.core.ladder import Candidate, Rung
+from autotune.dsconfig.build import validate_with_deepspeed
 from autotune.errors import NothingFitsError, UserError
-from autotune.ladder import Candidate, Rung
-from autotune.search import SearchEvent
+from autotune.search.walk import SearchEvent
 from autotune.tuner import TuneRequest, _replaced_note
 
 MIB = 2**20

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autotune import tune
-from autotune.ladder import Rung
+from autotune.core.ladder import Rung
 from autotune.trial.nodes import LocalNodesLauncher, merge_node_results
 from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
 from autotune.tuner import TuneRequest

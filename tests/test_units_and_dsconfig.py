@@ -1,6 +1,8 @@
 import pytest
 
-from autotune.dsconfig import (
+from autotune.core.ladder import Candidate, Rung, parse_rung
+from autotune.core.units import format_bytes, parse_bytes
+from autotune.dsconfig.build import (
     ConfigRejected,
     TrainSettings,
     build_ds_config,
@@ -9,8 +11,6 @@ from autotune.dsconfig import (
     validate_with_deepspeed,
 )
 from autotune.errors import UserError
-from autotune.ladder import Candidate, Rung, parse_rung
-from autotune.units import format_bytes, parse_bytes
 
 
 @pytest.mark.parametrize(

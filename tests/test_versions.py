@@ -9,13 +9,10 @@ from pathlib import Path
 import pytest
 
 import autotune
-import autotune.versions
+import autotune.core.versions
 from autotune.cli import main
-from autotune.context import TuneContext
-from autotune.ladder import Mode, Rung
-from autotune.modes import ModeFacts, considered_modes, mode_applies
-from autotune.request import TuneRequest
-from autotune.versions import (
+from autotune.core.ladder import Mode, Rung
+from autotune.core.versions import (
     DEEPSPEED_READ_AGAINST,
     SUPER_OFFLOAD,
     ZENFLOW,
@@ -23,6 +20,9 @@ from autotune.versions import (
     read_against_note,
     version_tuple,
 )
+from autotune.modes.applies import ModeFacts, considered_modes, mode_applies
+from autotune.request.context import TuneContext
+from autotune.request.tune_request import TuneRequest
 
 
 def test_version_tuple_reads_local_and_pre_release_suffixes() -> None:
@@ -84,7 +84,7 @@ def test_plan_and_tune_say_a_differing_deepspeed_once(
 
     request = TuneRequest(model="tiny-gpt2", gpu_type="a100-80gb")
     for have, said in (("0.17.6", 1), (DEEPSPEED_READ_AGAINST, 0)):
-        monkeypatch.setattr(autotune.versions, "installed", {"deepspeed": have}.get)
+        monkeypatch.setattr(autotune.core.versions, "installed", {"deepspeed": have}.get)
         assert sum("DeepSpeed facts" in note for note in plan_notes()) == said
         assert sum("DeepSpeed facts" in note for note in TuneContext.build(request, outputs=False).notes) == said
 

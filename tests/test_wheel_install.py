@@ -1,6 +1,6 @@
 """`pip install .` (a wheel, not the editable checkout) plans from another directory: the profiles ship inside it.
 
-pyproject force-includes profiles/ as autotune/_profiles (autotune.paths.profiles_dir finds them there).
+pyproject force-includes profiles/ as autotune/_profiles (autotune.infra.paths.profiles_dir finds them there).
 The wheel goes into a fresh virtualenv over this interpreter's stack (--system-site-packages, --no-deps), so
 no package is downloaded; the plan runs from a directory that holds no checkout.
 """
@@ -32,7 +32,8 @@ def test_a_built_wheel_plans_from_another_directory_with_its_own_profiles(tmp_pa
     assert _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], tmp_path).returncode == 0
     installed = _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], tmp_path)
     assert installed.returncode == 0, installed.stderr
-    where = _run([str(venv / "bin" / "python"), "-c", "import autotune.paths as p; print(p.profiles_dir())"], elsewhere)
+    code = "import autotune.infra.paths as p; print(p.profiles_dir())"
+    where = _run([str(venv / "bin" / "python"), "-c", code], elsewhere)
     assert Path(where.stdout.strip()) == venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / (
         "site-packages/autotune/_profiles"
     )

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from autotune.context import TuneContext  # the context tune() itself uses
-from autotune.ladder import Candidate
+from autotune.core.ladder import Candidate
+from autotune.request.context import TuneContext  # the context tune() itself uses
 from autotune.trial import run_trial
 from autotune.tuner import TuneRequest
 from compare.launchers import make_launcher

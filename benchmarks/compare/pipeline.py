@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.context import TuneContext  # the context tune() itself uses
-from autotune.ladder import Candidate, Rung
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.units import parse_bytes
+from autotune.request.context import TuneContext  # the context tune() itself uses
 from autotune.tuner import tune
-from autotune.units import parse_bytes
 from compare import environment
 from compare.analysis import budget_for_limit, ratios, tight_limit
 from compare.ds_autotuner import run_ds_autotuner

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autotune.context import TuneContext  # the context tune() itself uses
-from autotune.ladder import Candidate, Rung
+from autotune.core.ladder import Candidate, Rung
+from autotune.request.context import TuneContext  # the context tune() itself uses
 from autotune.trial import LocalLauncher, WarmWorkerPool, run_trial
 from autotune.trial.types import TrialLauncher, TrialSpec
 from autotune.tuner import TuneRequest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from autotune.ladder import Rung, parse_rung
+from autotune.core.ladder import Rung, parse_rung
 
 # DeepSpeed's autotuner cannot offload (issues 3379, 3478): the shared space is plain ZeRO stages 0-3.
 SHARED_RUNGS: tuple[Rung, ...] = (Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z3)

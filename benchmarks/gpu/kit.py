@@ -55,17 +55,17 @@ from points import (  # noqa: E402
 )
 from warm_check import compare, summary  # noqa: E402
 
-from autotune.atomic import atomic_write_json, atomic_write_text  # noqa: E402
+from autotune.core.ladder import Candidate, Rung  # noqa: E402
+from autotune.core.units import GiB  # noqa: E402
 from autotune.estimate import EstimateSettings, check_fit, estimate  # noqa: E402
 from autotune.estimate.runtime import RuntimeStack, local_stack  # noqa: E402
-from autotune.hardware import Target, generic_gpu  # noqa: E402
-from autotune.ladder import Candidate, Rung  # noqa: E402
+from autotune.hardware.specs import Target, generic_gpu  # noqa: E402
+from autotune.infra.atomic import atomic_write_json, atomic_write_text  # noqa: E402
 from autotune.models import resolve_model, summarize  # noqa: E402
-from autotune.modes import ratio_grid, ratio_mode  # noqa: E402
+from autotune.modes.applies import ratio_grid, ratio_mode  # noqa: E402
 from autotune.trial import LocalLauncher, TrialLauncher, TrialResult, TrialSpec, WarmWorkerPool  # noqa: E402
 from autotune.trial.faults import FAULT_ENV  # noqa: E402
 from autotune.trial.ops import ensure_ops_ready  # noqa: E402
-from autotune.units import GiB  # noqa: E402
 from estimate_accuracy import environment as machine_and_versions  # noqa: E402
 from estimate_accuracy import predicted_trial  # noqa: E402
 
@@ -600,7 +600,7 @@ def stage_oom(kit: Kit) -> None:
 
 
 def smallest_fitting_ratio(setting: ModesSetting, limit_bytes: int, device: str) -> float | None:
-    """The smallest offload ratio on autotune.modes' grid that the memory model says fits under limit_bytes.
+    """The smallest offload ratio on autotune.modes.applies' grid that the memory model says fits under limit_bytes.
 
     A plain scan (21 predictions): the kit checks the memory model and DeepSpeed, not the search's bisection.
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.ladder import Mode, Rung
+from autotune.core.ladder import Mode, Rung
 
 EMULATED_CARD_GIB = 24  # the card the OOM, tune and grid stages emulate (RTX 3090/4090/A10G class)
 
@@ -138,7 +138,7 @@ DRY_OOM_PROBES = [
 class ModesSetting:
     """Partial optimizer offload on the emulated card beside its two neighbours, ZeRO-3 and ZeRO-3 + offload.
 
-    The kit adds the smallest ratio the memory model says fits (a scan of autotune.modes.ratio_grid) to
+    The kit adds the smallest ratio the memory model says fits (a scan of autotune.modes.applies.ratio_grid) to
     `ratios`, so the run shows whether "offload just enough" fits and how fast it is against both neighbours.
     """
 
@@ -149,7 +149,7 @@ class ModesSetting:
     ratios: tuple[float, ...]
     steps: int = 5
     # The other modes, run once each on the same card: whether they run at all on this GPU, their memory beside
-    # the prediction, and their speed. qwZ/qgZ and SuperOffload cannot run on the CPU backend (autotune.modes.
+    # the prediction, and their speed. qwZ/qgZ and SuperOffload cannot run on the CPU backend (autotune.modes.applies.
     # CPU_BACKEND), so this is their only trial; ZeRO++ on one GPU exercises the quantizer ops, not the traffic.
     others: tuple[tuple[Rung, Mode], ...] = ()
 

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "src"))  # before the install stage has put it on PYTHONPATH
 
-from autotune.atomic import atomic_write_json  # noqa: E402
+from autotune.infra.atomic import atomic_write_json  # noqa: E402
 
 # What a trial imports or the wheel set carries: their versions say which code ran.
 PACKAGES = (
@@ -124,7 +124,7 @@ def headers() -> dict:
 
 def build_op(builder: str, device: str) -> dict:
     """Load (JIT-building if needed) one DeepSpeed op in this process: lease.sh runs two at once."""
-    from autotune.environment import select_accelerator
+    from autotune.infra.environment import select_accelerator
 
     select_accelerator(device)
     from deepspeed.accelerator import get_accelerator

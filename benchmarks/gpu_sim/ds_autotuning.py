@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autotune.ladder import Candidate, Rung
+from autotune.core.ladder import Candidate, Rung
 from gpu_sim.machine import TRIAL_STARTUP_S, SimulatedCluster
 
 METRIC_PERCENT_DIFF_CONST = 0.05  # deepspeed/autotuning/constants.py:21

@@ -1,6 +1,6 @@
 """A simulated GPU cluster built from published figures, independent of the search's beliefs.
 
-The search orders and prunes candidates with its own assumptions (`autotune.speed`) and predicts memory
+The search orders and prunes candidates with its own assumptions (`autotune.search.speed`) and predicts memory
 with its own model (`autotune.estimate`). This machine uses neither: step time comes from FLOPs, link
 bandwidths and CPU Adam throughput; memory from the ZeRO paper's per-parameter byte counts and the
 Megatron activation formula. So a search that is right here is right because it measured, not because
@@ -19,10 +19,10 @@ from pathlib import Path
 
 from tests.fakes.machines import RecordingMachine
 
-from autotune.hardware import GpuSpec, resolve_gpu_type
-from autotune.ladder import Candidate, Mode, Rung
+from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.hardware.specs import GpuSpec, resolve_gpu_type
 from autotune.models import ModelSummary
-from autotune.modes import device_sub_groups
+from autotune.modes.applies import device_sub_groups
 from autotune.trial.types import RankMetrics, TrialResult
 
 GB = 1e9
@@ -114,7 +114,7 @@ TRIAL_STARTUP_S = STARTUP.fresh_trial_s  # one trial in its own process (DeepSpe
 # and are stepped there by a torch AdamW "backup optimizer" (stage3.py:313-325, 1252-1255); CPU sub-groups by CPU
 # Adam; the step visits the sub-groups one after the other (stage3.py:2910-2922), so the GPU and CPU parts add.
 # Sub-groups per rank: the config autotune emits sets sub_group_size to 1/20 of a rank's parameters
-# (autotune.modes.RATIO_STEPS, ratio_sub_group_size), so the simulated job has 20; the simulator applies
+# (autotune.modes.applies.RATIO_STEPS, ratio_sub_group_size), so the simulated job has 20; the simulator applies
 # DeepSpeed's int() rule to whatever ratio it is given. A device sub-group keeps its fp32 master weights, fp32
 # gradient (stage3.py:1337-1342 moves the gradient buffer to the sub-group's device) and the backup AdamW's two
 # moments there: 16 bytes per element.
@@ -271,7 +271,8 @@ class SimulatedCluster(RecordingMachine):
         ratio (stage3.py:1105: sub-group i offloaded iff i >= int((1 - ratio) * sub_groups)), 0 without offload."""
         if not candidate.rung.offload_optimizer:
             return 0.0
-        # DeepSpeed's expression on the ratio autotune writes (autotune.modes.deepspeed_ratio: 0.9 really acts as 0.9)
+        # DeepSpeed's expression on the ratio autotune writes
+        # (autotune.modes.applies.deepspeed_ratio: 0.9 really acts as 0.9)
         on_gpu = device_sub_groups(candidate.mode.offload_ratio, SUB_GROUPS)
         return (SUB_GROUPS - on_gpu) / SUB_GROUPS
 

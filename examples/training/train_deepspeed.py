@@ -41,7 +41,7 @@ def main() -> None:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = None
     if args.optimizer:
-        from autotune.optimizers import build_client_optimizer
+        from autotune.training.optimizers import build_client_optimizer
 
         optimizer = build_client_optimizer(args.optimizer, trainable, args.lr)
     engine, *_ = deepspeed.initialize(args=args, model=model, model_parameters=trainable, optimizer=optimizer)

@@ -9,23 +9,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autotune.assumptions import write_assumptions
-from autotune.base_config import placeholder_notes
-from autotune.batch import describe_global_batch
-from autotune.cache import ResultsCache, StoredAnswer, library_versions
-from autotune.choices import Device
-from autotune.context import TuneContext, check_host_capacity
-from autotune.emit import LaunchCommands, emit_launchers, write_configs
-from autotune.environment import deepspeed_accelerator, preserved_environment
+from autotune.core.batch import describe_global_batch
+from autotune.core.choices import Device
+from autotune.core.ladder import Candidate
+from autotune.core.stop import StopReason
+from autotune.core.units import format_bytes
+from autotune.dsconfig.base import placeholder_notes
+from autotune.dsconfig.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.errors import NothingFitsError, TrialsFailedError, UserError
-from autotune.ladder import Candidate
-from autotune.modes import ModeFacts, approximation, considered_modes, facts_for, ratio_grid
-from autotune.optimizers import optimizer_kind
-from autotune.paths import cache_dir
-from autotune.plausible import Bounds
-from autotune.recommend import host_line, passed_over_line, recommend
-from autotune.report import write_report
-from autotune.report_data import (
+from autotune.infra.environment import deepspeed_accelerator, preserved_environment
+from autotune.infra.paths import cache_dir
+from autotune.modes.applies import ModeFacts, approximation, considered_modes, facts_for, ratio_grid
+from autotune.modes.search_view import ModeRecord
+from autotune.report.assumptions import write_assumptions
+from autotune.report.data import (
     Batch,
     Choice,
     HostNeed,
@@ -37,13 +34,16 @@ from autotune.report_data import (
     TuneReport,
     VerdictEntry,
 )
-from autotune.request import TuneRequest, output_path, uses_warm_workers
-from autotune.search import Search, SearchEvent, SearchLimits, SearchOutcome, TrialRecord
-from autotune.search_modes import ModeRecord
-from autotune.stop import StopReason
-from autotune.training_choices import training_choices_report
+from autotune.report.markdown import write_report
+from autotune.request.context import TuneContext, check_host_capacity
+from autotune.request.tune_request import TuneRequest, output_path, uses_warm_workers
+from autotune.search.cache import ResultsCache, StoredAnswer, library_versions
+from autotune.search.recommend import host_line, passed_over_line, recommend
+from autotune.search.walk import Search, SearchEvent, SearchLimits, SearchOutcome, TrialRecord
+from autotune.training.checks import training_choices_report
+from autotune.training.optimizers import optimizer_kind
+from autotune.trial.plausible import Bounds
 from autotune.trial.types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec
-from autotune.units import format_bytes
 
 __all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for"]
 
@@ -172,7 +172,7 @@ def script_launcher(request: TuneRequest) -> TrialLauncher | None:
 
 
 def mode_facts(ctx: TuneContext) -> ModeFacts:
-    """What autotune.modes needs to decide which modes apply to this tuning run."""
+    """What autotune.modes.applies needs to decide which modes apply to this tuning run."""
     request = ctx.request
     ds_optimizer = optimizer_kind(request.optimizer).ds_type is not None
     return facts_for(ctx.target, request.device, ds_optimizer, ctx.precision, request.allow_approximate)
@@ -430,14 +430,14 @@ def _own_command(ctx: TuneContext, candidate: Candidate, config_path: Path) -> O
     """Own-command mode: the user's command, naming this run's config path."""
     if not ctx.request.command:
         return None
-    from autotune.trial.script_mode import command_report
+    from autotune.request.own_command import command_report
 
     return OwnCommand.from_json(command_report(ctx.request, ctx.spec(candidate), config_path))
 
 
 def _mode_hint(records: list[ModeRecord]) -> str:
     """A mode predicted to fit where nothing classic (or measured) does: said in the "nothing fits" message."""
-    from autotune.mode_summary import ModeSummary
+    from autotune.modes.summary import ModeSummary
 
     clause = ModeSummary.from_records([r for r in records if r.status == "planned"]).nothing_fits_hint()
     return f"; but {clause}" if clause else ""

@@ -136,7 +136,7 @@ import sys
 from pathlib import Path
 from autotune import tune
 from autotune.errors import UserError
-from autotune.ladder import Rung
+from autotune.core.ladder import Rung
 from autotune.trial import SlurmLauncher
 from autotune.tuner import TuneRequest
 

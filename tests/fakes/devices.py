@@ -1,5 +1,5 @@
 """Stand-ins for what a GPU's driver and runtime report, for tests that run without a GPU: NVML (`pynvml`, read by
-autotune.probe and the trial's MemoryTracker), torch.cuda's caching allocator, and DeepNVMe's aio handle.
+autotune.hardware.probe and the trial's MemoryTracker), torch.cuda's caching allocator, and DeepNVMe's aio handle.
 
 They hold only what the real part would report (totals, used bytes, processes, reserved bytes); what autotune makes
 of it is what the tests check. None of them models the real part's timing or its errors beyond what is said below.
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from autotune.units import GiB, MiB
+from autotune.core.units import GiB, MiB
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +44,7 @@ class FakeCard:
 
 class FakeNvml:
     """The `pynvml` module over a list of FakeCards (handle = the card's index, UUID "GPU-<index>"): installed in
-    sys.modules["pynvml"] for autotune.probe, or passed as MemoryTracker's `nvml`. Every card reports all NVLinks
+    sys.modules["pynvml"] for hardware.probe, or passed as MemoryTracker's `nvml`. Every card reports all NVLinks
     active (4), PCIe gen 5 x16 and driver `driver_version`. Not modelled: NVML errors, MIG, clocks, utilization."""
 
     NVML_FEATURE_ENABLED = 1

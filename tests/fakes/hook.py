@@ -8,11 +8,11 @@ from dataclasses import replace
 
 from tests.test_report_data import golden_report
 
-from autotune.assumptions import write_assumptions
-from autotune.atomic import atomic_write_json
-from autotune.ladder import Candidate
-from autotune.search import SearchEvent, TrialRecord
-from autotune.stop import StopReason
+from autotune.core.ladder import Candidate
+from autotune.core.stop import StopReason
+from autotune.infra.atomic import atomic_write_json
+from autotune.report.assumptions import write_assumptions
+from autotune.search.walk import SearchEvent, TrialRecord
 from autotune.trial.types import RankMetrics, TrialLauncher, TrialResult
 from autotune.tuner import TuneRequest, TuneResult
 

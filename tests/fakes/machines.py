@@ -1,5 +1,5 @@
 """Stand-ins for the trials the search runs: `run(candidate) -> (TrialResult, from_cache)`, the callable that
-`autotune.search.Search` is given in place of real launches, and a stand-in for its memory model.
+`autotune.search.walk.Search` is given in place of real launches, and a stand-in for its memory model.
 
 Three machines, each for its own purpose (they are not merged because each answers a different question):
 - `SimulatedMachine`: many models on a generic GPU, cheap enough for a parametrized sweep. It tests that the search
@@ -16,19 +16,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from autotune.core.ladder import Candidate, Mode
 from autotune.estimate import estimate
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
-from autotune.hardware import Target
-from autotune.ladder import Candidate, Mode
-from autotune.search import MemoryModel
-from autotune.speed import PRIOR_CHECKPOINTING_SPEED, PRIOR_RUNG_SPEED
+from autotune.hardware.specs import Target
+from autotune.search.speed import PRIOR_CHECKPOINTING_SPEED, PRIOR_RUNG_SPEED
+from autotune.search.walk import MemoryModel
 from autotune.trial.types import RankMetrics, TrialResult
 
 GIB = 2**30
 
 
 class RecordingMachine:
-    """A trial runner for `Search` (`autotune.search.RunTrial`): answers each candidate with `result` and records it
+    """A trial runner for `Search` (`search.walk.RunTrial`): answers each candidate with `result` and records it
     in `launched`, in order. No answer comes from a cache (`run`'s second value is always False); a machine that
     must fail a trial apart from its `result` overrides `run`."""
 

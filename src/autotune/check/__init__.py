@@ -12,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.atomic import atomic_write_json
-from autotune.check.consumer import Consumer, FillOutcome, detect_consumer, fill_like_consumer, has_auto
 from autotune.check.context import CheckContext, resolve_context
 from autotune.check.envvars import env_findings, parse_env_file
 from autotune.check.findings import CheckReport, Edit, Finding, FitResult, Fix, FixResult, Severity, touches_training
@@ -25,7 +23,6 @@ from autotune.check.initialize import (
     scheduler_findings,
 )
 from autotune.check.keys import key_findings
-from autotune.check.loading import LoadedConfig, load_config
 from autotune.check.rules import (
     activation_checkpointing_findings,
     batch_findings,
@@ -35,8 +32,11 @@ from autotune.check.rules import (
 )
 from autotune.check.values import auto_findings, string_value_findings
 from autotune.check.verdict import deepspeed_findings, deepspeed_rejection
-from autotune.environment import parse_without_device
+from autotune.dsconfig.consumer import Consumer, FillOutcome, detect_consumer, fill_like_consumer, has_auto
+from autotune.dsconfig.loading import LoadedConfig, load_config
 from autotune.errors import UserError
+from autotune.infra.atomic import atomic_write_json
+from autotune.infra.environment import parse_without_device
 from autotune.models import ModelSummary
 
 if TYPE_CHECKING:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.errors import UserError
-from autotune.hardware import Target
-from autotune.target import check_counts, resolve_target
+from autotune.hardware.specs import Target
+from autotune.hardware.target import check_counts, resolve_target
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def resolve_context(
     check_counts(gpus, nodes)
     probed = None
     if not (gpu_type or gpu_memory):
-        from autotune.probe import probe
+        from autotune.hardware.probe import probe
 
         probed = probe()
     target: Target | None = None

@@ -10,20 +10,20 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.check import schema
-from autotune.check.config_mode import config_mode, moot_ratio_note
 from autotune.check.context import CheckContext
 from autotune.check.findings import Finding, FitResult, Severity, section_of
 from autotune.check.rules import ZERO, batch_arithmetic, resolve_batch, zero_stage
 from autotune.check.values import batch_keys
-from autotune.choices import Attention, Device, Kernels, Precision
+from autotune.core.choices import Attention, Device, Kernels, Precision
+from autotune.core.ladder import Candidate, Rung
+from autotune.core.units import format_bytes
 from autotune.estimate.kernels import kernels_note
 from autotune.estimate.pinned import native_pinning
 from autotune.estimate.types import EstimateSettings, MemoryEstimate, Verdict
-from autotune.hardware import Target
-from autotune.ladder import Candidate, Rung
+from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
-from autotune.request import default_of
-from autotune.units import format_bytes
+from autotune.modes.from_config import config_mode, moot_ratio_note
+from autotune.request.tune_request import default_of
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class ConfigNotModelled(Exception):
 
 
 def _optimizer(config: dict[str, Any], fallback: str) -> tuple[str, str]:
-    """(autotune.optimizers name, note) for the config's optimizer section. DeepSpeed builds Adam/AdamW itself,
+    """(autotune.training.optimizers name, note) for the config's optimizer section. DeepSpeed builds Adam/AdamW itself,
     as torch.optim.AdamW with "torch_adam" (runtime/engine.py `_configure_basic_optimizer`); without a section
     the script's own optimizer runs (HF Trainer: its --optim), which the caller's `fallback` names."""
     section = config.get("optimizer")
@@ -202,7 +202,7 @@ def predict_config(
 
     zero = _validated_zero(config)
     if target.memlock_bytes is None:  # the config runs where it is checked: this process's ulimit -l binds it
-        from autotune.probe import probe_locked_memory
+        from autotune.hardware.probe import probe_locked_memory
 
         target = replace(target, memlock_bytes=probe_locked_memory().binding_bytes)
     rung, note = effective_rung(config)
@@ -267,7 +267,7 @@ def fit_findings(
     if context.target is None:
         note = f"Fit not checked: {context.hardware_note or 'no GPU known'}"
         return None, [Finding(Severity.INFO, "", note, "fit")]
-    from autotune.context import runtime_stack
+    from autotune.request.context import runtime_stack
 
     base = EstimateSettings(
         seq_len=seq_len,

@@ -11,7 +11,7 @@ from typing import Any
 from autotune.check import schema
 from autotune.check.findings import Edit, Finding, Fix, Severity, section_of
 from autotune.check.values import batch_keys
-from autotune.units import format_bytes
+from autotune.core.units import format_bytes
 
 ZERO = "zero_optimization"
 

@@ -26,7 +26,7 @@ from unittest import mock
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from autotune.environment import parse_without_device
+from autotune.infra.environment import parse_without_device
 
 if TYPE_CHECKING:
     from _collections_abc import dict_items, dict_values  # what dict.items() and dict.values() return

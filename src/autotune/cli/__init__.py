@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - older typer depends on click itself
     from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from autotune.errors import AutotuneError
-from autotune.terminate import Terminated
+from autotune.infra.terminate import Terminated
 
 app = typer.Typer(
     name="autotune",

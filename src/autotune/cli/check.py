@@ -15,7 +15,6 @@ from rich.table import Table
 
 from autotune.check import CheckReport, Severity, check_config, resolve_context
 from autotune.check.findings import FixResult
-from autotune.choices import Kernels
 from autotune.cli import click_errors
 from autotune.cli.options import (
     D,
@@ -31,8 +30,9 @@ from autotune.cli.options import (
 )
 from autotune.cli.output import console, print_json
 from autotune.cli.request import recorded_options, request_from_given
-from autotune.request import TuneRequest
-from autotune.versions import read_against_note
+from autotune.core.choices import Kernels
+from autotune.core.versions import read_against_note
+from autotune.request.tune_request import TuneRequest
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -156,15 +156,15 @@ def check_command(
     Exit code: 0 no errors, 1 errors (with --fix: errors left in the written config, or nothing written),
     2 unreadable input, or check itself could not run (one line: a missing dependency, a crash).
     """
-    from autotune.assumptions import read_assumptions
     from autotune.check import load_config
     from autotune.errors import UserError
+    from autotune.report.assumptions import read_assumptions
 
     if consumer not in _CONSUMERS:
         raise UserError(f"--consumer must be one of {', '.join(_CONSUMERS)}, not {consumer!r}")
     if hf and consumer not in ("auto", "hf-trainer"):
         raise UserError(f"--hf contradicts --consumer {consumer}")
-    from autotune.request import check_kernels
+    from autotune.request.tune_request import check_kernels
 
     kernel_set = check_kernels(kernels)
     load_config(config)  # an unreadable config fails first, before any probing
@@ -181,7 +181,7 @@ def check_command(
         summary = None
         if model:
             from autotune.models import resolve_model, summarize
-            from autotune.request import default_seq_len
+            from autotune.request.tune_request import default_seq_len
 
             summary = summarize(resolve_model(model, trust_remote_code))
             relative = "relative_attention_num_buckets" in summary.config
@@ -202,7 +202,7 @@ def check_command(
 
 def _check_fix_output(output: Path) -> None:
     """Refuse an output path that can never be written, before any work: one line, exit 2 (output_paths.py)."""
-    from autotune.output_paths import vet_output_file
+    from autotune.infra.output_paths import vet_output_file
 
     vet_output_file(output, "--fix output")
 
@@ -240,7 +240,7 @@ def _check_as_tuned(
     """Check against the tuning's own context: the same model, target, precision and sequence length."""
     from autotune.check import CheckContext
     from autotune.check.fit import FitAssumptions
-    from autotune.context import TuneContext
+    from autotune.request.context import TuneContext
 
     request = request_as_recorded(recorded, seq_len)
     ctx = TuneContext.build(request, outputs=False)

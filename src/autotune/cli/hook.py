@@ -51,8 +51,8 @@ from autotune.cli.request import request_from_options
 from autotune.cli.tune import TrialProgress
 from autotune.errors import UserError
 from autotune.hook.outputs import published_report
-from autotune.pick_summary import measurement_lines, summary_head
-from autotune.terminate import sigterm_raises
+from autotune.infra.terminate import sigterm_raises
+from autotune.report.pick import measurement_lines, summary_head
 
 if TYPE_CHECKING:
     from autotune.hook import HookResult
@@ -156,7 +156,7 @@ def hook_command(
     """Pre-launch hook: tune once per job (one process tunes, the others wait) and write ds_config.json."""
     options = dict(locals())  # before anything else is bound: the request is read from these (cli/request.py)
     from autotune.hook import HookRequest, JobOverrides, run_hook
-    from autotune.request import validate
+    from autotune.request.tune_request import validate
 
     if print_env and as_json:
         raise UserError("give --print-env or --json, not both")
@@ -166,7 +166,7 @@ def hook_command(
     if wait_timeout is not None and not (wait_timeout > 0 and wait_timeout != float("inf")):
         raise UserError(f"--wait-timeout must be a positive number of seconds, got {wait_timeout}")
     if cache_dir is not None:  # the shared directory every node sees: vetted like tune's --cache-dir
-        from autotune.output_paths import vet_output_dir
+        from autotune.infra.output_paths import vet_output_dir
 
         if Path(cache_dir).exists() and not Path(cache_dir).is_dir():
             raise UserError(f"--cache-dir {cache_dir} is a file; it names a directory every node sees")

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from autotune.request import ATTENTIONS, DEVICES, KERNELS, PRECISIONS, TuneRequest
+from autotune.request.tune_request import ATTENTIONS, DEVICES, KERNELS, PRECISIONS, TuneRequest
 
 
 def _choices(values: tuple[str, ...]) -> str:
@@ -20,7 +20,7 @@ def _choices(values: tuple[str, ...]) -> str:
 
 
 def _gpu_types_help() -> str:
-    from autotune.hardware import gpu_types
+    from autotune.hardware.specs import gpu_types
 
     return ", ".join(spec.key for spec in gpu_types())
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from autotune.core.ladder import Rung, parse_rung
 from autotune.errors import UserError
-from autotune.ladder import Rung, parse_rung
 
 
 def parse_int_list(text: str | None, what: str) -> tuple[int, ...] | None:

@@ -44,16 +44,16 @@ from autotune.cli.options import (
 )
 from autotune.cli.output import console, print_json
 from autotune.cli.request import request_from_options
+from autotune.core.units import format_bytes
 from autotune.errors import NothingFitsError, UserError
 from autotune.estimate import PlanRow
-from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.check.fit import ConfigFit
-    from autotune.context import TuneContext
     from autotune.estimate import EstimateSettings
-    from autotune.mode_summary import ModeSummary
-    from autotune.recommend import Recommendation
+    from autotune.modes.summary import ModeSummary
+    from autotune.request.context import TuneContext
+    from autotune.search.recommend import Recommendation
 
 _SHORT_LIMITS = {
     "gpu": "over GPU by",
@@ -152,7 +152,7 @@ def _print_table(recommendation: Recommendation, modes: ModeSummary, verbose: bo
             out.print(f"No classic rung fits, but {hint}.", highlight=False)
         _print_modes(modes, picked=False)
         return
-    from autotune.recommend import host_line, passed_over_line
+    from autotune.search.recommend import host_line, passed_over_line
 
     picked = recommendation.estimate or best.estimate
     out.print(
@@ -183,8 +183,8 @@ def _kernels(name: str) -> str:
 def _plan_notes(settings: EstimateSettings) -> list[str]:
     """What the prediction assumes beyond its table: the fused kernels counted, and a DeepSpeed other than the
     release the memory model was read in (versions.py)."""
+    from autotune.core.versions import deepspeed_note
     from autotune.estimate.kernels import kernels_note
-    from autotune.versions import deepspeed_note
 
     return [note for note in (kernels_note(settings.kernels), deepspeed_note()) if note]
 
@@ -296,8 +296,8 @@ def plan_command(
     Exit codes: 0 something fits (--config: it fits), 2 bad input, 3 nothing fits (--config: it does not).
     """
     request = request_from_options("plan", locals())
-    from autotune.context import TuneContext
-    from autotune.recommend import mode_summary, recommend
+    from autotune.request.context import TuneContext
+    from autotune.search.recommend import mode_summary, recommend
 
     say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget, host_memory=host_memory)
     if grad_checkpointing is not None and not config:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from autotune.cli.parsing import command_words, parse_micro_batches, parse_name_list, parse_rung_list
-from autotune.request import TuneRequest
+from autotune.request.tune_request import TuneRequest
 
 
 def _as_given(value: Any) -> Any:

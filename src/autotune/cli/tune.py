@@ -53,14 +53,14 @@ from autotune.cli.options import (
 )
 from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.request import request_from_options
-from autotune.pick_summary import measured_detail, measurement_lines, summary_head
-from autotune.terminate import Terminated, sigterm_raises
-from autotune.units import format_bytes, format_duration
+from autotune.core.units import format_bytes, format_duration
+from autotune.infra.terminate import Terminated, sigterm_raises
+from autotune.report.pick import measured_detail, measurement_lines, summary_head
 
 if TYPE_CHECKING:
+    from autotune.core.ladder import Candidate
     from autotune.hook.leader import BestVerified
-    from autotune.ladder import Candidate
-    from autotune.search import SearchEvent
+    from autotune.search.walk import SearchEvent
     from autotune.tuner import TuneRequest, TuneResult
 
 
@@ -258,7 +258,7 @@ def _on_terminated(request: TuneRequest, best: BestVerified) -> str:
     cache (a rerun resumes from them). Write the best config verified so far, if any, and say so."""
     if best.record is None:
         return "terminated by SIGTERM before any trial verified a config; nothing written (a rerun resumes)"
-    from autotune.emit import write_configs
+    from autotune.dsconfig.emit import write_configs
     from autotune.tuner import ds_config_for, world_size_for
 
     candidate = best.record.candidate

@@ -1,7 +1,7 @@
-"""DeepSpeed's working buffers, sized from the config autotune.dsconfig emits.
+"""DeepSpeed's working buffers, sized from the config autotune.dsconfig.build emits.
 
 All DeepSpeed bucket sizes are element counts; bytes = elements x the element size of what they hold.
-Sizes come from settings.knobs (a user's ds_config, or what autotune.dsconfig emits). Read in deepspeed 0.19.8:
+Sizes come from settings.knobs (a user's ds_config, or what autotune.dsconfig.build emits). Read in deepspeed 0.19.8:
 - stages 1-2 (stage_1_and_2.py:3256-3277, setup_buckets): with contiguous_gradients one reduce buffer of
   reduce_bucket_size elements in the gradient dtype, and a second one when overlap_comm is on. The
   allgather bucket is unused when the backend has all_gather_into_tensor (NCCL and gloo in torch 2.13).
@@ -37,15 +37,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.dsconfig import stage3_buckets
+from autotune.core.ladder import Rung
+from autotune.core.versions import version_tuple
+from autotune.dsconfig.build import stage3_buckets
 from autotune.estimate.pinned import pinned_bytes, pins_through_cuda
 from autotune.estimate.runtime import RuntimeStack
 from autotune.estimate.stage3_retention import gathered_at_turn, weight_matrices
 from autotune.estimate.types import EstimateSettings
-from autotune.hardware import Target
-from autotune.ladder import Rung
+from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
-from autotune.versions import version_tuple
 
 ALLREDUCE_BUCKET_ELEMENTS = 500_000_000  # engine default, stage 0
 OPTIMIZER_SWAP_BUFFERS = 4

@@ -14,10 +14,10 @@ then moves by what the model now says, not by one step of a grid.
 
 from __future__ import annotations
 
+from autotune.core.ladder import Candidate
 from autotune.estimate.core import VARIABLE_COMPONENTS, estimate
 from autotune.estimate.types import Calibration, EstimateSettings
-from autotune.hardware import Target
-from autotune.ladder import Candidate
+from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 
 MIN_SCALE = 0.2

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autotune.core.ladder import Candidate
+from autotune.core.units import format_bytes
+from autotune.core.versions import version_tuple
 from autotune.estimate.activations import activation_breakdown
 from autotune.estimate.buffers import (
     deepspeed_buffers,
@@ -27,12 +30,9 @@ from autotune.estimate.runtime import (
     unpressured_reserve_fraction,
 )
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
-from autotune.hardware import Target
-from autotune.ladder import Candidate
+from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
-from autotune.modes import ratio_sub_group_size
-from autotune.units import format_bytes
-from autotune.versions import version_tuple
+from autotune.modes.applies import ratio_sub_group_size
 
 # Components that grow with the micro-batch; Calibration.activation_scale multiplies them.
 VARIABLE_COMPONENTS = ("activations", "logits", "backward_window")

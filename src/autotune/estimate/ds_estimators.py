@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from autotune.environment import parse_without_device
+from autotune.infra.environment import parse_without_device
 
 ZERO2_FUNCTION = "estimate_zero2_model_states_mem_needs"
 ZERO3_FUNCTION = "estimate_zero3_model_states_mem_needs"

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.core.versions import version_tuple
 from autotune.estimate.traits import ArchTraits
 from autotune.estimate.types import EstimateSettings
-from autotune.versions import version_tuple
 
 MASK_BYTES = 1  # CUDA's fused dropout keeps a bool mask
 FP32 = 4

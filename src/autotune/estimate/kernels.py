@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.choices import KERNELS, Kernels, is_one_of
+from autotune.core.choices import KERNELS, Kernels, is_one_of
 from autotune.estimate.pinned import power_of_two_ceil
 from autotune.models import ModelSummary
 
@@ -66,7 +66,7 @@ class FusedKernels:
         return rmsnorm and gated_mlp
 
 
-_SETS: dict[Kernels, FusedKernels] = {  # one per autotune.choices.KERNELS (tests/test_estimate_kernels.py)
+_SETS: dict[Kernels, FusedKernels] = {  # one per autotune.core.choices.KERNELS (tests/test_estimate_kernels.py)
     "stock": FusedKernels("stock", rms_norm=False, gated_mlp_tensors=None, loss="stock"),
     # HF Trainer use_liger_kernel=True: apply_liger_kernel_to_llama's defaults (monkey_patch.py:259-264): rope,
     # fused_linear_cross_entropy, rms_norm, swiglu on; cross_entropy off.
@@ -80,7 +80,7 @@ _SETS: dict[Kernels, FusedKernels] = {  # one per autotune.choices.KERNELS (test
 
 
 def fused_kernels(name: str) -> FusedKernels:
-    """The kernel set called `name` (one of autotune.choices.KERNELS); ValueError for any other name."""
+    """The kernel set called `name` (one of autotune.core.choices.KERNELS); ValueError for any other name."""
     if not is_one_of(name, KERNELS):
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {name!r}")
     return _SETS[name]

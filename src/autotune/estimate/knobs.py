@@ -1,6 +1,6 @@
 """The ds_config values that size DeepSpeed's buffers, and the optimizer the run steps with.
 
-`ZeroKnobs()` is what autotune.dsconfig emits; `ZeroKnobs.from_ds_config` reads a user's (or a published
+`ZeroKnobs()` is what autotune.dsconfig.build emits; `ZeroKnobs.from_ds_config` reads a user's (or a published
 run's) `zero_optimization` section, filling "auto" the way HF Trainer does
 (transformers/integrations/deepspeed.py, `trainer_config_finalize`: reduce_bucket_size = hidden^2,
 stage3_prefetch_bucket_size = 0.9 hidden^2, stage3_param_persistence_threshold = 10 hidden) and absent keys
@@ -19,7 +19,7 @@ DS_DEFAULT_PERSISTENCE = 100_000  # stage3_param_persistence_threshold
 DS_DEFAULT_LIVE = 1_000_000_000  # stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size
 
 # How the optimizer step allocates on the device, per trainable element of the rank's fp32 partition:
-# - "fused" (DeepSpeed FusedAdam, what autotune.dsconfig emits; ops/adam/fused_adam.py): one multi-tensor kernel
+# - "fused" (DeepSpeed FusedAdam, what autotune.dsconfig.build emits; ops/adam/fused_adam.py): one multi-tensor kernel
 #   updating in place, no temporaries;
 # - "torch_foreach" (torch.optim.AdamW's default on CUDA, foreach=True): torch 2.13 torch/optim/adam.py:790,
 #   `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`, one fp32 temporary per element for the whole

@@ -14,7 +14,7 @@ host figure for CPU offload; we call them and add what they lack, each addition 
   8 B AdamW states, no master copy); stages 1-3 still clone an fp32 partition (`.clone().float()` in
   stage_1_and_2.py / stage3.py), so only the "16-bit" copies widen to 4 bytes.
 - they assume Adam; AdamW keeps the same two fp32 states. Other optimizers (--optimizer) change the
-  states and add step temporaries: autotune.optimizers.optimizer_memory, applied to this rank's slice.
+  states and add step temporaries: autotune.training.optimizers.optimizer_memory, applied to this rank's slice.
 DeepSpeed's stage-2 host figure counts a model-loading transient (see OFFLOAD_MASTER_BYTES_PER_PARAM); we
 use the steady state instead. With the optimizer offloaded to the CPU the host side is counted from DeepSpeed's
 own allocations instead (offloaded_stage12_host, offloaded_stage3_host: pinned and pageable tensors apart); its
@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autotune.core.ladder import Rung
 from autotune.estimate.ds_estimators import DeepSpeedEstimators, deepspeed_estimators
 from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.pinned import pinned_bytes
-from autotune.hardware import Target
-from autotune.ladder import Rung
+from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
-from autotune.optimizers import optimizer_memory
+from autotune.training.optimizers import optimizer_memory
 
 BYTES_16BIT = 2
 BYTES_FP32 = 4

@@ -45,11 +45,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from autotune.core.ladder import Candidate
 from autotune.estimate.knobs import OPTIMIZER_STEP_TEMPORARY_BYTES, ZeroKnobs
-from autotune.hardware import Target
-from autotune.ladder import Candidate
+from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
-from autotune.modes import RATIO_STEPS, device_sub_groups, offloaded_fraction
+from autotune.modes.applies import RATIO_STEPS, device_sub_groups, offloaded_fraction
 
 BYTES_FP32 = 4
 BYTES_INT32 = 4
@@ -121,7 +121,7 @@ def partial_offload_device_elements(
     """
     if ratio >= 1.0 or per_rank <= 0:
         return 0
-    # dsconfig's sub_group_size (autotune.modes.ratio_sub_group_size), or the config's as written
+    # dsconfig's sub_group_size (autotune.modes.applies.ratio_sub_group_size), or the config's as written
     size = max(1, math.ceil(per_rank / steps) if sub_group_size is None else sub_group_size)
     first = min(per_rank, max(first_param_per_rank, size))
     size += min(size, tensor_per_rank) // 2

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from autotune.core.ladder import LADDER, Candidate, Rung
 from autotune.estimate.core import check_fit, estimate
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
-from autotune.hardware import Target
-from autotune.ladder import LADDER, Candidate, Rung
+from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from autotune.units import GiB, MiB
-from autotune.versions import installed as _installed
-from autotune.versions import version_tuple
+from autotune.core.units import GiB, MiB
+from autotune.core.versions import installed as _installed
+from autotune.core.versions import version_tuple
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from autotune.choices import Attention, Device, Kernels, Precision
+from autotune.core.choices import Attention, Device, Kernels, Precision
+from autotune.core.ladder import Candidate
 from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.runtime import RuntimeStack
-from autotune.ladder import Candidate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,10 +16,10 @@ class EstimateSettings:
     precision: Precision = "bf16"
     attention: Attention = "sdpa"  # "eager" materialises the s^2 score matrix
     device: Device = "cuda"  # "cuda": GPU quantities; "cpu": the CPU backend, where everything is host memory
-    reduce_bucket_elements: int = 200_000_000  # what autotune.dsconfig emits for stages 1-2
+    reduce_bucket_elements: int = 200_000_000  # what autotune.dsconfig.build emits for stages 1-2
     knobs: ZeroKnobs = field(default_factory=ZeroKnobs)  # ds_config values that size buffers (default: dsconfig's)
     stack: RuntimeStack = field(default_factory=RuntimeStack)  # as probed; unknown fields widen the margin
-    optimizer: str = "adamw"  # an autotune.optimizers name: its states and step temporaries
+    optimizer: str = "adamw"  # an autotune.training.optimizers name: its states and step temporaries
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length; None: seq_len for both
     kernels: Kernels = "stock"  # fused training kernels in use (estimate/kernels.py)
     native_pinning: bool = False  # DS_PIN_MEMORY_BACKEND=native: pin_memory mlocks (estimate/pinned.py)

@@ -38,11 +38,11 @@ import filelock
 import psutil
 from pydantic import TypeAdapter, ValidationError
 
-from autotune.atomic import atomic_write_json, atomic_write_text, refuse_non_regular
 from autotune.errors import HookError, UserError  # HookError is importable from here, as before
-from autotune.integrity import KeyRefused, sign, signing_key, verify
-from autotune.output_paths import file_kind
-from autotune.sharing import distrust_reason, file_mode_for, make_dirs
+from autotune.infra.atomic import atomic_write_json, atomic_write_text, refuse_non_regular
+from autotune.infra.integrity import KeyRefused, sign, signing_key, verify
+from autotune.infra.output_paths import file_kind
+from autotune.infra.sharing import distrust_reason, file_mode_for, make_dirs
 
 RECORD_FORMAT = 1
 Role = Literal["hit", "leader", "follower"]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from autotune.choices import Device
+from autotune.core.choices import Device
 from autotune.errors import UserError
 from autotune.hook.hostlist import ScontrolRunner, expand_hostlist, scontrol_hostnames
 
@@ -254,7 +254,7 @@ def _standalone(src: _Sources) -> JobEnv:
 
 def count_visible_gpus() -> int:
     """GPUs this process may use, honouring CUDA_VISIBLE_DEVICES (NVML, no CUDA context)."""
-    from autotune.probe import probe_gpus
+    from autotune.hardware.probe import probe_gpus
 
     gpus, _, _ = probe_gpus()
     return len(gpus)

@@ -20,22 +20,22 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from autotune.assumptions import read_assumptions
+from autotune.core.stop import StopReason
+from autotune.core.units import format_bytes
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook.coordinate import HookRecord, RecordStatus
 from autotune.hook.env import JobEnv
 from autotune.hook.outputs import published_outputs
-from autotune.leftovers import owned_tempdir, sweep
-from autotune.report import REPORT_STEM
-from autotune.request import memory_size
-from autotune.stop import StopReason
-from autotune.terminate import Terminated
-from autotune.units import format_bytes
+from autotune.infra.leftovers import owned_tempdir, sweep
+from autotune.infra.terminate import Terminated
+from autotune.report.assumptions import read_assumptions
+from autotune.report.markdown import REPORT_STEM
+from autotune.request.tune_request import memory_size
 
 if TYPE_CHECKING:
-    from autotune.ladder import Candidate
-    from autotune.request import TuneRequest
-    from autotune.search import SearchEvent, TrialRecord
+    from autotune.core.ladder import Candidate
+    from autotune.request.tune_request import TuneRequest
+    from autotune.search.walk import SearchEvent, TrialRecord
     from autotune.trial.types import TrialLauncher
     from autotune.tuner import TuneResult
 
@@ -71,7 +71,7 @@ def probed_plan_memory(tuning: TuneRequest) -> tuple[int, bool] | None:
         budget = tuning.memory_budget
         per_rank = memory_size(budget, "--memory-budget") if budget else psutil.virtual_memory().available // ranks
         return per_rank, True
-    from autotune.probe import probe_gpus
+    from autotune.hardware.probe import probe_gpus
 
     gpus, _, _ = probe_gpus()
     if not gpus:
@@ -161,7 +161,7 @@ def _best_verified(
 ) -> HookRecord:
     """validate=False only under SIGTERM: importing DeepSpeed here costs 10-20 s of a 30 s grace, and its
     trial already ran DeepSpeed with exactly this config at this world size (every reader re-validates)."""
-    from autotune.emit import write_configs
+    from autotune.dsconfig.emit import write_configs
 
     assert best.record is not None
     candidate = best.record.candidate

@@ -20,19 +20,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.assumptions import assumptions_path
-from autotune.atomic import atomic_write_bytes, atomic_write_json
-from autotune.dsconfig import hf_variant
-from autotune.emit import emit_launchers
+from autotune.core.ladder import Candidate
+from autotune.dsconfig.build import hf_variant
+from autotune.dsconfig.emit import emit_launchers
 from autotune.errors import MalformedReportError
 from autotune.hook.env import JobEnv
-from autotune.ladder import Candidate
-from autotune.report import REPORT_STEM, write_report
-from autotune.report_data import OwnCommand, TuneReport
+from autotune.infra.atomic import atomic_write_bytes, atomic_write_json
+from autotune.report.assumptions import assumptions_path
+from autotune.report.data import OwnCommand, TuneReport
+from autotune.report.markdown import REPORT_STEM, write_report
 
 if TYPE_CHECKING:
     from autotune.hook.coordinate import HookRecord
-    from autotune.request import TuneRequest
+    from autotune.request.tune_request import TuneRequest
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from autotune.core.units import format_duration
 from autotune.hook.coordinate import SharedSlot, note_progress, read_leader_note
 from autotune.hook.env import JobEnv
-from autotune.units import format_duration
 
 if TYPE_CHECKING:
-    from autotune.search import SearchEvent
+    from autotune.search.walk import SearchEvent
 
 
 class ProgressNote:

@@ -18,8 +18,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from autotune.atomic import atomic_write_text
-from autotune.cache import library_versions, run_key
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook.coordinate import HookError, HookRecord, Role, SharedSlot, coordinate
 from autotune.hook.env import JobEnv, JobOverrides, detect_job_env
@@ -28,13 +26,15 @@ from autotune.hook.leader import LeaderJob, TuneFn, real_tune, tune_and_record
 from autotune.hook.outputs import write_outputs
 from autotune.hook.progress import ProgressNote, waiting_line
 from autotune.hook.verdicts import KnownValid, default_verdicts_path, verdict_key
-from autotune.paths import cache_dir
-from autotune.terminate import Terminated
+from autotune.infra.atomic import atomic_write_text
+from autotune.infra.paths import cache_dir
+from autotune.infra.terminate import Terminated
+from autotune.search.cache import library_versions, run_key
 
 if TYPE_CHECKING:
-    from autotune.probe import GpuInfo
-    from autotune.request import TuneRequest
-    from autotune.search import SearchEvent
+    from autotune.hardware.probe import GpuInfo
+    from autotune.request.tune_request import TuneRequest
+    from autotune.search.walk import SearchEvent
     from autotune.trial.types import TrialLauncher
 
 LauncherChooser = Callable[[JobEnv, Path, Mapping[str, str]], "TrialLauncher | None"]
@@ -98,7 +98,7 @@ class HookResult:
 
 
 def _default_gpus() -> list[GpuInfo]:
-    from autotune.probe import probe_gpus
+    from autotune.hardware.probe import probe_gpus
 
     return probe_gpus()[0]
 
@@ -169,8 +169,8 @@ def config_vetter(world_size: int, known: KnownValid) -> Callable[[HookRecord], 
 
 
 def _deepspeed_verdict(config_text: str, world_size: int) -> str | None:
-    from autotune.base_config import runnable
-    from autotune.dsconfig import ConfigRejected, validate_with_deepspeed
+    from autotune.dsconfig.base import runnable
+    from autotune.dsconfig.build import ConfigRejected, validate_with_deepspeed
 
     try:
         config = json.loads(config_text)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from autotune.paths import profiles_dir
+from autotune.infra.paths import profiles_dir
 
 
 @dataclass(frozen=True, kw_only=True)

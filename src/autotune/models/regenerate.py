@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
-from autotune.atomic import atomic_write_json
+from autotune.infra.atomic import atomic_write_json
 from autotune.models.profiles import model_profiles
 from autotune.models.resolve import resolve_model
 from autotune.models.shipped import shipped_path

@@ -11,9 +11,9 @@ import json
 from functools import cache
 from pathlib import Path
 
+from autotune.infra.paths import profiles_dir
 from autotune.models.resolve import ModelSource
 from autotune.models.types import ModelSummary, fingerprint
-from autotune.paths import profiles_dir
 
 
 def shipped_path() -> Path:

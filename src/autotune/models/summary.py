@@ -13,12 +13,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from autotune.atomic import atomic_write_json
 from autotune.errors import UserError
+from autotune.infra.atomic import atomic_write_json
+from autotune.infra.paths import cache_dir
+from autotune.infra.sharing import path_distrust_reason
 from autotune.models.resolve import ModelSource
 from autotune.models.types import ModelSummary, fingerprint
-from autotune.paths import cache_dir
-from autotune.sharing import path_distrust_reason
 
 SUMMARY_SCHEMA = 1
 log = logging.getLogger(__name__)

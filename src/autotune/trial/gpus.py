@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from autotune.units import MiB, format_bytes
+from autotune.core.units import MiB, format_bytes
 
 RELEASE_SLACK_BYTES = 256 * MiB  # other tenants and NVML's own bookkeeping move this much
 RELEASE_TIMEOUT_S = 30.0

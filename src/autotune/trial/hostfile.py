@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.atomic import atomic_write_text
 from autotune.errors import UserError
+from autotune.infra.atomic import atomic_write_text
 
 if TYPE_CHECKING:
     from autotune.trial.launch import LaunchPlan

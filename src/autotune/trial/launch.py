@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.atomic import atomic_write_json
-from autotune.leftovers import claim, owned_tempdir, sweep
-from autotune.sharing import make_dirs
+from autotune.infra.atomic import atomic_write_json
+from autotune.infra.leftovers import claim, owned_tempdir, sweep
+from autotune.infra.sharing import make_dirs
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.oom_evidence import OomKillWatch
 from autotune.trial.outcome import LaunchOutcome, build_result

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from autotune.environment import select_accelerator
+from autotune.infra.environment import select_accelerator
 
 # The DeepSpeed op builders a trial loads, per accelerator.
 TRIAL_OPS = {

@@ -14,10 +14,10 @@ from functools import partial
 from pathlib import Path
 from typing import TypeGuard
 
+from autotune.core.units import format_bytes
 from autotune.trial.report import RankReport
 from autotune.trial.throughput import FlopsPerToken, throughput
 from autotune.trial.types import RankMetrics, TrialResult, TrialSpec, TrialStatus
-from autotune.units import format_bytes
 
 # Every allocation failure on the GPU side is an OOM, whichever library hit it. Texts and where they come from:
 _GPU_OOM_MESSAGES = (

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from autotune.atomic import atomic_write_json
+from autotune.infra.atomic import atomic_write_json
 from autotune.trial.types import RankMetrics, TrialStatus
 
 

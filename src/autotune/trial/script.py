@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.atomic import atomic_write_json
+from autotune.core.measurement import MIN_STEPS, enough_steps, steps_until_enough
 from autotune.errors import UserError
-from autotune.measurement import MIN_STEPS, enough_steps, steps_until_enough
+from autotune.infra.atomic import atomic_write_json
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.launch import trial_directory
 from autotune.trial.oom_evidence import OomKillWatch

@@ -3,7 +3,7 @@
 The hook (trial/step_hook/sitecustomize.py) makes each rank of the user's command append the time of every
 optimizer step boundary to a file; the tuner reads those files while the command runs, turns them into whole
 optimizer step times (the slowest rank's gap between two boundaries) and stops the command once their median
-is known well enough (autotune.measurement.enough_steps), as a synthetic trial stops measuring.
+is known well enough (autotune.core.measurement.enough_steps), as a synthetic trial stops measuring.
 
 Steps up to the engine's profiled step are warm-up: the first ones build the optimizer state, and the profiled
 one runs DeepSpeed's flops profiler (script.py), which slows it.

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.environment import select_accelerator
-from autotune.measurement import MIN_STEPS, enough_steps
+from autotune.core.measurement import MIN_STEPS, enough_steps
+from autotune.infra.environment import select_accelerator
 from autotune.trial.deepspeed_globals import release_engine_globals
 from autotune.trial.faults import maybe_inject_fault
 from autotune.trial.memory import MemoryTracker, release_host_memory
@@ -193,8 +193,8 @@ def _build_partitioned(spec: TrialSpec, device: Any) -> Any:
 
 
 def add_lora_adapters(model: Any, lora: dict) -> Any:
-    """Freeze the base and add peft LoRA adapters, as the user's peft script does (autotune.lora)."""
-    from autotune.lora import LoraSettings, apply_lora
+    """Freeze the base and add peft LoRA adapters, as the user's peft script does (autotune.training.lora)."""
+    from autotune.training.lora import LoraSettings, apply_lora
 
     targets = tuple(lora.get("target_modules") or ()) or None
     settings = LoraSettings(rank=int(lora["rank"]), target_modules=targets, alpha=lora.get("alpha"))
@@ -219,10 +219,10 @@ def check_precision_supported(ds_config: dict) -> None:
 
 def initialize_engine(model: Any, ds_config: dict, optimizer_name: str = "adamw") -> Any:
     """DeepSpeed builds the optimizer the config names; otherwise the trial builds the one the user's
-    script will pass (autotune.optimizers.build_client_optimizer: AdamW as HF Trainer does, or Adafactor)."""
+    script will pass (autotune.training.optimizers.build_client_optimizer: AdamW as HF Trainer does, or Adafactor)."""
     import deepspeed
 
-    from autotune.optimizers import build_client_optimizer
+    from autotune.training.optimizers import build_client_optimizer
 
     config = copy.deepcopy(ds_config)  # DeepSpeed edits the dict it is given
     check_precision_supported(config)
@@ -303,7 +303,7 @@ class StepTimes:
     A measured step is a whole accumulation cycle, timed as one: `accumulation` micro-steps, the optimizer step
     on the last, and for offload the host work, so the figure is what the user's job pays per optimizer step.
     The parts (a plain micro-step, a plain micro-step at a smaller micro-batch) are timed after it for the
-    search's step-time line (autotune.speed, A3).
+    search's step-time line (autotune.search.speed, A3).
     """
 
     step_times_s: list[float]  # per measured optimizer step, warm-up excluded
@@ -336,7 +336,7 @@ def _timed(run: Any, placement: Placement, device: Any, memory: MemoryTracker, s
 def _timed_until_enough(
     run: Any, spec: TrialSpec, placement: Placement, device: Any, memory: MemoryTracker
 ) -> list[float]:
-    """Whole steps until their median is known well enough (autotune.measurement.enough_steps); every rank
+    """Whole steps until their median is known well enough (autotune.core.measurement.enough_steps); every rank
     sees the same all-reduced times, so all stop at the same step."""
     times: list[float] = []
     while not enough_steps(times, spec.max_steps, spec.max_measure_s, min(MIN_STEPS, spec.max_steps)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol
 
-from autotune.measurement import MAX_MEASURE_S, MAX_STEPS
+from autotune.core.measurement import MAX_MEASURE_S, MAX_STEPS
 
 # "incomplete": an own-command trial (trial/script.py) that exited before the profiled steps.
 # "inconclusive": the trial failed for a reason that says nothing about the candidate (a signal from outside or a
@@ -30,7 +30,7 @@ class TrialSpec:
     nodes: int = 1
     warmup_steps: int = 2
     # measured whole optimizer steps: at most max_steps / max_measure_s, fewer once their median is known well
-    # enough (autotune.measurement.enough_steps)
+    # enough (autotune.core.measurement.enough_steps)
     max_steps: int = MAX_STEPS
     max_measure_s: float = MAX_MEASURE_S
     timeout_s: float = 600.0
@@ -39,8 +39,8 @@ class TrialSpec:
     peak_tflops: float | None = None  # hardware peak for MFU
     trust_remote_code: bool = False
     smaller_micro_batch: int | None = None  # also time this micro-batch in the same process (second point)
-    optimizer: str = "adamw"  # autotune.optimizers name; a client-side one is built by the trial itself
-    lora: dict | None = None  # autotune.lora.LoraSettings.to_dict() plus "model_type"; None: full fine-tuning
+    optimizer: str = "adamw"  # autotune.training.optimizers name; a client-side one is built by the trial itself
+    lora: dict | None = None  # autotune.training.lora.LoraSettings.to_dict() plus "model_type"; None: full fine-tuning
     decoder_seq_len: int | None = None  # encoder-decoders: the decoder's length (labels); None: seq_len
     # ZeRO-3: build under deepspeed.zero.Init, as HF Trainer does; False builds the whole model on the device first
     # and lets the engine partition it, as scripts that build before DeepSpeed starts do

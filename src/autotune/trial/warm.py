@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.atomic import atomic_write_json
 from autotune.errors import UserError
-from autotune.leftovers import owned_tempdir
+from autotune.infra.atomic import atomic_write_json
+from autotune.infra.leftovers import owned_tempdir
 from autotune.trial.gpus import nvml_used_bytes, wait_for_release
 from autotune.trial.launch import WORKER_MODULE
 from autotune.trial.local import torchrun_command, torchrun_exit_codes

@@ -1,0 +1,151 @@
+"""The user's own ds_config as the base of the tuned one (`tune --config base.json`, `hook --config`).
+
+autotune decides memory and parallelism only: the batch split (micro-batch x accumulation, the global batch kept
+where the base fixes it) and the ZeRO section (stage, offload, buckets, the modes of modes.applies). Every other
+key of the base (optimizer, scheduler, clipping, precision, "auto" values, anything unknown to autotune) is carried
+through unchanged and in its order. What the base fixes about the training (its global batch, precision and
+optimizer) becomes part of the request, so the search tunes that job and no other.
+
+The file is read by `check`'s reader (autotune.dsconfig.loading.load_config: hjson as DeepSpeed reads it, hostile
+input refused with one line).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from autotune.core.choices import Precision
+from autotune.errors import UserError
+
+if TYPE_CHECKING:
+    from autotune.request.tune_request import TuneRequest
+
+# The keys autotune writes over the base's; the rest of the base is the user's training and is kept.
+TUNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization")
+
+
+def on_base(tuned: Mapping[str, Any], base: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The base with its tuned keys replaced in place; keys only `tuned` has follow (a base's own value wins)."""
+    if base is None:
+        return dict(tuned)
+    merged = {key: tuned[key] if key in TUNED_KEYS else copy.deepcopy(value) for key, value in base.items()}
+    for key, value in tuned.items():
+        merged.setdefault(key, value)
+    return merged
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _enabled(base: Mapping[str, Any], section: str) -> Any:
+    value = base.get(section)
+    return value.get("enabled") if isinstance(value, Mapping) else None
+
+
+@dataclass(frozen=True)
+class BaseFacts:
+    """What a base config fixes about the training; None where it leaves the choice open."""
+
+    global_batch: int | None = None
+    precision: Precision | None = None
+    optimizer: str | None = None  # an autotune.training.optimizers name, from the base's optimizer section
+    notes: list[str] = field(default_factory=list)
+
+
+def base_facts(base: Mapping[str, Any], world_size: int) -> BaseFacts:
+    """The global batch, precision and optimizer the base trains with (DeepSpeed's reading of them)."""
+    from autotune.check.fit import _optimizer
+
+    notes = []
+    train_batch = _whole(base.get("train_batch_size"))
+    micro, steps = _whole(base.get("train_micro_batch_size_per_gpu")), _whole(base.get("gradient_accumulation_steps"))
+    global_batch = train_batch or (micro * steps * world_size if micro and steps else None)
+    bf16, fp16 = _enabled(base, "bf16"), _enabled(base, "fp16")
+    if bf16 is True and fp16 is True:
+        raise UserError("the base config enables both bf16 and fp16; DeepSpeed refuses that")
+    precision: Precision | None = "bf16" if bf16 is True else "fp16" if fp16 is True else None
+    if precision is None and "auto" not in (bf16, fp16):
+        precision = "fp32"
+        notes.append(
+            "the base config enables neither bf16 nor fp16: tuned for fp32, as DeepSpeed runs it (a launcher that"
+            " sets the precision itself: give --precision)"
+        )
+    optimizer = None
+    if isinstance(base.get("optimizer"), Mapping):
+        optimizer, note = _optimizer(dict(base), "adamw")
+        notes += [note] if note else []
+    return BaseFacts(global_batch, precision, optimizer, notes)
+
+
+def agreed(name: str, requested: Any, from_base: Any) -> Any:
+    """The base's value, unless the command line asks for a different one: then one line, exit 2."""
+    if requested is not None and from_base is not None and requested != from_base:
+        raise UserError(f"{name} {requested} differs from the base config's {from_base}; give one of them")
+    return from_base if from_base is not None else requested
+
+
+def runnable(config: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """The config as its consumer runs it: "auto" values filled the way HF Trainer fills them
+    (check.consumer.fill_like_consumer runs transformers' and accelerate's own code), for the trials and for
+    DeepSpeed's parser; a config without "auto" as it is."""
+    from autotune.dsconfig.consumer import Consumer, fill_like_consumer, has_auto
+
+    if not has_auto(config):
+        return config
+
+    filled = fill_like_consumer(config, Consumer.HF_TRAINER, world_size)
+    if filled.refusal:
+        raise UserError(f"HF Trainer would refuse the base config's \"auto\" values: {filled.refusal}")
+    return filled.filled
+
+
+def placeholder_notes(config: Mapping[str, Any], base: Mapping[str, Any] | None) -> list[str]:
+    """The training settings the emitted config leaves to DeepSpeed's defaults because nobody chose them."""
+    if base is not None and "optimizer" in base:
+        return []
+    notes = []
+    section = config.get("optimizer")
+    if isinstance(section, Mapping):
+        notes.append(
+            f"placeholder: optimizer {section.get('type')} is named so DeepSpeed builds the optimizer the tuning"
+            " measured (DeepSpeedCPUAdam when offloaded); it sets no lr, betas, eps or weight_decay, so DeepSpeed's"
+            " defaults apply (lr 1e-3): put yours under optimizer.params, or tune with --config your_ds_config.json"
+            " (the .hf.json takes them from TrainingArguments)"
+        )
+    if base is None:
+        notes.append("no gradient_clipping written: DeepSpeed clips nothing unless your config or script says so")
+    return notes
+
+
+def load_base(path: str) -> dict[str, Any]:
+    """The base config as DeepSpeed reads it, through `check`'s reader; a file DeepSpeed would refuse is refused."""
+    from autotune.dsconfig.loading import load_config
+
+    loaded = load_config(path)
+    if loaded.accelerate is not None:
+        raise UserError(f"--config {path} is an accelerate YAML; give the DeepSpeed config file it names")
+    if loaded.duplicate_keys:
+        raise UserError(f"--config {path} repeats key(s) {', '.join(loaded.duplicate_keys)}; DeepSpeed refuses it")
+    return loaded.config
+
+
+def request_on_base(request: TuneRequest, base: Mapping[str, Any], world_size: int) -> tuple[TuneRequest, list[str]]:
+    """The request with what the base fixes: its global batch, precision and optimizer (the job's, not new
+    choices); a command-line value that contradicts the base is one line, exit 2."""
+    facts = base_facts(base, world_size)
+    if facts.global_batch is not None and request.tokens_per_step is not None:
+        raise UserError("the base config fixes the global batch; --tokens-per-step does not apply")
+    notes = list(facts.notes)
+    if facts.optimizer is not None and facts.optimizer != request.optimizer:
+        notes.append(f"the base config's optimizer ({facts.optimizer}) is tuned, not --optimizer {request.optimizer}")
+    changed = replace(
+        request,
+        global_batch=agreed("--global-batch", request.global_batch, facts.global_batch),
+        precision=agreed("--precision", request.precision, facts.precision),
+        optimizer=facts.optimizer or request.optimizer,
+    )
+    return changed, notes

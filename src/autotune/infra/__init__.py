@@ -1,0 +1,3 @@
+"""Process and file-system plumbing: atomic writes, cache paths, shared-directory trust, signed rows,
+environment variables, SIGTERM handling and leftover cleanup.
+"""

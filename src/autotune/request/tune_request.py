@@ -1,0 +1,302 @@
+"""The one tuning request every entry point builds (`tune`, `plan`, `hook`, the Python API), and its rules.
+
+Defaults live here and nowhere else: the CLI reads them from `TuneRequest` (see cli/options.py), so
+`--headroom` means the same in every command, and maps options to a request in one place (cli/request.py).
+`validate()` checks everything that can be checked without the model or the hardware, so bad input is one line
+and exit 2 before anything runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from autotune.core.choices import (
+    ATTENTIONS,
+    DEVICES,
+    KERNELS,
+    PRECISIONS,
+    TRIAL_WORKERS,
+    Attention,
+    Device,
+    Kernels,
+    Precision,
+    TrialWorkers,
+    is_one_of,
+)
+from autotune.core.ladder import Rung
+from autotune.core.units import parse_bytes
+from autotune.errors import UserError
+
+MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
+# Relative-position models (T5) have no position table; their pre-training length is the default.
+RELATIVE_POSITION_DEFAULT_SEQ_LEN = 512  # T5 paper, section 3.1.2: "sequence length of 512"
+DEFAULT_SEQ_LEN_CAP = 2048  # a model's context is used up to this; longer contexts are a choice, not a default
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneRequest:
+    """What the user asked for, with the defaults every command shares. The choices' Literal types
+    (autotune.core.choices) hold once `validate` has accepted the request."""
+
+    model: str
+    gpus: int | None = None
+    nodes: int = 1
+    gpu_type: str | None = None
+    gpu_memory: str | None = None  # "80GiB"; a bare number is GiB (said on stderr by the CLI)
+    device: Device = "cuda"  # "cpu": real trials on the CPU backend
+    memory_budget: str | None = None  # per-rank cap for --device cpu, e.g. "2GiB"; a bare number is GiB
+    seq_len: int | None = None
+    global_batch: int | None = None
+    precision: Precision | None = None
+    attention: Attention = "sdpa"
+    headroom: float = 0.9
+    max_trials: int = 12
+    time_budget_s: float | None = None
+    max_micro_batch: int = 256
+    micro_batches: tuple[int, ...] | None = None  # explicit grid; default powers of two
+    rungs: tuple[Rung, ...] | None = None  # restrict the ladder
+    nvme_path: str | None = None
+    gpu_memory_fraction: float | None = None
+    trial_timeout_s: float = 900.0
+    out: str = "ds_config.json"
+    report_dir: str | None = None  # default: the config's directory
+    hf: bool = False
+    use_cache: bool = True
+    cache_dir: str | None = None  # a directory; the results cache is results.sqlite inside it
+    script: str | None = None  # the user's training script: must exist when given; "train.py" in commands otherwise
+    trust_remote_code: bool = False
+    tokens_per_step: int | None = None  # a global batch in tokens (autotune.core.batch); exclusive with global_batch
+    optimizer: str = "adamw"  # an autotune.training.optimizers name; trials run it and the config names it
+    lora_rank: int | None = None  # LoRA adapters of this rank through peft on a frozen base
+    lora_targets: tuple[str, ...] | None = None  # default: peft's target modules for the model type
+    micro_batch: int | None = None  # fixed micro-batch per GPU: the grid is [micro_batch], nothing searched
+    host_memory: str | None = None  # host RAM per node when planning for another machine, e.g. "64GiB"; bare = GiB
+    decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (default: seq_len)
+    config: str | None = None  # a user's ds_config (JSON/hjson) whose fit `plan` answers (autotune.config_question)
+    # tune/hook: the user's ds_config the tuned one is built on; every key outside the tuned set is kept
+    # (autotune.dsconfig.base), and its global batch, precision and optimizer are the job's
+    base_config: str | None = None
+    kernels: Kernels = "stock"  # fused training kernels the user's training runs (Liger, flash-attn's): activations
+    # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
+    # substituted in (trial/script_mode.py); None: our synthetic worker.
+    command: tuple[str, ...] | None = None
+    # Modes that change the update rule or the numerics (ZenFlow, ZeRO++ quantization, partial offload ratio;
+    # modes.applies.approximation) join the search only when the user opts in: by default the tuned config trains
+    # the same model the same way (same optimizer math, global batch and precision).
+    allow_approximate: bool = False
+    # How trials are run: "warm" workers serve trial after trial (start-up paid once, a new process after a failure or
+    # when memory an earlier trial left grows past the pool's limit, trial/warm.py); "fresh" starts a process per
+    # trial, as the user's job is. "auto": warm on the CPU backend, where warm and fresh peaks were measured equal
+    # (benchmarks/README.md, "Warm workers and DeepSpeed's leftovers"); fresh on GPUs until the GPU kit's warm
+    # stage has measured the same there.
+    trial_workers: TrialWorkers = "auto"
+
+
+def default_of(name: str) -> Any:
+    """The default of one TuneRequest field, for the CLI's option declarations."""
+    for item in fields(TuneRequest):
+        if item.name == name:
+            return item.default
+    raise KeyError(name)
+
+
+def memory_size(text: str, what: str) -> int:
+    """Bytes from '80GiB', '24GB' or a bare number, which is GiB: nobody means 80 bytes of GPU memory."""
+    stripped = str(text).strip()
+    try:
+        number = float(stripped)
+    except ValueError:
+        return _finite_bytes(stripped, what)
+    if not math.isfinite(number) or number <= 0:
+        raise UserError(f"invalid {what} {text!r}: must be a positive, finite size, e.g. 80GiB")
+    return _finite_bytes(f"{stripped}GiB", what)
+
+
+def _finite_bytes(text: str, what: str) -> int:
+    try:
+        value = parse_bytes(text, what=what)
+    except OverflowError:
+        raise UserError(f"invalid {what} {text!r}: too large") from None
+    if value >= 1 << 60:
+        raise UserError(f"invalid {what} {text!r}: too large")
+    return value
+
+
+def _positive(value: float | None, flag: str, *, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise UserError(f"{flag} must be a positive number, got {value}")
+
+
+def _fraction(value: float | None, flag: str) -> None:
+    if value is not None and (not math.isfinite(value) or not 0 < value <= 1):
+        raise UserError(f"{flag} must be a fraction in (0, 1], got {value}")
+
+
+def output_path(out: str) -> Path:
+    """Where the config is written: through a symlink to its target, so a symlinked --out stays a symlink."""
+    path = Path(out)
+    return path.resolve() if path.is_symlink() else path
+
+
+def check_outputs(request: TuneRequest) -> None:
+    """Output paths are checked before any work (output_paths.py): regular files and directories on a writable,
+    ordinary filesystem; no device, FIFO, /proc or /dev target, no symlink leading out of its directory."""
+    from autotune.infra.output_paths import vet_output_dir, vet_output_file
+
+    vet_output_file(request.out, "--out")
+    if request.report_dir:
+        vet_output_dir(request.report_dir, "--report-dir")
+    if request.cache_dir and request.use_cache:
+        vet_output_dir(request.cache_dir, "--cache-dir")
+
+
+def check_kernels(kernels: str, device: str = "cuda") -> Kernels:
+    """--kernels names a kernel set the memory model knows (returned as one); Liger and flash-attn kernels are
+    Triton/CUDA only."""
+    if not is_one_of(kernels, KERNELS):
+        raise UserError(f"--kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
+    if kernels != "stock" and device == "cpu":
+        raise UserError(f"--kernels {kernels} needs CUDA GPUs (Triton kernels); --device cpu runs stock modules")
+    return kernels
+
+
+def check_trial_workers(request: TuneRequest) -> None:
+    """--trial-workers names a choice; warm workers run our own trial worker on one node."""
+    if request.trial_workers not in TRIAL_WORKERS:
+        raise UserError(f"--trial-workers must be one of {', '.join(TRIAL_WORKERS)}, got {request.trial_workers!r}")
+    if request.trial_workers != "warm":
+        return
+    if request.nodes > 1:
+        raise UserError("--trial-workers warm runs one node; multi-node trials start fresh processes on every node")
+    if request.command is not None:
+        raise UserError("--trial-workers warm runs autotune's own trial worker; an own command starts fresh each trial")
+
+
+def uses_warm_workers(request: TuneRequest) -> bool:
+    """Warm workers where asked, or by default on the CPU backend (see TuneRequest.trial_workers)."""
+    if request.nodes > 1 or request.command is not None:
+        return False
+    return request.trial_workers == "warm" or (request.trial_workers == "auto" and request.device == "cpu")
+
+
+def validate(request: TuneRequest, *, outputs: bool = True) -> None:
+    """Every rule that needs neither the model nor the hardware; raises UserError with one line.
+
+    `outputs=False` for callers that write nothing (`check` re-building a tuning's context)."""
+    if request.gpus is not None and request.gpus <= 0:
+        raise UserError(f"--gpus must be positive (GPUs per node), got {request.gpus}")
+    if request.nodes <= 0:
+        raise UserError(f"--nodes must be positive, got {request.nodes}")
+    if request.device not in DEVICES:
+        raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {request.device!r}")
+    if request.precision not in (None, *PRECISIONS):
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {request.precision!r}")
+    if request.attention not in ATTENTIONS:
+        raise UserError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {request.attention!r}")
+    check_kernels(request.kernels, request.device)
+    check_trial_workers(request)
+    _fraction(request.headroom, "--headroom")
+    _fraction(request.gpu_memory_fraction, "--gpu-memory-fraction")
+    if request.seq_len is not None and request.seq_len <= 0:
+        raise UserError(f"--seq-len must be positive, got {request.seq_len}")
+    if request.decoder_seq_len is not None and request.decoder_seq_len <= 0:
+        raise UserError(f"--decoder-seq-len must be positive, got {request.decoder_seq_len}")
+    if request.micro_batch is not None and not 0 < request.micro_batch <= MAX_MICRO_BATCH_LIMIT:
+        raise UserError(f"--micro-batch must be in 1..{MAX_MICRO_BATCH_LIMIT}, got {request.micro_batch}")
+    if request.micro_batch is not None and request.micro_batches is not None:
+        raise UserError("give --micro-batch (one, fixed) or --micro-batches (a grid), not both")
+    if request.global_batch is not None and request.global_batch <= 0:
+        raise UserError(f"--global-batch must be positive, got {request.global_batch}")
+    if request.max_trials <= 0:
+        raise UserError(f"--max-trials must be positive, got {request.max_trials}")
+    if not 0 < request.max_micro_batch <= MAX_MICRO_BATCH_LIMIT:
+        raise UserError(f"--max-micro-batch must be in 1..{MAX_MICRO_BATCH_LIMIT}, got {request.max_micro_batch}")
+    if request.micro_batches is not None and (
+        not request.micro_batches or any(not 0 < m <= MAX_MICRO_BATCH_LIMIT for m in request.micro_batches)
+    ):
+        raise UserError(f"--micro-batches must be positive integers up to {MAX_MICRO_BATCH_LIMIT}")
+    _positive(request.time_budget_s, "--time-budget")
+    _positive(request.trial_timeout_s, "--trial-timeout", allow_none=False)
+    if request.gpu_type and request.gpu_memory:
+        raise UserError("give either --gpu-type or --gpu-memory, not both")
+    if request.device == "cpu":
+        for flag, value in (
+            ("--gpu-type", request.gpu_type),
+            ("--gpu-memory", request.gpu_memory),
+            ("--gpu-memory-fraction", request.gpu_memory_fraction),
+        ):
+            if value is not None:
+                raise UserError(f"{flag} has no meaning with --device cpu (use --memory-budget for the per-rank cap)")
+    elif request.memory_budget is not None:
+        raise UserError("--memory-budget applies to --device cpu; for GPUs use --gpu-memory-fraction or --gpu-memory")
+    if request.tokens_per_step is not None and request.tokens_per_step <= 0:
+        raise UserError(f"--tokens-per-step must be positive, got {request.tokens_per_step}")
+    if request.base_config is not None and request.config is not None:
+        raise UserError("give the config to tune on (tune/hook --config) or the config to answer for (plan), not both")
+    if request.base_config is not None:  # read now: an unreadable base is one line before any coordination or trial
+        from autotune.dsconfig.base import load_base
+
+        load_base(request.base_config)
+    if request.tokens_per_step is not None and request.global_batch is not None:
+        raise UserError("give --global-batch or --tokens-per-step, not both")
+    from autotune.training.checks import check_training_choices  # imports peft's helpers only when used
+
+    check_training_choices(request.optimizer, request.lora_rank, request.script)
+    if request.memory_budget is not None:
+        memory_size(request.memory_budget, "--memory-budget")
+    if request.gpu_memory is not None:
+        memory_size(request.gpu_memory, "--gpu-memory")
+    if request.host_memory is not None:
+        if request.device == "cpu":
+            raise UserError("--host-memory plans for another machine's GPUs; --device cpu uses this machine's RAM")
+        memory_size(request.host_memory, "--host-memory")
+    if request.command is not None:
+        from autotune.request.own_command import check_command  # imported only in own-command mode
+
+        check_command(request)
+    if outputs:
+        check_outputs(request)
+
+
+def default_seq_len(max_positions: int | None) -> int:
+    """The model's context, capped at 2048; relative-position models (T5) default to their pre-training 512."""
+    if max_positions:
+        return min(DEFAULT_SEQ_LEN_CAP, int(max_positions))
+    return RELATIVE_POSITION_DEFAULT_SEQ_LEN
+
+
+def micro_batch_grid(request: TuneRequest, world_size: int) -> list[int]:
+    """The micro-batches the search may try, ascending; with --global-batch only whole accumulations.
+
+    By default every integer up to --max-micro-batch: the largest micro-batch that fits is rarely a power of two,
+    and the next power of two not fitting is often the only reason checkpointing looked needed. The search
+    bisects this grid by the memory model and measured peaks, so its size costs predictions, not trials.
+    --micro-batches pins a grid (e.g. powers of two)."""
+    fixed = (request.micro_batch,) if request.micro_batch is not None else None
+    grid = list(fixed or request.micro_batches or range(1, request.max_micro_batch + 1))
+    if request.global_batch is None:
+        return sorted(set(grid))
+    per_rank, remainder = divmod(request.global_batch, world_size)
+    if remainder or per_rank == 0:
+        raise UserError(f"--global-batch {request.global_batch} is not a multiple of the world size {world_size}")
+    if fixed is None and request.micro_batches is None:
+        grid = [d for d in range(1, min(per_rank, request.max_micro_batch) + 1) if per_rank % d == 0]
+    eligible = sorted({m for m in grid if per_rank % m == 0})
+    if not eligible:
+        raise UserError(
+            f"no micro-batch in {grid} gives a whole gradient accumulation for global batch"
+            f" {request.global_batch} at world size {world_size}"
+        )
+    return eligible
+
+
+def chosen_rungs(request: TuneRequest) -> tuple[list[Rung], list[tuple[Rung, str]]]:
+    """The rungs to search, and those left out with the reason (NVMe rungs need --nvme-path)."""
+    chosen = list(request.rungs or Rung)
+    unavailable = [(r, "no --nvme-path given") for r in chosen if r.needs_nvme] if not request.nvme_path else []
+    return [r for r in chosen if not any(r is u for u, _ in unavailable)], unavailable
