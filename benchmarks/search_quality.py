@@ -26,13 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.fakes (gpu_sim)
 
 from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.core.versions import library_versions
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware.specs import Target
 from autotune.infra.atomic import atomic_write_text
 from autotune.models import resolve_model, summarize
 from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.modes.search_view import is_ratio_mode
-from autotune.search.cache import library_versions
 from autotune.search.walk import Search, SearchLimits
 from gpu_sim.ds_autotuning import ds_autotuning
 from gpu_sim.machine import SimulatedCluster, models_mode

@@ -220,7 +220,7 @@ def test_unknown_host_memory_is_printed_beside_the_pick(capsys):
 
 def test_host_memory_is_for_planning_elsewhere():
     from autotune.errors import UserError
-    from autotune.request.tune_request import validate
+    from autotune.request.validation import validate
 
     with pytest.raises(UserError, match="--host-memory"):
         validate(TuneRequest(model="gpt2", device="cpu", host_memory="64"), outputs=False)

@@ -260,7 +260,7 @@ def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tm
     from dataclasses import replace
 
     from autotune.request.context import TuneContext
-    from autotune.request.tune_request import validate
+    from autotune.request.validation import validate
     from autotune.tuner import TuneRequest, tune
 
     with pytest.raises(UserError, match=r"unknown placeholder\(s\) \{nope\}"):

@@ -11,7 +11,8 @@ from tests.conftest import run_cli
 
 from autotune.core.units import MiB
 from autotune.errors import UserError
-from autotune.request.tune_request import TuneRequest, uses_warm_workers, validate
+from autotune.request.tune_request import TuneRequest, uses_warm_workers
+from autotune.request.validation import validate
 from autotune.trial import LocalLauncher, WarmWorkerPool
 from autotune.trial.report import RankReport
 from autotune.trial.warm import WARM_DEVICE_GROWTH_LIMIT_BYTES, WARM_GROWTH_LIMIT_BYTES, _Workers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from autotune.core.versions import AUTOTUNE_VERSION as __version__
 
 if TYPE_CHECKING:
     from autotune.tuner import TuneResult

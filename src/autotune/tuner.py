@@ -14,12 +14,13 @@ from autotune.core.choices import Device
 from autotune.core.ladder import Candidate
 from autotune.core.stop import StopReason
 from autotune.core.units import format_bytes
+from autotune.core.versions import library_versions
 from autotune.dsconfig.base import placeholder_notes
 from autotune.dsconfig.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.errors import NothingFitsError, TrialsFailedError, UserError
 from autotune.infra.environment import deepspeed_accelerator, preserved_environment
 from autotune.infra.paths import cache_dir
-from autotune.modes.applies import ModeFacts, approximation, considered_modes, facts_for, ratio_grid
+from autotune.modes.applies import approximation
 from autotune.modes.search_view import ModeRecord
 from autotune.report.assumptions import write_assumptions
 from autotune.report.data import (
@@ -37,11 +38,11 @@ from autotune.report.data import (
 from autotune.report.markdown import write_report
 from autotune.request.context import TuneContext, check_host_capacity
 from autotune.request.tune_request import TuneRequest, output_path, uses_warm_workers
-from autotune.search.cache import ResultsCache, StoredAnswer, library_versions
+from autotune.search.cache import ResultsCache, StoredAnswer
+from autotune.search.for_context import context_search, mode_facts, planned_modes
 from autotune.search.recommend import host_line, passed_over_line, recommend
-from autotune.search.walk import Search, SearchEvent, SearchLimits, SearchOutcome, TrialRecord
+from autotune.search.walk import SearchEvent, SearchOutcome, TrialRecord
 from autotune.training.checks import training_choices_report
-from autotune.training.optimizers import optimizer_kind
 from autotune.trial.plausible import Bounds
 from autotune.trial.types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec
 
@@ -171,45 +172,6 @@ def script_launcher(request: TuneRequest) -> TrialLauncher | None:
     return ScriptLauncher(request.command)
 
 
-def mode_facts(ctx: TuneContext) -> ModeFacts:
-    """What autotune.modes.applies needs to decide which modes apply to this tuning run."""
-    request = ctx.request
-    ds_optimizer = optimizer_kind(request.optimizer).ds_type is not None
-    return facts_for(ctx.target, request.device, ds_optimizer, ctx.precision, request.allow_approximate)
-
-
-def _never_run(candidate: Candidate) -> tuple[TrialResult, bool]:
-    raise AssertionError(f"plan-only: no trial may run ({candidate.key})")
-
-
-def planned_modes(ctx: TuneContext) -> list[ModeRecord]:
-    """Plan-only: the modes considered per rung with the memory model's prediction, none trial-verified."""
-    return _context_search(ctx, _never_run).plan_modes()
-
-
-def _context_search(
-    ctx: TuneContext,
-    run: Callable[[Candidate], tuple[TrialResult, bool]],
-    observe: Callable[[SearchEvent], None] = lambda event: None,
-) -> Search:
-    """The search for this context: its rungs, grid, limits, global batch and the modes that apply here."""
-    request = ctx.request
-    facts = mode_facts(ctx)
-    return Search(
-        ctx.model,
-        ctx.target,
-        ctx.settings,
-        run,
-        ctx.rungs,
-        ctx.grid,
-        SearchLimits(request.max_trials, request.time_budget_s, request.headroom),
-        observe,
-        global_batch=request.global_batch,
-        modes=lambda rung: considered_modes(rung, facts),
-        offload_ratios=tuple(r for r in ratio_grid() if 0.0 < r < 1.0),
-    )
-
-
 def _search(
     ctx: TuneContext,
     cache: ResultsCache | None,
@@ -231,7 +193,7 @@ def _search(
             cache.put_trial(key, candidate, result)
         return result, False
 
-    return _context_search(ctx, run, observe).run_search()
+    return context_search(ctx, run, observe).run_search()
 
 
 def run_bounds(ctx: TuneContext) -> Bounds:

@@ -153,10 +153,3 @@ def is_comment_key(key: str) -> bool:
 
 def dotted(path: ConfigPath) -> str:
     return ".".join(path)
-
-
-def section_of(config: dict[str, Any], key: str) -> dict[str, Any]:
-    """`config[key]` when it is a section (a dict: the very one, not a copy), else an empty dict, so a missing or
-    malformed section reads as one that sets nothing."""
-    value = config.get(key)
-    return value if isinstance(value, dict) else {}

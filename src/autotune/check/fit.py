@@ -11,12 +11,14 @@ from typing import Any
 
 from autotune.check import schema
 from autotune.check.context import CheckContext
-from autotune.check.findings import Finding, FitResult, Severity, section_of
+from autotune.check.findings import Finding, FitResult, Severity
 from autotune.check.rules import ZERO, batch_arithmetic, resolve_batch, zero_stage
 from autotune.check.values import batch_keys
 from autotune.core.choices import Attention, Device, Kernels, Precision
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.units import format_bytes
+from autotune.dsconfig.base import config_optimizer
+from autotune.dsconfig.loading import section_of
 from autotune.estimate.kernels import kernels_note
 from autotune.estimate.pinned import native_pinning
 from autotune.estimate.types import EstimateSettings, MemoryEstimate, Verdict
@@ -110,20 +112,6 @@ class ConfigNotModelled(Exception):
         self.micro_batch_unknown = micro_batch_unknown
 
 
-def _optimizer(config: dict[str, Any], fallback: str) -> tuple[str, str]:
-    """(autotune.training.optimizers name, note) for the config's optimizer section. DeepSpeed builds Adam/AdamW itself,
-    as torch.optim.AdamW with "torch_adam" (runtime/engine.py `_configure_basic_optimizer`); without a section
-    the script's own optimizer runs (HF Trainer: its --optim), which the caller's `fallback` names."""
-    section = config.get("optimizer")
-    if not isinstance(section, dict):
-        return fallback, f"no optimizer section: the script's optimizer runs; sized as {fallback}"
-    kind = str(section.get("type", "")).lower()
-    params = section_of(section, "params")
-    if kind in ("adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam"):
-        return ("torch-adamw" if params.get("torch_adam") is True else "adamw"), ""
-    return "adamw", f"optimizer {section.get('type')!r} is sized as AdamW (8 bytes of states per parameter)"
-
-
 def _validated_zero(config: dict[str, Any]) -> Any:
     """The zero_optimization section through DeepSpeed's own DeepSpeedZeroConfig: what DeepSpeed refuses
     (stage 7, unknown keys, a device that is not none/cpu/nvme) cannot be sized."""
@@ -209,7 +197,7 @@ def predict_config(
     if rung is None:
         raise ConfigNotModelled(note)
     micro, accumulation = _batch(config, target.world_size, micro_batch, global_batch)
-    optimizer, optimizer_note = _optimizer(config, base.optimizer)
+    optimizer, optimizer_note = config_optimizer(config, base.optimizer)
     stage = int(zero.stage)
     section = section_of(config, ZERO)
     # the optimizer's temporaries are counted by name (settings.optimizer -> optimizers.optimizer_memory)

@@ -17,7 +17,8 @@ import inspect
 import os
 from typing import Any
 
-from autotune.check.findings import Finding, Severity, section_of
+from autotune.check.findings import Finding, Severity
+from autotune.dsconfig.loading import section_of
 
 
 def deepspeed_version() -> str:

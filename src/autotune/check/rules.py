@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.check import schema
-from autotune.check.findings import Edit, Finding, Fix, Severity, section_of
+from autotune.check.findings import Edit, Finding, Fix, Severity
 from autotune.check.values import batch_keys
 from autotune.core.units import format_bytes
+from autotune.dsconfig.loading import section_of
 
 ZERO = "zero_optimization"
 

@@ -88,7 +88,7 @@ def fail_with(message: str, code: int, *, show_traceback: bool = False) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args == ["--version"]:
-        from autotune import __version__
+        from autotune.core.versions import AUTOTUNE_VERSION as __version__
 
         print(f"autotune {__version__}")
         return

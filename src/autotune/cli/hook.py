@@ -156,7 +156,7 @@ def hook_command(
     """Pre-launch hook: tune once per job (one process tunes, the others wait) and write ds_config.json."""
     options = dict(locals())  # before anything else is bound: the request is read from these (cli/request.py)
     from autotune.hook import HookRequest, JobOverrides, run_hook
-    from autotune.request.tune_request import validate
+    from autotune.request.validation import validate
 
     if print_env and as_json:
         raise UserError("give --print-env or --json, not both")

@@ -12,7 +12,8 @@ from typing import Annotated
 
 import typer
 
-from autotune.request.tune_request import ATTENTIONS, DEVICES, KERNELS, PRECISIONS, TuneRequest
+from autotune.core.choices import ATTENTIONS, DEVICES, KERNELS, PRECISIONS
+from autotune.request.tune_request import TuneRequest
 
 
 def _choices(values: tuple[str, ...]) -> str:

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import metadata
 
+# The package's own version (pyproject.toml [project].version says the same); `autotune.__version__`.
+AUTOTUNE_VERSION = "0.1.0"
+
 
 def installed(package: str) -> str | None:
     """The installed distribution's version string, None when it is not installed."""
@@ -93,3 +96,14 @@ ZENFLOW = FeatureFloor(
 SUPER_OFFLOAD = FeatureFloor(
     "SuperOffload", "DeepSpeed", (0, 18, 0), "deepspeed/runtime/superoffload/ first ships in 0.18.0"
 )
+
+
+def library_versions() -> dict[str, str]:
+    """The versions a stored answer was measured with (a change makes it a cache miss)."""
+    versions = {}
+    for name in ("autotune", "torch", "deepspeed", "transformers"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "unknown"
+    return versions

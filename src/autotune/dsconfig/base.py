@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from autotune.core.choices import Precision
+from autotune.dsconfig.loading import section_of
 from autotune.errors import UserError
-
-if TYPE_CHECKING:
-    from autotune.request.tune_request import TuneRequest
 
 # The keys autotune writes over the base's; the rest of the base is the user's training and is kept.
 TUNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization")
@@ -58,8 +56,6 @@ class BaseFacts:
 
 def base_facts(base: Mapping[str, Any], world_size: int) -> BaseFacts:
     """The global batch, precision and optimizer the base trains with (DeepSpeed's reading of them)."""
-    from autotune.check.fit import _optimizer
-
     notes = []
     train_batch = _whole(base.get("train_batch_size"))
     micro, steps = _whole(base.get("train_micro_batch_size_per_gpu")), _whole(base.get("gradient_accumulation_steps"))
@@ -76,7 +72,7 @@ def base_facts(base: Mapping[str, Any], world_size: int) -> BaseFacts:
         )
     optimizer = None
     if isinstance(base.get("optimizer"), Mapping):
-        optimizer, note = _optimizer(dict(base), "adamw")
+        optimizer, note = config_optimizer(dict(base), "adamw")
         notes += [note] if note else []
     return BaseFacts(global_batch, precision, optimizer, notes)
 
@@ -133,19 +129,15 @@ def load_base(path: str) -> dict[str, Any]:
     return loaded.config
 
 
-def request_on_base(request: TuneRequest, base: Mapping[str, Any], world_size: int) -> tuple[TuneRequest, list[str]]:
-    """The request with what the base fixes: its global batch, precision and optimizer (the job's, not new
-    choices); a command-line value that contradicts the base is one line, exit 2."""
-    facts = base_facts(base, world_size)
-    if facts.global_batch is not None and request.tokens_per_step is not None:
-        raise UserError("the base config fixes the global batch; --tokens-per-step does not apply")
-    notes = list(facts.notes)
-    if facts.optimizer is not None and facts.optimizer != request.optimizer:
-        notes.append(f"the base config's optimizer ({facts.optimizer}) is tuned, not --optimizer {request.optimizer}")
-    changed = replace(
-        request,
-        global_batch=agreed("--global-batch", request.global_batch, facts.global_batch),
-        precision=agreed("--precision", request.precision, facts.precision),
-        optimizer=facts.optimizer or request.optimizer,
-    )
-    return changed, notes
+def config_optimizer(config: dict[str, Any], fallback: str) -> tuple[str, str]:
+    """(autotune.training.optimizers name, note) for the config's optimizer section. DeepSpeed builds Adam/AdamW itself,
+    as torch.optim.AdamW with "torch_adam" (runtime/engine.py `_configure_basic_optimizer`); without a section
+    the script's own optimizer runs (HF Trainer: its --optim), which the caller's `fallback` names."""
+    section = config.get("optimizer")
+    if not isinstance(section, dict):
+        return fallback, f"no optimizer section: the script's optimizer runs; sized as {fallback}"
+    kind = str(section.get("type", "")).lower()
+    params = section_of(section, "params")
+    if kind in ("adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam"):
+        return ("torch-adamw" if params.get("torch_adam") is True else "adamw"), ""
+    return "adamw", f"optimizer {section.get('type')!r} is sized as AdamW (8 bytes of states per parameter)"

@@ -276,3 +276,10 @@ def load_config(path: str | Path) -> LoadedConfig:
     if source.suffix.lower() in _YAML_SUFFIXES:
         return _load_accelerate_yaml(read_text_safely(source, "accelerate config"), source)
     return _load_deepspeed_json(source)
+
+
+def section_of(config: dict[str, Any], key: str) -> dict[str, Any]:
+    """`config[key]` when it is a section (a dict: the very one, not a copy), else an empty dict, so a missing or
+    malformed section reads as one that sets nothing."""
+    value = config.get(key)
+    return value if isinstance(value, dict) else {}

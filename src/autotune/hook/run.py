@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from autotune.core.versions import library_versions
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook.coordinate import HookError, HookRecord, Role, SharedSlot, coordinate
 from autotune.hook.env import JobEnv, JobOverrides, detect_job_env
@@ -29,7 +30,7 @@ from autotune.hook.verdicts import KnownValid, default_verdicts_path, verdict_ke
 from autotune.infra.atomic import atomic_write_text
 from autotune.infra.paths import cache_dir
 from autotune.infra.terminate import Terminated
-from autotune.search.cache import library_versions, run_key
+from autotune.request.keys import run_key
 
 if TYPE_CHECKING:
     from autotune.hardware.probe import GpuInfo

@@ -17,9 +17,9 @@ import os
 import stat
 from pathlib import Path
 
+from autotune.core.versions import library_versions
 from autotune.infra.atomic import atomic_write_json
 from autotune.infra.paths import cache_dir
-from autotune.search.cache import library_versions
 
 VERDICTS_FILE = "validated-configs.json"
 MAX_REMEMBERED = 256  # the newest; a job shape is a handful of keys

@@ -1,7 +1,7 @@
 """The modern memory modes in a plan-only answer: what `autotune plan` prints after its recommendation, and
 what a "nothing fits" message adds when a mode is predicted to fit where no classic rung does.
 
-Built from the search's `ModeRecord`s (`tuner.planned_modes`, or a search's outcome), never from its own
+Built from the search's `ModeRecord`s (`search.for_context.planned_modes`, or a search's outcome), never from its own
 estimates, so plan, plan-only tune and the report say the same thing. A mode here is a prediction only: it is
 never recommended over the classic pick (no trial measured its speed, and the speed priors know no mode).
 """

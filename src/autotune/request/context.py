@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from autotune.core.batch import requested_global_batch
 from autotune.core.choices import Precision
 from autotune.core.ladder import Candidate, Rung
-from autotune.core.versions import deepspeed_note
-from autotune.dsconfig.base import load_base, on_base, request_on_base, runnable
+from autotune.core.versions import deepspeed_note, library_versions
+from autotune.dsconfig.base import load_base, on_base, runnable
 from autotune.dsconfig.build import TrainSettings, build_ds_config
 from autotune.errors import UserError
 from autotune.estimate.knobs import ZeroKnobs
@@ -26,15 +26,16 @@ from autotune.estimate.types import EstimateSettings
 from autotune.hardware.specs import GpuSpec, Target
 from autotune.models import ModelSummary, resolve_model, summarize
 from autotune.report.data import Assumptions
+from autotune.request.base import request_on_base
+from autotune.request.keys import run_key
 from autotune.request.tune_request import (
     TuneRequest,
     chosen_rungs,
     default_seq_len,
     memory_size,
     micro_batch_grid,
-    validate,
 )
-from autotune.search.cache import library_versions, run_key
+from autotune.request.validation import validate
 from autotune.training.lora import LoraSettings, lora_summary
 from autotune.trial.types import TrialSpec
 

@@ -24,7 +24,6 @@ A recommendation's config is re-validated by DeepSpeed at the world size before 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -35,7 +34,6 @@ import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,21 +61,6 @@ CREATE TABLE IF NOT EXISTS signed_recommendations (
 """
 # The files SQLite keeps beside the database: a rollback journal or WAL is replayed into it when found "hot".
 SIDE_FILES = ("-journal", "-wal", "-shm")
-
-
-def library_versions() -> dict[str, str]:
-    versions = {}
-    for name in ("autotune", "torch", "deepspeed", "transformers"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "unknown"
-    return versions
-
-
-def run_key(parts: dict[str, Any]) -> str:
-    blob = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 _TRIAL_SCHEMA = TypeAdapter(TrialResult)

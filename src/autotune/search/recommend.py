@@ -18,6 +18,7 @@ from autotune.core.ladder import LADDER, Candidate
 from autotune.estimate import MemoryEstimate, Plan, PlanRow, check_fit, estimate, plan
 from autotune.modes.summary import ModeSummary
 from autotune.request.context import TuneContext
+from autotune.search.for_context import planned_modes
 from autotune.search.speed import prior_speed
 
 
@@ -97,7 +98,6 @@ def recommend(ctx: TuneContext) -> Recommendation:
 def mode_summary(ctx: TuneContext) -> ModeSummary:
     """The modern modes for `ctx` as predictions (the search's own plan-only records): shown beside the pick,
     never in its place."""
-    from autotune.tuner import planned_modes  # tuner imports this module
 
     return ModeSummary.from_records(planned_modes(ctx))
 

@@ -1,2 +1,1 @@
-"""The user's training choices autotune keeps as given: optimizers, LoRA through peft, and their checks.
-"""
+"""The user's training choices autotune keeps as given: optimizers, LoRA through peft, and their checks."""

@@ -1,0 +1,123 @@
+"""`validate()`: every rule of a request that needs neither the model nor the hardware, checked before any work.
+
+Bad input is one line and exit 2 here, before a probe, a model build or a trial. Beside the value rules it reads
+what a request names (the base config, the training choices, the own command, the output paths), which is why it
+lives apart from `TuneRequest`: those readers import the request type, the request type imports none of them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autotune.core.choices import ATTENTIONS, DEVICES, PRECISIONS
+from autotune.errors import UserError
+from autotune.request.tune_request import (
+    MAX_MICRO_BATCH_LIMIT,
+    TuneRequest,
+    check_kernels,
+    check_trial_workers,
+    memory_size,
+)
+
+
+def _positive(value: float | None, flag: str, *, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise UserError(f"{flag} must be a positive number, got {value}")
+
+
+def _fraction(value: float | None, flag: str) -> None:
+    if value is not None and (not math.isfinite(value) or not 0 < value <= 1):
+        raise UserError(f"{flag} must be a fraction in (0, 1], got {value}")
+
+
+def check_outputs(request: TuneRequest) -> None:
+    """Output paths are checked before any work (output_paths.py): regular files and directories on a writable,
+    ordinary filesystem; no device, FIFO, /proc or /dev target, no symlink leading out of its directory."""
+    from autotune.infra.output_paths import vet_output_dir, vet_output_file
+
+    vet_output_file(request.out, "--out")
+    if request.report_dir:
+        vet_output_dir(request.report_dir, "--report-dir")
+    if request.cache_dir and request.use_cache:
+        vet_output_dir(request.cache_dir, "--cache-dir")
+
+
+def validate(request: TuneRequest, *, outputs: bool = True) -> None:
+    """Every rule that needs neither the model nor the hardware; raises UserError with one line.
+
+    `outputs=False` for callers that write nothing (`check` re-building a tuning's context)."""
+    if request.gpus is not None and request.gpus <= 0:
+        raise UserError(f"--gpus must be positive (GPUs per node), got {request.gpus}")
+    if request.nodes <= 0:
+        raise UserError(f"--nodes must be positive, got {request.nodes}")
+    if request.device not in DEVICES:
+        raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {request.device!r}")
+    if request.precision not in (None, *PRECISIONS):
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {request.precision!r}")
+    if request.attention not in ATTENTIONS:
+        raise UserError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {request.attention!r}")
+    check_kernels(request.kernels, request.device)
+    check_trial_workers(request)
+    _fraction(request.headroom, "--headroom")
+    _fraction(request.gpu_memory_fraction, "--gpu-memory-fraction")
+    if request.seq_len is not None and request.seq_len <= 0:
+        raise UserError(f"--seq-len must be positive, got {request.seq_len}")
+    if request.decoder_seq_len is not None and request.decoder_seq_len <= 0:
+        raise UserError(f"--decoder-seq-len must be positive, got {request.decoder_seq_len}")
+    if request.micro_batch is not None and not 0 < request.micro_batch <= MAX_MICRO_BATCH_LIMIT:
+        raise UserError(f"--micro-batch must be in 1..{MAX_MICRO_BATCH_LIMIT}, got {request.micro_batch}")
+    if request.micro_batch is not None and request.micro_batches is not None:
+        raise UserError("give --micro-batch (one, fixed) or --micro-batches (a grid), not both")
+    if request.global_batch is not None and request.global_batch <= 0:
+        raise UserError(f"--global-batch must be positive, got {request.global_batch}")
+    if request.max_trials <= 0:
+        raise UserError(f"--max-trials must be positive, got {request.max_trials}")
+    if not 0 < request.max_micro_batch <= MAX_MICRO_BATCH_LIMIT:
+        raise UserError(f"--max-micro-batch must be in 1..{MAX_MICRO_BATCH_LIMIT}, got {request.max_micro_batch}")
+    if request.micro_batches is not None and (
+        not request.micro_batches or any(not 0 < m <= MAX_MICRO_BATCH_LIMIT for m in request.micro_batches)
+    ):
+        raise UserError(f"--micro-batches must be positive integers up to {MAX_MICRO_BATCH_LIMIT}")
+    _positive(request.time_budget_s, "--time-budget")
+    _positive(request.trial_timeout_s, "--trial-timeout", allow_none=False)
+    if request.gpu_type and request.gpu_memory:
+        raise UserError("give either --gpu-type or --gpu-memory, not both")
+    if request.device == "cpu":
+        for flag, value in (
+            ("--gpu-type", request.gpu_type),
+            ("--gpu-memory", request.gpu_memory),
+            ("--gpu-memory-fraction", request.gpu_memory_fraction),
+        ):
+            if value is not None:
+                raise UserError(f"{flag} has no meaning with --device cpu (use --memory-budget for the per-rank cap)")
+    elif request.memory_budget is not None:
+        raise UserError("--memory-budget applies to --device cpu; for GPUs use --gpu-memory-fraction or --gpu-memory")
+    if request.tokens_per_step is not None and request.tokens_per_step <= 0:
+        raise UserError(f"--tokens-per-step must be positive, got {request.tokens_per_step}")
+    if request.base_config is not None and request.config is not None:
+        raise UserError("give the config to tune on (tune/hook --config) or the config to answer for (plan), not both")
+    if request.base_config is not None:  # read now: an unreadable base is one line before any coordination or trial
+        from autotune.dsconfig.base import load_base
+
+        load_base(request.base_config)
+    if request.tokens_per_step is not None and request.global_batch is not None:
+        raise UserError("give --global-batch or --tokens-per-step, not both")
+    from autotune.training.checks import check_training_choices  # imports peft's helpers only when used
+
+    check_training_choices(request.optimizer, request.lora_rank, request.script)
+    if request.memory_budget is not None:
+        memory_size(request.memory_budget, "--memory-budget")
+    if request.gpu_memory is not None:
+        memory_size(request.gpu_memory, "--gpu-memory")
+    if request.host_memory is not None:
+        if request.device == "cpu":
+            raise UserError("--host-memory plans for another machine's GPUs; --device cpu uses this machine's RAM")
+        memory_size(request.host_memory, "--host-memory")
+    if request.command is not None:
+        from autotune.request.own_command import check_command  # imported only in own-command mode
+
+        check_command(request)
+    if outputs:
+        check_outputs(request)
