@@ -82,7 +82,7 @@ def test_debug_variable_adds_the_traceback_before_the_same_one_line() -> None:
 
 def test_cli_commands_take_shared_option_defaults_from_the_request_not_literals() -> None:
     """cli/options.py's shared options default to `D.<field>` (TuneRequest's own default) in every command: a
-    literal there would restate a default that request.py owns, and drift from it when it changes."""
+    literal there would restate a default that request/tune_request.py owns, and drift from it when it changes."""
     cli = Path(autotune.cli.__file__).parent
     options = ast.parse((cli / "options.py").read_text())
     shared = {target.id for node in options.body if isinstance(node, ast.Assign) for target in node.targets

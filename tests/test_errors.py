@@ -25,7 +25,7 @@ def test_hook_error_is_one_class_wherever_it_is_imported_from() -> None:
 
 
 def test_sigterm_stays_outside_except_exception_with_its_own_exit_code() -> None:
-    # Terminated is a BaseException on purpose (terminate.py): cleanup code's `except Exception` must not
+    # Terminated is a BaseException on purpose (infra/terminate.py): cleanup code's `except Exception` must not
     # swallow SIGTERM, so it cannot share AutotuneError's base; the CLI catches the two in one clause.
     assert not issubclass(Terminated, Exception) and Terminated().exit_code == TERMINATED_EXIT == 143
     with pytest.raises(Terminated):

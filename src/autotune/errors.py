@@ -2,7 +2,7 @@
 
 Every error a user may see derives from `AutotuneError` and carries its `exit_code`, so the CLI has one
 handler for all of them (`cli/__init__.py`); `AUTOTUNE_DEBUG=1` adds the traceback. SIGTERM's
-`Terminated` (terminate.py) is the one exception: a BaseException on purpose, so no `except Exception`
+`Terminated` (infra/terminate.py) is the one exception: a BaseException on purpose, so no `except Exception`
 swallows it, and the CLI catches it beside this base with the same one-line treatment.
 """
 
@@ -37,7 +37,7 @@ class TrialsFailedError(UserError):
 
 
 class MalformedReportError(UserError):
-    """A stored tuning report that does not read back as this version's `TuneReport` (report_data.py): a key
+    """A stored tuning report that does not read back as this version's `TuneReport` (report/data.py): a key
     missing or unknown, or a value of the wrong type. The results cache treats it as a miss and tunes again."""
 
 

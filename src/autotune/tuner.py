@@ -197,7 +197,7 @@ def _search(
 
 
 def run_bounds(ctx: TuneContext) -> Bounds:
-    """What this run's hardware and model allow a trial to measure (plausible.py)."""
+    """What this run's hardware and model allow a trial to measure (trial/plausible.py)."""
     device: Device = "cpu" if ctx.request.device == "cpu" else "cuda"
     peak_tflops = ctx.target.gpu.peak_tflops(ctx.precision)
     return Bounds.for_run(ctx.model.total_params, ctx.target.world_size, device, peak_tflops)
@@ -572,7 +572,7 @@ def _from_cache(ctx: TuneContext, hit: StoredAnswer, out_path: Path, report_dir:
     # Not the stored bytes: cached_answer accepted the hit only because its config equals the one this version
     # builds for the candidate now, and that same build was validated by this DeepSpeed version at this world
     # size when the answer was stored (both are in the key). Re-validating would import DeepSpeed (~4 s) to
-    # re-check a config that was re-derived, not trusted. Configs published by a hook are re-validated (sharing.py).
+    # re-check a config that was re-derived, not trusted. Hook-published configs are re-validated (infra/sharing.py).
     world = ctx.target.world_size
     config_path, hf_path = write_configs(config, world, out_path, hf=True, validate=False, base=ctx.base)
     launch = _launch(ctx, config, candidate, config_path)

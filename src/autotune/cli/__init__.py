@@ -107,6 +107,6 @@ def main(argv: list[str] | None = None) -> None:
         fail_with("aborted", 130)
     except KeyboardInterrupt:
         fail_with("interrupted", 130, show_traceback=debug)
-    except (AutotuneError, Terminated) as error:  # Terminated: SIGTERM, after cleanup (terminate.py)
+    except (AutotuneError, Terminated) as error:  # Terminated: SIGTERM, after cleanup (infra/terminate.py)
         fail_with(str(error), error.exit_code, show_traceback=debug)
     raise SystemExit(code if isinstance(code, int) else 0)

@@ -201,7 +201,7 @@ def check_command(
 
 
 def _check_fix_output(output: Path) -> None:
-    """Refuse an output path that can never be written, before any work: one line, exit 2 (output_paths.py)."""
+    """Refuse an output path that can never be written, before any work: one line, exit 2 (infra/output_paths.py)."""
     from autotune.infra.output_paths import vet_output_file
 
     vet_output_file(output, "--fix output")

@@ -178,7 +178,7 @@ def hook_command(
         wait_timeout_s=wait_timeout,
         strict=strict,
     )
-    # SIGTERM (scancel, time limit): trials stopped, best verified config published, exit 143 (terminate.py);
+    # SIGTERM (scancel, time limit): trials stopped, best verified config published, exit 143 (infra/terminate.py);
     # a HookError (exit 4) reaches the CLI's one handler like every other AutotuneError
     with sigterm_raises():
         progress = TrialProgress(err_console(), max_trials, enabled=True, verbose=verbose)  # as `tune` prints

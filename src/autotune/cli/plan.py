@@ -182,7 +182,7 @@ def _kernels(name: str) -> str:
 
 def _plan_notes(settings: EstimateSettings) -> list[str]:
     """What the prediction assumes beyond its table: the fused kernels counted, and a DeepSpeed other than the
-    release the memory model was read in (versions.py)."""
+    release the memory model was read in (core/versions.py)."""
     from autotune.core.versions import deepspeed_note
     from autotune.estimate.kernels import kernels_note
 

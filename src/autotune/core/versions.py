@@ -42,7 +42,7 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
 
 
 # The DeepSpeed release autotune's facts about DeepSpeed were read in: the memory model's buffers and retention
-# (estimate/), the modern modes (modes.py), check's rules (check/), the trial's hooks (trial/). A source comment
+# (estimate/), the modern modes (modes/applies.py), check's rules (check/), the trial's hooks (trial/). A source comment
 # "deepspeed 0.19.8 runtime/zero/stage3.py:1105" cites a line of this release, and keeps the number: a line number
 # holds for the release it was read in, so moving this constant to a newer release means re-reading those lines.
 # A comment naming another release (0.17.6, 0.15.3) cites that one.

@@ -59,7 +59,7 @@ class ZeroKnobs:
     # autotune's own configs (dsconfig emits modes.ratio_sub_group_size with every ratio < 1), True for a user's
     # config read by from_ds_config, where DeepSpeed cuts by the value written (or its default 1e9).
     sub_group_size_as_written: bool = False
-    # Offloaded states in page-locked memory: what dsconfig writes (dsconfig.py) and DeepSpeed 0.19.8's default
+    # Offloaded states in page-locked memory: what dsconfig writes (dsconfig/build.py) and DeepSpeed 0.19.8's default
     # (runtime/zero/offload_config.py:45, 75). Pinned tensors cost a power of two on CUDA (estimate/pinned.py).
     pin_memory: bool = True
 

@@ -5,10 +5,10 @@ Files for a run key K, all in the shared (cache) directory `<dir>/hook/`:
   killed tuner never blocks a later job; a filesystem without flock is an error, not a silent
   fallback to a lock file that a dead process would leave behind.
 - `K.json`: the published result, written atomically (temp file + rename), with a sha256 over its
-  content and an HMAC made with this user's (or the shared group's) key (integrity.py). A reader sees the old
+  content and an HMAC made with this user's (or the shared group's) key (infra/integrity.py). A reader sees the old
   file, the new file or none, never half of one; a file that fails its checksum (disk fault, manual edit) or
   its signature (written by someone without the key) is treated as absent, and the next tuner replaces it.
-  A record is believed only from a file this user or the directory's shared group owns (sharing.py),
+  A record is believed only from a file this user or the directory's shared group owns (infra/sharing.py),
   parsed through a strict schema; anything else is ignored with the reason and tuned again.
 - `K.leader.json`: who holds the lock and since when; informational, for the timeout message, which
   also names the processes on this node that hold the lock file open (a stale note names a dead pid).
@@ -104,7 +104,7 @@ class SharedSlot:
 
 
 def record_file(slot: SharedSlot, body: dict) -> dict:
-    """The published file's content: the record, its sha256 (disk faults) and its HMAC (authorship: integrity.py,
+    """The published file's content: the record, its sha256 (disk faults) and its HMAC (authorship: infra/integrity.py,
     keyed by this user's key, or the shared group's in a group directory). Without a usable key it is unsigned,
     and readers tune again rather than trust it."""
     data = {"format": RECORD_FORMAT, "record": body, "sha256": record_digest(body)}

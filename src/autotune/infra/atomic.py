@@ -28,7 +28,7 @@ class WriteFailed(UserError, OSError):
 
 def refuse_non_regular(target: Path) -> None:
     """Raise WriteFailed when `target` exists as anything but a regular file (a symlink included: callers
-    resolve the links they mean to write through, output_paths.py)."""
+    resolve the links they mean to write through, infra/output_paths.py)."""
     try:
         mode = os.lstat(target).st_mode
     except FileNotFoundError:
@@ -42,7 +42,7 @@ def refuse_non_regular(target: Path) -> None:
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write to a temp file in the target directory, fsync, then rename over the target.
 
-    Mode 0644, or 0664 inside a shared-group (setgid) directory so the group can replace it (sharing.py).
+    Mode 0644, or 0664 inside a shared-group (setgid) directory so the group can replace it (infra/sharing.py).
     """
     target = Path(path)
     refuse_non_regular(target)

@@ -4,7 +4,7 @@ Each stored row carries HMAC-SHA256(key, row) (RFC 2104). The key is 32 random b
 readers can read:
 - a private cache: $XDG_CONFIG_HOME/autotune/cache-key (default ~/.config/autotune/cache-key), mode 0600, owned
   by this user; another user can neither read it nor, without it, make a row that verifies;
-- a group-shared cache (a setgid directory others cannot write, sharing.py): `.autotune-group-key` in that
+- a group-shared cache (a setgid directory others cannot write, infra/sharing.py): `.autotune-group-key` in that
   directory, mode 0640, of the directory's group; the group's members trust each other, nobody else can read it.
 A key file that others could read or replace is refused (KeyRefused, with what to do), never silently used.
 The key is made once, written to a temporary file and linked into place, so a concurrent first run never reads

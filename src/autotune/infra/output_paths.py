@@ -12,7 +12,7 @@ must be, or be creatable as, a regular file or a directory on a writable, ordina
   `ds.json -> ~/.bashrc` in a shared directory, `-> /proc/self/fd/1`) is refused, and the user names the real
   path instead.
 
-The atomic writer (atomic.py) re-checks the type at write time, so a node planted after this check is still
+The atomic writer (infra/atomic.py) re-checks the type at write time, so a node planted after this check is still
 never replaced.
 """
 

@@ -97,7 +97,7 @@ class ModeFacts:
     ds_optimizer: bool = True  # the config has a DeepSpeed optimizer section (adamw / torch-adamw), not a client one
     precision: Precision = "bf16"  # the training's precision: SuperOffload's update is exact only without a loss scale
     allow_approximate: bool = False  # --allow-approximate: modes that change the update rule or numerics may apply
-    deepspeed_version: str | None = None  # the installed DeepSpeed: a mode it predates is not searched (versions.py)
+    deepspeed_version: str | None = None  # the installed DeepSpeed: a mode it predates is not searched (core/versions)
 
     @property
     def world_size(self) -> int:

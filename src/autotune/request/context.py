@@ -209,7 +209,7 @@ class TuneContext:
                 " (a measured step: 18 s in bf16, 1.3 s in fp32; README); --precision bf16 tunes bf16 anyway"
             )
         notes += kernel_notes(request, target.measured)
-        notes += [note] if (note := deepspeed_note()) else []  # the one place tune and hook say it (versions.py)
+        notes += [note] if (note := deepspeed_note()) else []  # the one place tune and hook say it (core/versions.py)
         chosen_by = "tokens_per_step" if request.tokens_per_step else "user" if request.global_batch else None
         global_batch = requested_global_batch(
             request.global_batch, request.tokens_per_step, seq_len, target.world_size

@@ -33,7 +33,7 @@ def _fraction(value: float | None, flag: str) -> None:
 
 
 def check_outputs(request: TuneRequest) -> None:
-    """Output paths are checked before any work (output_paths.py): regular files and directories on a writable,
+    """Output paths are checked before any work (infra/output_paths.py): regular files and directories on a writable,
     ordinary filesystem; no device, FIFO, /proc or /dev target, no symlink leading out of its directory."""
     from autotune.infra.output_paths import vet_output_dir, vet_output_file
 

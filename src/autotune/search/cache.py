@@ -5,17 +5,17 @@ fingerprint, library versions, sequence length, world size, global batch, precis
 Trials are stored as they finish, so an interrupted run resumes from them; the final
 recommendation is stored last, so a repeat run answers without trials.
 
-What is read back is not taken on faith (sharing.py has the trust model):
+What is read back is not taken on faith (infra/sharing.py has the trust model):
 - the cache is opened only when nobody else could have written it: a database, rollback journal or WAL not
   owned by this user or the directory's shared group, a file others may write, a directory others may write
   (outside the documented setgid group mode), a read-only directory or database: one line says what, whose and
   what to do, and the tuning runs without the cache (SQLite would replay a planted hot journal into our file);
-- every row carries an HMAC made with a key only this user (or the shared group) can read (integrity.py):
+- every row carries an HMAC made with a key only this user (or the shared group) can read (infra/integrity.py):
   a row another user wrote or edited does not verify, and is dropped and measured again;
 - every row is parsed through a typed schema (a trial through pydantic, strict; a final answer and its report
-  through their types, report_data.py): a malformed row is skipped with a warning and its candidate measured
+  through their types, report/data.py): a malformed row is skipped with a warning and its candidate measured
   again (a malformed answer: tuned again), never a crash, never trusted; an implausible figure is refused by the
-  tuner (plausible.py);
+  tuner (trial/plausible.py);
 - a truncated or garbage database is moved aside (`results.sqlite.corrupt-<time>`) with a warning and
   rebuilt empty, so one bad file costs re-measurement, not every later run; any other SQLite failure (disk
   I/O, read-only, locked) turns the cache off for the rest of the run, with one line.
@@ -50,7 +50,7 @@ from autotune.trial.types import TrialResult
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Rows carry an HMAC (integrity.py). Tables of earlier versions (`trials`, `recommendations`: no MAC) are left
+# Rows carry an HMAC (infra/integrity.py). Tables of earlier versions (`trials`, `recommendations`: no MAC) are left
 # alone and never read: their rows cannot be told from rows someone else wrote.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS signed_trials (
@@ -156,7 +156,7 @@ def is_corruption(error: sqlite3.DatabaseError) -> bool:
 
 def directory_distrust_reason(directory: Path) -> str | None:
     """Why files in `directory` could have been written by someone else, or None: it must be ours and closed to
-    others, or the documented shared-group directory (setgid, not writable by others: sharing.py)."""
+    others, or the documented shared-group directory (setgid, not writable by others: infra/sharing.py)."""
     try:
         info = os.stat(directory)
     except OSError as error:

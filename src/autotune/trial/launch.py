@@ -26,7 +26,7 @@ WORKER_MODULE = "autotune.trial.worker"
 
 @contextmanager
 def trial_directory(workdir: Path | None) -> Iterator[Path]:
-    """A fresh directory per trial, owned by this process (leftovers.py: a SIGKILLed owner's are removed
+    """A fresh directory per trial, owned by this process (infra/leftovers.py: a SIGKILLed owner's are removed
     by the next run). Under `workdir` (shared with other nodes) it is kept after the trial for its logs,
     until the next run, unless the trial was interrupted; otherwise a temp dir removed afterwards."""
     if workdir is not None:
