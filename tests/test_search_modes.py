@@ -244,6 +244,10 @@ def test_the_simulated_fixed_batch_scenario_reaches_the_integer_best_partial_off
     row = run_scenario(next(s for s in SCENARIOS if s.name == "boundary-between-powers-fixed-batch"))
     assert row["autotune"]["quality"] >= 0.99, row["autotune"]["tried"]
     assert row["autotune"]["quality"] >= row["ds_autotuning"]["quality"]
+    # the benchmark's breakdown accounts for every launch once, by why it happened
+    breakdown = row["autotune"]["launch_breakdown"]
+    why = [name for name in breakdown if not name.startswith("could")]
+    assert sum(breakdown[name] for name in why) == row["autotune"]["launches"]
 
 
 def test_a_config_holding_no_less_device_memory_than_one_that_did_not_fit_is_never_launched() -> None:
