@@ -6,7 +6,8 @@ offload ratio of the real grid, each ZeRO++ variant; within the headroom), autot
 Autotuning's strategy (stage x micro-batch, no offload, no modes) on the same simulator. Reports pick
 throughput / exhaustive best, measured points (trials) and launches (process starts) apart: with a fresh process per
 trial (autotune's GPU launcher) and with warm workers (its CPU launcher), each with its simulated wall time, and the
-trials counted by why the search launched them. The search gets the same trial budget as
+trials counted by why the search launched them (and, finer, `launch_breakdown`: the walk's direction and which launches
+another could have carried in its process). The search gets the same trial budget as
 before the modes existed (a quarter of the classic grid), so the modes have to pay for themselves in it.
 
     python benchmarks/search_quality.py            # writes results/search_quality.json, prints a table
@@ -33,7 +34,7 @@ from autotune.infra.atomic import atomic_write_text
 from autotune.models import resolve_model, summarize
 from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.modes.search_view import is_ratio_mode
-from autotune.search.walk import Search, SearchLimits
+from autotune.search.walk import Search, SearchLimits, same_group
 from gpu_sim.ds_autotuning import ds_autotuning
 from gpu_sim.machine import SimulatedCluster, models_mode
 from gpu_sim.scenarios import SCENARIOS, Scenario
@@ -122,6 +123,56 @@ def classic_best(machine: SimulatedCluster, micro_batches: list[int]) -> dict:
     return {"pick": best.key if best else None, "samples_per_s": speed}
 
 
+def launch_breakdown(machine: SimulatedCluster, purposes: list[str], limit: float) -> dict[str, int]:
+    """Why each fresh launch happened, finer than the search's purposes, and which launches another launch could
+    have carried in its own process. A boundary-walk trial goes up (after a fit), down after a run over the
+    headroom (its peak was measured, the process ran), or down after an OOM. Two ways one process could carry a
+    later trial, counted apart (hypotheses, not built: the trial worker times only its micro-batch and half of
+    it): "smaller point of a launch that ran" (a later trial of the same group at a smaller micro-batch than one
+    that ran: it could be timed in that engine after it, smaller inputs needing less memory); "checkpointing twin"
+    (a checkpointed group's first trial where the same rung and mode without checkpointing had run: the same
+    engine with checkpointing switched on). "either" counts a launch once."""
+    counts = {
+        "first of a group": 0,
+        "walk up after a fit": 0,
+        "walk down after a run over the headroom": 0,
+        "walk down after an OOM": 0,
+        "offload ratio": 0,
+        "boundary confirmation": 0,
+        "other": 0,
+        "could be a smaller point of a launch that ran": 0,
+        "could be a checkpointing twin of a launch that ran": 0,
+        "could share a process, either way": 0,
+    }
+    for index, candidate in enumerate(machine.launched):
+        before = machine.launched[:index]
+        ran = [c for c in before if machine.result(c).ok]
+        group = [c for c in before if same_group(c, candidate)]
+        purpose = purposes[index] if index < len(purposes) else ""
+        if purpose == "boundary walk" and group:
+            last = group[-1]
+            if machine.result(last).ok and machine.gpu_bytes(last) <= limit:
+                counts["walk up after a fit"] += 1
+            elif machine.result(last).ok:
+                counts["walk down after a run over the headroom"] += 1
+            else:
+                counts["walk down after an OOM"] += 1
+        elif purpose in counts:
+            counts[purpose] += 1
+        else:
+            counts["other"] += 1
+        smaller = any(same_group(c, candidate) and c.micro_batch > candidate.micro_batch for c in ran)
+        twin = (
+            candidate.grad_checkpointing
+            and not group
+            and any(c.rung is candidate.rung and c.mode == candidate.mode and not c.grad_checkpointing for c in ran)
+        )
+        counts["could be a smaller point of a launch that ran"] += smaller
+        counts["could be a checkpointing twin of a launch that ran"] += twin and not smaller
+        counts["could share a process, either way"] += smaller or twin
+    return counts
+
+
 def run_scenario(scenario: Scenario) -> dict:
     machine, target, settings = cluster(scenario)
     micro_batches = grid(scenario, machine.world)
@@ -146,10 +197,12 @@ def run_scenario(scenario: Scenario) -> dict:
     ).run_search()
     ours = outcome.best.candidate if outcome.best else None
     purposes: dict[str, int] = {}
+    launched_purposes: list[str] = []
     for record in outcome.trials:
         if not record.from_cache:
             purpose = getattr(record, "purpose", "") or "not recorded"  # the search before purposes existed
             purposes[purpose] = purposes.get(purpose, 0) + 1
+            launched_purposes.append(purpose)
     mode_trials: dict[str, int] = {}
     for candidate in machine.launched:
         if not candidate.mode.is_classic:
@@ -189,6 +242,7 @@ def run_scenario(scenario: Scenario) -> dict:
             "tried": [c.key + ":" + machine.result(c).status for c in machine.launched],
             "mode_trials": mode_trials,
             "launch_purposes": purposes,
+            "launch_breakdown": launch_breakdown(machine, launched_purposes, HEADROOM * machine.gpu.memory_bytes),
             "budget": limits.max_trials,
             "modes": [
                 {k: m[k] for k in ("rung", "label", "applies", "status", "trial_verifiable", "samples_per_s")}
@@ -241,6 +295,21 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def breakdown_table(rows: list[dict]) -> str:
+    """Per scenario: where the fresh launches go (launch_breakdown), with the sums over scenarios."""
+    names = list(rows[0]["autotune"]["launch_breakdown"]) if rows else []
+    lines = ["| scenario | launches | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    for r in rows:
+        counts = r["autotune"]["launch_breakdown"]
+        lines.append(
+            f"| {r['scenario']} | {r['autotune']['launches']} | " + " | ".join(str(counts[n]) for n in names) + " |"
+        )
+    sums = [sum(r["autotune"]["launch_breakdown"][n] for r in rows) for n in names]
+    total = sum(r["autotune"]["launches"] for r in rows)
+    lines.append(f"| **all {len(rows)}** | {total} | " + " | ".join(str(v) for v in sums) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -260,6 +329,8 @@ def main() -> None:
     }
     atomic_write_text(args.out, json.dumps(data, indent=2) + "\n")
     print(table(rows))
+    print()
+    print(breakdown_table(rows))
 
 
 if __name__ == "__main__":

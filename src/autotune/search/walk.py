@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from autotune.core.ladder import Candidate, Mode, Rung
@@ -778,11 +778,12 @@ class Search:
 
     def _anchored_peak(self, candidate: Candidate) -> int:
         """The candidate's peak from measured peaks of its rung and checkpointing among the classic and partial-offload
-        settings, where there are any. Two measured at its micro-batch on either side of its ratio: the line between
-        them (GPU memory is linear in the offloaded share: each step moves whole sub-groups, stage3.py:1103-1108).
-        Else the nearest measured peak plus the model's difference between the two: the model's error in what they
-        share (weights, buffers, activations) cancels, only what differs stays predicted. Nothing measured: the point
-        prediction."""
+        settings, where there are any. Two measured at its micro-batch: the line through them
+        (`_on_measured_ratio_line`). Else the nearest measured setting's peak plus the model's difference between the
+        two: the model's error in what they share (weights, buffers, activations) cancels, only what differs stays
+        predicted; where that setting's own memory line is measured (`_peak_line`), its peak is read off the line at
+        this micro-batch, so the model's difference is the ratio's alone, not its activation slope. Nothing measured:
+        the point prediction."""
         predicted = self._estimate(candidate).gpu_peak_bytes
         anchors = [
             t
@@ -796,14 +797,8 @@ class Search:
         ]
         ratio = candidate.mode.offload_ratio
         same = [t for t in anchors if t.candidate.micro_batch == candidate.micro_batch]
-        less = [t for t in same if t.candidate.mode.offload_ratio < ratio]
-        more = [t for t in same if t.candidate.mode.offload_ratio > ratio]
-        if less and more:
-            low = max(less, key=lambda t: t.candidate.mode.offload_ratio)
-            high = min(more, key=lambda t: t.candidate.mode.offload_ratio)
-            r1, r2 = low.candidate.mode.offload_ratio, high.candidate.mode.offload_ratio
-            p1, p2 = low.result.peak_memory_bytes or 0, high.result.peak_memory_bytes or 0
-            return int(p1 + (p2 - p1) * (ratio - r1) / (r2 - r1))
+        if (on_line := _on_measured_ratio_line(same, ratio)) is not None:
+            return on_line
         if not anchors:
             return predicted
         nearest = min(
@@ -813,8 +808,20 @@ class Search:
                 abs(t.candidate.mode.offload_ratio - ratio),
             ),
         )
+        at_micro_batch = replace(nearest.candidate, micro_batch=candidate.micro_batch)
+        line = self._peak_line(at_micro_batch)
+        if line is not None:  # the nearest setting's own measured memory line, read at this micro-batch
+            difference = predicted - self._estimate(at_micro_batch).gpu_peak_bytes
+            return int(line.seconds(candidate.micro_batch)) + difference
         difference = predicted - self._estimate(nearest.candidate).gpu_peak_bytes
         return (nearest.result.peak_memory_bytes or 0) + difference
+
+    def _within_try_margin(self, candidate: Candidate) -> bool:
+        """Whether the peak anchored on this run's measurements (`_anchored_peak`) is within TRY_MARGIN of the limit:
+        the model alone put it there, but a measured peak of the rung may already say it is further over."""
+        if self._measured_over(candidate):
+            return False
+        return self._anchored_peak(candidate) <= self.limit_bytes * (1 + TRY_MARGIN)
 
     def _fits_with_margin(self, rung: Rung, mb: int, ckpt: bool, ratio: float) -> bool:
         """GPU peak plus the model's margin within the limit at `ratio` (check_fit's GPU test, without host)."""
@@ -842,7 +849,8 @@ class Search:
             if points >= RATIO_MICRO_BATCHES or self._stop_if_spent():
                 return
             ratio = smallest_fitting_ratio(ratios, self._ratio_fits(rung, mb, ckpt))
-            if ratio is None and mb == top:
+            largest = Candidate(rung, mb, ckpt, Mode(offload_ratio=ratios[-1]))
+            if ratio is None and mb == top and self._within_try_margin(largest):
                 ratio = ratios[-1]  # within TRY_MARGIN of fitting at the largest ratio: worth one trial
             if ratio is None or (previous_ratio is not None and ratio >= previous_ratio):
                 continue
@@ -934,3 +942,26 @@ class Search:
                     s.reason for s in self.outcome.skipped if s.rung is record.rung and ratio and is_ratio_mode(s.mode)
                 ]
                 record.detail = record.detail or "; ".join(dict.fromkeys(skips)) or "not reached"
+
+
+def _on_measured_ratio_line(same_micro_batch: list[TrialRecord], ratio: float) -> int | None:
+    """The peak at `ratio` on the line through two peaks measured at its micro-batch (GPU memory is linear in the
+    offloaded share: each ratio step moves whole optimizer sub-groups, runtime/zero/stage3.py:1103-1108): the two
+    on either side of it where there are such, else the two nearest on one side (a trial confirms the guess: an
+    OOM moves the ratio up). None with fewer than two measured ratios there."""
+    by_ratio = {t.candidate.mode.offload_ratio: t.result.peak_memory_bytes or 0 for t in same_micro_batch}
+    less = sorted(r for r in by_ratio if r < ratio)
+    more = sorted(r for r in by_ratio if r > ratio)
+    if less and more:
+        r1, r2 = less[-1], more[0]
+    elif len(more) >= 2:
+        r1, r2 = more[0], more[1]
+    elif len(less) >= 2:
+        r1, r2 = less[-2], less[-1]
+    else:
+        return None
+    p1, p2 = by_ratio[r1], by_ratio[r2]
+    beyond = not (less and more)
+    if beyond and p2 >= p1:  # no fall as the ratio rises: noise, not a line to extend beyond its points
+        return None
+    return int(p1 + (p2 - p1) * (ratio - r1) / (r2 - r1))
