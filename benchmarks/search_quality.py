@@ -34,7 +34,8 @@ from autotune.infra.atomic import atomic_write_text
 from autotune.models import resolve_model, summarize
 from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.modes.search_view import is_ratio_mode
-from autotune.search.walk import Search, SearchLimits, same_group
+from autotune.search.records import SearchLimits
+from autotune.search.walk import Search, same_group
 from gpu_sim.ds_autotuning import ds_autotuning
 from gpu_sim.machine import SimulatedCluster, models_mode
 from gpu_sim.scenarios import SCENARIOS, Scenario

@@ -226,7 +226,7 @@ def test_piped_progress_is_plain_timestamped_lines_with_a_line_when_a_trial_star
     from rich.console import Console
 
     from autotune.cli.tune import TrialProgress
-    from autotune.search.walk import SearchEvent
+    from autotune.search.records import SearchEvent
 
     progress = TrialProgress(Console(file=io.StringIO(), stderr=True), max_trials=12, enabled=True)
     progress(SearchEvent("trial_start", Candidate(Rung.Z2, 8, True)))

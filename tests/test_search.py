@@ -16,7 +16,8 @@ from autotune.core.stop import StopReason
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import resolve_model, summarize
-from autotune.search.walk import Search, SearchLimits
+from autotune.search.records import SearchLimits
+from autotune.search.walk import Search
 from autotune.trial.types import TrialResult
 
 GIB = 2**30

@@ -24,8 +24,9 @@ from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, rati
 from autotune.modes.search_view import ModeRecord, is_ratio_mode, smallest_fitting_ratio
 from autotune.report.data import Choice, ModeEntry, Skipped, TrialEntry, TuneReport
 from autotune.report.markdown import render_markdown
+from autotune.search.records import SearchLimits, TrialRecord
 from autotune.search.speed import BoundContext, GroupMeasurements, could_beat
-from autotune.search.walk import Search, SearchLimits, TrialRecord, holds_at_least_the_memory_of
+from autotune.search.walk import Search, holds_at_least_the_memory_of
 from autotune.trial.types import RankMetrics, TrialResult
 
 RATIOS = tuple(r for r in ratio_grid() if 0.0 < r < 1.0)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.search.walk import Search, SearchLimits
+from autotune.search.records import SearchLimits
+from autotune.search.walk import Search
 from autotune.trial.types import TrialResult
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

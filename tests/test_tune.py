@@ -11,7 +11,7 @@ from autotune import tune
 from autotune.core.ladder import Candidate, Rung
 from autotune.dsconfig.build import validate_with_deepspeed
 from autotune.errors import NothingFitsError, UserError
-from autotune.search.walk import SearchEvent
+from autotune.search.records import SearchEvent
 from autotune.tuner import TuneRequest, _replaced_note
 
 MIB = 2**20

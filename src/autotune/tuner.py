@@ -41,7 +41,7 @@ from autotune.request.tune_request import TuneRequest, output_path, uses_warm_wo
 from autotune.search.cache import ResultsCache, StoredAnswer
 from autotune.search.for_context import context_search, mode_facts, planned_modes
 from autotune.search.recommend import host_line, passed_over_line, recommend
-from autotune.search.walk import SearchEvent, SearchOutcome, TrialRecord
+from autotune.search.records import SearchEvent, SearchOutcome, TrialRecord
 from autotune.training.checks import training_choices_report
 from autotune.trial.plausible import Bounds
 from autotune.trial.types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec

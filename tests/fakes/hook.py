@@ -12,7 +12,7 @@ from autotune.core.ladder import Candidate
 from autotune.core.stop import StopReason
 from autotune.infra.atomic import atomic_write_json
 from autotune.report.assumptions import write_assumptions
-from autotune.search.walk import SearchEvent, TrialRecord
+from autotune.search.records import SearchEvent, TrialRecord
 from autotune.trial.types import RankMetrics, TrialLauncher, TrialResult
 from autotune.tuner import TuneRequest, TuneResult
 

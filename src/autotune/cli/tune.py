@@ -60,7 +60,7 @@ from autotune.report.pick import measured_detail, measurement_lines, summary_hea
 if TYPE_CHECKING:
     from autotune.core.ladder import Candidate
     from autotune.hook.leader import BestVerified
-    from autotune.search.walk import SearchEvent
+    from autotune.search.records import SearchEvent
     from autotune.tuner import TuneRequest, TuneResult
 
 

@@ -35,7 +35,7 @@ from autotune.request.tune_request import memory_size
 if TYPE_CHECKING:
     from autotune.core.ladder import Candidate
     from autotune.request.tune_request import TuneRequest
-    from autotune.search.walk import SearchEvent, TrialRecord
+    from autotune.search.records import SearchEvent, TrialRecord
     from autotune.trial.types import TrialLauncher
     from autotune.tuner import TuneResult
 

@@ -17,7 +17,7 @@ from autotune.hook.coordinate import SharedSlot, note_progress, read_leader_note
 from autotune.hook.env import JobEnv
 
 if TYPE_CHECKING:
-    from autotune.search.walk import SearchEvent
+    from autotune.search.records import SearchEvent
 
 
 class ProgressNote:

@@ -35,7 +35,7 @@ from autotune.request.keys import run_key
 if TYPE_CHECKING:
     from autotune.hardware.probe import GpuInfo
     from autotune.request.tune_request import TuneRequest
-    from autotune.search.walk import SearchEvent
+    from autotune.search.records import SearchEvent
     from autotune.trial.types import TrialLauncher
 
 LauncherChooser = Callable[[JobEnv, Path, Mapping[str, str]], "TrialLauncher | None"]

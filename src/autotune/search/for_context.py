@@ -12,7 +12,8 @@ from autotune.core.ladder import Candidate
 from autotune.modes.applies import ModeFacts, considered_modes, facts_for, ratio_grid
 from autotune.modes.search_view import ModeRecord
 from autotune.request.context import TuneContext
-from autotune.search.walk import Search, SearchEvent, SearchLimits
+from autotune.search.records import SearchEvent, SearchLimits
+from autotune.search.walk import Search
 from autotune.training.optimizers import optimizer_kind
 from autotune.trial.types import TrialResult
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, field
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.measurement import Speed, pooled
@@ -21,8 +20,21 @@ from autotune.estimate.core import memlock_problem
 from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
 from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
-from autotune.modes.search_view import ModeChoice, ModeRecord, ModesFor, is_ratio_mode, no_modes, smallest_fitting_ratio
-from autotune.search.close_call import Verdict, settle
+from autotune.modes.search_view import ModesFor, is_ratio_mode, no_modes
+from autotune.search.close_call import settle
+from autotune.search.mode_walk import ModeWalk
+from autotune.search.records import (
+    MEMORY_FAILURES,
+    RULED_OUT_MARGIN,
+    TRY_MARGIN,
+    LaunchPurpose,
+    RunTrial,
+    SearchEvent,
+    SearchLimits,
+    SearchOutcome,
+    SkipRecord,
+    TrialRecord,
+)
 from autotune.search.speed import (
     BoundContext,
     GroupMeasurements,
@@ -35,17 +47,6 @@ from autotune.search.speed import (
 )
 from autotune.trial.types import TrialResult
 
-MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
-RULED_OUT_MARGIN = 0.15  # skip without a trial only when the prediction is this far over the limit
-TRY_MARGIN = 0.10  # a micro-batch predicted within this much over the limit is still worth a trial
-# Offload-ratio knob (a modern memory mode), a budget choice, not a claim about speed: at most this many micro-batches
-# per (rung, checkpointing), each with at most this many trials (the predicted smallest fitting ratio; after a miss, the
-# next ratio up that the OOM-calibrated model, or two measured peaks, say fits; after a fit, one step down when the
-# calibrated model allows it). Worst case 2 x 3 = 6 extra trials per checkpointing setting; usually 1-2
-# (benchmarks/README.md, search quality).
-RATIO_MICRO_BATCHES = 2
-RATIO_TRIES = 3
-
 
 @dataclass(frozen=True)
 class MemoryModel:
@@ -54,149 +55,6 @@ class MemoryModel:
     estimate: Callable[..., MemoryEstimate] = estimate
     calibrate: Callable[..., Calibration] = calibrate
     calibrate_oom: Callable[..., Calibration] = calibrate_oom
-
-
-@dataclass(frozen=True)
-class SearchLimits:
-    max_trials: int = 12
-    time_budget_s: float | None = None
-    headroom: float = 0.9
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    candidate: Candidate
-    result: TrialResult
-    predicted_peak_bytes: int
-    limit_bytes: int
-    from_cache: bool = False
-    host_limit_bytes: int | None = None  # GPU trials: per-node host RAM headroom (offload pins host buffers)
-    gpus_per_node: int = 1
-    purpose: str = ""  # why the search launched it (LaunchPurpose), for the report of where launches go
-
-    @property
-    def host_peak_bytes(self) -> int | None:
-        """Worst node's summed host RSS peak over its ranks (ranks are numbered node by node)."""
-        per_node: dict[int, int] = {}
-        for rank in self.result.ranks:
-            if rank.host_rss_peak_bytes:
-                node = rank.rank // max(1, self.gpus_per_node)
-                per_node[node] = per_node.get(node, 0) + rank.host_rss_peak_bytes
-        return max(per_node.values()) if per_node else None
-
-    @property
-    def over_host_headroom(self) -> bool:
-        peak = self.host_peak_bytes
-        return self.host_limit_bytes is not None and peak is not None and peak > self.host_limit_bytes
-
-    @property
-    def within_headroom(self) -> bool:
-        peak = self.result.peak_memory_bytes
-        return self.result.ok and (peak is None or peak <= self.limit_bytes) and not self.over_host_headroom
-
-    @property
-    def memory_failure(self) -> bool:
-        return self.result.status in MEMORY_FAILURES or (self.result.ok and not self.within_headroom)
-
-    def to_dict(self) -> dict:
-        return {
-            "candidate": self.candidate.to_dict(),
-            "result": self.result.to_dict(),
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "limit_bytes": self.limit_bytes,
-            "within_headroom": self.within_headroom,
-            "host_peak_bytes": self.host_peak_bytes,
-            "host_limit_bytes": self.host_limit_bytes,
-            "from_cache": self.from_cache,
-            "purpose": self.purpose,
-        }
-
-
-@dataclass(frozen=True)
-class SkipRecord:
-    rung: Rung
-    grad_checkpointing: bool
-    reason: str
-    mode: Mode = field(default_factory=Mode)
-
-    def to_dict(self) -> dict:
-        data: dict[str, Any] = {
-            "rung": self.rung.value,
-            "grad_checkpointing": self.grad_checkpointing,
-            "reason": self.reason,
-        }
-        if not self.mode.is_classic:
-            data["mode"] = self.mode.to_dict()
-        return data
-
-
-# "prepare": the tuner's own work before or between trials (building DeepSpeed's ops, replacing warm workers)
-SearchEventKind = Literal["prepare", "trial_start", "trial_end", "skip"]
-
-
-@dataclass(frozen=True)
-class SearchEvent:
-    kind: SearchEventKind
-    candidate: Candidate | None = None
-    message: str = ""
-    record: TrialRecord | None = None
-
-
-@dataclass(kw_only=True)
-class SearchOutcome:
-    best: TrialRecord | None
-    trials: list[TrialRecord] = field(default_factory=list)
-    skipped: list[SkipRecord] = field(default_factory=list)
-    calibration: Calibration = field(default_factory=Calibration)
-    stop_reason: StopReason | None = None
-    stop_message: str = ""  # the reason in words, for people
-    margin: float | None = None  # pick vs runner-up, relative, after any re-measurement (close_call.Verdict)
-    noise: float | None = None  # the larger relative half-width of the two medians' intervals
-    remeasured: bool = False
-    verdict: Verdict | None = None  # the pick, runner-up, speeds with spreads, tie or not
-    modes: list[ModeRecord] = field(default_factory=list)  # every mode considered on every rung, and its fate
-    # processes the launcher started for the trials: warm workers run trial after trial in one until one fails
-    # (trial/warm.py); None where every trial had its own process (then it equals trials_launched)
-    process_starts: int | None = None
-
-    @property
-    def trials_launched(self) -> int:
-        return sum(not t.from_cache for t in self.trials)
-
-    def launches_by_purpose(self) -> dict[str, int]:
-        """Trials run now (not from the cache), counted by why the search launched them (LaunchPurpose)."""
-        counts: dict[str, int] = {}
-        for t in self.trials:
-            if not t.from_cache:
-                counts[t.purpose] = counts.get(t.purpose, 0) + 1
-        return counts
-
-    def to_dict(self) -> dict:
-        return {
-            "best": self.best.to_dict() if self.best else None,
-            "trials": [t.to_dict() for t in self.trials],
-            "skipped": [s.to_dict() for s in self.skipped],
-            "calibration": asdict(self.calibration),
-            "stop_reason": self.stop_reason.value if self.stop_reason else None,
-            "stop_message": self.stop_message,
-            "margin": self.margin,
-            "noise": self.noise,
-            "remeasured": self.remeasured,
-            "verdict": self.verdict.to_dict() if self.verdict else None,
-            "modes": [m.to_dict() for m in self.modes],
-            "process_starts": self.process_starts,
-            "launches_by_purpose": self.launches_by_purpose(),
-        }
-
-
-class LaunchPurpose:
-    """Why the search launched a trial: the report counts launches by these, so a user can see where they go."""
-
-    FIRST = "first of a group"  # a (rung, checkpointing, mode) group's first trial, at its predicted boundary
-    BOUNDARY = "boundary walk"  # within a group, between the largest that ran and the smallest that did not
-    CONFIRM = "boundary confirmation"  # the pick's next micro-batch (`Search._confirm_boundary`)
-    RATIO = "offload ratio"  # partial offload: the smallest fitting ratio at a micro-batch
-    CLOSE_CALL = "close-call re-measurement"  # interleaved rounds of a tie (autotune.search.close_call)
 
 
 def largest_where(values: list[int], holds: Callable[[int], bool]) -> int | None:
@@ -234,12 +92,10 @@ def holds_at_least_the_memory_of(candidate: Candidate, measured: Candidate) -> b
     return ratio_only and candidate.mode.offload_ratio <= measured.mode.offload_ratio
 
 
-RunTrial = Callable[[Candidate], tuple[TrialResult, bool]]  # -> (result, came from cache)
-
-
 @dataclass
-class Search:
-    """One tuning search; `run` executes a candidate for real (or replays it from the cache)."""
+class Search(ModeWalk):
+    """One tuning search; `run` executes a candidate for real (or replays it from the cache). The classic ladder
+    is walked here, the modern modes after it by `ModeWalk` (mode_walk.py), over the same state."""
 
     model: ModelSummary
     target: Target
@@ -689,279 +545,3 @@ class Search:
                 self.outcome.stop_reason = StopReason.EXHAUSTED
                 self.outcome.stop_message = "every rung was ruled out or failed"
         return self.outcome
-
-    def plan_modes(self) -> list[ModeRecord]:
-        """Plan-only (no trials on this machine): every mode considered on every rung, each applicable one
-        predicted as a not-trial-verified mode would be in a search; nothing is launched."""
-        for rung, options in self._consider_modes().items():
-            for ckpt in (False, True):
-                for choice, record in options:
-                    record.trial_verifiable = False
-                    self._plan_mode(rung, ckpt, choice.mode, record, "plan only: no trials on this machine")
-        return self.outcome.modes
-
-    # -- modern memory modes (beyond the classic ladder) ----------------------------------------
-    def _consider_modes(self) -> dict[Rung, list[tuple[ModeChoice, ModeRecord]]]:
-        """Ask, once per rung, which modes apply; every one considered gets a record in the outcome."""
-        options: dict[Rung, list[tuple[ModeChoice, ModeRecord]]] = {}
-        for rung in self.rungs:
-            for choice in self.modes(rung):
-                record = ModeRecord(rung, choice.mode, choice.applies, choice.reason, choice.trial_verifiable)
-                self.outcome.modes.append(record)
-                if choice.applies:
-                    record.status = "not tried"
-                    options.setdefault(rung, []).append((choice, record))
-        return options
-
-    def _mode_group(self, rung: Rung, ckpt: bool, choice: ModeChoice, record: ModeRecord) -> None:
-        """One applicable mode on one (rung, checkpointing): planned when no trial can run it, else searched."""
-        if not choice.trial_verifiable:
-            self._plan_mode(rung, ckpt, choice.mode, record)
-            return
-        if reason := self._stop_if_spent():
-            record.detail = record.detail or f"not tried: {reason}"
-            return
-        launched = self._launched
-        if is_ratio_mode(choice.mode):
-            self._search_ratio(rung, ckpt, record)
-        else:
-            self._rung_group(rung, ckpt, choice.mode)
-        record.trials += self._launched - launched
-
-    def _plan_mode(self, rung: Rung, ckpt: bool, mode: Mode, record: ModeRecord, why: str = "") -> None:
-        """Predicted only: the largest micro-batch the memory model says fits with the mode (for the offload
-        ratio, the smallest ratio that fits there). Never a trial, never the pick."""
-        if record.status == "planned" and record.grad_checkpointing is False:
-            return  # without checkpointing it already fits: that is the plan
-        if is_ratio_mode(mode):
-            ratios = self._ratio_settings(mode)
-            # GPU memory falls as the ratio rises but host RAM grows: where the largest ratio is over a host
-            # limit, a smaller one may still fit both (the host need falls with it), so walk down to it
-            top = next(
-                (mb for r in reversed(ratios) if (mb := self._predicted_max(rung, ckpt, 0.0, Mode(offload_ratio=r)))),
-                None,
-            )
-            ratio = self._planned_ratio(rung, ckpt, top, ratios) if top else None
-            mode = Mode(offload_ratio=ratio) if ratio else mode
-        else:
-            top = self._predicted_max(rung, ckpt, 0.0, mode)
-        if top is None:
-            record.status = record.status if record.status == "planned" else "no fit"
-            record.detail = record.detail or "the memory model says nothing of it fits"
-            return
-        record.status, record.mode, record.micro_batch, record.grad_checkpointing = "planned", mode, top, ckpt
-        record.predicted_peak_bytes = self._estimate(Candidate(rung, top, ckpt, mode)).gpu_peak_bytes
-        record.detail = why or "this backend cannot run it: predicted only"
-
-    def _planned_ratio(self, rung: Rung, ckpt: bool, micro_batch: int, ratios: list[float]) -> float | None:
-        """The smallest offload ratio that fits at `micro_batch` for a plan, None when none does. No trial will
-        confirm a plan: the ratio must fit with the model's margin (as a classic plan row must), not on the point
-        prediction a search's trials then confirm. Bisect on the GPU alone (monotone in the ratio); the host need
-        grows with the ratio, so the smallest GPU fit is the best for the host."""
-        ratio = smallest_fitting_ratio(ratios, lambda r: self._fits_with_margin(rung, micro_batch, ckpt, r))
-        if ratio and not check_fit(self._estimate(Candidate(rung, micro_batch, ckpt, Mode(offload_ratio=ratio))),
-                                   self.target, self.limits.headroom).fits:  # fmt: skip
-            return None
-        return ratio
-
-    def _ratio_settings(self, mode: Mode) -> list[float]:
-        """The offload ratio's real settings strictly between 0 (ZeRO-3's neighbour) and 1 (full offload)."""
-        ratios = sorted({r for r in self.offload_ratios if 0.0 < r < 1.0})
-        return ratios or [mode.offload_ratio]
-
-    def _fits(self, candidate: Candidate) -> bool:
-        """The calibrated point prediction within the limit: a trial confirms it (an OOM moves the ratio up), so
-        the spread a plan-only answer must allow for (check_fit's margin) would only buy a slower ratio."""
-        if self._measured_over(candidate):
-            return False
-        return self._anchored_peak(candidate) <= self.limit_bytes
-
-    def _anchored_peak(self, candidate: Candidate) -> int:
-        """The candidate's peak from measured peaks of its rung and checkpointing among the classic and partial-offload
-        settings, where there are any. Two measured at its micro-batch: the line through them
-        (`_on_measured_ratio_line`). Else the nearest measured setting's peak plus the model's difference between the
-        two: the model's error in what they share (weights, buffers, activations) cancels, only what differs stays
-        predicted; where that setting's own memory line is measured (`_peak_line`), its peak is read off the line at
-        this micro-batch, so the model's difference is the ratio's alone, not its activation slope. Nothing measured:
-        the point prediction."""
-        predicted = self._estimate(candidate).gpu_peak_bytes
-        anchors = [
-            t
-            for t in self.outcome.trials
-            if t.candidate.rung is candidate.rung
-            and t.candidate.grad_checkpointing == candidate.grad_checkpointing
-            and (t.candidate.mode.is_classic or is_ratio_mode(t.candidate.mode))
-            and t.result.ok
-            and t.result.peak_memory_bytes
-            and not t.from_cache
-        ]
-        ratio = candidate.mode.offload_ratio
-        same = [t for t in anchors if t.candidate.micro_batch == candidate.micro_batch]
-        if (on_line := _on_measured_ratio_line(same, ratio)) is not None:
-            return on_line
-        if not anchors:
-            return predicted
-        nearest = min(
-            anchors,
-            key=lambda t: (
-                abs(t.candidate.micro_batch - candidate.micro_batch),
-                abs(t.candidate.mode.offload_ratio - ratio),
-            ),
-        )
-        at_micro_batch = replace(nearest.candidate, micro_batch=candidate.micro_batch)
-        line = self._peak_line(at_micro_batch)
-        if line is not None:  # the nearest setting's own measured memory line, read at this micro-batch
-            difference = predicted - self._estimate(at_micro_batch).gpu_peak_bytes
-            return int(line.seconds(candidate.micro_batch)) + difference
-        difference = predicted - self._estimate(nearest.candidate).gpu_peak_bytes
-        return (nearest.result.peak_memory_bytes or 0) + difference
-
-    def _within_try_margin(self, candidate: Candidate) -> bool:
-        """Whether the peak anchored on this run's measurements (`_anchored_peak`) is within TRY_MARGIN of the limit:
-        the model alone put it there, but a measured peak of the rung may already say it is further over."""
-        if self._measured_over(candidate):
-            return False
-        return self._anchored_peak(candidate) <= self.limit_bytes * (1 + TRY_MARGIN)
-
-    def _fits_with_margin(self, rung: Rung, mb: int, ckpt: bool, ratio: float) -> bool:
-        """GPU peak plus the model's margin within the limit at `ratio` (check_fit's GPU test, without host)."""
-        predicted = self._estimate(Candidate(rung, mb, ckpt, Mode(offload_ratio=ratio)))
-        return predicted.gpu_peak_bytes + predicted.gpu_margin_bytes <= self.limit_bytes
-
-    def _ratio_fits(self, rung: Rung, mb: int, ckpt: bool) -> Callable[[float], bool]:
-        """Whether the calibrated memory model says partial offload at ratio r fits (for the bisection)."""
-        return lambda r: self._fits(Candidate(rung, mb, ckpt, Mode(offload_ratio=r)))
-
-    def _search_ratio(self, rung: Rung, ckpt: bool, record: ModeRecord) -> None:
-        """Partial optimizer offload: at the largest micro-batches some ratio below 1 reaches, the smallest ratio
-        the memory model says fits (bisection), confirmed by trials; compared with everything else by measured
-        speed only. Walks down the micro-batches while each step lowers the ratio and the speed has not fallen:
-        the same ratio at a smaller micro-batch is no faster (A3 in autotune.search.speed), a lower one may be."""
-        ratios = self._ratio_settings(record.mode)
-        top = self._predicted_max(rung, ckpt, TRY_MARGIN, Mode(offload_ratio=ratios[-1]))
-        if top is None:
-            self._skip(rung, ckpt, "ruled out by the memory model at every offload ratio", record.mode)
-            return
-        previous_ratio: float | None = None
-        previous_speed: float | None = None
-        points = 0
-        for mb in reversed([m for m in self.micro_batches if m <= top]):
-            if points >= RATIO_MICRO_BATCHES or self._stop_if_spent():
-                return
-            ratio = smallest_fitting_ratio(ratios, self._ratio_fits(rung, mb, ckpt))
-            largest = Candidate(rung, mb, ckpt, Mode(offload_ratio=ratios[-1]))
-            if ratio is None and mb == top and self._within_try_margin(largest):
-                ratio = ratios[-1]  # within TRY_MARGIN of fitting at the largest ratio: worth one trial
-            if ratio is None or (previous_ratio is not None and ratio >= previous_ratio):
-                continue
-            if why := self._bounded(Candidate(rung, mb, ckpt, Mode(offload_ratio=ratio))):
-                self._skip(rung, ckpt, why, Mode(offload_ratio=ratio))
-                return
-            points += 1
-            fitted, speed = self._confirm_ratio(rung, ckpt, mb, ratio, ratios)
-            if fitted is None or speed is None:
-                continue
-            if previous_speed is not None and speed < previous_speed:
-                return
-            previous_ratio, previous_speed = fitted, speed
-
-    def _confirm_ratio(
-        self, rung: Rung, ckpt: bool, mb: int, ratio: float, ratios: list[float]
-    ) -> tuple[float | None, float | None]:
-        """Up to RATIO_TRIES trials at one micro-batch: an OOM at ratio r moves the next try up (the smallest
-        larger ratio the OOM-calibrated model says fits, or, once two trials here reported peaks, the one the line
-        through those peaks says fits: GPU memory is linear in the offloaded share); a fit lets the calibrated
-        model try one smaller ratio. Returns the smallest ratio that ran within the headroom and its speed."""
-        fitted: float | None = None
-        failed: float | None = None
-        speed: float | None = None
-        current: float | None = ratio
-        peaks: dict[float, int] = {}  # ratio -> measured peak at this micro-batch
-        for _ in range(RATIO_TRIES):
-            if current is None or self._stop_if_spent():
-                break
-            record = self._trial(Candidate(rung, mb, ckpt, Mode(offload_ratio=current)), LaunchPurpose.RATIO)
-            if record.result.peak_memory_bytes:
-                peaks[current] = record.result.peak_memory_bytes
-            if record.within_headroom:
-                self._consider_best(record)
-                fitted, speed = current, record.result.samples_per_s
-                lower = [r for r in ratios if r < current and (failed is None or r > failed)]
-                current = smallest_fitting_ratio(lower, self._ratio_fits(rung, mb, ckpt))
-            elif record.memory_failure and not record.over_host_headroom:
-                failed = current
-                higher = [r for r in ratios if r > current and (fitted is None or r < fitted)]
-                if (needed := self._ratio_from_peaks(peaks)) is not None:
-                    higher = [r for r in higher if r >= needed] or higher[-1:]
-                current = smallest_fitting_ratio(higher, self._ratio_fits(rung, mb, ckpt)) or (
-                    higher[0] if needed is not None and higher else None
-                )
-            else:
-                break
-        return fitted, speed
-
-    def _ratio_from_peaks(self, peaks: dict[float, int]) -> float | None:
-        """The ratio at which the line through the two latest measured peaks meets the limit; None with fewer
-        than two points or a line that does not fall as the ratio rises (noise)."""
-        if len(peaks) < 2:
-            return None
-        (r1, p1), (r2, p2) = list(peaks.items())[-2:]
-        if r1 == r2 or (p2 - p1) / (r2 - r1) >= 0:
-            return None
-        slope = (p2 - p1) / (r2 - r1)
-        return r2 + (self.limit_bytes - p2) / slope
-
-    def _finish_mode_records(self) -> None:
-        """Each verifiable mode's record takes its best measured trial (or says why nothing of it fitted)."""
-        for record in self.outcome.modes:
-            if not (record.applies and record.trial_verifiable):
-                continue
-            ratio = is_ratio_mode(record.mode)
-            ran = [
-                t
-                for t in self.outcome.trials
-                if t.candidate.rung is record.rung
-                and (is_ratio_mode(t.candidate.mode) if ratio else t.candidate.mode == record.mode)
-            ]
-            fitted = [t for t in ran if t.within_headroom and t.result.samples_per_s]
-            if fitted:
-                best = max(fitted, key=lambda t: t.result.samples_per_s or 0.0)
-                record.status, record.mode = "measured", best.candidate.mode
-                record.micro_batch, record.grad_checkpointing = (
-                    best.candidate.micro_batch,
-                    best.candidate.grad_checkpointing,
-                )
-                record.samples_per_s, record.predicted_peak_bytes = best.result.samples_per_s, best.predicted_peak_bytes
-                record.detail = f"{len(ran)} trial(s); fastest: {best.candidate.describe()}"
-            elif ran:
-                record.status = "no fit"
-                record.detail = "tried: " + ", ".join(f"{t.candidate.key} {t.result.status}" for t in ran)
-            else:
-                skips = [s.reason for s in self.outcome.skipped if s.rung is record.rung and s.mode == record.mode]
-                skips += [
-                    s.reason for s in self.outcome.skipped if s.rung is record.rung and ratio and is_ratio_mode(s.mode)
-                ]
-                record.detail = record.detail or "; ".join(dict.fromkeys(skips)) or "not reached"
-
-
-def _on_measured_ratio_line(same_micro_batch: list[TrialRecord], ratio: float) -> int | None:
-    """The peak at `ratio` on the line through two peaks measured at its micro-batch (GPU memory is linear in the
-    offloaded share: each ratio step moves whole optimizer sub-groups, runtime/zero/stage3.py:1103-1108): the two
-    on either side of it where there are such, else the two nearest on one side (a trial confirms the guess: an
-    OOM moves the ratio up). None with fewer than two measured ratios there."""
-    by_ratio = {t.candidate.mode.offload_ratio: t.result.peak_memory_bytes or 0 for t in same_micro_batch}
-    less = sorted(r for r in by_ratio if r < ratio)
-    more = sorted(r for r in by_ratio if r > ratio)
-    if less and more:
-        r1, r2 = less[-1], more[0]
-    elif len(more) >= 2:
-        r1, r2 = more[0], more[1]
-    elif len(less) >= 2:
-        r1, r2 = less[-2], less[-1]
-    else:
-        return None
-    p1, p2 = by_ratio[r1], by_ratio[r2]
-    beyond = not (less and more)
-    if beyond and p2 >= p1:  # no fall as the ratio rises: noise, not a line to extend beyond its points
-        return None
-    return int(p1 + (p2 - p1) * (ratio - r1) / (r2 - r1))

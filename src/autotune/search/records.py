@@ -1,0 +1,166 @@
+"""What a search records and reports: its limits, each trial and skip, its events, its outcome, and why each
+launch happened. Plain values shared by the ladder walk (`walk.py`), its mode half (`mode_walk.py`), the tuner,
+the report builders and the benchmarks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.core.stop import StopReason
+from autotune.estimate.types import Calibration
+from autotune.modes.search_view import ModeRecord
+from autotune.search.close_call import Verdict
+from autotune.trial.types import TrialResult
+
+MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
+RULED_OUT_MARGIN = 0.15  # skip without a trial only when the prediction is this far over the limit
+TRY_MARGIN = 0.10  # a micro-batch predicted within this much over the limit is still worth a trial
+
+
+@dataclass(frozen=True)
+class SearchLimits:
+    max_trials: int = 12
+    time_budget_s: float | None = None
+    headroom: float = 0.9
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    candidate: Candidate
+    result: TrialResult
+    predicted_peak_bytes: int
+    limit_bytes: int
+    from_cache: bool = False
+    host_limit_bytes: int | None = None  # GPU trials: per-node host RAM headroom (offload pins host buffers)
+    gpus_per_node: int = 1
+    purpose: str = ""  # why the search launched it (LaunchPurpose), for the report of where launches go
+
+    @property
+    def host_peak_bytes(self) -> int | None:
+        """Worst node's summed host RSS peak over its ranks (ranks are numbered node by node)."""
+        per_node: dict[int, int] = {}
+        for rank in self.result.ranks:
+            if rank.host_rss_peak_bytes:
+                node = rank.rank // max(1, self.gpus_per_node)
+                per_node[node] = per_node.get(node, 0) + rank.host_rss_peak_bytes
+        return max(per_node.values()) if per_node else None
+
+    @property
+    def over_host_headroom(self) -> bool:
+        peak = self.host_peak_bytes
+        return self.host_limit_bytes is not None and peak is not None and peak > self.host_limit_bytes
+
+    @property
+    def within_headroom(self) -> bool:
+        peak = self.result.peak_memory_bytes
+        return self.result.ok and (peak is None or peak <= self.limit_bytes) and not self.over_host_headroom
+
+    @property
+    def memory_failure(self) -> bool:
+        return self.result.status in MEMORY_FAILURES or (self.result.ok and not self.within_headroom)
+
+    def to_dict(self) -> dict:
+        return {
+            "candidate": self.candidate.to_dict(),
+            "result": self.result.to_dict(),
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "limit_bytes": self.limit_bytes,
+            "within_headroom": self.within_headroom,
+            "host_peak_bytes": self.host_peak_bytes,
+            "host_limit_bytes": self.host_limit_bytes,
+            "from_cache": self.from_cache,
+            "purpose": self.purpose,
+        }
+
+
+@dataclass(frozen=True)
+class SkipRecord:
+    rung: Rung
+    grad_checkpointing: bool
+    reason: str
+    mode: Mode = field(default_factory=Mode)
+
+    def to_dict(self) -> dict:
+        data: dict[str, Any] = {
+            "rung": self.rung.value,
+            "grad_checkpointing": self.grad_checkpointing,
+            "reason": self.reason,
+        }
+        if not self.mode.is_classic:
+            data["mode"] = self.mode.to_dict()
+        return data
+
+
+# "prepare": the tuner's own work before or between trials (building DeepSpeed's ops, replacing warm workers)
+SearchEventKind = Literal["prepare", "trial_start", "trial_end", "skip"]
+
+
+@dataclass(frozen=True)
+class SearchEvent:
+    kind: SearchEventKind
+    candidate: Candidate | None = None
+    message: str = ""
+    record: TrialRecord | None = None
+
+
+@dataclass(kw_only=True)
+class SearchOutcome:
+    best: TrialRecord | None
+    trials: list[TrialRecord] = field(default_factory=list)
+    skipped: list[SkipRecord] = field(default_factory=list)
+    calibration: Calibration = field(default_factory=Calibration)
+    stop_reason: StopReason | None = None
+    stop_message: str = ""  # the reason in words, for people
+    margin: float | None = None  # pick vs runner-up, relative, after any re-measurement (close_call.Verdict)
+    noise: float | None = None  # the larger relative half-width of the two medians' intervals
+    remeasured: bool = False
+    verdict: Verdict | None = None  # the pick, runner-up, speeds with spreads, tie or not
+    modes: list[ModeRecord] = field(default_factory=list)  # every mode considered on every rung, and its fate
+    # processes the launcher started for the trials: warm workers run trial after trial in one until one fails
+    # (trial/warm.py); None where every trial had its own process (then it equals trials_launched)
+    process_starts: int | None = None
+
+    @property
+    def trials_launched(self) -> int:
+        return sum(not t.from_cache for t in self.trials)
+
+    def launches_by_purpose(self) -> dict[str, int]:
+        """Trials run now (not from the cache), counted by why the search launched them (LaunchPurpose)."""
+        counts: dict[str, int] = {}
+        for t in self.trials:
+            if not t.from_cache:
+                counts[t.purpose] = counts.get(t.purpose, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict:
+        return {
+            "best": self.best.to_dict() if self.best else None,
+            "trials": [t.to_dict() for t in self.trials],
+            "skipped": [s.to_dict() for s in self.skipped],
+            "calibration": asdict(self.calibration),
+            "stop_reason": self.stop_reason.value if self.stop_reason else None,
+            "stop_message": self.stop_message,
+            "margin": self.margin,
+            "noise": self.noise,
+            "remeasured": self.remeasured,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+            "modes": [m.to_dict() for m in self.modes],
+            "process_starts": self.process_starts,
+            "launches_by_purpose": self.launches_by_purpose(),
+        }
+
+
+class LaunchPurpose:
+    """Why the search launched a trial: the report counts launches by these, so a user can see where they go."""
+
+    FIRST = "first of a group"  # a (rung, checkpointing, mode) group's first trial, at its predicted boundary
+    BOUNDARY = "boundary walk"  # within a group, between the largest that ran and the smallest that did not
+    CONFIRM = "boundary confirmation"  # the pick's next micro-batch (`Search._confirm_boundary`)
+    RATIO = "offload ratio"  # partial offload: the smallest fitting ratio at a micro-batch
+    CLOSE_CALL = "close-call re-measurement"  # interleaved rounds of a tie (autotune.search.close_call)
+
+
+RunTrial = Callable[[Candidate], tuple[TrialResult, bool]]  # -> (result, came from cache)
