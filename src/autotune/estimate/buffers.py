@@ -1,36 +1,10 @@
 """DeepSpeed's working buffers, sized from the config autotune.dsconfig.build emits.
 
-All DeepSpeed bucket sizes are element counts; bytes = elements x the element size of what they hold.
-Sizes come from settings.knobs (a user's ds_config, or what autotune.dsconfig.build emits). Read in deepspeed 0.19.8:
-- stages 1-2 (stage_1_and_2.py:3256-3277, setup_buckets): with contiguous_gradients one reduce buffer of
-  reduce_bucket_size elements in the gradient dtype, and a second one when overlap_comm is on. The
-  allgather bucket is unused when the backend has all_gather_into_tensor (NCCL and gloo in torch 2.13).
-- stage 3 (stage3.py:780-784): one reduce buffer of reduce_bucket_size elements; parameters gathered ahead of
-  use up to stage3_prefetch_bucket_size elements; parameters under stage3_param_persistence_threshold
-  stay whole on every rank.
-- stage 3 keeps gathered parameters resident: partitioned_param_coordinator.py:653-662 (`__params_to_release`)
-  keeps every parameter whose next use lies within stage3_max_reuse_distance elements of the module trace
-  (replayed in stage3_retention.py: with the default 1e9 a model under ~0.5B parameters stays whole on every
-  GPU, why small models measure the same or more at ZeRO-3 than at ZeRO-1/2, benchmarks/published: BELLE 560M;
-  an untied output layer is always held from its forward to its backward). The prefetcher then gathers up to
-  stage3_prefetch_bucket_size more elements that are not yet gathered, while the gathered total stays under
-  stage3_max_live_parameters (line 453).
-- a single rank gathers nothing: `all_gather_coalesced` (partition_parameters.py:1559-1560) takes the
-  `_no_gather_coalesced` path when the partition world size is 1, and NoGatherHandle (line 74) sets
-  `param.data = param.ds_tensor.data.to(device)`, the partition itself when it already lives on that device (no
-  parameter offload, or the CPU backend where "offloaded" is the same memory): no retained or prefetched copies.
-- NVMe (swap_tensor/): the optimizer swapper pins buffer_count (4) buffers of the largest sub-group
-  (min(sub_group_size = 1e9, the rank's partition) fp32 elements); the parameter swapper pins
-  buffer_count (5) x buffer_size (1e8) 16-bit elements.
-- stage 0 (engine.py, buffered_allreduce_fallback): gradients are flattened in chunks of
-  allreduce_bucket_size (5e8) elements for the all-reduce, when there is more than one rank.
-- the weight gradient autograd produces before DeepSpeed copies it into its buffers exists at full size
-  for a moment (stage 3's figure already holds it); with an offloaded optimizer at stages 1-2 the gradient
-  then goes through DeepSpeed's norm, overflow check and fp32 copy (offload_gradient_check_bytes). For tied
-  embeddings the lm_head and embedding gradients and their sum coexist at the end of backward, when the
-  activations are gone (tied_gradient_bytes).
-On the CPU backend an untouched torch.empty costs no RSS, so a reduce buffer counts only the part that
-gradients are written into.
+Buckets are element counts (bytes = elements x the element size of what they hold), read per stage from deepspeed
+0.19.8: reduce and prefetch buffers, the parameters ZeRO-3 keeps gathered (stage3_retention.py), NVMe swap buffers,
+and the gradient transients around DeepSpeed's copies.
+
+Reasoning and sources: estimate/README.md#buffers
 """
 
 from __future__ import annotations

@@ -1,36 +1,10 @@
 """Fused training kernels that replace transformers' stock modules, and what each keeps for backward.
 
-A user who trains with Liger Kernel (HF TrainingArguments `use_liger_kernel=True`) or with flash-attn's fused ops
-keeps fewer activations than the stock modules estimate/activations.py counts. Each figure below is read from the
-kernel's source (`ctx.save_for_backward`) at the version named:
+A user who trains with Liger Kernel or flash-attn's fused ops keeps fewer activations than the stock modules
+estimate/activations.py counts; each figure is read from the kernel's `ctx.save_for_backward` at a named version
+(RMSNorm, SwiGLU/GeGLU, rotary, cross-entropy, fused linear cross-entropy).
 
-- RMSNorm. Stock (transformers' LlamaRMSNorm) keeps an fp32 copy of its input and the normalised value before the
-  weight: (4 + d) bytes per hidden element. Fused: the 16-bit input and one fp32 rstd per token:
-  Liger 0.8.5 ops/rms_norm.py:674 `ctx.save_for_backward(X, W, RSTD)`, RSTD fp32 in the llama/gemma casting modes
-  (:464-466); flash-attn 2.4.2 ops/triton/layernorm.py:510 `ctx.save_for_backward(residual_out, weight, bias,
-  seeds, mean, rstd)` where residual_out is the input itself without a residual (:247), rstd fp32 (:204); its
-  CUDA-extension RMSNorm (ops/rms_norm.py:14-17) the same: ops/layer_norm.py:348-349 saves xmat, which is the input
-  without dropout or residual (:52), and rsigma.
-- Gated MLP (SwiGLU). Stock keeps gate output, SiLU output, up output and their product (4 intermediate-width
-  tensors, traits.py). Liger 0.8.5 ops/swiglu.py:272 `ctx.save_for_backward(a, b)` (gate and up outputs; the
-  product is kept by down_proj, an nn.Linear: transformers/swiglu.py:35), 3 tensors; GeGLU the same
-  (ops/geglu.py:138). xformers' fused SwiGLU, the one whyNLP/tinyllama's TINY_FUSED_SWIGLU uses
-  (tinyllama/llama_fused_swiglu.py: `xformers.ops.swiglu_op.swiglu`, down projection inside the op), keeps
-  x, x1, x2 and recomputes the product: 2 tensors (0.0.22.post7, the version its README installs, and 0.0.23 alike:
-  csrc/swiglu/swiglu_packedw.cpp:105, ops/swiglu_op.py:111). Its dispatcher takes that fused op on sm80+ in 16-bit
-  with gate and up weights adjacent in memory (ops/swiglu_op.py SwiGLUOpDispatch.op); otherwise it falls back to
-  eager ops, which keep what the stock MLP keeps.
-- Rotary embedding: no change. Liger ops/rope.py:289 and flash-attn layers/rotary.py:59 keep only cos/sin; the stock
-  `q * cos + rotate_half(q) * sin` keeps only cos/sin too (a product saves the operand that does not need grad).
-- Cross-entropy on materialised logits (flash-attn 2.4.2 ops/triton/cross_entropy.py:225 `save_for_backward(logits,
-  lse, labels)`; backward: `dlogits = torch.empty_like(logits)` :238, inplace_backward off by default in
-  losses/cross_entropy.py:17): the logits it was given and their gradient, 2 x (logits' bytes) per entry, where the
-  stock loss keeps the log-softmax and two gradients (activations.logits_bytes_per_sample).
-- Fused linear cross-entropy (Liger 0.8.5 ops/fused_linear_cross_entropy.py): the full logits never exist. The
-  forward runs over token chunks of `next_power_of_2(cdiv(BT, cdiv(V, H)))` rows, at most BT (:103-106), each chunk's
-  logits in the hidden states' dtype (:151, :168); it computes the gradients there and keeps them for backward
-  (:574-578): grad_input like the hidden states (:108, BT x H) and grad_weight like lm_head's weight (:116, V x H),
-  plus an fp32 loss per token (:125). The final norm's output is not kept (the op saves only those gradients).
+Reasoning and sources: estimate/README.md#kernels
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Model states (parameters, gradients, optimizer states) per rank, from DeepSpeed's own estimators.
 
-DeepSpeed's `estimate_zero2/3_model_states_mem_needs` give the device figure for stages 2 and 3 and the
-host figure for CPU offload; we call them and add what they lack, each addition named:
-- stage 0 and ZeRO-1 have no estimator. Stage 0 replicates everything, which is the ZeRO-2 figure at one
-  rank; ZeRO-1 partitions optimizer states and, like ZeRO-2, reduces each gradient into the bucket and drops
-  it during backward when overlap_comm is on and the micro-step is an accumulation boundary
-  (stage_1_and_2.py:2290-2295, `reduce_ready_partitions_and_remove_grads`); without overlap_comm, or between
-  boundaries (gradient accumulation > 1), the full 16-bit gradient stays on every rank: the ZeRO-2 figure plus
-  2 bytes per parameter (DeepSpeed's own "2_grads_16bit" term) on the (N-1)/N part that ZeRO-2 partitions away.
-- they count every parameter as trainable: we pass the trainable count and add frozen parameters as
-  16-bit weights only (no gradient, no optimizer state), partitioned at stage 3.
-- they assume mixed precision. In fp32, stage 0 runs the plain torch optimizer (4 B weight + 4 B grad +
-  8 B AdamW states, no master copy); stages 1-3 still clone an fp32 partition (`.clone().float()` in
-  stage_1_and_2.py / stage3.py), so only the "16-bit" copies widen to 4 bytes.
-- they assume Adam; AdamW keeps the same two fp32 states. Other optimizers (--optimizer) change the
-  states and add step temporaries: autotune.training.optimizers.optimizer_memory, applied to this rank's slice.
-DeepSpeed's stage-2 host figure counts a model-loading transient (see OFFLOAD_MASTER_BYTES_PER_PARAM); we
-use the steady state instead. With the optimizer offloaded to the CPU the host side is counted from DeepSpeed's
-own allocations instead (offloaded_stage12_host, offloaded_stage3_host: pinned and pageable tensors apart); its
-stage-3 host figures (zero_init, per node) only split NVMe offload between host and NVMe.
-We pass additional_buffer_factor=1.0: pinned buffers are counted in buffers.py instead.
+DeepSpeed's `estimate_zero2/3_model_states_mem_needs` give the device figure for stages 2 and 3 and the host figure
+for CPU offload; we call them and add what they lack, each addition named: stage 0 and ZeRO-1, frozen parameters,
+fp32 training, optimizers other than Adam, and the offloaded host side counted from DeepSpeed's own allocations.
+
+Reasoning and sources: estimate/README.md#model_states
 """
 
 from __future__ import annotations

@@ -1,43 +1,10 @@
 """What each modern memory mode adds to or moves out of one rank's memory, read from DeepSpeed 0.19.8's code.
 
 The classic rung's figure (model_states.py, buffers.py) stays as it is; `mode_memory` returns the mode's terms on
-top, named, so the report shows them and margin.py gives each its own spread (MODE_MARGINS). Paths are relative
-to the installed `deepspeed` package.
+top (partial optimizer offload, ZenFlow, ZeRO++, SuperOffload), named, so the report shows them and margin.py gives
+each its own spread (MODE_MARGINS).
 
-Partial optimizer offload (ZeRO-3 + CPU optimizer offload, offload_optimizer.ratio = r):
-  stage3.py:1099-1108 puts sub-group i on the accelerator when i < int((1 - r) * n), on the CPU otherwise.
-  A sub-group on the accelerator keeps its fp32 master partition there (stage3.py:1157-1160, `.to(
-  subgroup_to_device[i])`), its fp32 gradient (stage3.py:1337-1342, pinned host buffer moved to the device;
-  the host copy is dropped) and the AdamW moments, which the backup torch.optim.AdamW (stage3.py:313-322)
-  creates next to the master weights: 4 + 4 + 8 = 16 bytes per element, resident. The same 16 bytes per element
-  leave the host: DeepSpeed's own ZeRO-3 host figure for optimizer offload is 16 bytes per parameter
-  (stage3.py:4042, `estimate_zero3_model_states_mem_needs`), and its device figure without offload is 18 against
-  2 with it (stage3.py:4039/4046). The device keeps the first int((1 - r) * n) of the n sub-groups that
-  dsconfig's sub_group_size cuts, the embedding first (`partial_offload_device_elements`). The backup optimizer
-  steps one sub-group at a time (stage3.py:1235-1258) with torch's default foreach AdamW on CUDA: one fp32 temporary per
-  element of that sub-group (knobs.OPTIMIZER_STEP_TEMPORARY_BYTES["torch_foreach"]).
-ZenFlow (ZeRO-1/2 + CPU optimizer offload):
-  every rank keeps, for each matrix, the top-k columns' gradient (`param.selected_grad`,
-  zenflow_stage_1_and_2.py:380-392, the parameter dtype) and the selective AdamW's two moments, zeros_like the
-  selected columns (ops/adam/zenflow_torch_adam.py:123-127, also the parameter dtype): 3 x dtype bytes x
-  topk_ratio per parameter, on the device, not partitioned (every rank updates the selected columns of every
-  parameter). Per reduce bucket it builds an index buffer (int32) and a selected-gradient buffer (dtype) of the
-  bucket's selected size (zenflow_stage_1_and_2.py:187, 292): topk_ratio x bucket x (4 + dtype bytes), transient.
-  Vectors (biases, norms) are selected whole (zenflow_torch_adam.py:119); counted at topk_ratio like matrices,
-  which undercounts by (1 - topk_ratio) x their size, under 1% of a transformer's parameters.
-ZeRO++ (ZeRO-3):
-  hpZ keeps a secondary copy of each parameter partitioned over hpz_partition_size ranks instead of the world
-  (partition_parameters.py:1905-1925, dtype = the parameter's), on the device unless parameters are offloaded
-  (`remote_device`): params x dtype bytes / hpz per rank, resident.
-  qwZ all-gathers int8 weights with fp32 scales, per prefetch bucket (partition_parameters.py:1352-1360 quantize
-  before all-gather): 1 byte per element of the bucket, transient, on top of the 16-bit gather buffer.
-  qgZ reduce-scatters int4/int8 gradients through all_to_all_quant_reduce (runtime/comm/coalesced_collectives.py),
-  which holds the quantized intra-node and inter-node copies of the reduce bucket: about 2 bytes per element of
-  the reduce bucket, transient.
-SuperOffload (ZeRO-3 + CPU optimizer offload, superchips):
-  superoffload_stage3.py:145-155 accumulates each sub-group's gradient on the device (`cuda_grad_buffer`, the
-  gradient accumulation dtype, fp32) before copying it to the host buffer: 4 bytes per element of one sub-group,
-  transient. Host states are the classic offload's.
+Reasoning and sources: estimate/README.md#modes
 """
 
 from __future__ import annotations
@@ -54,13 +21,13 @@ from autotune.modes.applies import RATIO_STEPS, device_sub_groups, offloaded_fra
 BYTES_FP32 = 4
 BYTES_INT32 = 4
 BYTES_INT8 = 1
-# fp32 master + fp32 gradient + AdamW's two fp32 moments, per element of a sub-group on the device (see above)
+# fp32 master + fp32 gradient + AdamW's two fp32 moments, per element of a sub-group on the device (README.md#modes)
 PARTIAL_OFFLOAD_DEVICE_BYTES = 16
 # Of those 16 bytes, the part the host would have pinned: the fp32 gradient buffer (stage3.py:1337-1342)
 PARTIAL_OFFLOAD_PINNED_HOST_BYTES = 4
 # ZenFlow's topk_ratio as autotune emits it (dsconfig.ZENFLOW_DEFAULTS, zenflow_config.py default 0.1)
 ZENFLOW_TOPK_RATIO = 0.1
-# qgZ: quantized intra- and inter-node copies of the reduce bucket (see above)
+# qgZ: quantized intra- and inter-node copies of the reduce bucket (README.md#modes)
 QGZ_BYTES_PER_BUCKET_ELEMENT = 2
 
 # How far above prediction each mode term may be, as margin.py's relative figures. The partial-offload and hpZ

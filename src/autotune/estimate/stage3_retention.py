@@ -1,26 +1,11 @@
 """Which gathered parameters ZeRO-3 still holds at the forward/backward turn, by replaying its release rule.
 
-DeepSpeed decides at every module's release which of its parameters to keep gathered (read in deepspeed 0.19.8
-runtime/zero/partitioned_param_coordinator.py; the same loop in the 0.10.0 sdist, lines 448-476, and 0.15.3,
-lines 493-522):
-- fetch_sub_module advances step_id past the module it fetched (line 490), so a release looks at the trace from
-  the next module on;
-- `__params_to_release` (lines 633-664) keeps a parameter that reappears before the modules after the current
-  one add up to stage3_max_reuse_distance elements. The test `params_traversed >= max_reuse_dist` comes before
-  each module, so the module right after is always looked at (with any distance over 0): the output layer's
-  forward is followed by its own backward and is never released in between, however large it is;
-- the trace (`__submodule_order`) is one step's, recorded in the first step and replayed from the second
-  (is_complete_trace): a use in the next step never keeps a parameter.
+The peak of everything else (activations, logits) is at the turn, so the parameters held then add to it. The step's
+module trace is replayed as DeepSpeed records it and DeepSpeed's `__params_to_release` rule applied to it (deepspeed
+0.19.8 partitioned_param_coordinator.py); checked against DeepSpeed's own gathered state on the CPU backend
+(benchmarks/stage3_retention_cpu.py).
 
-The peak of everything else (activations, logits) is at the turn, so the parameters held then add to it.
-The trace is replayed module by module as DeepSpeed records it: the input embedding; in each transformer block
-the attention projections (q, k, v, o), a decoder block's cross-attention projections, then the MLP's matrices
-(gate, up, down, or fc, proj), sized from the summary; the output layer (the embedding's own weight when tied).
-Norms and biases are left out: they sit under the persistence threshold (10 x hidden) and are never released.
-What the layout does not know (GPT-2's one fused qkv matrix and its position embedding) is spread over the MLP
-matrices, which moves a distance by less than a block. Measured against DeepSpeed's own gathered state on the
-CPU backend (benchmarks/stage3_retention_cpu.py, results/stage3_retention_cpu.json): Llama within 1.4%, GPT-2
-9.3%, T5 7.4%.
+Reasoning and sources: estimate/README.md#stage3_retention
 """
 
 from __future__ import annotations
@@ -74,7 +59,7 @@ def _block_modules(model: ModelSummary) -> tuple[list[tuple[str, int]], list[tup
 
 def weight_matrices(model: ModelSummary) -> list[int]:
     """Elements of each weight matrix in the same layout (embedding, every block's modules, an untied output
-    layer); norms and biases left out, as above."""
+    layer); norms and biases left out (under the persistence threshold: README.md#stage3_retention)."""
     encoder_modules, decoder_modules = _block_modules(model)
     sizes = [model.embedding_params]
     sizes += [size for _, size in encoder_modules] * model.num_layers

@@ -1,33 +1,11 @@
 """Which memory modes beyond the classic ladder (modern modes) apply where, read from DeepSpeed 0.19.8's own code.
 
-The `Mode` value lives in `autotune.core.ladder`; this module decides, for one rung and one machine, which modes are
-worth considering, whether each applies, why not, and whether a trial on this backend can verify it. The search
-(`autotune.search.walk`) asks `considered_modes` and reports the answer; the config writer (`dsconfig.build`) asks
-`ratio_sub_group_size` so an offload ratio means what it says.
+For one rung and one machine: which modes are worth considering (`considered_modes`, asked by the search), whether
+each applies, why not, and whether a trial on this backend can verify it. An offload ratio acts per sub-group in
+DeepSpeed, and the default sub_group_size makes most models one sub-group, so `ratio_sub_group_size` gives
+dsconfig.build the size at which a ratio means what it says.
 
-Sources (paths relative to the installed `deepspeed` package, 0.19.8):
-- Partial optimizer offload: `runtime/zero/offload_config.py:99` (`ratio`, 0..1, default 1.0);
-  `runtime/zero/config.py:396-400` asserts stage 3 for ratio < 1; `runtime/zero/stage3.py:313-317` builds a
-  torch AdamW "backup optimizer" for the device part and asserts the offloaded optimizer is DeepSpeedCPUAdam
-  ('Hybrid Optimizer Only Supports DeepSpeedCPUAdam'); `stage3.py:1099-1108` puts sub-group i on the CPU when
-  `i >= int((1 - ratio) * n_sub_groups)`, else on the accelerator. The ratio therefore acts per sub-group, and
-  sub-groups are cut by `sub_group_size` (elements per rank, default 1e9, `runtime/zero/config.py:182`;
-  `stage3.py:1210-1233` closes a sub-group once it reaches sub_group_size, per optimizer param group). With the
-  default 1e9 a model under 1e9 parameters per rank is ONE sub-group, and `int((1 - r) * 1)` is 0 for every r > 0:
-  any ratio above 0 offloads everything. So the emitted config sets sub_group_size to params_per_rank /
-  RATIO_STEPS (see `ratio_sub_group_size`). The NVMe path swaps sub-groups instead (`stage3.py:1117-1121`,
-  `_swappable_optimizer_subgroup`) and ignores `subgroup_to_device`: the ratio is a CPU-offload knob only.
-- ZenFlow: `runtime/zenflow/zenflow_stage_1_and_2.py:111-115` ('Zenflow must be used with cpu offload');
-  `runtime/engine.py:2386-2398` builds ZenFlowCPUAdam from the config's optimizer section (a client optimizer is
-  not wrapped); `runtime/zenflow/zenflow_config.py` holds the defaults (topk_ratio 0.1, select/update "auto").
-- ZeRO++: `runtime/zero/config.py:324-340` (`zero_hpz_partition_size`, `zero_quantized_weights`,
-  `zero_quantized_gradients`); `runtime/zero/partition_parameters.py:1905-1925` keeps a secondary 16-bit copy of
-  each parameter partitioned over `hpz_partition_size` ranks (on `remote_device`: the host when params are
-  offloaded), so the all-gather in forward/backward stays inside a node. Useful only across nodes: on one node the
-  secondary group is the whole world and saves no traffic (ZeRO++ paper, arXiv:2306.10209, section 3.2).
-- SuperOffload: `runtime/zero/offload_config.py:102-106` (`super_offload`, `cpuadam_cores_perc`);
-  `runtime/engine.py:2749` swaps in `SuperOffloadOptimizer_Stage3` at stage 3; `runtime/superoffload/
-  superoffload_stage3.py:23` asserts the accelerator is CUDA. Built for superchips (GH200: NVLink-C2C host link).
+Reasoning and sources (partial offload, ZenFlow, ZeRO++, SuperOffload): modes/README.md#applies
 """
 
 from __future__ import annotations

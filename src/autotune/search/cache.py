@@ -1,25 +1,11 @@
 """Results cache: SQLite, JSON payloads, no pickle.
 
-A run key ties a cached answer to everything that decides it: model fingerprint, hardware
-fingerprint, library versions, sequence length, world size, global batch, precision and headroom.
-Trials are stored as they finish, so an interrupted run resumes from them; the final
-recommendation is stored last, so a repeat run answers without trials.
+A run key ties a cached answer to everything that decides it; trials are stored as they finish (a run resumes) and
+the recommendation last (a repeat run answers without trials). What is read back is not taken on faith: a cache
+others could have written is not opened, every row carries an HMAC and is parsed through a typed schema, and a
+corrupt database is moved aside and rebuilt.
 
-What is read back is not taken on faith (infra/sharing.py has the trust model):
-- the cache is opened only when nobody else could have written it: a database, rollback journal or WAL not
-  owned by this user or the directory's shared group, a file others may write, a directory others may write
-  (outside the documented setgid group mode), a read-only directory or database: one line says what, whose and
-  what to do, and the tuning runs without the cache (SQLite would replay a planted hot journal into our file);
-- every row carries an HMAC made with a key only this user (or the shared group) can read (infra/integrity.py):
-  a row another user wrote or edited does not verify, and is dropped and measured again;
-- every row is parsed through a typed schema (a trial through pydantic, strict; a final answer and its report
-  through their types, report/data.py): a malformed row is skipped with a warning and its candidate measured
-  again (a malformed answer: tuned again), never a crash, never trusted; an implausible figure is refused by the
-  tuner (trial/plausible.py);
-- a truncated or garbage database is moved aside (`results.sqlite.corrupt-<time>`) with a warning and
-  rebuilt empty, so one bad file costs re-measurement, not every later run; any other SQLite failure (disk
-  I/O, read-only, locked) turns the cache off for the rest of the run, with one line.
-A recommendation's config is re-validated by DeepSpeed at the world size before it is written (tuner.py).
+Reasoning and sources: search/README.md#cache
 """
 
 from __future__ import annotations

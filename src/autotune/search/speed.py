@@ -1,43 +1,11 @@
 """Throughput reasoning for the search: which untried candidate could still beat the best measured one.
 
-The ladder's order is NOT assumed to be the speed order. A candidate is dropped unmeasured only when
-a group that was measured bounds it, through one of these relations:
+The ladder's order is NOT assumed to be the speed order: a candidate is dropped unmeasured only when a measured group
+bounds it, through A1 (dominance between rungs, less the optimizer-pass saving of partitioning), A2 (checkpointing
+costs at least 1 + layer share / 3), A3 (step time linear in micro-batch within a group) or A4 (a modern mode is
+bounded only by its own measurements, save partial offload by ZeRO-3). BOUND_SLACK keeps a margin for noise.
 
-  A1 (dominance, `DOMINATED_BY`): a rung that does strictly more of the same work than another at the
-     same micro-batch is no faster, up to the optimizer-pass saving of partitioning (below). The edges:
-       z0 -> z1: same gradient traffic (all-reduce = reduce-scatter + all-gather; ZeRO paper, Rajbhandari
-                 et al. 2020, section 7), optimizer on 1/N of the parameters;
-       z1 -> z2: gradients reduce-scattered in every micro-step instead of once per optimizer step
-                 (deepspeed runtime/zero/stage_1_and_2.py, `reduce_ipg_grads` in backward);
-       z2 -> z2 + optimizer offload, z3 -> z3 + optimizer offload: adds the PCIe copies and a CPU Adam
-                 step (not overlapped: deepspeed stage_1_and_2.py / stage3.py `step`), removes the GPU
-                 optimizer pass;
-       z3 + optimizer offload -> + parameter offload -> NVMe rungs: adds host/NVMe traffic, removes nothing.
-     There is deliberately NO edge between the two chains (z0-z2+offload and z3...): ZeRO-3 overlaps its
-     collectives with compute (overlap_comm defaults to true at stage 3) and avoids offload's CPU step, so
-     it can beat ZeRO-2 + offload (a published 8-GPU StarCoder comparison found ZeRO-3 with offloads faster
-     than ZeRO-2 with offloads) and even ZeRO-0..2 on fast links. Those are measured, never assumed.
-  Saving of partitioning: a later stage runs the optimizer on 1/N of the parameters. That pass is
-     memory-bound (about 28 bytes per parameter: fp32 params, grads, momentum, variance read; params,
-     momentum, variance written; deepspeed csrc/adam), so it saves at most 28 * P / HBM bandwidth
-     seconds per optimizer step (bandwidth from the GPU's datasheet in profiles/hardware). Without a
-     bandwidth figure, dominance is used only between the same stage (offload edges).
-  A2 (checkpointing): at the same rung and micro-batch, full gradient checkpointing recomputes the
-     transformer layers' forward pass, one third of their forward+backward FLOPs; the embedding and LM
-     head are not recomputed. So a checkpointed step costs at least (1 + layer share / 3) times the
-     per-sample part of the step without it (measured on the CPU backend: 1.64x for gpt2, above the
-     1.23x this bound gives). Only this direction is used.
-  A3 (micro-batch): per-rank step time = fixed + per_sample * micro_batch within one group, fitted on
-     its measured points (two per launch); per-sample speed does not fall as micro-batch grows.
-  A4 (modern memory modes): a measured group bounds only candidates of its own mode (ZenFlow, ZeRO++, SuperOffload
-     and each offload ratio change the work in ways no ladder edge describes), with one exception: a measured
-     classic rung with no optimizer offload (ZeRO-3) bounds partial optimizer offload on the rungs it dominates
-     (A1), because partial offload does ZeRO-3's work plus the PCIe copies of the offloaded fraction, and its
-     optimizer step runs the GPU sub-groups and then the CPU ones one after the other (deepspeed
-     runtime/zero/stage3.py `step`: `for sub_group_id ...: self._optimizer_step(sub_group_id)`, line 2910;
-     `_optimizer_step` picks CPU Adam or the GPU backup optimizer per sub-group, line 1235). Full offload
-     (ratio 1) never bounds a partial ratio: it does more host work, not less.
-BOUND_SLACK keeps a margin for noise before a bound may drop anything.
+Reasoning and sources: search/README.md#speed
 """
 
 from __future__ import annotations
@@ -49,7 +17,7 @@ from autotune.core.ladder import Candidate, Mode, Rung
 BOUND_SLACK = 0.05  # a bound must clear the best measured speed by this much before a candidate is dropped
 OPTIMIZER_BYTES_PER_PARAM = 28  # Adam pass: 16 bytes read + 12 written per fp32 parameter (deepspeed csrc/adam)
 
-# A1 edges: rung -> rungs that do at least its work at the same micro-batch (see the module docstring).
+# A1 edges: rung -> rungs that do at least its work at the same micro-batch (README.md#speed).
 DOMINATES: dict[Rung, tuple[Rung, ...]] = {
     Rung.Z0: (Rung.Z1,),
     Rung.Z1: (Rung.Z2,),

@@ -1,39 +1,11 @@
 """Trials that run the user's own training command instead of our synthetic worker.
 
-The speed is the median wall clock of the command's whole optimizer steps, timed at the engine's step
-boundaries by the step hook (trial/script_steps.py, trial/step_hook/sitecustomize.py); the command is stopped
-once that median is known well enough. The engine's profiled step below stays as a secondary figure
-(`profiled_samples_per_s`), and is the figure only for a command that ends before enough whole steps.
+The speed is the median wall clock of the command's whole optimizer steps, timed at the engine's step boundaries by
+the step hook (trial/script_steps.py); DeepSpeed's engine-side autotuning metric, switched on in each trial's
+ds_config, stays a secondary figure (`profiled_samples_per_s`): it times one optimizer step of the engine's calls
+only, on rank 0. Memory is sampled from outside (trial/script_memory.py).
 
-Each trial writes the candidate's ds_config with DeepSpeed's engine-side autotuning hooks switched on,
-`"autotuning": {"enabled": true, "start_profile_step": a, "end_profile_step": b, "metric_path": p}`, runs
-the user's command with the candidate substituted in (trial/script_command.py), samples peak memory from
-outside (trial/script_memory.py) and classifies the outcome as synthetic trials are classified.
-
-What the engine's metric measures (deepspeed 0.19.8, runtime/engine.py):
-- With autotuning enabled the flops profiler is on (`flops_profiler_enabled`, :1462) and runs during step
-  `a` (`flops_profiler_profile_step`, :1469); the global forward/backward/step timers are therefore active,
-  and `step()` logs *and resets* them at every accumulation boundary (`timers.log(global_timers)`, :3680,
-  reset defaults to True in utils/timer.py:141).
-- `step()` calls `_autotuning_exit` (:3657) once `global_steps == b + 1`, before that reset. So the timers
-  then hold only the micro-steps of the last optimizer step, step b+1 (1-based); `a` only picks the
-  flops-profiled step. `_autotuning_exit` (:3705) sums the trimmed means of forward, backward and step
-  (microseconds: timer records are ms, `get_mean` multiplies by 1000, utils/timer.py:159), multiplies by
-  the accumulation steps to get `latency` (one optimizer step), and writes `throughput = train_batch_size
-  * 1e6 / latency` (samples/s for the whole job), `FLOPS_per_gpu` (profiled forward flops x 3 over that
-  latency) and the raw means to `metric_path` on rank 0 (`print_json_dist`), then calls `exit()` on every
-  rank: the process ends with code 0 at step b+1 (the step hook catches that exit, so the job trains on).
-
-How it differs from wall-clock samples/s (what synthetic trials report):
-- It times only the engine's forward, backward and step calls: the user's data loading, collation,
-  host-to-device copies, logging, callbacks and anything else between engine calls are left out, so it
-  reads higher than the job's real rate whenever those cost time.
-- It is one optimizer step, not an average of several (a trimmed mean over its micro-steps only), so it
-  is noisier than our median of stable steps.
-- On CUDA the timers are CUDA events (`use_host_timers()` is False), i.e. GPU-stream time between the
-  events; on the CPU backend they are host `time.time()` stamps.
-- It is rank 0's view only.
-The report labels these figures as the engine's metric (`"metric_source": "deepspeed_autotuning"`).
+Reasoning and sources: trial/README.md#script
 """
 
 from __future__ import annotations
@@ -175,7 +147,7 @@ def _sigkilled_rank(log_text: str) -> bool:
 def metric_result(
     metric: Mapping[str, Any], spec: TrialSpec, ranks: list[RankMetrics], wall_s: float, command: list[str]
 ) -> TrialResult:
-    """A successful trial from the engine's metric (see the module docstring for what it measures)."""
+    """A successful trial from the engine's metric (what it measures: README.md#script)."""
     latency_s = float(metric.get("latency", 0.0)) / 1e6
     throughput = float(metric.get("throughput", 0.0)) or None
     flops = float(metric.get("FLOPS_per_gpu", 0.0) or 0.0)

@@ -1,34 +1,10 @@
 """The user's launch command as a template: what each trial substitutes into it, and how.
 
-Two forms, so an existing setup moves over unchanged:
+Two forms, so an existing setup moves over unchanged: our `{name}` placeholders (`PLACEHOLDERS`), or DeepSpeed
+Autotuning's convention (deepspeed 0.19.8 autotuning/scheduler.py), where `--deepspeed <file>` names the user's
+config, which is also every trial's base config, and its `autotuning.arg_mappings` names the flags to set.
 
-1. Placeholders (ours). Any argument may contain `{name}`; `{{` and `}}` are literal braces:
-
-   | placeholder            | value for the candidate being tried                                     |
-   |------------------------|-------------------------------------------------------------------------|
-   | `{ds_config}`          | path of the trial's DeepSpeed config file (JSON)                        |
-   | `{micro_batch}`        | `train_micro_batch_size_per_gpu`                                        |
-   | `{grad_accum}`         | `gradient_accumulation_steps`                                           |
-   | `{train_batch}`        | `train_batch_size` (micro-batch x accumulation x world size)            |
-   | `{zero_stage}`         | ZeRO stage, 0-3                                                         |
-   | `{grad_checkpointing}` | `true` / `false`: activation (gradient) checkpointing for this candidate |
-   | `{precision}`          | `bf16`, `fp16` or `fp32`                                                |
-   | `{bf16}`, `{fp16}`     | `true` / `false` (HF TrainingArguments flags must match the config)     |
-   | `{seq_len}`            | the sequence length the memory model assumes (`--seq-len`)              |
-   | `{gpus}`               | ranks per node; `{nodes}` nodes; `{world_size}` all ranks               |
-   | `{master_port}`        | a free TCP port for this trial's rendezvous                             |
-   | `{trial_dir}`          | a fresh scratch directory for this trial (e.g. HF `--output_dir`)        |
-
-2. DeepSpeed Autotuning's convention (deepspeed 0.19.8 autotuning/scheduler.py:96-105 and 356-366): the
-   command keeps `--deepspeed <file>` or `--deepspeed_config <file>`; each trial puts its own config file
-   there, and for every `ds_key -> flag` in that file's `autotuning.arg_mappings` it sets the value after
-   `flag` (appending `flag value` when absent) to the candidate's value of `ds_key`, looked up at any depth
-   as DeepSpeed's `get_val_by_key` does (autotuning/utils.py:133). Keys are stripped, as scheduler.py:52-55
-   does (DeepSpeed's own HF example writes `"gradient_accumulation_steps "`).
-
-   In this form the user's file is also the base of every trial's config: the keys the tuner decides
-   (batch sizes, ZeRO section, precision, aio) are replaced, the rest (optimizer, scheduler, clipping, ...)
-   are kept, and its `autotuning` section is replaced by the engine hooks the trial needs.
+Reasoning, the placeholder table and sources: trial/README.md#script_command
 """
 
 from __future__ import annotations
@@ -59,7 +35,7 @@ PLACEHOLDERS: dict[str, str] = {
     "trial_dir": "a fresh scratch directory for this trial",
 }
 CONFIG_FLAGS = ("--deepspeed", "--deepspeed_config")  # the flags DeepSpeed's autotuner rewrites
-# Keys the tuner decides; the rest of a user's base config is kept (see the module docstring).
+# Keys the tuner decides; the rest of a user's base config is kept (README.md#script_command).
 TUNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
               "zero_optimization", "bf16", "fp16", "aio")  # fmt: skip
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_]\w*)\}")
