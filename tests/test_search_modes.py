@@ -286,7 +286,7 @@ def test_report_rows_applicable_modes_and_the_json_keeps_every_reason(nodes: int
 
 
 def _report(outcome: dict) -> TuneReport:
-    """The search's outcome in a real report (tests/data/report), as tuner._report_data states it."""
+    """The search's outcome in a real report (tests/data/report), as tuner.report_of states it."""
     best = outcome["best"]
     choice = None
     if best:

@@ -13,10 +13,10 @@ from autotune.core.units import MiB
 from autotune.errors import UserError
 from autotune.request.tune_request import TuneRequest, uses_warm_workers
 from autotune.request.validation import validate
+from autotune.search.trials import launcher_for
 from autotune.trial import LocalLauncher, WarmWorkerPool
 from autotune.trial.report import RankReport
 from autotune.trial.warm import WARM_DEVICE_GROWTH_LIMIT_BYTES, WARM_GROWTH_LIMIT_BYTES, _Workers
-from autotune.tuner import _launcher_for
 
 
 @pytest.mark.parametrize(
@@ -33,7 +33,7 @@ def test_warm_workers_by_default_on_cpu_and_when_asked_on_gpus(device: str, aske
 def test_the_tuner_starts_the_launcher_the_request_asks_for(device: str) -> None:
     """No process starts here: the pool starts its workers at its first trial."""
     for asked, kind in (("warm", WarmWorkerPool), ("fresh", LocalLauncher)):
-        with _launcher_for(TuneRequest(model="tiny-gpt2", device=device, trial_workers=asked), None) as chosen:
+        with launcher_for(TuneRequest(model="tiny-gpt2", device=device, trial_workers=asked), None) as chosen:
             assert isinstance(chosen, kind)
             assert chosen.env == ({"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else {})
 

@@ -12,7 +12,8 @@ from autotune.core.ladder import Candidate, Rung
 from autotune.dsconfig.build import validate_with_deepspeed
 from autotune.errors import NothingFitsError, UserError
 from autotune.search.records import SearchEvent
-from autotune.tuner import TuneRequest, _replaced_note
+from autotune.search.trials import _replaced_note
+from autotune.tuner import TuneRequest
 
 MIB = 2**20
 
