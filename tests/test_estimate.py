@@ -13,6 +13,7 @@ from autotune.estimate import (
     Calibration,
     EstimateSettings,
     calibrate,
+    calibrate_oom,
     check_fit,
     eligible_micro_batches,
     estimate,
@@ -364,10 +365,40 @@ def test_calibrate_fits_slope_and_fixed_part_from_two_micro_batches():
     calibration = Calibration()
     for candidate in (small, large):
         calibration = calibrate(calibration, model, where, candidate, settings, truth(candidate))
-    assert calibration.activation_scale == pytest.approx(1.3, rel=1e-3)
+    assert calibration.activation_scale(False) == pytest.approx(1.3, rel=1e-3)
     for candidate in (small, large, Candidate(Rung.Z2, 4)):
         predicted = estimate(model, where, candidate, settings, calibration).gpu_peak_bytes
         assert predicted == pytest.approx(truth(candidate), rel=1e-4)
+
+
+def test_each_checkpointing_setting_learns_its_own_slope():
+    """Full checkpointing keeps layer inputs, not activations: a ratio measured without it does not hold with it. A
+    setting borrows the other's slope until its own trials run, then each is predicted by its own line, and an OOM
+    of one setting steepens that setting's slope alone."""
+    model, where, settings = summary(), target(8), EstimateSettings(seq_len=1024)
+    ratio = {False: 0.7, True: 1.0}  # true activations over the model's, per setting; 1 GiB more overhead in both
+
+    def truth(candidate: Candidate) -> int:
+        parts = estimate(model, where, candidate, settings).gpu_components
+        variable = parts["activations"] + parts["logits"] + parts.get("backward_window", 0)
+        return sum(parts.values()) + round((ratio[candidate.grad_checkpointing] - 1) * variable) + GiB
+
+    calibration = Calibration()
+    for candidate in (Candidate(Rung.Z2, 2), Candidate(Rung.Z2, 6)):
+        calibration = calibrate(calibration, model, where, candidate, settings, truth(candidate))
+    assert calibration.activation_scale(False) == pytest.approx(0.7, rel=1e-3)
+    assert calibration.activation_scale(True) == calibration.activation_scale(False)  # borrowed: nothing of its own
+    for candidate in (Candidate(Rung.Z2, 2, True), Candidate(Rung.Z2, 6, True)):
+        calibration = calibrate(calibration, model, where, candidate, settings, truth(candidate))
+    assert calibration.activation_scale(True) == pytest.approx(1.0, rel=1e-3)
+    assert calibration.activation_scale(False) == pytest.approx(0.7, rel=1e-3)
+    for candidate in (Candidate(Rung.Z2, 4), Candidate(Rung.Z2, 4, True)):
+        predicted = estimate(model, where, candidate, settings, calibration).gpu_peak_bytes
+        assert predicted == pytest.approx(truth(candidate), rel=1e-4)
+    failed = Candidate(Rung.Z2, 12, True)
+    bounded = calibrate_oom(calibration, model, where, failed, settings, truth(failed) + 4 * GiB)
+    assert bounded.activation_scale(True) > 1.0
+    assert bounded.activation_scale(False) == calibration.activation_scale(False)
 
 
 def test_pinned_offload_tensors_cost_a_power_of_two_on_cuda():

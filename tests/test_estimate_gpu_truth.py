@@ -362,7 +362,7 @@ def test_an_oom_above_a_success_steepens_the_line_and_moves_the_next_guess():
     assert before is not None and before >= 16  # the model believed 16 fits
     limit = where.free_memory_bytes
     calibration = calibrate_oom(calibration, model, where, failed, settings, limit)
-    assert calibration.activation_scale > 1
+    assert calibration.activation_scale(False) > 1 and set(calibration.activation_scales) == {"nockpt"}
     assert estimate(model, where, failed, settings, calibration).gpu_peak_bytes > limit
     assert estimate(model, where, ran, settings, calibration).gpu_peak_bytes == pytest.approx(measured, rel=1e-6)
     after = largest_micro_batch(model, where, Rung.Z2, False, settings, 1.0, calibration, limit=64)

@@ -1,4 +1,4 @@
-"""Learn from real trials: a per-sample (activation) scale and a fixed offset.
+"""Learn from real trials: a per-sample (activation) scale per checkpointing setting and a fixed offset.
 
 Each measured trial is one observation: measured = fixed + offset + scale * variable, where fixed and
 variable are the uncalibrated prediction's micro-batch-independent and -dependent parts. The slope comes
@@ -6,17 +6,27 @@ only from trials of the same rung and checkpointing at different micro-batches (
 because the fixed parts of different rungs carry different errors; the offset is set so the latest
 trial's group is predicted exactly, since runtime overheads carry over to the next rung.
 
+Each checkpointing setting has its own slope, fitted on its own trials and lifted by its own OOM bounds. Full
+checkpointing keeps each layer's input instead of its activations and rebuilds one layer at a time in backward: a
+different memory structure. Without it every layer keeps all its intermediates, so whatever the model misses or
+overcounts inside a layer (a kernel that keeps an fp32 copy or a mask, a fused op that keeps less) counts once per
+layer; with it those intermediates live for one layer's window, and the per-sample bytes are mostly layer inputs and
+logits. One measured ratio therefore does not hold for the other setting (on tests/fakes/machines.py's
+SimulatedMachine, gpt2-large: 0.69x the model without checkpointing, 1.02x with it). Until a setting's own trial has
+run, it borrows the other's slope (Calibration.activation_scale): the offset was fitted together with that slope, and
+what both settings share (the logits, the allocator's fragmentation, memory the model does not know of) is in it.
+
 A trial that ran out of memory is a lower bound: its peak was above the memory it had. `calibrate_oom` keeps
-it, and every fit afterwards is lifted until the bound holds: through the slope when a smaller micro-batch of
-the same group ran (the line from that success must clear the bound), else through the offset. The next guess
-then moves by what the model now says, not by one step of a grid.
+it, and every fit afterwards is lifted until the bound holds: through its setting's slope when a smaller
+micro-batch of the same group ran (the line from that success must clear the bound), else through the offset.
+The next guess then moves by what the model now says, not by one step of a grid.
 """
 
 from __future__ import annotations
 
 from autotune.core.ladder import Candidate
 from autotune.estimate.core import VARIABLE_COMPONENTS, estimate
-from autotune.estimate.types import Calibration, EstimateSettings
+from autotune.estimate.types import Calibration, EstimateSettings, checkpointing_setting
 from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 
@@ -33,8 +43,13 @@ def _group(key: str) -> str:
     return "/".join(parts[:1] + parts[2:])
 
 
+def _setting(key: str) -> str:
+    """The checkpointing setting of a candidate key: 'z2/mb4/ckpt' -> 'ckpt'."""
+    return key.split("/")[2]
+
+
 def _fit_scale(observations: list[dict], prior: float) -> float:
-    """Within-group least squares slope of (measured - fixed) against variable."""
+    """Within-group least squares slope of (measured - fixed) against variable, over one setting's observations."""
     groups: dict[str, list[dict]] = {}
     for observation in observations:
         groups.setdefault(_group(observation["key"]), []).append(observation)
@@ -60,7 +75,8 @@ def _split(model: ModelSummary, target: Target, candidate: Candidate, settings: 
 def _enforce_bounds(
     scale: float, offset: float, observations: list[dict], bounds: list[dict], group: str
 ) -> tuple[float, float]:
-    """Lift (scale, offset) until every OOM bound of `group` is predicted above its limit."""
+    """Lift (scale, offset) until every OOM bound of `group` is predicted above its limit; `scale` is the slope of
+    the group's checkpointing setting."""
     for bound in sorted((b for b in bounds if _group(b["key"]) == group), key=lambda b: b["variable"]):
         needed = bound["limit"] * (1 + OOM_CLEARANCE)
         if bound["fixed"] + offset + scale * bound["variable"] >= needed:
@@ -77,6 +93,11 @@ def _enforce_bounds(
     return scale, offset
 
 
+def _with_scale(calibration: Calibration, setting: str, scale: float) -> dict[str, float]:
+    """The calibration's slopes with `setting`'s set; the other setting's stays as its own trials left it."""
+    return {**calibration.activation_scales, setting: scale}
+
+
 def calibrate_oom(
     calibration: Calibration,
     model: ModelSummary,
@@ -91,10 +112,14 @@ def calibrate_oom(
     bounds = [b for b in calibration.oom_bounds if b["key"] != candidate.key] + [bound]
     group = _group(candidate.key)
     scale, offset = _enforce_bounds(
-        calibration.activation_scale, calibration.overhead_bytes, calibration.observations, bounds, group
+        calibration.activation_scale(candidate.grad_checkpointing),
+        calibration.overhead_bytes,
+        calibration.observations,
+        bounds,
+        group,
     )
     return Calibration(
-        activation_scale=scale,
+        activation_scales=_with_scale(calibration, checkpointing_setting(candidate.grad_checkpointing), scale),
         overhead_bytes=round(offset),
         samples=calibration.samples + 1,
         observations=list(calibration.observations),
@@ -110,17 +135,20 @@ def calibrate(
     settings: EstimateSettings,
     measured_peak_bytes: int,
 ) -> Calibration:
-    """A new Calibration that also explains this trial's measured peak; the input is left unchanged."""
+    """A new Calibration that also explains this trial's measured peak; the input is left unchanged. Only the
+    slope of the trial's checkpointing setting is refitted."""
     fixed, variable = _split(model, target, candidate, settings)
     observation = {"key": candidate.key, "fixed": fixed, "variable": variable, "measured": int(measured_peak_bytes)}
     observations = [o for o in calibration.observations if o["key"] != candidate.key] + [observation]
-    scale = _fit_scale(observations, calibration.activation_scale)
+    setting = checkpointing_setting(candidate.grad_checkpointing)
+    same_setting = [o for o in observations if _setting(o["key"]) == setting]
+    scale = _fit_scale(same_setting, calibration.activation_scale(candidate.grad_checkpointing))
     latest_group = [o for o in observations if _group(o["key"]) == _group(candidate.key)]
     offset = sum(o["measured"] - o["fixed"] - scale * o["variable"] for o in latest_group) / len(latest_group)
     bounds = [b for b in calibration.oom_bounds if b["key"] != candidate.key]  # it ran: no longer a bound
     scale, offset = _enforce_bounds(scale, offset, observations, bounds, _group(candidate.key))
     return Calibration(
-        activation_scale=scale,
+        activation_scales=_with_scale(calibration, setting, scale),
         overhead_bytes=round(offset),
         samples=calibration.samples + 1,
         observations=observations,

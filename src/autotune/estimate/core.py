@@ -34,7 +34,7 @@ from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 from autotune.modes.applies import ratio_sub_group_size
 
-# Components that grow with the micro-batch; Calibration.activation_scale multiplies them.
+# Components that grow with the micro-batch; Calibration.activation_scale (per checkpointing) multiplies them.
 VARIABLE_COMPONENTS = ("activations", "logits", "backward_window")
 
 
@@ -57,10 +57,11 @@ def _activation_components(model: ModelSummary, candidate: Candidate, settings: 
     }
 
 
-def _scaled(components: dict[str, int], calibration: Calibration | None) -> dict[str, int]:
+def _scaled(components: dict[str, int], calibration: Calibration | None, grad_checkpointing: bool) -> dict[str, int]:
     if calibration is None:
         return components
-    return {name: round(value * calibration.activation_scale) for name, value in components.items()}
+    scale = calibration.activation_scale(grad_checkpointing)
+    return {name: round(value * scale) for name, value in components.items()}
 
 
 def phase_overlap(backward: int, step_only: int, step_temporary: int, tied_gradients: int) -> int:
@@ -110,7 +111,7 @@ def estimate(
     modes = mode_memory(model, target, candidate, settings.precision, settings.knobs, settings.reduce_bucket_elements)
     device = {**states.device_components, **buffers.device_components, **modes.device_components}
     raw_activations = _activation_components(model, candidate, settings)
-    activations = _scaled(raw_activations, calibration)
+    activations = _scaled(raw_activations, calibration, candidate.grad_checkpointing)
     device.update(activations)
     backward = sum(activations.values())
     lazy, made_first = lazy_gradient_bytes(model, candidate.rung, settings)

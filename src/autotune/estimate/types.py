@@ -25,6 +25,11 @@ class EstimateSettings:
     native_pinning: bool = False  # DS_PIN_MEMORY_BACKEND=native: pin_memory mlocks (estimate/pinned.py)
 
 
+def checkpointing_setting(grad_checkpointing: bool) -> str:
+    """The name of a checkpointing setting, as a candidate's key spells it ('z2/mb4/ckpt')."""
+    return "ckpt" if grad_checkpointing else "nockpt"
+
+
 @dataclass
 class Calibration:
     """Corrections learned from measured trials; identity by default.
@@ -32,8 +37,12 @@ class Calibration:
     The tuner updates it after each successful trial so later predictions need fewer trials.
     """
 
-    activation_scale: float = 1.0  # multiplies activation + logits bytes
-    overhead_bytes: int = 0  # added to the fixed part (context, allocator, runtime)
+    # Multiplies the activation, logits and backward-window bytes: one slope per checkpointing setting
+    # (checkpointing_setting), each fitted on its own setting's trials (estimate/calibration.py says why); see
+    # activation_scale for a setting not measured yet. Reports written before kept one pooled "activation_scale";
+    # a report holds its calibration as the free dict it was written as (report/data.py), so both read back.
+    activation_scales: dict[str, float] = field(default_factory=dict)
+    overhead_bytes: int = 0  # added to the fixed part (context, allocator, runtime), whatever the checkpointing
     samples: int = 0  # how many trials informed it
     # One entry per measured candidate (latest wins): {"key", "fixed", "variable", "measured"} in bytes,
     # the uncalibrated prediction split into its micro-batch-independent and -dependent parts.
@@ -41,6 +50,15 @@ class Calibration:
     # One entry per candidate that ran out of memory: {"key", "fixed", "variable", "limit"} in bytes. Its true
     # peak was above `limit`, a lower bound the calibrated prediction is kept above (calibrate_oom).
     oom_bounds: list[dict] = field(default_factory=list)
+
+    def activation_scale(self, grad_checkpointing: bool) -> float:
+        """The activation slope for candidates with (or without) gradient checkpointing. Before any trial of that
+        setting, the other setting's: it and the offset were fitted together as one line, so the offset alone does
+        not describe the other setting, and what both settings share (the logits, the allocator's fragmentation,
+        memory the model does not know of) is in it. 1, the uncalibrated model's, before any trial at all."""
+        own = self.activation_scales.get(checkpointing_setting(grad_checkpointing))
+        other = self.activation_scales.get(checkpointing_setting(not grad_checkpointing), 1.0)
+        return own if own is not None else other
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -288,9 +288,9 @@ class Search(ModeWalk):
     def _peak_line(self, candidate: Candidate) -> StepLine | None:
         """Peak bytes = intercept + slope x micro-batch, fitted on the measured peaks of `candidate`'s group (two
         micro-batches at least; one trial gives two where its smaller micro-batch's peak was measured apart,
-        TrialResult.smaller_peak_point). The calibration pools its slope over every group
-        (autotune.estimate.calibration); within one group the measured line is the better guide to where the
-        limit falls."""
+        TrialResult.smaller_peak_point). The calibration pools its slope over every group of the same
+        checkpointing (autotune.estimate.calibration); within one group the measured line is the better guide to
+        where the limit falls."""
         points: list[tuple[float, float]] = []
         for t in self.outcome.trials:
             if same_group(t.candidate, candidate) and t.result.ok and t.result.peak_memory_bytes and not t.from_cache:
