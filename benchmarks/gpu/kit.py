@@ -799,6 +799,8 @@ def _grid_summary(kit: Kit, rows: dict) -> dict:
         if key in rows and rows[key].get("samples_per_s"):
             ratio = rows[key]["samples_per_s"] / summary["best"]["samples_per_s"]
             summary["tune_choice_vs_grid_best"] = round(ratio, 3)
+        else:  # a mode or a point the grid skipped: said, not silently left out of the comparison
+            summary["tune_choice_not_in_grid"] = key
         trials_used = tune["result"].get("trials_launched") or len(tune["result"].get("trials", []))
         if trials_used:
             summary["tune_trials_vs_grid_trials"] = round(trials_used / max(1, len(trials)), 3)
