@@ -216,7 +216,9 @@ def string_value_findings(config: dict[str, Any]) -> list[Finding]:
             severity, reason = Severity.ERROR, failure
         elif field is not None:
             try:
-                TypeAdapter(field.annotation).validate_python(value)
+                # FieldInfo.annotation is None for an unannotated field, which pydantic validates as Any
+                annotation: Any = field.annotation
+                TypeAdapter(Any if annotation is None else annotation).validate_python(value)
                 severity, reason = Severity.INFO, "pydantic converts it, but a number is clearer"
             except ValidationError:
                 severity, reason = Severity.ERROR, "DeepSpeed refuses it (pydantic cannot parse the string)"
