@@ -1,5 +1,6 @@
-"""How trials are run (`--trial-workers`): warm workers by default on the CPU backend, fresh processes on GPUs unless
-asked, and the warm pool's watch on the device memory a GPU worker keeps between trials."""
+"""How trials are run (`--trial-workers`): warm workers by default, on GPUs with the pick confirmed in a fresh
+process, fresh processes when asked, and the warm pool's watch on the device memory a GPU worker keeps between
+trials."""
 
 from __future__ import annotations
 
@@ -11,31 +12,52 @@ from tests.conftest import run_cli
 
 from autotune.core.units import MiB
 from autotune.errors import UserError
-from autotune.request.tune_request import TuneRequest, uses_warm_workers
+from autotune.request.tune_request import TuneRequest, confirms_pick_in_fresh_process, uses_warm_workers
 from autotune.request.validation import validate
 from autotune.search.trials import launcher_for
-from autotune.trial import LocalLauncher, WarmWorkerPool
+from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
 from autotune.trial.report import RankReport
 from autotune.trial.warm import WARM_DEVICE_GROWTH_LIMIT_BYTES, WARM_GROWTH_LIMIT_BYTES, _Workers
 
 
 @pytest.mark.parametrize(
-    ("device", "asked", "warm"),
-    [("cpu", "auto", True), ("cuda", "auto", False), ("cuda", "warm", True), ("cpu", "fresh", False)],
+    ("device", "asked", "warm", "confirmed"),
+    [
+        ("cpu", "auto", True, False),  # warm and fresh peaks measured equal on the CPU backend
+        ("cuda", "auto", True, True),  # not yet compared on a GPU: the pick is confirmed in a fresh process
+        ("cuda", "warm", True, False),  # asked for: warm only
+        ("cuda", "fresh", False, False),
+        ("cpu", "fresh", False, False),
+    ],
 )
-def test_warm_workers_by_default_on_cpu_and_when_asked_on_gpus(device: str, asked: str, warm: bool) -> None:
+def test_warm_workers_by_default_and_on_gpus_the_pick_confirmed_fresh(
+    device: str, asked: str, warm: bool, confirmed: bool
+) -> None:
     request = TuneRequest(model="tiny-gpt2", device=device, trial_workers=asked)
     validate(request, outputs=False)
     assert uses_warm_workers(request) is warm
+    assert confirms_pick_in_fresh_process(request) is confirmed
+
+
+@pytest.mark.parametrize("overrides", [{"nodes": 2}, {"command": ("python", "train.py")}])
+def test_several_nodes_and_an_own_command_start_a_fresh_process_per_trial(overrides: dict) -> None:
+    request = TuneRequest(model="tiny-gpt2", device="cuda", **overrides)
+    assert not uses_warm_workers(request) and not confirms_pick_in_fresh_process(request)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_tuner_starts_the_launcher_the_request_asks_for(device: str) -> None:
     """No process starts here: the pool starts its workers at its first trial."""
-    for asked, kind in (("warm", WarmWorkerPool), ("fresh", LocalLauncher)):
+    for asked, kind in (("warm", WarmWorkerPool), ("fresh", LocalLauncher), ("auto", WarmWorkerPool)):
         with launcher_for(TuneRequest(model="tiny-gpt2", device=device, trial_workers=asked), None) as chosen:
-            assert isinstance(chosen, kind)
-            assert chosen.env == ({"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else {})
+            assert isinstance(chosen.trials, kind)
+            assert chosen.trials.env == ({"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else {})
+            if asked == "auto" and device == "cuda":
+                assert isinstance(chosen.confirm, FreshAfterWarm) and chosen.confirm.pool is chosen.trials
+                assert isinstance(chosen.confirm.fresh, LocalLauncher)
+            else:
+                assert chosen.confirm is None
+            assert chosen.process_starts == (None if kind is LocalLauncher else 0)
 
 
 @pytest.mark.parametrize(

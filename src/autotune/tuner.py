@@ -101,7 +101,7 @@ def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callabl
         given = launcher or script_launcher(request)
         with launcher_for(request, given, observe) as chosen:
             outcome = search_with_trials(ctx, cache, chosen, observe, ops)
-            outcome.process_starts = getattr(chosen, "restarts", None)  # warm workers count their starts
+            outcome.process_starts = chosen.process_starts  # warm workers count their starts
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := no_trial_completed(outcome)):
             report = report_of(ctx, None, outcome, None, None, None, None, time.monotonic() - started)

@@ -59,9 +59,7 @@ MemoryBudgetOpt = Annotated[
 ]
 SeqLenOpt = Annotated[
     int | None,
-    typer.Option(
-        "--seq-len", "-s", help="Sequence length in tokens (default: the model's, at most 2048; T5: 512)."
-    ),
+    typer.Option("--seq-len", "-s", help="Sequence length in tokens (default: the model's, at most 2048; T5: 512)."),
 ]
 GlobalBatchOpt = Annotated[int | None, typer.Option("--global-batch", help="Effective batch to keep fixed (samples).")]
 PrecisionOpt = Annotated[
@@ -179,8 +177,9 @@ TrialWorkersOpt = Annotated[
     typer.Option(
         "--trial-workers",
         help="warm: one process runs trial after trial (start-up paid once; replaced after a failure or when memory"
-        " a trial left grows); fresh: a new process per trial, as your job starts. auto: warm on --device cpu,"
-        " fresh on GPUs (warm GPU trials are not yet measured against fresh ones).",
+        " a trial left grows); fresh: a new process per trial, as your job starts. auto: warm, and on GPUs the"
+        " pick run once more in a fresh process before it is recommended (warm GPU trials are not yet measured"
+        " against fresh ones).",
     ),
 ]
 TrustRemoteCodeOpt = Annotated[

@@ -86,9 +86,10 @@ class TuneRequest:
     allow_approximate: bool = False
     # How trials are run: "warm" workers serve trial after trial (start-up paid once, a new process after a failure or
     # when memory an earlier trial left grows past the pool's limit, trial/warm.py); "fresh" starts a process per
-    # trial, as the user's job is. "auto": warm on the CPU backend, where warm and fresh peaks were measured equal
-    # (benchmarks/README.md, "Warm workers and DeepSpeed's leftovers"); fresh on GPUs until the GPU kit's warm
-    # stage has measured the same there.
+    # trial, as the user's job is. "auto": warm workers, and on GPUs the pick confirmed in a fresh process before it
+    # is recommended (Search.confirm_fresh): on the CPU backend warm and fresh peaks were measured equal
+    # (benchmarks/README.md, "Warm workers and DeepSpeed's leftovers"); on GPUs nobody has compared them yet (the GPU
+    # kit's warm stage does), so the one figure the user relies on, the pick's peak, is a fresh process's.
     trial_workers: TrialWorkers = "auto"
 
 
@@ -151,10 +152,16 @@ def check_trial_workers(request: TuneRequest) -> None:
 
 
 def uses_warm_workers(request: TuneRequest) -> bool:
-    """Warm workers where asked, or by default on the CPU backend (see TuneRequest.trial_workers)."""
+    """Warm workers unless asked for fresh processes; never across nodes nor for an own command, whose trials start
+    fresh processes (see TuneRequest.trial_workers)."""
     if request.nodes > 1 or request.command is not None:
         return False
-    return request.trial_workers == "warm" or (request.trial_workers == "auto" and request.device == "cpu")
+    return request.trial_workers != "fresh"
+
+
+def confirms_pick_in_fresh_process(request: TuneRequest) -> bool:
+    """By default on GPUs, where warm workers run the trials: the pick once more in a process of its own."""
+    return uses_warm_workers(request) and request.trial_workers == "auto" and request.device != "cpu"
 
 
 def default_seq_len(max_positions: int | None) -> int:

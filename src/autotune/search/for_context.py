@@ -39,8 +39,10 @@ def context_search(
     ctx: TuneContext,
     run: Callable[[Candidate], tuple[TrialResult, bool]],
     observe: Callable[[SearchEvent], None] = lambda event: None,
+    confirm_fresh: Callable[[Candidate], tuple[TrialResult, bool]] | None = None,
 ) -> Search:
-    """The search for this context: its rungs, grid, limits, global batch and the modes that apply here."""
+    """The search for this context: its rungs, grid, limits, global batch and the modes that apply here;
+    `confirm_fresh` runs the pick in a process of its own where `run` uses warm workers (Search.confirm_fresh)."""
     request = ctx.request
     facts = mode_facts(ctx)
     return Search(
@@ -55,4 +57,5 @@ def context_search(
         global_batch=request.global_batch,
         modes=lambda rung: considered_modes(rung, facts),
         offload_ratios=tuple(r for r in ratio_grid() if 0.0 < r < 1.0),
+        confirm_fresh=confirm_fresh,
     )

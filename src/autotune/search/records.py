@@ -122,6 +122,9 @@ class SearchOutcome:
     # processes the launcher started for the trials: warm workers run trial after trial in one until one fails
     # (trial/warm.py); None where every trial had its own process (then it equals trials_launched)
     process_starts: int | None = None
+    # the pick's trial in a fresh process of its own, where the other trials ran in warm workers whose device memory
+    # no fresh process had confirmed (GPUs): its peak is what the report states for the pick
+    fresh_confirmation: TrialRecord | None = None
 
     @property
     def trials_launched(self) -> int:
@@ -149,6 +152,7 @@ class SearchOutcome:
             "verdict": self.verdict.to_dict() if self.verdict else None,
             "modes": [m.to_dict() for m in self.modes],
             "process_starts": self.process_starts,
+            "fresh_confirmation": self.fresh_confirmation.to_dict() if self.fresh_confirmation else None,
             "launches_by_purpose": self.launches_by_purpose(),
         }
 
@@ -161,6 +165,7 @@ class LaunchPurpose:
     CONFIRM = "boundary confirmation"  # the pick's next micro-batch (`Search._confirm_boundary`)
     RATIO = "offload ratio"  # partial offload: the smallest fitting ratio at a micro-batch
     CLOSE_CALL = "close-call re-measurement"  # interleaved rounds of a tie (autotune.search.close_call)
+    FRESH = "fresh-process confirmation"  # the pick once more in a process of its own (`Search._confirm_fresh`)
 
 
 RunTrial = Callable[[Candidate], tuple[TrialResult, bool]]  # -> (result, came from cache)

@@ -8,14 +8,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from autotune.core.choices import Device
 from autotune.core.ladder import Candidate
 from autotune.core.units import format_bytes
 from autotune.errors import UserError
 from autotune.request.context import TuneContext
-from autotune.request.tune_request import TuneRequest, uses_warm_workers
+from autotune.request.tune_request import TuneRequest, confirms_pick_in_fresh_process, uses_warm_workers
 from autotune.search.cache import ResultsCache
 from autotune.search.for_context import context_search
 from autotune.search.records import SearchEvent, SearchOutcome
@@ -57,18 +57,35 @@ class TrialOps:
         self.observe(SearchEvent("prepare", message=message))
 
 
+@dataclass(frozen=True)
+class TrialLaunchers:
+    """Where the search's trials run, and where those are warm workers no fresh process has been compared with
+    (GPUs), the launcher that confirms the pick in a process of its own (Search.confirm_fresh)."""
+
+    trials: TrialLauncher
+    confirm: TrialLauncher | None = None
+
+    @property
+    def process_starts(self) -> int | None:
+        """Processes started for the trials where warm workers ran several in one; None: one per trial."""
+        starts = getattr(self.trials, "restarts", None)
+        if starts is None:
+            return None
+        return starts + getattr(self.confirm, "launches", 0)
+
+
 @contextlib.contextmanager
 def launcher_for(
     request: TuneRequest, given: TrialLauncher | None, observe: Callable[[SearchEvent], None] | None = None
-) -> Iterator[TrialLauncher]:
-    """The caller's launcher, else warm workers (start-up paid once: by default on the CPU backend,
-    request.uses_warm_workers) or a fresh process per trial. Several nodes: srun inside a SLURM
-    allocation, else one launcher per node with a chosen master port."""
+) -> Iterator[TrialLaunchers]:
+    """The caller's launcher, else warm workers (start-up paid once; on GPUs with the pick confirmed in a fresh
+    process, request.confirms_pick_in_fresh_process) or a fresh process per trial (`--trial-workers fresh`).
+    Several nodes: srun inside a SLURM allocation, else one launcher per node with a chosen master port."""
     device, nodes = request.device, request.nodes
     if given is not None:
-        yield given
+        yield TrialLaunchers(given)
         return
-    from autotune.trial import LocalLauncher, WarmWorkerPool
+    from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
 
     if nodes > 1:
         from autotune.trial.nodes import LocalNodesLauncher, in_slurm_allocation
@@ -76,19 +93,22 @@ def launcher_for(
         if in_slurm_allocation():
             from autotune.trial import SlurmLauncher
 
-            yield SlurmLauncher()
+            yield TrialLaunchers(SlurmLauncher())
         else:
-            yield LocalNodesLauncher(env={"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None)
+            yield TrialLaunchers(
+                LocalNodesLauncher(env={"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None)
+            )
         return
 
     # glibc keeps freed arenas; returning large frees to the OS makes peak RSS the working set the memory
     # model predicts (about 20% lower than default glibc on CPU trials; benchmarks/results/estimate.md).
     env = {"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None
     if not uses_warm_workers(request):
-        yield LocalLauncher(env=env)
+        yield TrialLaunchers(LocalLauncher(env=env))
         return
     with WarmWorkerPool(env=env, on_replace=_replaced_note(observe)) as pool:
-        yield pool
+        confirm = FreshAfterWarm(pool, LocalLauncher(env=env)) if confirms_pick_in_fresh_process(request) else None
+        yield TrialLaunchers(pool, confirm)
 
 
 def _replaced_note(observe: Callable[[SearchEvent], None] | None) -> Callable[[int, str], None] | None:
@@ -120,17 +140,17 @@ def script_launcher(request: TuneRequest) -> TrialLauncher | None:
 def search_with_trials(
     ctx: TuneContext,
     cache: ResultsCache | None,
-    launcher: TrialLauncher,
+    launchers: TrialLaunchers,
     observe: Callable[[SearchEvent], None],
     ops: TrialOps | None = None,
 ) -> SearchOutcome:
+    """The search with real trials: cached ones believed where plausible, the rest run by `launchers.trials`; the
+    pick's fresh-process confirmation (where there is one) always runs, and replaces the cached trial."""
     key = ctx.key
     bounds = run_bounds(ctx)
     cached = believed_trials(cache, key, bounds) if cache else {}
 
-    def run(candidate: Candidate) -> tuple[TrialResult, bool]:
-        if candidate in cached:
-            return cached[candidate], True
+    def launch(launcher: TrialLauncher, candidate: Candidate) -> tuple[TrialResult, bool]:
         if ops is not None:
             ops.before(candidate)
         result = run_trial(launcher, ctx.spec(candidate), observe, candidate, bounds)
@@ -138,7 +158,14 @@ def search_with_trials(
             cache.put_trial(key, candidate, result)
         return result, False
 
-    return context_search(ctx, run, observe).run_search()
+    def run(candidate: Candidate) -> tuple[TrialResult, bool]:
+        if candidate in cached:
+            return cached[candidate], True
+        return launch(launchers.trials, candidate)
+
+    confirm = launchers.confirm
+    confirm_fresh = None if confirm is None else (lambda candidate: launch(confirm, candidate))
+    return context_search(ctx, run, observe, confirm_fresh).run_search()
 
 
 def run_bounds(ctx: TuneContext) -> Bounds:

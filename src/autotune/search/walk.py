@@ -111,6 +111,11 @@ class Search(ModeWalk):
     modes: ModesFor = no_modes  # the memory modes to consider per rung (autotune.modes.applies); default: classic only
     offload_ratios: tuple[float, ...] = ()  # the offload ratio's real settings, ascending (see search_modes)
     memory: MemoryModel = field(default_factory=MemoryModel)
+    # Runs a candidate in a process of its own, as the user's job starts, where `run` uses warm workers whose
+    # device memory no fresh process has confirmed (GPUs): the pick is confirmed there before it is recommended
+    # (`_confirm_fresh`). None: `run` already measures as the job will (a fresh process per trial, or the CPU
+    # backend's warm workers, measured equal to fresh ones).
+    confirm_fresh: RunTrial | None = None
 
     def __post_init__(self) -> None:
         self.limit_bytes = int(self.limits.headroom * self.target.free_memory_bytes)
@@ -199,7 +204,9 @@ class Search(ModeWalk):
                 return slow
         return None
 
-    def _trial(self, candidate: Candidate, purpose: str = LaunchPurpose.FIRST) -> TrialRecord:
+    def _trial(
+        self, candidate: Candidate, purpose: str = LaunchPurpose.FIRST, run: RunTrial | None = None
+    ) -> TrialRecord:
         predicted = self._estimate(candidate)
         if slow := self._would_time_out(candidate):
             result = TrialResult(status="timeout", error=f"not run: {slow.key} timed out earlier in this run")
@@ -209,7 +216,7 @@ class Search(ModeWalk):
             self.outcome.trials.append(record)
             return record
         self.observe(SearchEvent("trial_start", candidate, predicted.candidate.describe()))
-        result, cached = self.run(candidate)
+        result, cached = (run or self.run)(candidate)
         self._launched += 0 if cached else 1
         if result.status == "timeout":
             self._timed_out.append(candidate)
@@ -481,7 +488,11 @@ class Search(ModeWalk):
         """The pick among everything measured: faster only beyond the measured spread; a tie is re-measured
         interleaved and then goes to the simpler, safer config. Verdict, margin and spread go in the outcome."""
         # in trial order (not a set's hash order), so an exact tie resolves the same way in every process
-        fitted = dict.fromkeys(t.candidate for t in self.outcome.trials if t.within_headroom and t.result.samples_per_s)
+        fitted = dict.fromkeys(
+            t.candidate
+            for t in self.outcome.trials
+            if t.within_headroom and t.result.samples_per_s and not self._failed_fresh(t.candidate)
+        )
         speeds = {c: s for c in fitted if (s := self._speed(c)) is not None}
         verdict = settle(speeds, self._remeasure)
         if verdict is None:
@@ -489,6 +500,40 @@ class Search(ModeWalk):
         self.outcome.verdict = verdict
         self.outcome.best = max(self._fitted(verdict.pick), key=lambda t: t.result.samples_per_s or 0.0)
         self.outcome.margin, self.outcome.noise = verdict.margin, verdict.spread
+
+    def _confirm_fresh(self) -> None:
+        """The pick's memory, measured once more in a process of its own, as the user's job will start; only where
+        the other trials ran in warm workers that no fresh process has been compared with (`confirm_fresh`). A warm
+        worker starts each trial from the memory the last one gave back (trial/warm.py replaces one whose memory
+        grew), which a fresh process may not match exactly; the recommendation is what the job runs, so its peak is
+        a fresh one. A pick that does not fit there is dropped, with everything that needs at least its memory, and
+        the next pick among the measured is confirmed the same way. The trial budget does not skip it: a
+        recommendation never goes out unconfirmed for want of one trial."""
+        if self.confirm_fresh is None:
+            return
+        while (best := self.outcome.best) is not None:
+            record = self._trial(best.candidate, LaunchPurpose.FRESH, run=self.confirm_fresh)
+            if record.within_headroom:
+                self.outcome.fresh_confirmation = record
+                return
+            self.observe(
+                SearchEvent(
+                    "prepare",
+                    best.candidate,
+                    f"{best.candidate.key} fitted in a warm worker but not in a fresh process; picking again",
+                )
+            )
+            self.outcome.best, self.outcome.verdict, self.outcome.margin, self.outcome.noise = None, None, None, None
+            self._settle_close_call()
+
+    def _failed_fresh(self, candidate: Candidate) -> bool:
+        """Whether a fresh-process confirmation did not fit with no more memory than `candidate` needs."""
+        return any(
+            t.purpose == LaunchPurpose.FRESH
+            and not t.within_headroom
+            and holds_at_least_the_memory_of(candidate, t.candidate)
+            for t in self.outcome.trials
+        )
 
     # -- the walk ----------------------------------------------------------------------------------
     def _rung_group(self, rung: Rung, ckpt: bool, mode: Mode = Mode()) -> None:
@@ -536,6 +581,7 @@ class Search(ModeWalk):
                 self._mode_group(rung, ckpt, choice, record)
         self._confirm_boundary()
         self._settle_close_call()
+        self._confirm_fresh()
         self._finish_mode_records()
         if self.outcome.stop_reason is None:
             if self.outcome.best:

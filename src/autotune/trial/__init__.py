@@ -16,9 +16,10 @@ if TYPE_CHECKING:
     from autotune.trial.processes import tagged_processes
     from autotune.trial.slurm import SlurmLauncher
     from autotune.trial.types import RankMetrics, TrialLauncher, TrialResult, TrialSpec, TrialStatus
-    from autotune.trial.warm import WarmWorkerPool
+    from autotune.trial.warm import FreshAfterWarm, WarmWorkerPool
 
 _WHERE = {
+    "FreshAfterWarm": "autotune.trial.warm",
     "HostfileLauncher": "autotune.trial.hostfile",
     "LocalLauncher": "autotune.trial.local",
     "RankMetrics": "autotune.trial.types",
@@ -48,6 +49,7 @@ def run_trial(spec: TrialSpec, launcher: TrialLauncher | None = None) -> TrialRe
 
 
 __all__ = [
+    "FreshAfterWarm",
     "HostfileLauncher",
     "LocalLauncher",
     "RankMetrics",

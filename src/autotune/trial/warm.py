@@ -41,7 +41,7 @@ from autotune.trial.processes import (
     wait_for,
 )
 from autotune.trial.report import RankReport, log_path, read_reports, report_path, request_path
-from autotune.trial.types import TrialResult, TrialSpec
+from autotune.trial.types import TrialLauncher, TrialResult, TrialSpec
 
 # How far a warm worker's resident set may grow, once a trial's memory is freed, above where it stood after its
 # first trial before the pool replaces it: beyond this, what the next trial measures would include an earlier
@@ -239,3 +239,19 @@ class WarmWorkerPool:
         stopped = self._stop(graceful=graceful)
         if stopped is not None:
             self._remove(stopped)
+
+
+class FreshAfterWarm:
+    """A TrialLauncher for one trial in a process of its own beside a warm pool: the pool's workers stop first, so
+    the fresh trial finds the device memory a job starting now would find (idle warm workers still hold a CUDA
+    context and communicator buffers); the pool starts new workers at its next trial."""
+
+    def __init__(self, pool: WarmWorkerPool, fresh: TrialLauncher) -> None:
+        self.pool = pool
+        self.fresh = fresh
+        self.launches = 0  # processes this launcher started: one per trial
+
+    def run(self, spec: TrialSpec) -> TrialResult:
+        self.pool.close()
+        self.launches += 1
+        return self.fresh.run(spec)
