@@ -153,6 +153,20 @@ def test_summary_leads_with_pick_spread_runner_up_headroom_and_host_needs() -> N
     assert "beyond the spread" in lead_lines(_report_data(clear))[2]
 
 
+def test_a_pick_confirmed_in_a_fresh_process_says_so_and_reads_back() -> None:
+    from autotune.report.data import TuneReport
+    from autotune.report.pick import memory_line
+
+    verdict = decide({Z0: _speed(1.0, 0.02)})
+    plain = _report_data(verdict)
+    assert "fresh process" not in memory_line(plain) and "peak_in_fresh_process" not in plain.to_json()["choice"]
+    assert plain.choice is not None
+    confirmed = replace(plain, choice=replace(plain.choice, peak_in_fresh_process=True))
+    assert memory_line(confirmed).startswith("Memory: measured peak (in a fresh process, as your job starts) 3.0 GiB")
+    again = TuneReport.from_json(confirmed.to_json())
+    assert again.choice is not None and again.choice.peak_in_fresh_process is True
+
+
 def test_chart_marks_the_pick_and_carries_each_trials_interval() -> None:
     from autotune.report.plot import _trial_rows
 

@@ -19,7 +19,8 @@ from autotune.estimate.types import EstimateSettings
 from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import resolve_model, summarize
 from autotune.search.records import LaunchPurpose, SearchLimits
-from autotune.search.walk import Search, holds_at_least_the_memory_of
+from autotune.search.relations import holds_at_least_the_memory_of
+from autotune.search.walk import Search
 from autotune.trial.types import TrialResult
 
 GIB = 2**30

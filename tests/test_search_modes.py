@@ -25,8 +25,9 @@ from autotune.modes.search_view import ModeRecord, is_ratio_mode, smallest_fitti
 from autotune.report.data import Choice, ModeEntry, Skipped, TrialEntry, TuneReport
 from autotune.report.markdown import render_markdown
 from autotune.search.records import SearchLimits, TrialRecord
+from autotune.search.relations import holds_at_least_the_memory_of
 from autotune.search.speed import BoundContext, GroupMeasurements, could_beat
-from autotune.search.walk import Search, holds_at_least_the_memory_of
+from autotune.search.walk import Search
 from autotune.trial.types import RankMetrics, TrialResult
 
 RATIOS = tuple(r for r in ratio_grid() if 0.0 < r < 1.0)

@@ -19,7 +19,15 @@ import pytest
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.dsconfig.build import TrainSettings, build_ds_config
-from autotune.trial import LocalLauncher, TrialResult, TrialSpec, WarmWorkerPool, run_trial, tagged_processes
+from autotune.trial import (
+    FreshAfterWarm,
+    LocalLauncher,
+    TrialResult,
+    TrialSpec,
+    WarmWorkerPool,
+    run_trial,
+    tagged_processes,
+)
 from autotune.trial.faults import FAULT_ENV, LEAK_BYTES, fault_value
 from autotune.trial.ops import prebuild_ops
 from autotune.trial.processes import free_port
@@ -197,6 +205,23 @@ def test_warm_pool_runs_every_rung_and_restarts_after_model_code_raises() -> Non
     cold, warm = first[0], [first[1], *second[1:]]
     assert "imports" not in cold.phases and cold.startup_s is not None
     assert all(r.startup_s is not None and r.startup_s < cold.startup_s for r in warm)
+    assert not survivors(mark)
+
+
+def test_a_fresh_confirmation_beside_the_pool_runs_after_the_warm_workers_have_stopped() -> None:
+    """The GPU default's fresh-process confirmation (search/trials.py launcher_for): the warm workers hold memory
+    while idle, so they stop before the fresh trial starts; the next warm trial would start new ones."""
+    mark, env = marked_env()
+    with WarmWorkerPool(env=env) as pool:
+        confirm = FreshAfterWarm(pool, LocalLauncher(env=env))
+        warm = run_trial(tiny_spec(), pool)
+        workers = pool._workers
+        assert workers is not None and workers.process.poll() is None  # idle, alive, holding its memory
+        fresh = run_trial(tiny_spec(), confirm)
+        assert workers.process.poll() is not None and pool._workers is None  # stopped before the fresh one ran
+        assert (pool.restarts, confirm.launches) == (1, 1)
+    for result in (warm, fresh):
+        assert_measured(result)
     assert not survivors(mark)
 
 

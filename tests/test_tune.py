@@ -12,7 +12,7 @@ from autotune.core.ladder import Candidate, Rung
 from autotune.dsconfig.build import validate_with_deepspeed
 from autotune.errors import NothingFitsError, UserError
 from autotune.search.records import SearchEvent
-from autotune.search.trials import _replaced_note
+from autotune.search.trials import TrialLaunchers, _replaced_note
 from autotune.tuner import TuneRequest
 
 MIB = 2**20
@@ -44,6 +44,23 @@ def test_global_batch_is_kept_and_the_config_is_valid(tmp_path) -> None:
     # where the launches went: every trial counted by why it ran; this launcher starts no processes of its own
     assert sum(result.report.launches_by_purpose.values()) == result.trials_launched == len(launcher.specs)
     assert result.report.process_starts is None
+
+
+def test_the_pick_confirmed_in_a_fresh_process_is_the_memory_the_report_states(tmp_path) -> None:
+    """The GPU default's shape (warm trials, the pick once more fresh: search/trials.py launcher_for) through the
+    whole tuner: the fresh trial runs last, of the pick, and its peak (here 30 MiB over the warm ones) is the
+    report's; a fresh peak over the limit would have moved the pick (tests/test_search_fresh_confirmation.py)."""
+    warm, fresh = CountingLauncher(), CountingLauncher(base_mib=430)
+    result = tune(tune_request(tmp_path, micro_batches=(1, 2, 4)), launcher=TrialLaunchers(warm, fresh))
+    report = result.report
+    assert report is not None and report.choice is not None and len(fresh.specs) == 1
+    assert fresh.specs[0].ds_config == json.loads(result.config_path.read_text())  # the pick, as emitted
+    mb = report.choice.candidate.micro_batch
+    assert report.choice.peak_bytes == (430 + mb) * 2**20 and report.choice.peak_in_fresh_process is True
+    assert report.trials[-1].purpose == "fresh-process confirmation"
+    assert report.launches_by_purpose["fresh-process confirmation"] == 1
+    assert result.trials_launched == len(warm.specs) + 1
+    assert "measured peak (in a fresh process, as your job starts)" in result.report_path.read_text()
 
 
 def test_global_batch_that_no_micro_batch_divides_is_bad_input(tmp_path) -> None:

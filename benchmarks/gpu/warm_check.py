@@ -1,12 +1,13 @@
 """Does a warm GPU worker measure what a fresh process does? The rows of the kit's warm stage.
 
-`autotune` runs CPU trials in warm workers (one process, trial after trial: start-up paid once) and GPU trials in a
-fresh process each (`--trial-workers auto`), because nobody has yet compared the two on a GPU: an earlier trial's
-leftovers (a cached segment, a process group's NCCL buffers) would be counted in the next trial's peak, or push it
-into an OOM the user's fresh job would not hit. The kit's warm stage runs the memory stage's first points again, one
-after another in one warm pool, and these rows put each beside its fresh row. What a row says, per measure: warm,
-fresh, and warm - fresh; plus start-up and throughput both ways, and the card's used memory after each warm trial
-(read from outside the worker, so it does not rest on the pool's own figure).
+`autotune` runs trials in warm workers (one process, trial after trial: start-up paid once); on GPUs it runs the
+pick once more in a fresh process before recommending it (`--trial-workers auto`), because nobody has yet compared
+the two on a GPU: an earlier trial's leftovers (a cached segment, a process group's NCCL buffers) would be counted
+in the next trial's peak, or push it into an OOM the user's fresh job would not hit (the search drops a pick that
+does not fit fresh, at one fresh launch per dropped pick). The kit's warm stage runs the memory stage's first points
+again, one after another in one warm pool, and these rows put each beside its fresh row. What a row says, per
+measure: warm, fresh, and warm - fresh; plus start-up and throughput both ways, and the card's used memory after
+each warm trial (read from outside the worker, so it does not rest on the pool's own figure).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from autotune.search.answers import cached_answer, memory_bound
 from autotune.search.cache import ResultsCache, StoredAnswer
 from autotune.search.recommend import host_line, passed_over_line, recommend
 from autotune.search.records import SearchEvent
-from autotune.search.trials import TrialOps, launcher_for, script_launcher, search_with_trials
+from autotune.search.trials import TrialLaunchers, TrialOps, launcher_for, script_launcher, search_with_trials
 from autotune.search.tuning_report import finished_report, no_trial_completed, own_command_entry, report_of
 from autotune.trial.types import TrialLauncher
 
@@ -66,7 +66,7 @@ def _results_cache(request: TuneRequest) -> ResultsCache | None:
 def tune(
     request: TuneRequest | None = None,
     *,
-    launcher: TrialLauncher | None = None,
+    launcher: TrialLauncher | TrialLaunchers | None = None,
     observe: Callable[[SearchEvent], None] = lambda event: None,
     **options: object,
 ) -> TuneResult:
@@ -80,7 +80,9 @@ def tune(
         return _tune(request, launcher, observe)
 
 
-def _tune(request: TuneRequest, launcher: TrialLauncher | None, observe: Callable[[SearchEvent], None]) -> TuneResult:
+def _tune(
+    request: TuneRequest, launcher: TrialLauncher | TrialLaunchers | None, observe: Callable[[SearchEvent], None]
+) -> TuneResult:
     started = time.monotonic()
     ctx = TuneContext.build(request)
     if ctx.verified:

@@ -252,6 +252,9 @@ class Choice(JsonRecord):
     tokens_per_s: float | None
     peak_bytes: int | None
     predicted_peak_bytes: int
+    # True: peak_bytes is the pick's trial in a fresh process, the other trials having run in warm workers
+    # (search.walk.Search.confirm_fresh); None: the pick's peak was measured the way every trial was
+    peak_in_fresh_process: bool | None = field(default=None, metadata=OMITTED_WHEN_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.candidate.to_dict(), **{k: v for k, v in super().to_json().items() if k != "candidate"}}

@@ -56,6 +56,8 @@ def memory_line(report: TuneReport) -> str:
     choice, limit = report.choice, report.limit_bytes
     peak = choice.peak_bytes if choice else None
     what = "measured peak" if peak else "predicted peak"
+    if peak and choice and choice.peak_in_fresh_process:
+        what = "measured peak (in a fresh process, as your job starts)"
     peak = peak or (choice.predicted_peak_bytes if choice else None)
     where = "rank (host RSS)" if report.device == "cpu" else "GPU"
     if not peak or not limit:

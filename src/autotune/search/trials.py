@@ -76,14 +76,17 @@ class TrialLaunchers:
 
 @contextlib.contextmanager
 def launcher_for(
-    request: TuneRequest, given: TrialLauncher | None, observe: Callable[[SearchEvent], None] | None = None
+    request: TuneRequest,
+    given: TrialLauncher | TrialLaunchers | None,
+    observe: Callable[[SearchEvent], None] | None = None,
 ) -> Iterator[TrialLaunchers]:
-    """The caller's launcher, else warm workers (start-up paid once; on GPUs with the pick confirmed in a fresh
-    process, request.confirms_pick_in_fresh_process) or a fresh process per trial (`--trial-workers fresh`).
-    Several nodes: srun inside a SLURM allocation, else one launcher per node with a chosen master port."""
+    """The caller's launcher (with its fresh-process confirmer, if it brings one), else warm workers (start-up paid
+    once; on GPUs with the pick confirmed in a fresh process, request.confirms_pick_in_fresh_process) or a fresh
+    process per trial (`--trial-workers fresh`). Several nodes: srun inside a SLURM allocation, else one launcher
+    per node with a chosen master port."""
     device, nodes = request.device, request.nodes
     if given is not None:
-        yield TrialLaunchers(given)
+        yield given if isinstance(given, TrialLaunchers) else TrialLaunchers(given)
         return
     from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
 

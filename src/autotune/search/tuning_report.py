@@ -65,21 +65,26 @@ def _smallest_shortfall(plan_data: dict | None, outcome: SearchOutcome | None) -
     return f"smallest shortfall {format_bytes(min(shortfalls))} per {'rank' if outcome else 'GPU'}"
 
 
-def _choice(ctx: TuneContext, candidate: Candidate, best: TrialRecord | None) -> tuple[Choice, HostNeed]:
-    """The pick as the report states it, and what it needs from each node's host."""
+def _choice(
+    ctx: TuneContext, candidate: Candidate, best: TrialRecord | None, fresh: TrialRecord | None = None
+) -> tuple[Choice, HostNeed]:
+    """The pick as the report states it, and what it needs from each node's host: its speed from its fastest
+    trial, its memory from its fresh-process confirmation where there is one (the memory the job will find)."""
     from autotune.estimate import estimate
     from autotune.estimate.pinned import pinned_host_bytes
 
     predicted = estimate(ctx.model, ctx.target, candidate, ctx.settings)
+    memory = fresh or best
     choice = Choice(
         candidate=candidate,
         description=candidate.describe(),
         samples_per_s=best.result.samples_per_s if best else None,
         tokens_per_s=best.result.tokens_per_s if best else None,
-        peak_bytes=best.result.peak_memory_bytes if best else None,
+        peak_bytes=memory.result.peak_memory_bytes if memory else None,
         predicted_peak_bytes=predicted.gpu_peak_bytes,
+        peak_in_fresh_process=True if fresh else None,
     )
-    measured_host = best.host_peak_bytes if best and ctx.request.device != "cpu" else None
+    measured_host = memory.host_peak_bytes if memory and ctx.request.device != "cpu" else None
     host_need = HostNeed(
         ram_bytes=measured_host or predicted.host_ram_bytes,
         measured=measured_host is not None,
@@ -124,7 +129,8 @@ def report_of(
 ) -> TuneReport:
     """The report of what was found; a finished tuning adds its batch, training and command (`finished_report`)."""
     request = ctx.request
-    choice, host_need = _choice(ctx, candidate, outcome.best if outcome else None) if candidate else (None, None)
+    fresh = outcome.fresh_confirmation if outcome else None
+    choice, host_need = _choice(ctx, candidate, outcome.best if outcome else None, fresh) if candidate else (None, None)
     modes = outcome.modes if outcome else planned_modes(ctx)
     return TuneReport(
         model={k: v for k, v in ctx.model.to_dict().items() if k != "config"},
