@@ -3,12 +3,15 @@
 For every scenario in `gpu_sim/scenarios.py`: the exhaustive grid's best config (every rung x
 checkpointing x micro-batch, and every applicable modern memory mode that the simulator models: each
 offload ratio of the real grid, each ZeRO++ variant; within the headroom), autotune's search, and DeepSpeed
-Autotuning's strategy (stage x micro-batch, no offload, no modes) on the same simulator. Reports pick
-throughput / exhaustive best, measured points (trials) and launches (process starts) apart: with a fresh process per
-trial (autotune's GPU launcher) and with warm workers (its CPU launcher), each with its simulated wall time, and the
-trials counted by why the search launched them (and, finer, `launch_breakdown`: the walk's direction and which launches
-another could have carried in its process). The search gets the same trial budget as
-before the modes existed (a quarter of the classic grid), so the modes have to pay for themselves in it.
+Autotuning's strategy (stage x micro-batch, no offload, no modes) on the same simulator. The search runs as autotune's
+GPU default does: trials in warm workers, the pick confirmed once more in a fresh process (`confirm_fresh`). Reports
+pick throughput / exhaustive best, measured points (trials) and launches (process starts) apart, under each of
+autotune's three launchers (`gpu_sim.machine.Launcher`: a fresh process per trial, warm workers, warm workers with the
+fresh confirmation), each with its simulated wall time; the pick the search makes without the confirmation (what the
+other two recommend); and the trials counted by why the search launched them (and, finer, `launch_breakdown`, over the
+fresh launcher's launches: the walk's direction and which launches another could have carried in its process). The
+search gets the same trial budget as before the modes existed (a quarter of the classic grid), so the modes have to pay
+for themselves in it; the confirmation is not held to it (Search._confirm_fresh).
 
     python benchmarks/search_quality.py            # writes results/search_quality.json, prints a table
 """
@@ -20,6 +23,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,10 +38,10 @@ from autotune.infra.atomic import atomic_write_text
 from autotune.models import resolve_model, summarize
 from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.modes.search_view import is_ratio_mode
-from autotune.search.records import SearchLimits
+from autotune.search.records import LaunchPurpose, SearchLimits, SearchOutcome
 from autotune.search.walk import Search, same_group
 from gpu_sim.ds_autotuning import ds_autotuning
-from gpu_sim.machine import SimulatedCluster, models_mode
+from gpu_sim.machine import Launcher, SimulatedCluster, models_mode
 from gpu_sim.scenarios import SCENARIOS, Scenario
 
 RUNGS = [Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT, Rung.Z3_OFFLOAD_ALL]
@@ -125,14 +129,16 @@ def classic_best(machine: SimulatedCluster, micro_batches: list[int]) -> dict:
 
 
 def launch_breakdown(machine: SimulatedCluster, purposes: list[str], limit: float) -> dict[str, int]:
-    """Why each fresh launch happened, finer than the search's purposes, and which launches another launch could
-    have carried in its own process. A boundary-walk trial goes up (after a fit), down after a run over the
-    headroom (its peak was measured, the process ran), or down after an OOM. Two ways one process could carry a
-    later trial, counted apart (hypotheses, not built: the trial worker times only its micro-batch and half of
-    it): "smaller point of a launch that ran" (a later trial of the same group at a smaller micro-batch than one
-    that ran: it could be timed in that engine after it, smaller inputs needing less memory); "checkpointing twin"
-    (a checkpointed group's first trial where the same rung and mode without checkpointing had run: the same
-    engine with checkpointing switched on). "either" counts a launch once."""
+    """Why each launch of the fresh launcher (a process per trial, `Launcher.FRESH`) happened, finer than the search's
+    purposes, and which launches another launch could have carried in its own process. That launcher confirms
+    nothing, so the GPU default's fresh confirmations are not among them (counted apart: `fresh_confirmations`).
+    A boundary-walk trial goes up (after a fit), down after a run over the headroom (its peak was measured, the
+    process ran), or down after an OOM. Two ways one process could carry a later trial, counted apart (hypotheses,
+    not built: the trial worker times only its micro-batch and half of it): "smaller point of a launch that ran" (a
+    later trial of the same group at a smaller micro-batch than one that ran: it could be timed in that engine after
+    it, smaller inputs needing less memory); "checkpointing twin" (a checkpointed group's first trial where the same
+    rung and mode without checkpointing had run: the same engine with checkpointing switched on). "either" counts a
+    launch once. `purposes`: the search's purpose of each of those launches, in order."""
     counts = {
         "first of a group": 0,
         "walk up after a fit": 0,
@@ -145,8 +151,9 @@ def launch_breakdown(machine: SimulatedCluster, purposes: list[str], limit: floa
         "could be a checkpointing twin of a launch that ran": 0,
         "could share a process, either way": 0,
     }
-    for index, candidate in enumerate(machine.launched):
-        before = machine.launched[:index]
+    trials = [candidate for candidate, _ in machine.trials(Launcher.FRESH)]
+    for index, candidate in enumerate(trials):
+        before = trials[:index]
         ran = [c for c in before if machine.result(c).ok]
         group = [c for c in before if same_group(c, candidate)]
         purpose = purposes[index] if index < len(purposes) else ""
@@ -174,16 +181,19 @@ def launch_breakdown(machine: SimulatedCluster, purposes: list[str], limit: floa
     return counts
 
 
-def run_scenario(scenario: Scenario) -> dict:
+def trial_budget(micro_batches: list[int]) -> SearchLimits:
+    """The budget the search had on powers of two (a quarter of that classic grid), so the integer grid buys nothing
+    from a larger budget."""
+    powers = [m for m in micro_batches if m & (m - 1) == 0]
+    return SearchLimits(max_trials=len(RUNGS) * 2 * len(powers) // 4, headroom=HEADROOM)
+
+
+def search(scenario: Scenario, confirm: bool) -> tuple[SimulatedCluster, SearchOutcome]:
+    """autotune's search on a fresh simulated cluster; `confirm`: the pick confirmed in a fresh process, as the GPU
+    default does (Search.confirm_fresh), else as `--trial-workers fresh` and `warm` search."""
     machine, target, settings = cluster(scenario)
     micro_batches = grid(scenario, machine.world)
     options = mode_options(scenario)
-    best, best_speed, total = exhaustive(machine, micro_batches, mode_grid(options))
-    classic_total = len(RUNGS) * 2 * len(micro_batches)
-    # the budget the search had on powers of two (a quarter of that classic grid), so the integer grid buys
-    # nothing from a larger budget
-    powers = [m for m in micro_batches if m & (m - 1) == 0]
-    limits = SearchLimits(max_trials=len(RUNGS) * 2 * len(powers) // 4, headroom=HEADROOM)
     outcome = Search(
         machine.model,
         target,
@@ -191,12 +201,46 @@ def run_scenario(scenario: Scenario) -> dict:
         machine.run,
         RUNGS,
         micro_batches,
-        limits,
+        trial_budget(micro_batches),
         global_batch=scenario.global_batch,
         modes=lambda rung: options[rung],
         offload_ratios=offload_ratios(),
+        confirm_fresh=machine.run_fresh if confirm else None,
     ).run_search()
+    return machine, outcome
+
+
+def unconfirmed_pick(scenario: Scenario, machine: SimulatedCluster) -> str | None:
+    """The pick of the search without the fresh confirmation. Its trials must be the confirmed search's up to its
+    first confirmation, which the launch accounting of the other two launchers counts on (SimulatedCluster.trials)."""
+    alone, outcome = search(scenario, confirm=False)
+    expected = [candidate for candidate, _ in machine.trials(Launcher.WARM)]
+    if alone.launched != expected:
+        raise RuntimeError(f"{scenario.name}: the search without the confirmation ran other trials than counted")
+    return outcome.best.candidate.key if outcome.best else None
+
+
+def launch_figures(machine: SimulatedCluster) -> dict:
+    """Per launcher: points (trials), launches (process starts) and simulated wall."""
+    return {
+        "points": {k.value: len(machine.trials(k)) for k in Launcher},
+        "launches": {k.value: len(machine.launches(k)) for k in Launcher},
+        "simulated_wall_s": {k.value: round(machine.tune_seconds(k), 1) for k in Launcher},
+    }
+
+
+def run_scenario(scenario: Scenario) -> dict:
+    machine, outcome = search(scenario, confirm=True)
+    micro_batches = grid(scenario, machine.world)
+    best, best_speed, total = exhaustive(machine, micro_batches, mode_grid(mode_options(scenario)))
+    classic_total = len(RUNGS) * 2 * len(micro_batches)
+    limits = trial_budget(micro_batches)
     ours = outcome.best.candidate if outcome.best else None
+    confirmations = [
+        t.candidate.key + ":" + ("fits" if t.within_headroom else t.result.status)
+        for t in outcome.trials
+        if t.purpose == LaunchPurpose.FRESH
+    ]
     purposes: dict[str, int] = {}
     launched_purposes: list[str] = []
     for record in outcome.trials:
@@ -234,16 +278,20 @@ def run_scenario(scenario: Scenario) -> dict:
             "pick": ours.key if ours else None,
             "samples_per_s": machine.samples_per_s(ours) if ours else 0.0,
             "quality": (machine.samples_per_s(ours) / best_speed) if ours and best_speed else 0.0,
-            "trials": len(machine.launched),  # measured points (each also times half its micro-batch)
-            "launches": len(machine.launches(warm=False)),  # GPU launcher today: a fresh process per trial
-            "simulated_wall_s": round(machine.tune_seconds(warm=False), 1),
-            "launches_warm": len(machine.launches(warm=True)),  # CPU launcher today: warm workers
-            "simulated_wall_s_warm": round(machine.tune_seconds(warm=True), 1),
+            # measured points of the GPU default, its confirmations included (each also times half its micro-batch)
+            "trials": len(machine.launched),
+            **launch_figures(machine),
+            "fresh_confirmations": confirmations,  # each "key:fits" or "key:<why not>", in order
+            "pick_without_confirmation": unconfirmed_pick(scenario, machine),
             "trial_fraction": len(machine.launched) / total,
             "tried": [c.key + ":" + machine.result(c).status for c in machine.launched],
             "mode_trials": mode_trials,
             "launch_purposes": purposes,
-            "launch_breakdown": launch_breakdown(machine, launched_purposes, HEADROOM * machine.gpu.memory_bytes),
+            "launch_breakdown": launch_breakdown(
+                machine,
+                [p for p in launched_purposes if p != LaunchPurpose.FRESH],
+                HEADROOM * machine.gpu.memory_bytes,
+            ),
             "budget": limits.max_trials,
             "modes": [
                 {k: m[k] for k in ("rung", "label", "applies", "status", "trial_verifiable", "samples_per_s")}
@@ -271,42 +319,55 @@ def median(values: list[int]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
+def by_launcher(values: dict[str, float], format_one: Callable[[float], str] = str) -> str:
+    """One figure per launcher, in `Launcher`'s order, for a table cell."""
+    return " / ".join(format_one(values[k.value]) for k in Launcher)
+
+
 def table(rows: list[dict]) -> str:
+    names = " / ".join(k.value for k in Launcher)
     lines = [
         "| scenario | exhaustive best (integers) | autotune pick | autotune quality | points (of them modes)"
-        " | launches: fresh process per trial / warm workers | simulated wall: fresh / warm | DS Autotuning pick"
+        f" + fresh confirmations | launches: {names} | simulated wall: {names} | DS Autotuning pick"
         " | DS quality | DS launches | DS simulated wall |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ex, ours, ds = r["exhaustive"], r["autotune"], r["ds_autotuning"]
         modes = sum(ours["mode_trials"].values())
+        unconfirmed = ours["points"][Launcher.WARM.value]
         lines.append(
             f"| {r['scenario']} | {ex['pick']} ({ex['samples_per_s']:.1f}/s) | {ours['pick']} | {ours['quality']:.3f}"
-            f" | {ours['trials']} ({modes}) | {ours['launches']} / {ours['launches_warm']}"
-            f" | {ours['simulated_wall_s'] / 60:.0f} / {ours['simulated_wall_s_warm'] / 60:.0f} min | {ds['pick']}"
+            f" | {unconfirmed} ({modes}) + {len(ours['fresh_confirmations'])} | {by_launcher(ours['launches'])}"
+            f" | {by_launcher(ours['simulated_wall_s'], lambda s: f'{s / 60:.0f}')} min | {ds['pick']}"
             f" | {ds['quality']:.3f} | {ds['launches']} | {ds['simulated_wall_s'] / 60:.0f} min |"
         )
-    fresh = median([r["autotune"]["launches"] for r in rows])
-    warm = median([r["autotune"]["launches_warm"] for r in rows])
+    medians = {k: median([r["autotune"]["launches"][k.value] for r in rows]) for k in Launcher}
     lines.append(
-        f"\nmedian autotune launches per tune ({len(rows)} scenarios): {fresh:g} with a fresh process per trial,"
-        f" {warm:g} with warm workers"
+        f"\nmedian autotune launches per tune ({len(rows)} scenarios): "
+        + ", ".join(
+            f"{medians[k]:g} {k.value}" + (" (the GPU default)" if k is Launcher.WARM_CONFIRMED else "")
+            for k in Launcher
+        )
     )
+    changed = [r["scenario"] for r in rows if r["autotune"]["pick"] != r["autotune"]["pick_without_confirmation"]]
+    lines.append(f"picks the fresh confirmation changed: {', '.join(changed) or 'none'}")
     return "\n".join(lines)
 
 
 def breakdown_table(rows: list[dict]) -> str:
-    """Per scenario: where the fresh launches go (launch_breakdown), with the sums over scenarios."""
+    """Per scenario: where the fresh launcher's launches go (launch_breakdown), with the sums over scenarios."""
     names = list(rows[0]["autotune"]["launch_breakdown"]) if rows else []
     lines = ["| scenario | launches | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
     for r in rows:
         counts = r["autotune"]["launch_breakdown"]
         lines.append(
-            f"| {r['scenario']} | {r['autotune']['launches']} | " + " | ".join(str(counts[n]) for n in names) + " |"
+            f"| {r['scenario']} | {r['autotune']['launches'][Launcher.FRESH.value]} | "
+            + " | ".join(str(counts[n]) for n in names)
+            + " |"
         )
     sums = [sum(r["autotune"]["launch_breakdown"][n] for r in rows) for n in names]
-    total = sum(r["autotune"]["launches"] for r in rows)
+    total = sum(r["autotune"]["launches"][Launcher.FRESH.value] for r in rows)
     lines.append(f"| **all {len(rows)}** | {total} | " + " | ".join(str(v) for v in sums) + " |")
     return "\n".join(lines)
 

@@ -172,21 +172,116 @@ def test_offload_rungs_over_the_host_ram_headroom_are_not_chosen() -> None:
 
 
 def test_a_warm_worker_launch_ends_only_at_a_failure_and_pays_its_start_once() -> None:
-    """The simulator's launch model: a fresh process per trial (autotune's GPU launcher) launches once per trial; a
-    warm worker (its CPU launcher, trial/warm.py) keeps its process until a trial fails. The start-up is charged once
-    per launch, the build and steps per trial."""
-    from gpu_sim.machine import STARTUP
+    """The simulator's launch model: a fresh process per trial (`--trial-workers fresh`) launches once per trial; a
+    warm worker (trial/warm.py: the CPU default, `--trial-workers warm`) keeps its process until a trial fails. The
+    start-up is charged once per launch, the build and steps per trial. With no trial run fresh, the GPU default's
+    launches are the warm ones."""
+    from gpu_sim.machine import STARTUP, Launcher
 
     machine = _machine("checkpointing-wins")[0]
     fits, too_big = Candidate(Rung.Z3, 4, False), Candidate(Rung.Z3, 40, False)
     assert machine.result(fits).ok and machine.result(too_big).status == "oom_gpu"
     for candidate in (fits, fits, too_big, fits, too_big):
         machine.run(candidate)
-    assert [len(launch) for launch in machine.launches(warm=False)] == [1, 1, 1, 1, 1]
-    assert [len(launch) for launch in machine.launches(warm=True)] == [3, 2]  # a new process after the first OOM
-    saved = machine.tune_seconds(warm=False) - machine.tune_seconds(warm=True)
+    assert [len(launch) for launch in machine.launches(Launcher.FRESH)] == [1, 1, 1, 1, 1]
+    assert [len(launch) for launch in machine.launches(Launcher.WARM)] == [3, 2]  # a new process after the first OOM
+    assert machine.launches(Launcher.WARM_CONFIRMED) == machine.launches(Launcher.WARM)
+    saved = machine.tune_seconds(Launcher.FRESH) - machine.tune_seconds(Launcher.WARM)
     per_warm_trial = STARTUP.process_start_s + STARTUP.cold_build_s - STARTUP.warm_build_s
     assert saved == pytest.approx(3 * per_warm_trial)  # five trials, two launches
+
+
+def test_a_fresh_run_is_a_launch_of_its_own_and_the_next_warm_trial_starts_a_new_process() -> None:
+    """FreshAfterWarm stops the warm pool before its trial: a fresh run splits the warm worker it interrupts, is a
+    launch of one (start, cold build, steps), and is run by the GPU default alone: the other two launchers confirm
+    nothing, so they run the trials before it."""
+    from gpu_sim.machine import STARTUP, Launcher
+
+    machine = _machine("checkpointing-wins")[0]
+    first, second, third = (Candidate(Rung.Z3, m, False) for m in (2, 3, 4))
+    machine.run(first)
+    machine.run(second)
+    machine.run_fresh(second)
+    machine.run(third)
+    assert machine.launches(Launcher.WARM_CONFIRMED) == [[first, second], [second], [third]]
+    assert machine.launches(Launcher.WARM) == [[first, second]]
+    assert machine.launches(Launcher.FRESH) == [[first], [second]]
+    launch = STARTUP.process_start_s + STARTUP.cold_build_s
+    extra = machine.tune_seconds(Launcher.WARM_CONFIRMED) - machine.tune_seconds(Launcher.WARM)
+    # the fresh run is a launch of its own; the third trial, which the warm worker would have run after a warm build,
+    # pays a process start and a cold build
+    assert extra == pytest.approx(launch + machine.steps_seconds(second) + launch + machine.steps_seconds(third))
+
+
+def _confirmed_search(name: str, fresh_extra_bytes: int = 0):
+    """A scenario's search as the GPU default runs it: warm trials, the pick confirmed fresh (`run_fresh`)."""
+    from gpu_sim.machine import SimulatedCluster
+
+    base, target, settings, rungs, micro_batches = _machine(name)
+    machine = SimulatedCluster(
+        base.model, base.node, base.nodes, base.seq_len, base.global_batch, fresh_extra_bytes=fresh_extra_bytes
+    )
+    limits = SearchLimits(max_trials=28, headroom=0.9)
+    search = Search(
+        machine.model, target, settings, machine.run, rungs, micro_batches, limits, confirm_fresh=machine.run_fresh
+    )
+    return search.run_search(), machine, (target, settings, rungs, micro_batches, limits)
+
+
+def _each_fresh_run_alone_and_followed_by_a_new_process(machine) -> None:
+    from gpu_sim.machine import Launcher
+
+    starts, position = set(), 0
+    for launch in machine.launches(Launcher.WARM_CONFIRMED):
+        starts.add(position)
+        position += len(launch)
+    for index in machine.fresh_runs:
+        assert index in starts  # its own process...
+        assert index + 1 in starts or index + 1 == len(machine.launched)  # ...alone, and the next trial starts anew
+
+
+def test_the_gpu_default_launches_the_warm_launches_plus_one_per_fresh_confirmation() -> None:
+    """On the published scenario (warm and fresh measure the same here) the pick fits fresh at once: one
+    confirmation, last, a launch of its own beside the warm workers' launches; without the confirmation the search
+    runs exactly the trials before it, which the other two launchers' accounting counts on."""
+    from gpu_sim.machine import Launcher
+
+    outcome, machine, (target, settings, rungs, micro_batches, limits) = _confirmed_search("boundary-at-11")
+    assert outcome.best is not None and outcome.fresh_confirmation is not None
+    assert machine.fresh_runs == {len(machine.launched) - 1}
+    assert machine.launched[-1] == outcome.best.candidate
+    warm = machine.launches(Launcher.WARM)
+    assert len(warm) >= 2  # an OOM ended a warm worker: the count is not trivially 1
+    assert machine.launches(Launcher.WARM_CONFIRMED) == [*warm, [outcome.best.candidate]]
+    _each_fresh_run_alone_and_followed_by_a_new_process(machine)
+
+    alone = _machine("boundary-at-11")[0]
+    unconfirmed = Search(alone.model, target, settings, alone.run, rungs, micro_batches, limits).run_search()
+    assert alone.launched == [c for c, _ in machine.trials(Launcher.WARM)]
+    assert unconfirmed.best is not None and unconfirmed.best.candidate == outcome.best.candidate
+
+
+def test_a_confirmation_that_does_not_fit_is_a_launch_and_the_next_one_confirms_another_pick() -> None:
+    """A test's own difference (no published scenario has one: no measurement exists): a fresh process needs just
+    enough more than the warm worker measured that the warm pick goes over the headroom fresh. Each confirmation is
+    a launch of its own; the picks after the first come from what was measured (the simulator's speeds have no
+    spread to re-measure), so the GPU default's launches are the warm workers' plus one per confirmation."""
+    from gpu_sim.machine import Launcher
+
+    warm_outcome, warm_machine, _ = _confirmed_search("checkpointing-wins")
+    assert warm_outcome.best is not None
+    warm_pick = warm_outcome.best.candidate
+    limit = 0.9 * warm_machine.gpu.memory_bytes
+    extra = int(limit - warm_machine.gpu_bytes(warm_pick)) + 1
+    outcome, machine, _ = _confirmed_search("checkpointing-wins", fresh_extra_bytes=extra)
+    assert outcome.best is not None and outcome.best.candidate != warm_pick
+    confirmed = [machine.launched[i] for i in sorted(machine.fresh_runs)]
+    assert confirmed[0] == warm_pick and confirmed[-1] == outcome.best.candidate and len(confirmed) >= 2
+    assert machine.gpu_bytes(outcome.best.candidate) + extra <= limit
+    assert machine.launched[-len(confirmed) :] == confirmed  # no warm trial between or after them
+    launches = machine.launches(Launcher.WARM_CONFIRMED)
+    assert launches == [*machine.launches(Launcher.WARM), *([c] for c in confirmed)]
+    _each_fresh_run_alone_and_followed_by_a_new_process(machine)
 
 
 def test_every_launch_says_why_it_was_made() -> None:

@@ -8,6 +8,11 @@ the simulator agrees with its priors.
 
 Every figure carries its source. Figures marked SIM are simulation parameters chosen inside published
 ranges (no single published value exists); they shape the scenarios but are not claims about a machine.
+
+Launches: the trials a search ran are accounted for under each of autotune's three launchers (`Launcher`), with the
+start-up we measured (`StartupCosts`). Here a trial measures the same memory and speed in a warm worker as in a
+fresh process: nobody has compared the two on a GPU, so the simulator has no difference to apply. `fresh_extra_bytes`
+lets a test set one; no published scenario does.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 from tests.fakes.machines import RecordingMachine
@@ -209,6 +215,14 @@ WORKSTATION_4090 = NodeType(
 )
 
 
+class Launcher(str, Enum):
+    """autotune's three ways of running a search's trials (autotune.search.trials.launcher_for)."""
+
+    FRESH = "fresh"  # a new process per trial: --trial-workers fresh (and several nodes, an own command)
+    WARM = "warm"  # warm workers, the pick not confirmed: the CPU default and --trial-workers warm
+    WARM_CONFIRMED = "warm + fresh confirmation"  # the GPU default: warm workers, the pick once more in a fresh process
+
+
 def models_mode(mode: Mode) -> bool:
     """Whether the simulator has a model of `mode`: partial offload and ZeRO++ yes; ZenFlow and SuperOffload no."""
     return not (mode.zenflow or mode.super_offload)
@@ -223,7 +237,14 @@ class StepCost:
 
 
 class SimulatedCluster(RecordingMachine):
-    """`run(candidate)` answers like a real trial would; `truth(candidate)` is the exhaustive grid's view."""
+    """`run(candidate)` answers like a real trial would, in whatever process the launcher gives it (`launches` says
+    which); `run_fresh(candidate)` is a trial in a process of its own (Search.confirm_fresh); `result(candidate)` is
+    the exhaustive grid's view. Both record the candidate in `launched`, in order; `fresh_runs` holds the positions
+    there of those run fresh.
+
+    `fresh_extra_bytes`: what a fresh process needs beyond what a warm worker measured at the same config. 0, the
+    same peak, unless a test says otherwise: no measurement of warm against fresh GPU peaks exists (the GPU kit's
+    warm stage has not run), so the published scenarios carry none."""
 
     def __init__(
         self,
@@ -233,12 +254,15 @@ class SimulatedCluster(RecordingMachine):
         seq_len: int,
         global_batch: int | None = None,
         trial_timeout_s: float = 900.0,
+        fresh_extra_bytes: int = 0,
     ) -> None:
         self.model, self.node, self.nodes, self.seq_len = model, node, nodes, seq_len
         self.global_batch, self.trial_timeout_s = global_batch, trial_timeout_s
+        self.fresh_extra_bytes = fresh_extra_bytes
         self.world = node.gpus_per_node * nodes
         self.gpu = node.gpu
         self.launched: list[Candidate] = []
+        self.fresh_runs: set[int] = set()
 
     # -- compute ----------------------------------------------------------------------------------
     def _flops_per_sample(self, checkpointing: bool) -> float:
@@ -422,24 +446,63 @@ class SimulatedCluster(RecordingMachine):
         """One trial in its own process: start-up, build, steps."""
         return TRIAL_STARTUP_S + self.steps_seconds(candidate)
 
-    def launches(self, warm: bool) -> list[list[Candidate]]:
-        """The trials run so far, grouped by process. Fresh (autotune's GPU launcher): one process per trial. Warm
-        (autotune's CPU launcher, trial/warm.py): a process runs trial after trial, a fresh model and engine each,
-        until one fails (an OOM, a timeout, a killed rank); the next trial starts a new one. The pool's other
-        restart, after a worker's memory grew past WARM_GROWTH_LIMIT_BYTES, is not simulated."""
+    def run_fresh(self, candidate: Candidate) -> tuple[TrialResult, bool]:
+        """A trial in a process of its own (Search.confirm_fresh's RunTrial): recorded as a fresh launch."""
+        self.fresh_runs.add(len(self.launched))
+        self.launched.append(candidate)
+        return self.fresh_result(candidate), False
+
+    def fresh_result(self, candidate: Candidate) -> TrialResult:
+        """`result` with `fresh_extra_bytes` more on every peak the trial measures (none by default)."""
+        result = self.result(candidate)
+        if not (self.fresh_extra_bytes and result.ok):
+            return result
+        extra = self.fresh_extra_bytes
+        if self.gpu_bytes(candidate) + extra > self.gpu.memory_bytes:
+            return TrialResult(status="oom_gpu", error="torch.OutOfMemoryError: CUDA out of memory.")
+        ranks = [
+            replace(
+                r,
+                device_used_bytes=(r.device_used_bytes or 0) + extra,
+                micro_peak_bytes=(r.micro_peak_bytes or 0) + extra,
+                smaller_micro_peak_bytes=None
+                if r.smaller_micro_peak_bytes is None
+                else r.smaller_micro_peak_bytes + extra,
+            )
+            for r in result.ranks
+        ]
+        return replace(result, ranks=ranks)
+
+    def trials(self, launcher: Launcher) -> list[tuple[Candidate, bool]]:
+        """The trials `launcher` runs, each with whether it runs in a process of its own. The GPU default runs
+        everything recorded, the confirmations fresh. The other two do not confirm: the search runs the same trials
+        up to its first confirmation (Search._confirm_fresh is its last step, and this machine answers a trial the
+        same every time) and stops there; every trial is fresh under FRESH, none under WARM."""
+        if launcher is Launcher.WARM_CONFIRMED:
+            return [(c, i in self.fresh_runs) for i, c in enumerate(self.launched)]
+        unconfirmed = self.launched[: min(self.fresh_runs, default=len(self.launched))]
+        return [(c, launcher is Launcher.FRESH) for c in unconfirmed]
+
+    def launches(self, launcher: Launcher) -> list[list[Candidate]]:
+        """The trials `launcher` runs, grouped by process. A trial run fresh is a process of its own, and the next
+        warm trial starts a new process (trial/warm.py FreshAfterWarm stops the pool first). A warm worker
+        (trial/warm.py) runs trial after trial, a fresh model and engine each, until one fails (an OOM, a timeout, a
+        killed rank); the next trial starts a new one. The pool's other restart, after a worker's memory grew past
+        WARM_GROWTH_LIMIT_BYTES, is not simulated."""
         groups: list[list[Candidate]] = []
-        failed = True
-        for candidate in self.launched:
-            if not warm or failed:
+        new_process = True
+        for candidate, fresh in self.trials(launcher):
+            if fresh or new_process:
                 groups.append([])
             groups[-1].append(candidate)
-            failed = not self.result(candidate).ok
+            new_process = fresh or not self.result(candidate).ok
         return groups
 
-    def tune_seconds(self, warm: bool) -> float:
-        """Wall time of the trials run so far: each launch's start once, each trial's build and steps."""
+    def tune_seconds(self, launcher: Launcher) -> float:
+        """Wall time of `launcher`'s trials: each launch's process start and cold build once, each further trial in
+        it a warm build; every trial its steps. A fresh trial is a launch of one: start, cold build, steps."""
         total = 0.0
-        for launch in self.launches(warm):
+        for launch in self.launches(launcher):
             total += STARTUP.process_start_s + STARTUP.cold_build_s
             total += sum(self.steps_seconds(c) for c in launch)
             total += STARTUP.warm_build_s * (len(launch) - 1)
