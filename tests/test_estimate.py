@@ -371,6 +371,28 @@ def test_calibrate_fits_slope_and_fixed_part_from_two_micro_batches():
         assert predicted == pytest.approx(truth(candidate), rel=1e-4)
 
 
+def test_activation_margins_shrink_only_after_a_trial_of_the_same_checkpointing_setting():
+    """A trial without checkpointing measures that setting's activations; a checkpointed candidate's activations
+    (layer inputs, one layer rebuilt at a time) stay as uncertain as before it, while the rest of its margin (model
+    states, buffers), which the trial did measure, shrinks like everyone's."""
+    model, where, settings = summary(), target(8), EstimateSettings(seq_len=1024)
+    plain, checkpointed = Candidate(Rung.Z2, 4), Candidate(Rung.Z2, 4, True)
+    measured = estimate(model, where, plain, settings).gpu_peak_bytes
+    calibration = calibrate(Calibration(), model, where, plain, settings, measured)
+    assert calibration.measured(False) and not calibration.measured(True)
+    bounded = calibrate_oom(calibration, model, where, Candidate(Rung.Z2, 64, True), settings, 10 * measured)
+    assert not bounded.measured(True)  # an OOM is a lower bound, not a measurement of the setting
+
+    def margins(candidate: Candidate, learned: Calibration | None) -> dict[str, int]:
+        return estimate(model, where, candidate, settings, learned).gpu_uncertainty
+
+    before, after = margins(checkpointed, None), margins(checkpointed, calibration)
+    assert after["activations"] == before["activations"] > 0
+    assert after["model_states"] == pytest.approx(before["model_states"] / 2, abs=1)
+    plain_before, plain_after = margins(plain, None), margins(plain, calibration)
+    assert plain_after["activations"] == pytest.approx(plain_before["activations"] / 2, abs=1)
+
+
 def test_each_checkpointing_setting_learns_its_own_slope():
     """Full checkpointing keeps layer inputs, not activations: a ratio measured without it does not hold with it. A
     setting borrows the other's slope until its own trials run, then each is predicted by its own line, and an OOM

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from autotune.core.ladder import Candidate
 from autotune.estimate.core import VARIABLE_COMPONENTS, estimate
-from autotune.estimate.types import Calibration, EstimateSettings, checkpointing_setting
+from autotune.estimate.types import Calibration, EstimateSettings, checkpointing_setting, setting_of_key
 from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 
@@ -41,11 +41,6 @@ def _group(key: str) -> str:
     ('z3+offload_opt/mb4/nockpt/ratio0.3' -> 'z3+offload_opt/nockpt/ratio0.3')."""
     parts = key.split("/")
     return "/".join(parts[:1] + parts[2:])
-
-
-def _setting(key: str) -> str:
-    """The checkpointing setting of a candidate key: 'z2/mb4/ckpt' -> 'ckpt'."""
-    return key.split("/")[2]
 
 
 def _fit_scale(observations: list[dict], prior: float) -> float:
@@ -141,7 +136,7 @@ def calibrate(
     observation = {"key": candidate.key, "fixed": fixed, "variable": variable, "measured": int(measured_peak_bytes)}
     observations = [o for o in calibration.observations if o["key"] != candidate.key] + [observation]
     setting = checkpointing_setting(candidate.grad_checkpointing)
-    same_setting = [o for o in observations if _setting(o["key"]) == setting]
+    same_setting = [o for o in observations if setting_of_key(o["key"]) == setting]
     scale = _fit_scale(same_setting, calibration.activation_scale(candidate.grad_checkpointing))
     latest_group = [o for o in observations if _group(o["key"]) == _group(candidate.key)]
     offset = sum(o["measured"] - o["fixed"] - scale * o["variable"] for o in latest_group) / len(latest_group)

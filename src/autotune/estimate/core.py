@@ -160,7 +160,9 @@ def estimate(
         if candidate.rung.stage == 3 and settings.knobs.zero_init is None:
             whole = unpartitioned_model_bytes(model, settings)
             unknown_init = reserve_left_after_reuse(whole, device, model, candidate.micro_batch, settings)
-        margins = gpu_margins(device, model, runtime, allocated, calibration, unknown_init)
+        margins = gpu_margins(
+            device, model, runtime, allocated, calibration, unknown_init, candidate.grad_checkpointing
+        )
         margins.update({name: value for name, value in buffers.device_uncertainty.items() if value > 0})
         if end_of_backward_margin > 0:
             margins["offload_gradient_check_version"] = end_of_backward_margin

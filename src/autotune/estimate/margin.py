@@ -30,7 +30,9 @@ ACTIVATION_RELATIVE_ENCODER_DECODER = 0.25
 # enough that one module is a seventh of what is kept (benchmarks/stage3_retention_cpu.py,
 # results/stage3_retention_cpu.json): 15%.
 LIVE_PARAMS_RELATIVE = 0.15
-# After a measured trial, what calibration absorbed is known to this fraction of the relative figures above.
+# After a measured trial, what calibration absorbed is known to this fraction of the relative figures above: the
+# activations' only after a trial of the candidate's own checkpointing setting (its slope is fitted per setting,
+# estimate/calibration.py; the other setting's trials say nothing measured about it), the rest after any trial.
 CALIBRATED_SHRINK = 0.5
 
 _STATE_COMPONENTS = ("model_states", "frozen_params", "zero1_unpartitioned_grads", "fp32_widening")
@@ -52,8 +54,10 @@ def gpu_margins(
     allocated_bytes: int,
     calibration: Calibration | None = None,
     unknown_zero_init_bytes: int = 0,
+    grad_checkpointing: bool = False,
 ) -> dict[str, int]:
-    """Bytes by which each component may exceed its prediction (CUDA only).
+    """Bytes by which each component may exceed its prediction (CUDA only), for a candidate with (or without)
+    gradient checkpointing.
 
     unknown_zero_init_bytes: at stage 3 when nobody knows whether the model was built under zero.Init, the whole
     16-bit model that would then reach the GPU first (buffers.unpartitioned_model_bytes), less what the step's
@@ -70,10 +74,12 @@ def gpu_margins(
     calibrated = calibration is not None and calibration.samples > 0
     relative["unpartitioned_model_reserve"] = BUFFER_RELATIVE
     shrink = CALIBRATED_SHRINK if calibrated else 1.0
+    activations_measured = calibration is not None and calibration.measured(grad_checkpointing)
+    activation_shrink = CALIBRATED_SHRINK if activations_measured else 1.0
     margins = {
-        name: round(shrink * fraction * max(0, components.get(name, 0)))
+        name: round((activation_shrink if name in _ACTIVATION_COMPONENTS else shrink) * fraction * value)
         for name, fraction in relative.items()
-        if components.get(name, 0) > 0
+        if (value := components.get(name, 0)) > 0
     }
     if not calibrated:  # a measured trial has seen the runtime's real size: the offset carries it
         margins["allocator_slack"] = round(allocator_reserve_margin_fraction() * allocated_bytes)

@@ -30,6 +30,11 @@ def checkpointing_setting(grad_checkpointing: bool) -> str:
     return "ckpt" if grad_checkpointing else "nockpt"
 
 
+def setting_of_key(key: str) -> str:
+    """The checkpointing setting of a candidate key: 'z2/mb4/ckpt' -> 'ckpt'."""
+    return key.split("/")[2]
+
+
 @dataclass
 class Calibration:
     """Corrections learned from measured trials; identity by default.
@@ -59,6 +64,12 @@ class Calibration:
         own = self.activation_scales.get(checkpointing_setting(grad_checkpointing))
         other = self.activation_scales.get(checkpointing_setting(not grad_checkpointing), 1.0)
         return own if own is not None else other
+
+    def measured(self, grad_checkpointing: bool) -> bool:
+        """Whether a trial of this checkpointing setting ran and gave a peak: its activation slope was then fitted on
+        a measurement, not borrowed from the other setting nor only lifted by an OOM's lower bound."""
+        setting = checkpointing_setting(grad_checkpointing)
+        return any(setting_of_key(o["key"]) == setting for o in self.observations)
 
     def to_dict(self) -> dict:
         return asdict(self)
