@@ -274,6 +274,48 @@ def test_warm_rows_say_what_a_warm_worker_adds_and_how_far_the_card_grew(kit_mod
     assert result["card_used_growth_after_first_bytes"] == 40 * 2**20
 
 
+def test_the_tune_stage_puts_the_picks_warm_peak_beside_its_fresh_confirmation(kit_module) -> None:
+    """The GPU default confirms the pick in a fresh process: the kit's tune row says what that found (the first
+    GPU measurement of warm against fresh peaks a real tune makes), and which picks it dropped."""
+    from dataclasses import replace
+
+    from tests.test_report_data import golden_report
+    from warm_check import pick_confirmation
+
+    from autotune.core.ladder import Candidate, Rung
+    from autotune.report.data import Choice, TrialEntry
+    from autotune.trial.types import RankMetrics, TrialResult
+
+    def entry(candidate: Candidate, peak: int, purpose: str, fits: bool = True) -> TrialEntry:
+        result = TrialResult("ok", ranks=[RankMetrics(0, device_used_bytes=peak)], samples_per_s=1.0)
+        return TrialEntry(
+            candidate=candidate, result=result, predicted_peak_bytes=peak, limit_bytes=20 * GiB, within_headroom=fits,
+            host_peak_bytes=None, host_limit_bytes=None, from_cache=False, purpose=purpose,
+        )  # fmt: skip
+
+    dropped, pick = Candidate(Rung.Z2, 9), Candidate(Rung.Z2, 8)
+    trials = (
+        entry(pick, 18 * GiB, "first of a group"),
+        entry(dropped, 19 * GiB, "boundary walk"),
+        entry(dropped, 21 * GiB, "fresh-process confirmation", fits=False),
+        entry(pick, 18 * GiB + 300 * 2**20, "fresh-process confirmation"),
+    )
+    choice = Choice(
+        candidate=pick, description=pick.describe(), samples_per_s=1.0, tokens_per_s=None,
+        peak_bytes=18 * GiB + 300 * 2**20, predicted_peak_bytes=17 * GiB, peak_in_fresh_process=True,
+    )  # fmt: skip
+    report = replace(golden_report(), choice=choice, trials=trials)
+    assert pick_confirmation(report.to_json()) == {
+        "pick": pick.key,
+        "fresh_peak_bytes": 18 * GiB + 300 * 2**20,
+        "warm_peak_bytes": 18 * GiB,
+        "dropped_picks": [dropped.key],
+        "warm_minus_fresh_bytes": -300 * 2**20,
+    }
+    assert pick_confirmation(replace(report, trials=trials[:2]).to_json()) is None  # nothing confirmed
+    assert pick_confirmation({"error": "Traceback ..."}) is None
+
+
 @pytest.mark.slow
 def test_dry_run_exercises_every_stage_for_real(tmp_path: Path) -> None:
     """The kit end to end on the CPU backend with tiny models: what CI runs so the kit does not rot."""

@@ -53,7 +53,7 @@ from points import (  # noqa: E402
     ModesSetting,
     TuneSetting,
 )
-from warm_check import compare, summary  # noqa: E402
+from warm_check import compare, pick_confirmation, summary  # noqa: E402
 
 from autotune.core.ladder import Candidate, Rung  # noqa: E402
 from autotune.core.units import GiB  # noqa: E402
@@ -713,6 +713,9 @@ def stage_tune(kit: Kit, out_dir: Path) -> None:
             section["result"] = json.loads(run.stdout)
         except ValueError:
             section["result"] = {"error": (run.stderr or run.stdout)[-3000:]}
+        if confirmation := pick_confirmation(section["result"]):  # the pick warm vs in a fresh process
+            section["fresh_confirmation"] = confirmation
+            log(f"tune: pick confirmed fresh: {confirmation}")
         kit.save()
         log(f"tune: exit {run.returncode} in {section['wall_s']} s")
     result = section["result"]

@@ -40,3 +40,36 @@ def summary(rows: list[dict], restarts: int, recycled: list[int]) -> dict:
     if len(used) > 1:
         out["card_used_growth_after_first_bytes"] = max(used[1:]) - used[0]
     return out
+
+
+def pick_confirmation(report_json: dict) -> dict | None:
+    """The tune stage's pick: its peak in warm workers beside its fresh-process confirmation (the GPU default,
+    search/pick_walk.py), and every pick the confirmation dropped because it did not fit fresh; None when the tune
+    wrote no report or confirmed nothing (warm and fresh alike, or the CPU backend)."""
+    from autotune.errors import MalformedReportError
+    from autotune.report.data import TuneReport
+    from autotune.search.records import LaunchPurpose
+
+    try:
+        report = TuneReport.from_json(report_json)
+    except MalformedReportError:  # the tune failed: its row keeps the error
+        return None
+    confirmations = [t for t in report.trials if t.purpose == LaunchPurpose.FRESH]
+    if report.choice is None or not confirmations:
+        return None
+    pick = report.choice.candidate
+    fresh = [t.result.peak_memory_bytes for t in confirmations if t.candidate == pick and t.within_headroom]
+    warm = [
+        peak
+        for t in report.trials
+        if t.candidate == pick and t.purpose != LaunchPurpose.FRESH and (peak := t.result.peak_memory_bytes)
+    ]
+    out: dict = {
+        "pick": pick.key,
+        "fresh_peak_bytes": fresh[-1] if fresh else None,
+        "warm_peak_bytes": max(warm) if warm else None,
+        "dropped_picks": [t.candidate.key for t in confirmations if not t.within_headroom],
+    }
+    if out["fresh_peak_bytes"] is not None and out["warm_peak_bytes"] is not None:
+        out["warm_minus_fresh_bytes"] = out["warm_peak_bytes"] - out["fresh_peak_bytes"]
+    return out
