@@ -189,6 +189,28 @@ def test_real_tune_ends_between_powers_of_two_on_a_boundary_a_trial_confirmed(tm
     assert 1 <= result.report.process_starts <= result.trials_launched
 
 
+def test_real_tune_with_the_gpu_defaults_launchers_confirms_its_pick_in_a_fresh_process(tmp_path) -> None:
+    """The GPU default's launchers (warm workers, then the pick once more in a process of its own after they stop:
+    search/trials.py launcher_for) driving real DeepSpeed trials on the CPU backend, where `auto` confirms nothing
+    (warm and fresh measured equal there): the pieces a GPU tune runs, end to end."""
+    from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
+    from autotune.trial.ops import prebuild_ops
+
+    prebuild_ops("cpu")  # an injected launcher gets no op preparation from the tuner
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    request = tune_request(tmp_path, seq_len=64, rungs=(Rung.Z0, Rung.Z2), micro_batches=(1, 2), use_cache=False)
+    with WarmWorkerPool(env=env) as pool:
+        confirm = FreshAfterWarm(pool, LocalLauncher(env=env))
+        result = tune(request, launcher=TrialLaunchers(pool, confirm))
+    report = result.report
+    assert report is not None and report.choice is not None and confirm.launches == 1
+    last = report.trials[-1]
+    assert last.purpose == "fresh-process confirmation" and last.candidate == report.choice.candidate
+    assert last.within_headroom and report.choice.peak_in_fresh_process
+    assert report.choice.peak_bytes == last.result.peak_memory_bytes
+    assert report.process_starts == pool.restarts + 1 <= result.trials_launched
+
+
 def test_replaced_warm_workers_get_a_progress_line() -> None:
     events: list[SearchEvent] = []
     note = _replaced_note(events.append)
