@@ -18,7 +18,7 @@ from autotune.core.ladder import Candidate, Rung
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import resolve_model, summarize
-from autotune.search.records import LaunchPurpose, SearchLimits
+from autotune.search.records import LaunchPurpose, SearchEvent, SearchLimits
 from autotune.search.relations import holds_at_least_the_memory_of
 from autotune.search.walk import Search
 from autotune.trial.types import TrialResult
@@ -45,7 +45,7 @@ class FreshNeedsMore:
         return replace(warm, ranks=[replace(warm.ranks[0], device_used_bytes=peak)]), False
 
 
-def _search(extra: int, confirm: bool = True, max_trials: int = 40):
+def _search(extra: int, confirm: bool = True, max_trials: int = 40, observe=lambda event: None):
     model = summarize(resolve_model("gpt2-medium"))
     memory = 16 * GIB
     target = Target(generic_gpu(memory), 4, 1, memory, host_ram_bytes=512 * GIB, measured=True)
@@ -60,6 +60,7 @@ def _search(extra: int, confirm: bool = True, max_trials: int = 40):
         RUNGS,
         GRID,
         SearchLimits(max_trials=max_trials),
+        observe,
         confirm_fresh=runner.run_fresh if confirm else None,
     )
     return search.run_search(), machine, runner
@@ -122,3 +123,16 @@ def test_a_pick_that_does_not_fit_fresh_gives_way_to_one_that_does() -> None:
 def test_nothing_fits_fresh_leaves_no_pick() -> None:
     outcome, _, runner = _search(extra=64 * GIB)
     assert outcome.best is None and outcome.fresh_confirmation is None and runner.fresh
+
+
+def test_progress_says_the_confirmation_runs_and_why_a_pick_gave_way() -> None:
+    unconfirmed, machine0, _ = _search(extra=0, confirm=False)
+    assert unconfirmed.best is not None
+    extra = int(0.9 * machine0.target.free_memory_bytes) - machine0.true_peak(unconfirmed.best.candidate) + 1
+    events: list[SearchEvent] = []
+    _search(extra=extra, observe=events.append)
+    lines = [e.message for e in events if e.kind == "prepare"]
+    first = unconfirmed.best.candidate.key
+    assert f"pick {first}: once more in a fresh process (its peak is the one reported" in lines[-3]
+    assert lines[-2] == f"{first} fitted in a warm worker but not in a fresh process; picking again"
+    assert "once more in a fresh process" in lines[-1]

@@ -129,6 +129,9 @@ class PickWalk:
         if self.confirm_fresh is None:
             return
         while (best := self.outcome.best) is not None:
+            pick = best.candidate.key
+            why = "its peak is the one reported; a trial outside the budget"
+            self.observe(SearchEvent("prepare", best.candidate, f"pick {pick}: once more in a fresh process ({why})"))
             record = self._trial(best.candidate, LaunchPurpose.FRESH, run=self.confirm_fresh)
             if record.within_headroom:
                 self.outcome.fresh_confirmation = record
