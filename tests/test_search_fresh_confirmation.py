@@ -13,11 +13,9 @@ from dataclasses import replace
 
 import pytest
 from tests.fakes.machines import SimulatedMachine
+from tests.test_search import _setup
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.estimate.types import EstimateSettings
-from autotune.hardware.specs import Target, generic_gpu
-from autotune.models import resolve_model, summarize
 from autotune.search.records import LaunchPurpose, SearchEvent, SearchLimits
 from autotune.search.relations import holds_at_least_the_memory_of
 from autotune.search.walk import Search
@@ -46,10 +44,7 @@ class FreshNeedsMore:
 
 
 def _search(extra: int, confirm: bool = True, max_trials: int = 40, observe=lambda event: None):
-    model = summarize(resolve_model("gpt2-medium"))
-    memory = 16 * GIB
-    target = Target(generic_gpu(memory), 4, 1, memory, host_ram_bytes=512 * GIB, measured=True)
-    settings = EstimateSettings(seq_len=1024, precision="bf16")
+    model, target, settings = _setup("gpt2-medium", 16, 4, 1024)
     machine = SimulatedMachine(model, target, settings, headroom=0.9)
     runner = FreshNeedsMore(machine, extra)
     search = Search(

@@ -12,7 +12,7 @@ from autotune.core.ladder import Candidate
 from autotune.modes.applies import ModeFacts, considered_modes, facts_for, ratio_grid
 from autotune.modes.search_view import ModeRecord
 from autotune.request.context import TuneContext
-from autotune.search.records import SearchEvent, SearchLimits
+from autotune.search.records import RunTrial, SearchEvent, SearchLimits
 from autotune.search.walk import Search
 from autotune.training.optimizers import optimizer_kind
 from autotune.trial.types import TrialResult
@@ -37,9 +37,9 @@ def planned_modes(ctx: TuneContext) -> list[ModeRecord]:
 
 def context_search(
     ctx: TuneContext,
-    run: Callable[[Candidate], tuple[TrialResult, bool]],
+    run: RunTrial,
     observe: Callable[[SearchEvent], None] = lambda event: None,
-    confirm_fresh: Callable[[Candidate], tuple[TrialResult, bool]] | None = None,
+    confirm_fresh: RunTrial | None = None,
 ) -> Search:
     """The search for this context: its rungs, grid, limits, global batch and the modes that apply here;
     `confirm_fresh` runs the pick in a process of its own where `run` uses warm workers (Search.confirm_fresh)."""
