@@ -133,7 +133,8 @@ HostMemoryOpt = Annotated[
     typer.Option(
         "--host-memory",
         help="Host RAM per node of the machine planned for (with --gpu-type/--gpu-memory), e.g. 512GiB;"
-        " a bare number is GiB. Default: probed when the GPUs are this machine's, else not known.",
+        " a bare number is GiB. Default: probed when the GPUs are this machine's (given, it replaces the probe's"
+        " figure, and the report says so), else not known.",
     ),
 ]
 DecoderSeqLenOpt = Annotated[

@@ -1,6 +1,7 @@
 """The search's trials for one tuning context: which launcher runs them (the caller's, the user's own command,
 warm workers or a fresh process each), DeepSpeed's ops loaded before the first trial that needs them, an
-inconclusive trial run once more, and cached trials believed only where the hardware could have produced them.
+inconclusive trial run once more, a verdict seen only in a warm worker run once fresh before it is used or cached,
+and cached trials believed only where the hardware could have produced them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest, confirms_pick_in_fresh_process, uses_warm_workers
 from autotune.search.cache import ResultsCache
 from autotune.search.for_context import context_search
-from autotune.search.records import SearchEvent, SearchOutcome
+from autotune.search.records import SearchEvent, SearchOutcome, TrialRecord
 from autotune.trial.plausible import Bounds
 from autotune.trial.types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec
 
@@ -156,7 +157,13 @@ def search_with_trials(
     def launch(launcher: TrialLauncher, candidate: Candidate) -> tuple[TrialResult, bool]:
         if ops is not None:
             ops.before(candidate)
-        result = run_trial(launcher, ctx.spec(candidate), observe, candidate, bounds)
+        spec = ctx.spec(candidate)
+        result = run_trial(launcher, spec, observe, candidate, bounds)
+        fresh = launchers.confirm if launcher is launchers.trials else None
+        if fresh is not None and (why := warm_only_doubt(ctx, candidate, result)):
+            note = f"{why} in a warm worker: running it once in a fresh process before believing it"
+            observe(SearchEvent("prepare", candidate, message=note))
+            result = run_trial(fresh, spec, observe, candidate, bounds)
         if cache and result.status in DETERMINISTIC_STATUSES:  # what a rerun would give again, nothing else
             cache.put_trial(key, candidate, result)
         return result, False
@@ -169,6 +176,28 @@ def search_with_trials(
     confirm = launchers.confirm
     confirm_fresh = None if confirm is None else (lambda candidate: launch(confirm, candidate))
     return context_search(ctx, run, observe, confirm_fresh).run_search()
+
+
+# Verdicts a warm worker may owe to an earlier trial's leftovers (pinned host blocks, a cached segment, a kernel
+# module): each would drop a candidate, or on the host side a whole rung (search/walk.py), and be cached, so where
+# a fresh process is at hand (the GPU default) it has the last word. A GPU out-of-memory is not among them: the
+# pick's fresh confirmation already catches a fit a warm worker got wrong the other way, and leftovers only add.
+WARM_DOUBTED_STATUSES = ("error", "oom_host")
+
+
+def warm_only_doubt(ctx: TuneContext, candidate: Candidate, result: TrialResult) -> str | None:
+    """Why a warm trial's verdict needs a fresh process before it is used: an error, a host OOM, or a host peak over
+    the host headroom (the walk's own test, search/records.py TrialRecord.over_host_headroom); None: believed."""
+    if result.status in WARM_DOUBTED_STATUSES:
+        return f"{result.status} ({result.error})"
+    host_ram = ctx.target.host_ram_bytes
+    if not result.ok or ctx.request.device == "cpu" or not host_ram:
+        return None
+    host_limit = int(ctx.request.headroom * host_ram)
+    record = TrialRecord(candidate, result, 0, 0, False, host_limit, ctx.target.gpus_per_node)
+    if record.over_host_headroom:
+        return f"host RAM peak {format_bytes(record.host_peak_bytes or 0)} over {format_bytes(host_limit)}"
+    return None
 
 
 def run_bounds(ctx: TuneContext) -> Bounds:

@@ -351,7 +351,13 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
         report.memory or RankMetrics(rank=rank) for rank, report in sorted(reports.items()) if rank in outcome.ranks
     ]
     phases = _slowest_phases(reports)
-    result = partial(TrialResult, ranks=ranks, wall_s=outcome.wall_s, phases=phases, startup_s=_startup_s(phases))
+    # a GPU rank without an NVML figure: its peak adds the predicted context and NCCL buffers (TrialResult)
+    no_nvml = spec.device == "cuda" and any(r.device_used_bytes is None for r in ranks)
+    estimate = spec.predicted_outside_allocator_bytes if no_nvml else None
+    result = partial(
+        TrialResult, ranks=ranks, wall_s=outcome.wall_s, phases=phases, startup_s=_startup_s(phases),
+        outside_allocator_estimate_bytes=estimate,
+    )  # fmt: skip
     failure = _failure(spec, reports, outcome)
     if failure is not None:
         status, error = failure

@@ -55,10 +55,17 @@ WARM_GROWTH_LIMIT_BYTES = 64 * 2**20
 # reserves for a large tensor (kLargeBuffer, 20 MiB: c10/cuda/CUDACachingAllocator.cpp), so a single segment that an
 # earlier trial left held, or a communicator's buffers a new process group left behind, replaces the workers.
 WARM_DEVICE_GROWTH_LIMIT_BYTES = 20 * 2**20
+# Pinned host blocks torch's host allocator still owns after a trial, above the floor. They are in the host RSS
+# too; watched apart because they are exactly what an offload trial leaves when the host cache is not emptied
+# (trial/memory.py empty_host_cache, where a torch lacks it), and because the next offload trial's host peak would
+# carry them into the search's host-headroom verdict (search/walk.py drops a whole rung on it). A choice: the same
+# 20 MiB as the device limit; any pinned block of an offload trial's size (a power of two of MiBs) is above it.
+WARM_PINNED_GROWTH_LIMIT_BYTES = 20 * 2**20
 # What the pool watches after each trial: the name its note uses, the rank report's figure, and how far it may grow.
 _WATCHED = (
     ("host memory", "host_rss_after_bytes", WARM_GROWTH_LIMIT_BYTES),
     ("device memory", "device_after_bytes", WARM_DEVICE_GROWTH_LIMIT_BYTES),
+    ("pinned host memory", "pinned_after_bytes", WARM_PINNED_GROWTH_LIMIT_BYTES),
 )
 
 
@@ -70,19 +77,25 @@ class _Workers:
     pool_dir: Path
     gpus_before: dict[int, int] | None  # NVML used before the workers started: what stopping them must restore
     next_index: int = 0
-    # per rank, what each held after the first trial (host RSS, device memory): what later trials start from
+    # per rank, what each held before its first trial (host RSS, device memory, pinned host blocks), as the workers
+    # report it (worker.py serve, after training.settle); for a worker that reports none, what it held after it
     floors: dict[str, dict[int, int]] | None = None
 
     def growth(self, reports: Mapping[int, RankReport]) -> tuple[str, int] | None:
-        """The memory that grew past its limit since the first trial, and by how much (the first call sets the
-        floors): host RSS, or on a GPU the device memory the worker still holds between trials."""
+        """The memory that grew past its limit since before the first trial, and by how much: host RSS, and on a
+        GPU the device memory and pinned host blocks the worker still holds between trials. The first trial is
+        checked too: an offload trial's pins left in a worker would otherwise sit in its floor, and in every later
+        trial's host peak."""
         after = {
-            what: {r.rank: held for r in reports.values() if (held := getattr(r, figure))}
+            what: {r.rank: held for r in reports.values() if (held := getattr(r, figure)) is not None}
             for what, figure, _ in _WATCHED
         }
         if self.floors is None:
-            self.floors = after
-            return None
+            before = {
+                what: {r.rank: r.floor[figure] for r in reports.values() if figure in r.floor}
+                for what, figure, _ in _WATCHED
+            }
+            self.floors = {what: {**after[what], **before[what]} for what in after}
         for what, _, limit in _WATCHED:
             floor = self.floors[what]
             grown = max((held - floor[rank] for rank, held in after[what].items() if rank in floor), default=0)
