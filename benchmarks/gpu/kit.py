@@ -804,13 +804,16 @@ def stage_tune(kit: Kit, out_dir: Path) -> None:
         if not kit.can_start(setting.min_tune_s):
             return
         tune_dir = out_dir / "tune"
-        command = [
-            sys.executable, "-m", "autotune", "tune", "--model", setting.model, "--seq-len", str(setting.seq_len),
-            *_limit_args(kit), "--rungs", setting.rungs_arg, "--max-trials", str(setting.max_trials),
-            "--micro-batches", ",".join(map(str, setting.grid_micro_batches)), "--no-cache", "--json",
+        common = [
+            "--model", setting.model, "--seq-len", str(setting.seq_len), "--rungs", setting.rungs_arg,
+            "--max-trials", str(setting.max_trials), "--micro-batches", ",".join(map(str, setting.grid_micro_batches)),
             "--time-budget", str(max(60, int(kit.time_left() - setting.rerun_s - setting.reserve_s))),
             "--out", str(tune_dir / "ds_config.json"),
         ]  # fmt: skip
+        if kit.dry_run and kit.lease:  # the GPU default's launchers on the CPU: the fresh confirmation runs too
+            command = [sys.executable, str(HERE / "gpu_default_tune.py"), "--memory-budget", "3GiB", *common]
+        else:
+            command = [sys.executable, "-m", "autotune", "tune", *_limit_args(kit), *common, "--no-cache", "--json"]
         log("tune: " + " ".join(command[2:]))
         started = time.monotonic()
         # its progress (stderr) streams into the lease's log as it happens; only the report (stdout) is kept

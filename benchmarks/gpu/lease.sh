@@ -142,7 +142,7 @@ export LIMIT
 # lease here, said, instead of every later stage failing the same way.
 run_stage help $(( $(elapsed) + 40 )) bash -c 'python3 -m autotune --help > "$0"' "$SCRATCH/help.txt"
 help_rc=$?
-kit smoke $(( $(elapsed) + 60 ))
+kit smoke $(( $(elapsed) + (dry ? 180 : 60) ))  # a loaded CPU imports torch and DeepSpeed far slower than a GPU host
 smoke_rc=$?
 if [ "$help_rc" != 0 ] || [ "$smoke_rc" != 0 ]; then
     say "stopping early: 'python -m autotune --help' exit $help_rc, smoke trial exit $smoke_rc (validation.json"
