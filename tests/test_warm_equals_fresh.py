@@ -63,16 +63,18 @@ def _report(host: int, pinned: int, floor: dict[str, int] | None = None) -> dict
 
 
 def test_a_first_trial_that_leaves_pinned_blocks_replaces_the_workers_before_the_next_offload_trial() -> None:
-    """The floor is taken before the first trial (after the process group, a matmul and a collective): an offload
-    trial whose pins stay in the worker (a torch without the host cache's release) is caught at once, instead of
-    sitting in the floor and in every later trial's host peak, where the search would drop the next offload rung."""
+    """The pinned floor is taken before the first trial (after the process group, a matmul and a collective): an
+    offload trial whose pins stay in the worker (a torch without the host cache's release) is caught at once, instead
+    of sitting in the floor and in every later trial's host peak, where the search would drop the next offload rung.
+    Host RSS keeps its floor from after the first trial: first-use costs a fresh process pays too are not growth."""
     floor = {"host_rss_after_bytes": 1000 * MiB, "device_after_bytes": 900 * MiB, "pinned_after_bytes": 0}
     workers = _Workers((1, "cuda"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), None)
     pins = 512 * MiB  # an offload trial's optimizer states, one power-of-two pinned block
-    assert workers.growth(_report(1000 * MiB + pins, pins, floor)) == ("host memory", pins)
+    assert workers.growth(_report(1000 * MiB + pins, pins, floor)) == ("pinned host memory", pins)
     emptied = _Workers((1, "cuda"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), None)
-    assert emptied.growth(_report(1010 * MiB, 0, floor)) is None  # the cache emptied: the same worker goes on
-    assert emptied.growth(_report(1010 * MiB, WARM_PINNED_GROWTH_LIMIT_BYTES + MiB, floor)) == (
+    assert emptied.growth(_report(1090 * MiB, 0, floor)) is None  # the cache emptied: the same worker goes on
+    assert emptied.floors is not None and emptied.floors["host memory"] == {0: 1090 * MiB}  # after its first trial
+    assert emptied.growth(_report(1100 * MiB, WARM_PINNED_GROWTH_LIMIT_BYTES + MiB, floor)) == (
         "pinned host memory", WARM_PINNED_GROWTH_LIMIT_BYTES + MiB,
     )  # fmt: skip
 

@@ -148,7 +148,9 @@ if [ "$help_rc" != 0 ] || [ "$smoke_rc" != 0 ]; then
     say "stopping early: 'python -m autotune --help' exit $help_rc, smoke trial exit $smoke_rc (validation.json"
     say "smoke holds its row, trial-stream.txt its logs); the builds and the later stages would fail the same way"
     head -c 3000 "$SCRATCH/help.txt"
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+    python3 -c "from autotune.trial.ops import build_locks
+for lock in build_locks('$device'): lock.unlink(missing_ok=True); print('removed the lock of a build stopped', lock)"
     exit 1
 fi
 run_stage versions $(( $(elapsed) + 30 )) "${PREFLIGHT[@]}" versions

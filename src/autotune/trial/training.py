@@ -540,9 +540,9 @@ def free_memory(device: str) -> None:
 
 def settle(device: str, local_rank: int) -> None:
     """What every trial's first step pays before its own memory: one matmul (cuBLAS's handle and workspace) and
-    one collective (the communicator's buffers), then the caches emptied. A warm worker takes its floor after it
-    (worker.py): before its first trial, so that trial's leftovers count as growth, yet past the costs every
-    process pays at its first step, which would otherwise read as a leftover."""
+    one collective (the communicator's buffers), then the caches emptied. A warm worker takes its floors after it
+    (worker.py): before its first trial, so that trial's leftovers can count as growth (warm.py _WATCHED says which
+    figures are judged from there), yet past the costs every process pays at its first step."""
     import torch
 
     where = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
