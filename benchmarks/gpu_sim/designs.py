@@ -137,7 +137,7 @@ def predicted_largest(full: FullScale, calibration: Calibration, group: Candidat
     return replace(group, micro_batch=best) if best is not None else None
 
 
-def groups(full: FullScale) -> list[Candidate]:
+def every_group(full: FullScale) -> list[Candidate]:
     """One candidate per rung x checkpointing x mode (micro-batch 1 stands for the group)."""
     return [
         Candidate(rung, 1, ckpt, mode) for rung in full.modes for mode in full.modes[rung] for ckpt in (False, True)
@@ -188,30 +188,18 @@ def small_then_scale(
     searches = [SmallSearch(n, *search(small_scenario(scenario, n))) for n in small_nodes]
     calibration = calibration_at(full.machine.world, [(s.machine.world, s.outcome.calibration) for s in searches])
     speeds = measured_speeds(searches)
-    placed = [c for g in groups(full) if (c := predicted_largest(full, calibration, g)) is not None]
+    placed = [c for g in every_group(full) if (c := predicted_largest(full, calibration, g)) is not None]
     measured = sorted((c for c in placed if _group_key(c) in speeds), key=lambda c: -speeds[_group_key(c)])
     chosen = measured[:top]
     if unmeasured_at_scale:
         chosen += [c for c in placed if _group_key(c) not in speeds]
-    runs: list[Candidate] = []
-    fitting: list[Candidate] = []
-    for candidate in chosen:
-        while True:
-            runs.append(candidate)
-            if full.fits(candidate):
-                fitting.append(candidate)
-                break
-            smaller = [m for m in full.micro_batches if m < candidate.micro_batch]
-            if not smaller:
-                break
-            candidate = replace(candidate, micro_batch=smaller[-1])
+    runs, fitting = run_at_scale(full, chosen)
     machine = full.machine
     pick = max(fitting, key=machine.samples_per_s, default=None)
-    small_s = sum(launches_seconds(s.machine, s.machine.launches(Launcher.WARM)) for s in searches)
+    small_walls = [(launches_seconds(s.machine, s.machine.launches(Launcher.WARM)), s.machine.world) for s in searches]
+    small_s = sum(seconds for seconds, _ in small_walls)
+    small_busy = sum(gpu_hours(seconds, gpus) for seconds, gpus in small_walls)
     full_s = launches_seconds(machine, [[c] for c in runs])
-    small_busy = sum(
-        gpu_hours(launches_seconds(s.machine, s.machine.launches(Launcher.WARM)), s.machine.world) for s in searches
-    )
     return {
         "small_nodes": list(small_nodes),
         "top": top,
@@ -228,6 +216,24 @@ def small_then_scale(
         "gpu_hours_allocation": round(gpu_hours(small_s + full_s, machine.world), 1),
         "gpu_hours_busy": round(small_busy + gpu_hours(full_s, machine.world), 1),
     }
+
+
+def run_at_scale(full: FullScale, chosen: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
+    """Each chosen candidate in a fresh full launch; one that does not fit is followed by the next smaller
+    micro-batch of its group. Returns every launch's candidate, in order, and those that fit."""
+    runs: list[Candidate] = []
+    fitting: list[Candidate] = []
+    for candidate in chosen:
+        while True:
+            runs.append(candidate)
+            if full.fits(candidate):
+                fitting.append(candidate)
+                break
+            smaller = [m for m in full.micro_batches if m < candidate.micro_batch]
+            if not smaller:
+                break
+            candidate = replace(candidate, micro_batch=smaller[-1])
+    return runs, fitting
 
 
 def _why_not(full: FullScale, candidate: Candidate) -> str:
