@@ -424,6 +424,8 @@ def main() -> None:
         "versions": library_versions(),
         "elapsed_s": round(time.monotonic() - started, 2),
         "headroom": HEADROOM,
+        "default_launches": headline(rows).strip(),
+        "multi_node_full_launch_medians": designs_medians(rows),
         "scenarios": rows,
     }
     atomic_write_text(args.out, json.dumps(data, indent=2) + "\n")
