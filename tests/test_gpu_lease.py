@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 KIT_DIR = REPO / "benchmarks" / "gpu"
 LEASE = KIT_DIR / "lease.sh"
 # What the device tool brings back from $OUT: at most 8 files, named in letters, digits, '.', '_', '-'
-# (/work/.library/device/README.md, Limits).
+# (the device tool's stated limits).
 OUT_FILE = re.compile(r"[A-Za-z0-9._-]+")
 
 

@@ -160,7 +160,7 @@ def test_precision_help_says_what_the_default_is(capsys):
 
 
 def test_plan_takes_tunes_model_hardware_and_training_options():
-    """What the README says about the two commands' options (Useful options)."""
+    """What docs/commands.md says about the two commands' options (Useful options)."""
     import inspect
 
     from autotune.cli.plan import plan_command

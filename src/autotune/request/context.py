@@ -222,7 +222,8 @@ class TuneContext:
         if not request.precision and target.gpu.key == "cpu" and precision == "fp32":
             notes.append(
                 "precision fp32: this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag), so bf16 is emulated"
-                " (a measured step: 18 s in bf16, 1.3 s in fp32; README); --precision bf16 tunes bf16 anyway"
+                " (a measured step: 18 s in bf16, 1.3 s in fp32; docs/quick-start.md);"
+                " --precision bf16 tunes bf16 anyway"
             )
         notes += kernel_notes(request, target.measured)
         notes += host_memory_note(request, target)
