@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout, suppress
 
 ACCELERATOR_ENV = "DS_ACCELERATOR"
 _ACCELERATOR_MODULE = "deepspeed.accelerator.real_accelerator"
@@ -67,3 +67,20 @@ def parse_without_device() -> None:
     `preserved_environment`, so the caller's environment is unchanged afterwards.
     """
     os.environ.setdefault(ACCELERATOR_ENV, "cpu")
+    deepspeed_imported_off_stdout()
+
+
+def deepspeed_imported_off_stdout() -> None:
+    """Import DeepSpeed (once per process) with stdout pointed at stderr, so `--json` output stays JSON.
+
+    Why: DeepSpeed's logger is a StreamHandler bound to the sys.stdout it sees when deepspeed.utils.logging is
+    first imported (deepspeed 0.19.8 utils/logging.py:45), and it logs while importing: 0.15.4, whose logger level
+    is INFO, "Setting ds_accelerator to cpu (override)" (0.19.8 accelerator/real_accelerator.py:262-263 logs it
+    at INFO too, below 0.19.8's WARNING level). Bound to stderr, DeepSpeed's lines still reach the user, never the
+    JSON a script reads from stdout. Not installed: the
+    caller's own import raises as before.
+    """
+    if "deepspeed" in sys.modules:
+        return
+    with redirect_stdout(sys.stderr), suppress(ImportError):
+        import deepspeed  # noqa: F401
