@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,11 +64,16 @@ def commands(tmp: Path) -> list[tuple[str, list[str]]]:
 def run(argv: list[str], env: dict[str, str], timeout: float) -> dict:
     """One command: exit code, seconds, and the last lines (a traceback's last line names its cause)."""
     start = time.monotonic()
-    try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-        code, stdout, out = done.returncode, done.stdout, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as expired:
-        code, stdout, out = "timeout", "", str(expired.stdout or "") + str(expired.stderr or "")
+    # its own session: on a timeout the whole group goes (a timed-out tune left its op builds running, orphaned)
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+            code, out = process.returncode, stdout + stderr
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            code, out, stdout = "timeout", stdout + stderr, ""
     lines = [line for line in out.splitlines() if line.strip()]
     result = {"argv": argv, "rc": code, "seconds": round(time.monotonic() - start, 1),
               "traceback": "Traceback (most recent call last)" in out, "tail": lines[-4:]}
