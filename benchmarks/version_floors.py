@@ -98,9 +98,11 @@ def command_ok(result: dict) -> bool:
 
 
 def relative(argv: list[str], tmp: Path) -> list[str]:
-    """argv as recorded: the repository is `.` and the cell's scratch folder `<work>`, so no path of the machine
-    that measured lands in the committed results."""
-    return [arg.replace(str(tmp), "<work>").replace(str(REPO) + "/", "") for arg in argv]
+    """argv as recorded: the repository is `.`, the cell's scratch folder `<work>`, the folder of the cells
+    (--venvs, where --ext-cache usually is) `<venvs>` and the home folder `~`, so no path of the machine that
+    measured lands in the committed results."""
+    return [arg.replace(str(tmp), "<work>").replace(str(tmp.parent), "<venvs>").replace(str(REPO) + "/", "")
+            .replace(str(Path.home()), "~") for arg in argv]
 
 
 def pytest_summary(out: str) -> dict:
