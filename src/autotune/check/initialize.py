@@ -14,15 +14,15 @@ Every finding names the DeepSpeed version: the lists change between releases.
 from __future__ import annotations
 
 import inspect
-import os
 from typing import Any
 
 from autotune.check.findings import Finding, Severity
 from autotune.dsconfig.loading import section_of
+from autotune.infra.environment import parse_without_device
 
 
 def deepspeed_version() -> str:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    parse_without_device()  # the CPU accelerator, and DeepSpeed's import-time log kept off stdout (--json)
     import deepspeed
 
     return str(deepspeed.__version__)

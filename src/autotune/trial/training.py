@@ -431,7 +431,7 @@ def engine_mode_facts(engine: Any) -> dict:
     facts: dict = {
         "zero_stage": int(zero.stage),
         "sub_group_size": int(zero.sub_group_size),
-        "zenflow": zero.zenflow is not None,
+        "zenflow": getattr(zero, "zenflow", None) is not None,  # no such field in DeepSpeed 0.15.4
         "hpz_partition_size": int(zero.zero_hpz_partition_size),
         "quantized_weights": bool(zero.zero_quantized_weights),
         "quantized_gradients": bool(zero.zero_quantized_gradients),
