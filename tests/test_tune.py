@@ -228,12 +228,13 @@ def test_narrower_rungs_or_grid_reuse_the_trials_already_measured(tmp_path) -> N
     first = CountingLauncher()
     tune(request, launcher=first)
     measured = {json.dumps(spec.ds_config, sort_keys=True) for spec in first.specs}
-    narrower = CountingLauncher()
-    result = tune(replace(request, rungs=(Rung.Z0, Rung.Z1), micro_batches=(1, 2)), launcher=narrower)
-    assert not result.from_cache  # another question: the narrower search is decided again ...
-    relaunched = [s for s in narrower.specs if json.dumps(s.ds_config, sort_keys=True) in measured]
-    assert relaunched == []  # ... from the trials already measured
-    assert result.report is not None and any(t.from_cache for t in result.report.trials)
+    for narrower_request in (replace(request, rungs=(Rung.Z0, Rung.Z1)), replace(request, micro_batches=(2, 4))):
+        narrower = CountingLauncher()
+        result = tune(narrower_request, launcher=narrower)
+        assert not result.from_cache  # another question: the narrower search is decided again ...
+        relaunched = [s for s in narrower.specs if json.dumps(s.ds_config, sort_keys=True) in measured]
+        assert relaunched == []  # ... from the trials already measured
+        assert result.report is not None and any(t.from_cache for t in result.report.trials)
     # what makes a trial valid stays in the key: another sequence length measures again
     other = CountingLauncher()
     tune(replace(request, rungs=(Rung.Z0,), micro_batches=(1,), seq_len=32), launcher=other)

@@ -135,7 +135,6 @@ def _tune(
             memory_bound=memory_bound(ctx, outcome),
         )
         cache.put_recommendation(ctx.answer_key, answer)
-    best = outcome.best if outcome else None
     return TuneResult(
         ctx.verified,
         candidate,
@@ -145,7 +144,7 @@ def _tune(
         report_md,
         report_json,
         launch,
-        best.result.samples_per_s if best else None,
+        report.choice.samples_per_s if report.choice else None,  # the one pick speed every output states
         outcome.trials_launched if outcome else 0,
         False,
         time.monotonic() - started,
