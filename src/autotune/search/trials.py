@@ -43,10 +43,7 @@ class TrialOps:
         names = tuple(name for name in ops_for(self.device, offload) if name not in self.ready)
         if not names:
             return
-        if not ops_built(self.device, names):
-            where = f"cached in {extensions_dir()}, TORCH_EXTENSIONS_DIR"
-            what = ", ".join(names)
-            self.observe(SearchEvent("prepare", message=f"building DeepSpeed ops once, in parallel: {what} ({where})"))
+        self.observe(SearchEvent("prepare", message=ops_line(names, ops_built(self.device, names), extensions_dir())))
         try:
             ensure_ops_ready(self.device, report=self._say, names=names)
         except (RuntimeError, OSError) as error:
@@ -55,6 +52,18 @@ class TrialOps:
 
     def _say(self, message: str) -> None:
         self.observe(SearchEvent("prepare", message=message))
+
+
+def ops_line(names: tuple[str, ...], built: bool, where: object) -> str:
+    """The line said before every op load, since any may compile: built files are not enough, torch rebuilds an op
+    whose sources, flags or torch version differ from its build's (trial/ops.py), which takes minutes."""
+    what = ", ".join(names)
+    if not built:
+        return f"building DeepSpeed ops once, in parallel: {what} (minutes; cached in {where})"
+    return (
+        f"loading DeepSpeed ops {what} from {where} (seconds; minutes if torch rebuilds them because their sources,"
+        " flags or torch version changed)"
+    )
 
 
 @dataclass(frozen=True)

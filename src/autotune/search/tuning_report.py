@@ -203,7 +203,7 @@ def finished_report(
     """A tuning that emitted a config: its notes on the config, the global batch, the training and any own
     command, added once to the report `report_of` built."""
     request = ctx.request
-    notes = [*placeholder_notes(config, ctx.base), *([] if ctx.verified else plan_notes)]
+    notes = [*placeholder_notes(config, ctx.base, measured=ctx.verified), *([] if ctx.verified else plan_notes)]
     if changes := approximation(candidate.mode, mode_facts(ctx)):  # only reachable with --allow-approximate
         notes.append(f"changes the training: {changes}")
     batch = describe_global_batch(config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step)
