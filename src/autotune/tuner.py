@@ -27,7 +27,14 @@ from autotune.search.answers import cached_answer, memory_bound
 from autotune.search.cache import ResultsCache, StoredAnswer
 from autotune.search.recommend import host_line, passed_over_line, recommend
 from autotune.search.records import SearchEvent
-from autotune.search.trials import TrialLaunchers, TrialOps, launcher_for, script_launcher, search_with_trials
+from autotune.search.trials import (
+    TrialLaunchers,
+    TrialOps,
+    expected_line,
+    launcher_for,
+    script_launcher,
+    search_with_trials,
+)
 from autotune.search.tuning_report import finished_report, no_trial_completed, own_command_entry, report_of
 from autotune.trial.types import TrialLauncher
 
@@ -96,13 +103,16 @@ def _tune(
     plan_data = None
     plan_notes: list[str] = []  # plan-only: the pick's host need and micro-batch, beside the recommendation
     if ctx.verified:
+        budget = request.time_budget_s
+        deadline = started + budget if budget is not None else None  # the whole tune, op builds included
         ops = TrialOps(request.device, observe) if launcher is None else None
+        observe(SearchEvent("prepare", message=expected_line(ctx, ops)))
         if ops is not None:
             ops.before()  # the ops every trial loads, before the trial workers start
         # one selection point: the caller's launcher, else the user's command (own-command mode), else ours
         given = launcher or script_launcher(request)
         with launcher_for(request, given, observe) as chosen:
-            outcome = search_with_trials(ctx, cache, chosen, observe, ops)
+            outcome = search_with_trials(ctx, cache, chosen, observe, ops, deadline)
             outcome.process_starts = chosen.process_starts  # warm workers count their starts
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := no_trial_completed(outcome)):

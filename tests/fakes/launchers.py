@@ -178,3 +178,21 @@ class PhasedSpeedLauncher(CountingLauncher):
             step_times_s=list(times),
             samples_per_s=spec.ds_config["train_batch_size"] / median,
         )
+
+
+class SlowLauncher(CountingLauncher):
+    """CountingLauncher's answers, each after `wall_s` seconds of wall clock, or a timeout once the spec's timeout
+    is shorter (as a real launcher kills a trial at its timeout). For time-budget tests; nothing else modelled."""
+
+    def __init__(self, wall_s: float) -> None:
+        super().__init__()
+        self.wall_s = wall_s
+
+    def answer(self, spec: TrialSpec) -> TrialResult:
+        import time
+
+        if spec.timeout_s < self.wall_s:
+            time.sleep(spec.timeout_s)
+            return TrialResult(status="timeout", error=f"trial timed out after {spec.timeout_s:.0f} s")
+        time.sleep(self.wall_s)
+        return super().answer(spec)

@@ -55,7 +55,8 @@ from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.request import request_from_options
 from autotune.core.units import format_bytes, format_duration
 from autotune.infra.terminate import Terminated, sigterm_raises
-from autotune.report.pick import measured_detail, measurement_lines, summary_head
+from autotune.report.pick import measured_detail, measurement_lines, not_tried_line, summary_head
+from autotune.request.tune_request import TUNE_TIME_BUDGET_S
 
 if TYPE_CHECKING:
     from autotune.core.ladder import Candidate
@@ -179,6 +180,8 @@ def _print_summary(result: TuneResult, verbose: bool = False) -> None:
         out.print(f"  launch (DeepSpeed script): {result.launch.deepspeed}", highlight=False, markup=False)
         out.print(f"  launch (HF Trainer):       {result.launch.hf_trainer}", highlight=False, markup=False)
         out.print("  torchrun and accelerate launch: see the report", highlight=False)
+    if stopped := not_tried_line(report):
+        out.print(f"  {stopped}", style="bold yellow", markup=False, highlight=False)
     for note in report.notes:
         out.print(f"  note: {note}", markup=False)
 
@@ -199,8 +202,12 @@ def tune_command(
     headroom: HeadroomOpt = D.headroom,
     max_trials: MaxTrialsOpt = D.max_trials,
     time_budget: Annotated[
-        float | None, typer.Option(help="Stop launching trials after this many seconds.")
-    ] = D.time_budget_s,
+        float,
+        typer.Option(
+            help="Seconds the whole tune may take (ops builds and trials): no trial starts after it and one still"
+            " running is stopped; the best verified config is written."
+        ),
+    ] = TUNE_TIME_BUDGET_S,
     max_micro_batch: MaxMicroBatchOpt = D.max_micro_batch,
     micro_batches: MicroBatchesOpt = None,
     rungs: RungsOpt = None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -18,7 +19,7 @@ from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest, confirms_pick_in_fresh_process, uses_warm_workers
 from autotune.search.cache import ResultsCache
 from autotune.search.for_context import context_search
-from autotune.search.records import SearchEvent, SearchOutcome
+from autotune.search.records import TIME_BUDGET_CUT, SearchEvent, SearchOutcome
 from autotune.trial.plausible import Bounds
 from autotune.trial.types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec
 
@@ -49,6 +50,12 @@ class TrialOps:
         except (RuntimeError, OSError) as error:
             raise UserError(str(error)) from None
         self.ready.update(names)
+
+    def pending(self) -> tuple[str, ...]:
+        """The ops the first trial loads that are not built here yet (CPU Adam waits for an offload trial)."""
+        from autotune.trial.ops import ops_built, ops_for
+
+        return tuple(name for name in ops_for(self.device, False) if not ops_built(self.device, (name,)))
 
     def _say(self, message: str) -> None:
         self.observe(SearchEvent("prepare", message=message))
@@ -155,17 +162,24 @@ def search_with_trials(
     launchers: TrialLaunchers,
     observe: Callable[[SearchEvent], None],
     ops: TrialOps | None = None,
+    deadline: float | None = None,
 ) -> SearchOutcome:
     """The search with real trials: cached ones believed where plausible, the rest run by `launchers.trials`; the
-    pick's fresh-process confirmation (where there is one) always runs, and replaces the cached trial."""
+    pick's fresh-process confirmation (where there is one) always runs, and replaces the cached trial.
+
+    `deadline` (time.monotonic()): where --time-budget ends. The search launches no trial after it, and a trial
+    still running there is stopped (its timeout is at most the time left), so the tune ends within its budget."""
     key = ctx.key
     bounds = run_bounds(ctx)
     cached = believed_trials(cache, key, bounds) if cache else {}
 
-    def launch(launcher: TrialLauncher, candidate: Candidate) -> tuple[TrialResult, bool]:
+    def launch(launcher: TrialLauncher, candidate: Candidate, budgeted: bool = True) -> tuple[TrialResult, bool]:
         if ops is not None:
             ops.before(candidate)
-        result = run_trial(launcher, ctx.spec(candidate), observe, candidate, bounds)
+        spec, cut = budgeted_spec(ctx.spec(candidate), deadline if budgeted else None)
+        result = run_trial(launcher, spec, observe, candidate, bounds)
+        if cut and result.status == "timeout":  # not the candidate's: never cached (timeouts are not)
+            result = replace(result, error=f"{TIME_BUDGET_CUT} ({ctx.request.time_budget_s:.0f} s)")
         if cache and result.status in DETERMINISTIC_STATUSES:  # what a rerun would give again, nothing else
             cache.put_trial(key, candidate, result)
         return result, False
@@ -176,8 +190,46 @@ def search_with_trials(
         return launch(launchers.trials, candidate)
 
     confirm = launchers.confirm
-    confirm_fresh = None if confirm is None else (lambda candidate: launch(confirm, candidate))
-    return context_search(ctx, run, observe, confirm_fresh).run_search()
+    # the pick's fresh confirmation is outside the budget (Search._confirm_fresh): not cut by it either
+    confirm_fresh = None if confirm is None else (lambda candidate: launch(confirm, candidate, budgeted=False))
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    return context_search(ctx, run, observe, confirm_fresh, time_left_s=left).run_search()
+
+
+def budgeted_spec(spec: TrialSpec, deadline: float | None) -> tuple[TrialSpec, bool]:
+    """The trial's spec with its timeout no later than the deadline, and whether the deadline shortened it."""
+    if deadline is None:
+        return spec, False
+    left = max(1.0, deadline - time.monotonic())
+    if left >= spec.timeout_s:
+        return spec, False
+    return replace(spec, timeout_s=left), True
+
+
+def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
+    """Before the first trial: how many trials at most, what each is made of, the op builds ahead, and the time
+    budget that bounds it all. No trial's time is predicted here: nothing in this machine's step time is known
+    before one runs (the memory model predicts bytes, not seconds); the progress line gives the measured
+    estimate from the first trial on (cli/tune.py TrialProgress.eta)."""
+    from autotune.core.measurement import MAX_MEASURE_S, MAX_STEPS, MIN_STEPS
+
+    request = ctx.request
+    candidates = len(ctx.rungs) * 2 * len(ctx.grid)
+    trials = min(request.max_trials, candidates)
+    pending = ops.pending() if ops is not None else ()
+    builds = f"; first builds DeepSpeed ops {', '.join(pending)} (minutes)" if pending else ""
+    budget = request.time_budget_s
+    bound = (
+        f"the time budget, {budget / 60:.0f} min (--time-budget), bounds the whole tune: no trial starts after it and"
+        " one still running then is stopped"
+        if budget is not None
+        else "no time budget (--time-budget)"
+    )
+    return (
+        f"expect at most {trials} trials of {candidates} candidates (--max-trials {request.max_trials}), each a"
+        f" process start, warm-up steps and {MIN_STEPS}-{MAX_STEPS} measured steps (at most {MAX_MEASURE_S:.0f} s"
+        f" of them){builds}; {bound}"
+    )
 
 
 def run_bounds(ctx: TuneContext) -> Bounds:

@@ -30,9 +30,9 @@ from autotune.report.data import (
     VerdictEntry,
 )
 from autotune.request.context import TuneContext
-from autotune.search.for_context import mode_facts, planned_modes
 from autotune.search.close_call import Verdict
-from autotune.search.records import SearchOutcome, TrialRecord
+from autotune.search.for_context import mode_facts, planned_modes
+from autotune.search.records import TIME_BUDGET_CUT, SearchOutcome, TrialRecord
 from autotune.training.checks import training_choices_report
 
 
@@ -44,7 +44,8 @@ def no_trial_completed(outcome: SearchOutcome) -> str | None:
     first = outcome.trials[0].result
     statuses = sorted({t.result.status for t in outcome.trials})
     detail = f": {first.error}" if first.error else ""
-    hint = " (raise --trial-timeout?)" if "timeout" in statuses else ""
+    budget_cut = any((t.result.error or "").startswith(TIME_BUDGET_CUT) for t in outcome.trials)
+    hint = " (raise --time-budget?)" if budget_cut else " (raise --trial-timeout?)" if "timeout" in statuses else ""
     return f"no trial completed ({', '.join(statuses)}){hint}; first: {first.status}{detail}"
 
 

@@ -1,0 +1,79 @@
+"""A first tune of a sensible length: `autotune tune` has a stated default time budget that bounds the whole tune
+(no trial starts after it, one running at it is stopped), says what it expects before the first trial, and ends
+with the best verified config and what it did not try."""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import pytest
+from tests.fakes.launchers import SlowLauncher
+
+from autotune import tune
+from autotune.cli.tune import _print_summary, tune_command
+from autotune.core.ladder import Rung
+from autotune.core.stop import StopReason
+from autotune.errors import TrialsFailedError
+from autotune.request.tune_request import TUNE_TIME_BUDGET_S
+from autotune.search.records import SearchEvent
+from autotune.search.trials import budgeted_spec
+from autotune.trial.types import TrialSpec
+from autotune.tuner import TuneRequest
+
+
+def test_tune_has_a_stated_default_time_budget() -> None:
+    default = inspect.signature(tune_command).parameters["time_budget"].default
+    assert default == TUNE_TIME_BUDGET_S == 600.0
+    assert TuneRequest(model="x").time_budget_s is None  # the API and the hook keep none unless given
+
+
+def test_the_budget_bounds_the_whole_tune_and_the_summary_says_what_was_not_tried(tmp_path, capsys) -> None:
+    """Trials of 1 s under a 2.5 s budget: no trial runs past the budget (a trial's timeout is at most the time
+    left, floored at 1 s), and the tune writes the best verified config, naming the budget and the groups it did
+    not try; the line before the first trial says what to expect."""
+    events: list[tuple[float, SearchEvent]] = []
+    launcher = SlowLauncher(wall_s=1.0)
+    started = time.monotonic()
+    result = tune(_request(tmp_path, 2.5), launcher=launcher, observe=lambda e: events.append((time.monotonic(), e)))
+    assert result.verified and result.candidate is not None and result.config_path.exists()
+    assert result.stop_reason is StopReason.TIME_BUDGET
+    last_end = max(at for at, e in events if e.kind == "trial_end")
+    assert last_end - started <= 2.5 + 1.0 + 0.5  # the budget, the 1 s floor, the sleep's slack
+    first = next(e.message for _, e in events if e.kind == "prepare")
+    assert first.startswith("expect at most 12 trials of 18 candidates") and "time budget" in first
+    _print_summary(result)
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "Stopped early" in line)
+    assert "time budget spent" in line and "not tried:" in line and "--time-budget" in line
+
+
+def test_a_trial_running_at_the_budget_is_stopped_and_said_so(tmp_path) -> None:
+    launcher = SlowLauncher(wall_s=30.0)
+    started = time.monotonic()
+    with pytest.raises(TrialsFailedError, match=r"raise --time-budget\?\); first: timeout: stopped at the time budget"):
+        tune(_request(tmp_path, 2.0), launcher=launcher)
+    assert time.monotonic() - started < 30.0 and launcher.specs[0].timeout_s <= 2.0
+
+
+def test_a_trial_timeout_is_cut_only_by_a_nearer_deadline() -> None:
+    spec = TrialSpec(model_config={}, architecture="x", family="decoder-only", ds_config={}, seq_len=8, timeout_s=900.0)
+    assert budgeted_spec(spec, None) == (spec, False)
+    assert budgeted_spec(spec, time.monotonic() + 5000) == (spec, False)
+    cut, shortened = budgeted_spec(spec, time.monotonic() + 60)
+    assert shortened and 55 < cut.timeout_s <= 60
+    assert budgeted_spec(spec, time.monotonic() - 5)[0].timeout_s == 1.0  # spent: the floor
+
+
+def _request(tmp_path, budget: float) -> TuneRequest:
+    return TuneRequest(
+        model="tiny-gpt2",
+        device="cpu",
+        memory_budget="2GiB",
+        seq_len=64,
+        rungs=(Rung.Z0, Rung.Z1, Rung.Z3),
+        micro_batches=(1, 2, 4),
+        time_budget_s=budget,
+        out=str(tmp_path / "ds_config.json"),
+        use_cache=False,
+    )
