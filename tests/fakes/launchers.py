@@ -196,3 +196,22 @@ class SlowLauncher(CountingLauncher):
             return TrialResult(status="timeout", error=f"trial timed out after {spec.timeout_s:.0f} s")
         time.sleep(self.wall_s)
         return super().answer(spec)
+
+
+class SigtermLauncher(CountingLauncher):
+    """CountingLauncher's answers; its `after`+1-th trial sends this process SIGTERM, as scancel or a SLURM time limit
+    would mid-trial (inside `infra.terminate.sigterm_raises()` that raises Terminated there). Nothing else modelled."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+
+    def answer(self, spec: TrialSpec) -> TrialResult:
+        import os
+        import signal
+        import time
+
+        if len(self.specs) > self.after:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+        return super().answer(spec)

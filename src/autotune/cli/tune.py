@@ -204,7 +204,7 @@ def tune_command(
     time_budget: Annotated[
         float,
         typer.Option(
-            help="Seconds the whole tune may take (ops builds and trials): no trial starts after it and one still"
+            help="Seconds of search (after the first DeepSpeed op builds): no trial starts after it and one still"
             " running is stopped; the best verified config is written."
         ),
     ] = TUNE_TIME_BUDGET_S,
@@ -252,17 +252,21 @@ def tune_command(
     try:
         with sigterm_raises():
             result = tune(request, observe=best)
-    except Terminated:
-        raise Terminated(_on_terminated(request, best)) from None
+    except Terminated as stop:
+        raise Terminated(_on_terminated(request, best, stop)) from None
     if as_json:
         print_json(result.report.to_json() if result.report else {})
         return
     _print_summary(result, verbose)
 
 
-def _on_terminated(request: TuneRequest, best: BestVerified) -> str:
+def _on_terminated(request: TuneRequest, best: BestVerified, stop: Terminated) -> str:
     """SIGTERM mid-tuning: trials are stopped and their temp dirs gone by now; finished trials are in the
-    cache (a rerun resumes from them). Write the best config verified so far, if any, and say so."""
+    cache (a rerun resumes from them). tune() wrote every file from the best config verified so far when the
+    search had one (its message says so); else, where SIGTERM came outside the search with a trial verified, the
+    config alone is written here."""
+    if str(stop).startswith("terminated by SIGTERM; wrote"):
+        return str(stop)
     if best.record is None:
         return "terminated by SIGTERM before any trial verified a config; nothing written (a rerun resumes)"
     from autotune.dsconfig.emit import write_configs

@@ -13,8 +13,10 @@ from dataclasses import dataclass, replace
 
 from autotune.core.choices import Device
 from autotune.core.ladder import Candidate
+from autotune.core.stop import StopReason
 from autotune.core.units import format_bytes
 from autotune.errors import UserError
+from autotune.infra.terminate import Terminated
 from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest, confirms_pick_in_fresh_process, uses_warm_workers
 from autotune.search.cache import ResultsCache
@@ -193,7 +195,22 @@ def search_with_trials(
     # the pick's fresh confirmation is outside the budget (Search._confirm_fresh): not cut by it either
     confirm_fresh = None if confirm is None else (lambda candidate: launch(confirm, candidate, budgeted=False))
     left = None if deadline is None else max(0.0, deadline - time.monotonic())
-    return context_search(ctx, run, observe, confirm_fresh, time_left_s=left).run_search()
+    search = context_search(ctx, run, observe, confirm_fresh, time_left_s=left)
+    try:
+        return search.run_search()
+    except Terminated:
+        raise SearchTerminated(search.outcome) from None
+
+
+class SearchTerminated(Terminated):
+    """SIGTERM mid-search, carrying what the search had measured by then: the tuner writes every file a finished
+    tune writes from its best verified trial, marked as stopped (tuner.py), before the process exits."""
+
+    def __init__(self, outcome: SearchOutcome) -> None:
+        super().__init__()
+        outcome.stop_reason = StopReason.TERMINATED
+        outcome.stop_message = "terminated by SIGTERM: the best config verified so far, not the search's end"
+        self.outcome = outcome
 
 
 def budgeted_spec(spec: TrialSpec, deadline: float | None) -> tuple[TrialSpec, bool]:
@@ -214,19 +231,23 @@ def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
     from autotune.core.measurement import MAX_MEASURE_S, MAX_STEPS, MIN_STEPS
 
     request = ctx.request
-    candidates = len(ctx.rungs) * 2 * len(ctx.grid)
-    trials = min(request.max_trials, candidates)
+    trials = min(request.max_trials, len(ctx.rungs) * 2 * len(ctx.grid))
+    space = (
+        f"{len(ctx.rungs)} rung(s), with and without checkpointing, micro-batches {ctx.grid[0]}-{ctx.grid[-1]}"
+        if ctx.grid
+        else f"{len(ctx.rungs)} rung(s)"
+    )
     pending = ops.pending() if ops is not None else ()
-    builds = f"; first builds DeepSpeed ops {', '.join(pending)} (minutes)" if pending else ""
+    builds = f"; first builds DeepSpeed ops {', '.join(pending)} (minutes, once per machine)" if pending else ""
     budget = request.time_budget_s
     bound = (
-        f"the time budget, {budget / 60:.0f} min (--time-budget), bounds the whole tune: no trial starts after it and"
-        " one still running then is stopped"
+        f"the time budget, {budget / 60:.0f} min (--time-budget), bounds the search after the first op load: no"
+        " trial starts after it and one still running then is stopped"
         if budget is not None
         else "no time budget (--time-budget)"
     )
     return (
-        f"expect at most {trials} trials of {candidates} candidates (--max-trials {request.max_trials}), each a"
+        f"expect at most {trials} trials (--max-trials {request.max_trials}) over {space}; each a"
         f" process start, warm-up steps and {MIN_STEPS}-{MAX_STEPS} measured steps (at most {MAX_MEASURE_S:.0f} s"
         f" of them){builds}; {bound}"
     )
