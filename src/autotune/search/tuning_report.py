@@ -39,8 +39,12 @@ from autotune.training.checks import training_choices_report
 def no_trial_completed(outcome: SearchOutcome) -> str | None:
     """When trials ran but none finished (timeouts, crashes) and none ran out of memory, the answer is not
     "nothing fits": the message names what went wrong instead."""
-    if outcome.best is None and not outcome.trials and outcome.stop_reason is StopReason.TIME_BUDGET:
-        return f"the time budget ran out before any trial ran ({outcome.stop_message}; raise --time-budget)"
+    if outcome.best is None and outcome.stop_reason is StopReason.TIME_BUDGET:  # not "nothing fits": not all tried
+        if not outcome.trials:
+            return f"the time budget ran out before any trial ran ({outcome.stop_message}; raise --time-budget)"
+        tried = ", ".join(f"{t.candidate.key} {t.result.status}" for t in outcome.trials)
+        return f"the time budget ran out before a trial verified a config ({outcome.stop_message}; tried {tried});" \
+            " raise --time-budget"
     if outcome.best is not None or not outcome.trials or any(t.memory_failure for t in outcome.trials):
         return None
     first = outcome.trials[0].result
