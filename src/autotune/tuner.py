@@ -18,6 +18,7 @@ from autotune.dsconfig.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.errors import NothingFitsError, TrialsFailedError
 from autotune.infra.environment import deepspeed_accelerator, preserved_environment
 from autotune.infra.paths import cache_dir
+from autotune.infra.terminate import Terminated
 from autotune.report.assumptions import write_assumptions
 from autotune.report.data import TuneReport
 from autotune.report.markdown import write_report
@@ -27,7 +28,15 @@ from autotune.search.answers import cached_answer, memory_bound
 from autotune.search.cache import ResultsCache, StoredAnswer
 from autotune.search.recommend import host_line, passed_over_line, recommend
 from autotune.search.records import SearchEvent
-from autotune.search.trials import TrialLaunchers, TrialOps, launcher_for, script_launcher, search_with_trials
+from autotune.search.trials import (
+    SearchTerminated,
+    TrialLaunchers,
+    TrialOps,
+    expected_line,
+    launcher_for,
+    script_launcher,
+    search_with_trials,
+)
 from autotune.search.tuning_report import finished_report, no_trial_completed, own_command_entry, report_of
 from autotune.trial.types import TrialLauncher
 
@@ -93,17 +102,28 @@ def _tune(
     if cache and ctx.verified and (hit := cached_answer(ctx, cache)):
         return _from_cache(ctx, hit, out_path, report_dir, started)
     outcome = None
+    terminated: SearchTerminated | None = None  # SIGTERM mid-search: everything is written, then it is re-raised
     plan_data = None
     plan_notes: list[str] = []  # plan-only: the pick's host need and micro-batch, beside the recommendation
     if ctx.verified:
         ops = TrialOps(request.device, observe) if launcher is None else None
+        observe(SearchEvent("prepare", message=expected_line(ctx, ops)))
         if ops is not None:
             ops.before()  # the ops every trial loads, before the trial workers start
+        # --time-budget bounds the search from here: a fresh machine's first op builds are a one-time cost said apart
+        # (minutes, and over 10 minutes with other builds beside them on the loaded 2-core machine: our measurement)
+        budget = request.time_budget_s
+        deadline = time.monotonic() + budget if budget is not None else None
         # one selection point: the caller's launcher, else the user's command (own-command mode), else ours
         given = launcher or script_launcher(request)
-        with launcher_for(request, given, observe) as chosen:
-            outcome = search_with_trials(ctx, cache, chosen, observe, ops)
-            outcome.process_starts = chosen.process_starts  # warm workers count their starts
+        try:
+            with launcher_for(request, given, observe) as chosen:
+                outcome = search_with_trials(ctx, cache, chosen, observe, ops, deadline)
+                outcome.process_starts = chosen.process_starts  # warm workers count their starts
+        except SearchTerminated as stop:  # trials stopped by now (the launcher's finally)
+            if stop.outcome.best is None:
+                raise
+            outcome, terminated = stop.outcome, stop
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := no_trial_completed(outcome)):
             report = report_of(ctx, None, outcome, None, None, None, None, time.monotonic() - started)
@@ -119,13 +139,22 @@ def _tune(
         write_report(report, report_dir)
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {report.nothing_fits_reason}")
     config = ctx.emitted_config(candidate)
-    # The .hf.json is always written: the HF Trainer and accelerate launch paths read it.
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True, base=ctx.base)
+    # The .hf.json is always written: the HF Trainer and accelerate launch paths read it. Not re-validated under
+    # SIGTERM: its trial just ran DeepSpeed with this config at this world size, and importing DeepSpeed would
+    # spend most of the grace period before SIGKILL (30 s by default in SLURM).
+    world, validate = ctx.target.world_size, terminated is None
+    config_path, hf_path = write_configs(config, world, out_path, hf=True, base=ctx.base, validate=validate)
     launch = _launch(ctx, config, candidate, config_path)
     found = report_of(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
     report = finished_report(ctx, found, candidate, config, config_path, plan_notes)
     write_assumptions(config_path, report)
     report_md, report_json = write_report(report, report_dir)
+    if terminated is not None:  # every file a finished tune writes, marked stopped; no answer stored
+        written = f"{config_path} (with its .hf.json, .accelerate.yaml, .autotune.json) and {report_md}"
+        raise Terminated(
+            f"terminated by SIGTERM; wrote the best config verified so far ({candidate.describe()}):"
+            f" {written}, marked stopped (a rerun resumes from the finished trials)"
+        ) from None
     if cache and outcome is not None:
         answer = StoredAnswer(
             candidate=candidate,
@@ -135,7 +164,6 @@ def _tune(
             memory_bound=memory_bound(ctx, outcome),
         )
         cache.put_recommendation(ctx.answer_key, answer)
-    best = outcome.best if outcome else None
     return TuneResult(
         ctx.verified,
         candidate,
@@ -145,7 +173,7 @@ def _tune(
         report_md,
         report_json,
         launch,
-        best.result.samples_per_s if best else None,
+        report.choice.samples_per_s if report.choice else None,  # the one pick speed every output states
         outcome.trials_launched if outcome else 0,
         False,
         time.monotonic() - started,

@@ -55,7 +55,8 @@ from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.request import request_from_options
 from autotune.core.units import format_bytes, format_duration
 from autotune.infra.terminate import Terminated, sigterm_raises
-from autotune.report.pick import measured_detail, measurement_lines, summary_head
+from autotune.report.pick import measured_detail, measurement_lines, not_tried_line, summary_head
+from autotune.request.tune_request import TUNE_TIME_BUDGET_S
 
 if TYPE_CHECKING:
     from autotune.core.ladder import Candidate
@@ -179,6 +180,8 @@ def _print_summary(result: TuneResult, verbose: bool = False) -> None:
         out.print(f"  launch (DeepSpeed script): {result.launch.deepspeed}", highlight=False, markup=False)
         out.print(f"  launch (HF Trainer):       {result.launch.hf_trainer}", highlight=False, markup=False)
         out.print("  torchrun and accelerate launch: see the report", highlight=False)
+    if stopped := not_tried_line(report):
+        out.print(f"  {stopped}", style="bold yellow", markup=False, highlight=False)
     for note in report.notes:
         out.print(f"  note: {note}", markup=False)
 
@@ -199,8 +202,12 @@ def tune_command(
     headroom: HeadroomOpt = D.headroom,
     max_trials: MaxTrialsOpt = D.max_trials,
     time_budget: Annotated[
-        float | None, typer.Option(help="Stop launching trials after this many seconds.")
-    ] = D.time_budget_s,
+        float,
+        typer.Option(
+            help="Seconds of search (after the first DeepSpeed op builds): no trial starts after it and one still"
+            " running is stopped; the best verified config is written."
+        ),
+    ] = TUNE_TIME_BUDGET_S,
     max_micro_batch: MaxMicroBatchOpt = D.max_micro_batch,
     micro_batches: MicroBatchesOpt = None,
     rungs: RungsOpt = None,
@@ -245,17 +252,21 @@ def tune_command(
     try:
         with sigterm_raises():
             result = tune(request, observe=best)
-    except Terminated:
-        raise Terminated(_on_terminated(request, best)) from None
+    except Terminated as stop:
+        raise Terminated(_on_terminated(request, best, stop)) from None
     if as_json:
         print_json(result.report.to_json() if result.report else {})
         return
     _print_summary(result, verbose)
 
 
-def _on_terminated(request: TuneRequest, best: BestVerified) -> str:
+def _on_terminated(request: TuneRequest, best: BestVerified, stop: Terminated) -> str:
     """SIGTERM mid-tuning: trials are stopped and their temp dirs gone by now; finished trials are in the
-    cache (a rerun resumes from them). Write the best config verified so far, if any, and say so."""
+    cache (a rerun resumes from them). tune() wrote every file from the best config verified so far when the
+    search had one (its message says so); else, where SIGTERM came outside the search with a trial verified, the
+    config alone is written here."""
+    if str(stop).startswith("terminated by SIGTERM; wrote"):
+        return str(stop)
     if best.record is None:
         return "terminated by SIGTERM before any trial verified a config; nothing written (a rerun resumes)"
     from autotune.dsconfig.emit import write_configs

@@ -99,16 +99,18 @@ def runnable(config: dict[str, Any], world_size: int) -> dict[str, Any]:
     return filled.filled
 
 
-def placeholder_notes(config: Mapping[str, Any], base: Mapping[str, Any] | None) -> list[str]:
-    """The training settings the emitted config leaves to DeepSpeed's defaults because nobody chose them."""
+def placeholder_notes(config: Mapping[str, Any], base: Mapping[str, Any] | None, measured: bool = True) -> list[str]:
+    """The training settings the emitted config leaves to DeepSpeed's defaults because nobody chose them;
+    `measured`: trials ran (else a plan-only answer, which measured nothing)."""
     if base is not None and "optimizer" in base:
         return []
     notes = []
     section = config.get("optimizer")
     if isinstance(section, Mapping):
         notes.append(
-            f"placeholder: optimizer {section.get('type')} is named so DeepSpeed builds the optimizer the tuning"
-            " measured (DeepSpeedCPUAdam when offloaded); it sets no lr, betas, eps or weight_decay, so DeepSpeed's"
+            f"placeholder: optimizer {section.get('type')} is named so DeepSpeed builds the optimizer"
+            f" {'the tuning measured' if measured else 'the plan assumed'} (DeepSpeedCPUAdam when offloaded);"
+            " it sets no lr, betas, eps or weight_decay, so DeepSpeed's"
             " defaults apply (lr 1e-3): put yours under optimizer.params, or tune with --config your_ds_config.json"
             " (the .hf.json takes them from TrainingArguments)"
         )

@@ -332,10 +332,23 @@ class TuneContext:
     def _mlock_matters(self) -> bool:
         return native_pinning() or any(rung.needs_nvme for rung in self.rungs)
 
+    def trial_question(self) -> dict:
+        """What decides one trial's result: the question less what only chooses which candidates to try (the
+        micro-batch grid, the rung list), so a re-run with a narrower `--rungs` or `--micro-batches` reuses the
+        trials already measured. A trial's own candidate is in its row; its config is built from the candidate and
+        the rest of the question (`tuned_config`), which stays. What may be mlocked decides whether pinned NVMe
+        offload runs: it stays whenever an NVMe rung could run here (an NVMe path given), not only when the
+        chosen rungs hold one, so that narrowing the rungs does not change the key."""
+        question = {k: v for k, v in self.question().items() if k not in ("grid", "rungs", "mlock")}
+        if native_pinning() or self.request.nvme_path is not None:
+            question["mlock"] = [self.target.memlock_bytes, native_pinning()]
+        return question
+
     @property
     def key(self) -> str:
-        """The trials' key: the question and the memory limit, bucketed (see LIMIT_BUCKET_RATIO)."""
-        return run_key({**self.question(), "limit_bucket": limit_bucket(self.limit_bytes)})
+        """The trials' key: the trial question and the memory limit, bucketed (see LIMIT_BUCKET_RATIO). The
+        answer's key (`answer_key`) keeps the grid and the rungs: the best of a narrower search is another answer."""
+        return run_key({**self.trial_question(), "limit_bucket": limit_bucket(self.limit_bytes)})
 
     @property
     def answer_key(self) -> str:

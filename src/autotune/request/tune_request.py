@@ -30,6 +30,13 @@ from autotune.errors import UserError
 MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
 # Relative-position models (T5) have no position table; their pre-training length is the default.
 RELATIVE_POSITION_DEFAULT_SEQ_LEN = 512  # T5 paper, section 3.1.2: "sequence length of 512"
+# `autotune tune`'s default --time-budget: a first tune without options must end in a sensible time (issue 45: the
+# whole default ladder on tiny-gpt2 was on course for ~25 minutes of trials on a 2-core machine). It counts from the
+# first op load (a fresh machine's op builds are said apart, tuner.py); the search launches no trial after it and
+# stops one still running at it (search/trials.py), then writes the best verified config and what it did not try.
+# The API (`TuneRequest`) and the hook keep no budget unless given one: a cluster job's own time limit is the hook's,
+# and a budget-cut hook tuning is a fallback `--strict` refuses.
+TUNE_TIME_BUDGET_S = 600.0
 DEFAULT_SEQ_LEN_CAP = 2048  # a model's context is used up to this; longer contexts are a choice, not a default
 
 
