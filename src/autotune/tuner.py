@@ -18,6 +18,7 @@ from autotune.dsconfig.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.errors import NothingFitsError, TrialsFailedError
 from autotune.infra.environment import deepspeed_accelerator, preserved_environment
 from autotune.infra.paths import cache_dir
+from autotune.infra.terminate import Terminated
 from autotune.report.assumptions import write_assumptions
 from autotune.report.data import TuneReport
 from autotune.report.markdown import write_report
@@ -88,6 +89,21 @@ def _tune(
     if ctx.verified:
         check_host_capacity(request, ctx.target)
     cache = _results_cache(request)
+    try:
+        return _tune_with(ctx, request, cache, launcher, observe, started)
+    except Terminated as stopped:  # SIGTERM/SIGINT: say whether a rerun finds the finished trials
+        stopped.resumable = cache is not None and not cache.untrusted
+        raise
+
+
+def _tune_with(
+    ctx: TuneContext,
+    request: TuneRequest,
+    cache: ResultsCache | None,
+    launcher: TrialLauncher | TrialLaunchers | None,
+    observe: Callable[[SearchEvent], None],
+    started: float,
+) -> TuneResult:
     out_path = output_path(request.out)
     report_dir = Path(request.report_dir) if request.report_dir else Path(request.out).parent
     if cache and ctx.verified and (hit := cached_answer(ctx, cache)):
