@@ -175,7 +175,8 @@ def run_bounds(ctx: TuneContext) -> Bounds:
     """What this run's hardware and model allow a trial to measure (trial/plausible.py)."""
     device: Device = "cpu" if ctx.request.device == "cpu" else "cuda"
     peak_tflops = ctx.target.gpu.peak_tflops(ctx.precision)
-    return Bounds.for_run(ctx.model.total_params, ctx.target.world_size, device, peak_tflops)
+    tokens_per_sample = 1 if ctx.request.command is not None else ctx.seq_len  # the user's command: its own data
+    return Bounds.for_run(ctx.model.total_params, ctx.target.world_size, device, peak_tflops, tokens_per_sample)
 
 
 def believed_trials(cache: ResultsCache, key: str, bounds: Bounds) -> dict[Candidate, TrialResult]:
