@@ -69,6 +69,15 @@ def check_sizes(config: dict, where: str) -> None:
     check_bounds(config, where)
 
 
+def _with_code_dir(config: dict, config_path: Path, trust_remote_code: bool) -> dict:
+    """A remote-code config (`auto_map`, --trust-remote-code) records the directory its code is in, as
+    transformers' `_name_or_path`, so the meta build and the trial workers load the classes from there
+    (models/build.py); other configs are returned as read."""
+    if not (trust_remote_code and "auto_map" in config):
+        return config
+    return {**config, "_name_or_path": str(config_path.resolve().parent)}
+
+
 def _read_profile_file(path: Path) -> ModelSource | None:
     """A file in the built-in profile format ({"name", "architecture", "config"}) is accepted as a custom profile."""
     try:
@@ -101,7 +110,7 @@ def _from_local(path: Path, trust_remote_code: bool) -> ModelSource:
     profile = _read_profile_file(config_path)
     if profile is not None:
         return profile
-    config = _read_config_json(config_path)
+    config = _with_code_dir(_read_config_json(config_path), config_path, trust_remote_code)
     return ModelSource(
         name=path.resolve().name if path.is_dir() else path.resolve().parent.name,
         origin="local",
@@ -125,7 +134,7 @@ def _from_hub_cache(repo_id: str, trust_remote_code: bool) -> ModelSource | None
         return None
     if not isinstance(cached, str):
         return None
-    config = _read_config_json(Path(cached))
+    config = _with_code_dir(_read_config_json(Path(cached)), Path(cached), trust_remote_code)
     return ModelSource(
         name=repo_id,
         origin="hub-cache",
