@@ -97,6 +97,21 @@ def _tune(
     if ctx.verified:
         check_host_capacity(request, ctx.target)
     cache = _results_cache(request)
+    try:
+        return _tune_with(ctx, request, cache, launcher, observe, started)
+    except Terminated as stopped:  # SIGTERM/SIGINT: say whether a rerun finds the finished trials
+        stopped.resumable = cache is not None and not cache.untrusted
+        raise
+
+
+def _tune_with(
+    ctx: TuneContext,
+    request: TuneRequest,
+    cache: ResultsCache | None,
+    launcher: TrialLauncher | TrialLaunchers | None,
+    observe: Callable[[SearchEvent], None],
+    started: float,
+) -> TuneResult:
     out_path = output_path(request.out)
     report_dir = Path(request.report_dir) if request.report_dir else Path(request.out).parent
     if cache and ctx.verified and (hit := cached_answer(ctx, cache)):
@@ -151,10 +166,17 @@ def _tune(
     report_md, report_json = write_report(report, report_dir)
     if terminated is not None:  # every file a finished tune writes, marked stopped; no answer stored
         written = f"{config_path} (with its .hf.json, .accelerate.yaml, .autotune.json) and {report_md}"
-        raise Terminated(
-            f"terminated by SIGTERM; wrote the best config verified so far ({candidate.describe()}):"
-            f" {written}, marked stopped (a rerun resumes from the finished trials)"
-        ) from None
+        usable = cache is not None and not cache.untrusted
+        resumes = (
+            "a rerun resumes from the finished trials" if usable else "no usable results cache: a rerun measures again"
+        )
+        stopped = Terminated(
+            f"{terminated.stopped_by}; wrote the best config verified so far ({candidate.describe()}):"
+            f" {written}, marked stopped ({resumes})",
+            signum=terminated.signum,
+        )
+        stopped.files_written = True
+        raise stopped from None
     if cache and outcome is not None:
         answer = StoredAnswer(
             candidate=candidate,

@@ -252,23 +252,25 @@ def tune_command(
     try:
         with sigterm_raises():
             result = tune(request, observe=best)
-    except Terminated as stop:
-        raise Terminated(_on_terminated(request, best, stop)) from None
+    except Terminated as stopped:
+        raise Terminated(_on_terminated(request, best, stopped), signum=stopped.signum) from None
     if as_json:
         print_json(result.report.to_json() if result.report else {})
         return
     _print_summary(result, verbose)
 
 
-def _on_terminated(request: TuneRequest, best: BestVerified, stop: Terminated) -> str:
-    """SIGTERM mid-tuning: trials are stopped and their temp dirs gone by now; finished trials are in the
-    cache (a rerun resumes from them). tune() wrote every file from the best config verified so far when the
-    search had one (its message says so); else, where SIGTERM came outside the search with a trial verified, the
-    config alone is written here."""
-    if str(stop).startswith("terminated by SIGTERM; wrote"):
-        return str(stop)
+def _on_terminated(request: TuneRequest, best: BestVerified, stopped: Terminated) -> str:
+    """SIGTERM or SIGINT mid-tuning: trials are stopped and their temp dirs gone by now; finished trials are in
+    the cache when there is a usable one (a rerun resumes from them). Write the best config verified so far, if
+    any, and say so. tune() wrote every file from the best config verified so far when the search had one (its
+    message says so); else, where the signal came outside the search with a trial verified, the config alone is
+    written here."""
+    if stopped.files_written:
+        return str(stopped)
     if best.record is None:
-        return "terminated by SIGTERM before any trial verified a config; nothing written (a rerun resumes)"
+        resumes = "a rerun resumes" if stopped.resumable else "no usable results cache: a rerun measures again"
+        return f"{stopped.stopped_by} before any trial verified a config; nothing written ({resumes})"
     from autotune.dsconfig.emit import write_configs
     from autotune.tuner import ds_config_for, world_size_for
 
@@ -277,7 +279,7 @@ def _on_terminated(request: TuneRequest, best: BestVerified, stop: Terminated) -
     # not re-validated: its trial just ran DeepSpeed with this config at this world size, and importing
     # DeepSpeed here would spend most of the grace period before SIGKILL
     path, _ = write_configs(config, world_size_for(request), Path(request.out), request.hf, validate=False)
-    return f"terminated by SIGTERM; wrote the best config verified so far ({candidate.describe()}) to {path}"
+    return f"{stopped.stopped_by}; wrote the best config verified so far ({candidate.describe()}) to {path}"
 
 
 def register(app: typer.Typer) -> None:

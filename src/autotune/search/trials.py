@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -204,18 +205,18 @@ def search_with_trials(
     search = context_search(ctx, run, observe, confirm_fresh, time_left_s=left)
     try:
         return search.run_search()
-    except Terminated:
-        raise SearchTerminated(search.outcome) from None
+    except Terminated as stopped:
+        raise SearchTerminated(search.outcome, signum=stopped.signum) from None
 
 
 class SearchTerminated(Terminated):
     """SIGTERM mid-search, carrying what the search had measured by then: the tuner writes every file a finished
     tune writes from its best verified trial, marked as stopped (tuner.py), before the process exits."""
 
-    def __init__(self, outcome: SearchOutcome) -> None:
-        super().__init__()
+    def __init__(self, outcome: SearchOutcome, *, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum=signum)
         outcome.stop_reason = StopReason.TERMINATED
-        outcome.stop_message = "terminated by SIGTERM: the best config verified so far, not the search's end"
+        outcome.stop_message = f"{self.stopped_by}: the best config verified so far, not the search's end"
         self.outcome = outcome
 
 
@@ -285,7 +286,8 @@ def run_bounds(ctx: TuneContext) -> Bounds:
     """What this run's hardware and model allow a trial to measure (trial/plausible.py)."""
     device: Device = "cpu" if ctx.request.device == "cpu" else "cuda"
     peak_tflops = ctx.target.gpu.peak_tflops(ctx.precision)
-    return Bounds.for_run(ctx.model.total_params, ctx.target.world_size, device, peak_tflops)
+    tokens_per_sample = 1 if ctx.request.command is not None else ctx.seq_len  # the user's command: its own data
+    return Bounds.for_run(ctx.model.total_params, ctx.target.world_size, device, peak_tflops, tokens_per_sample)
 
 
 def believed_trials(cache: ResultsCache, key: str, bounds: Bounds) -> dict[Candidate, TrialResult]:
