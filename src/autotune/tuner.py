@@ -120,7 +120,7 @@ def _tune(
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {report.nothing_fits_reason}")
     config = ctx.emitted_config(candidate)
     # The .hf.json is always written: the HF Trainer and accelerate launch paths read it.
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True, base=ctx.base)
+    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True, base=ctx.hf_base())
     launch = _launch(ctx, config, candidate, config_path)
     found = report_of(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
     report = finished_report(ctx, found, candidate, config, config_path, plan_notes)
@@ -191,7 +191,7 @@ def _from_cache(ctx: TuneContext, hit: StoredAnswer, out_path: Path, report_dir:
     # size when the answer was stored (both are in the key). Re-validating would import DeepSpeed (~4 s) to
     # re-check a config that was re-derived, not trusted. Hook-published configs are re-validated (infra/sharing.py).
     world = ctx.target.world_size
-    config_path, hf_path = write_configs(config, world, out_path, hf=True, validate=False, base=ctx.base)
+    config_path, hf_path = write_configs(config, world, out_path, hf=True, validate=False, base=ctx.hf_base())
     launch = _launch(ctx, config, candidate, config_path)
     report = replace(
         hit.report,

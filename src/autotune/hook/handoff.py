@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.ladder import Candidate
-from autotune.dsconfig.launchers import TunedRun, hf_trainer_flags
+from autotune.dsconfig.launchers import TunedRun, hf_trainer_flags, world_size_line
 from autotune.hook.outputs import published_report
 from autotune.report.data import TuneReport
 
@@ -50,11 +50,7 @@ class Handoff:
         return [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
 
     def world_line(self) -> str:
-        return (
-            f"valid for world size {self.world_size} ({self.gpus_per_node} rank(s) per node x {self.nodes} node(s)):"
-            " DeepSpeed refuses it at another world size (train_batch_size = micro-batch x accumulation x ranks);"
-            " re-run the hook with the job's shape"
-        )
+        return world_size_line(self.world_size, self.gpus_per_node, self.nodes)
 
     def rank_lines(self) -> list[str]:
         """What each rank runs, for both kinds of script (the examples' lines)."""
