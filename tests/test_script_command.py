@@ -327,3 +327,14 @@ def test_an_hf_trainer_command_reads_the_hf_variant_with_its_own_lr_and_clipping
     assert hf["train_micro_batch_size_per_gpu"] == 4  # tuned values stay concrete
     plain = parse_command(["python3", "t.py", "--deepspeed_config", "{ds_config}"]).config_for_consumer(config)
     assert plain == config
+
+
+def test_consumer_option_overrides_what_the_command_shows_and_is_checked(tmp_path: Path) -> None:
+    forced = parse_command(["python3", "t.py", "--deepspeed", "{ds_config}"], consumer="deepspeed")
+    assert forced.consumer() == "deepspeed"
+    options = ["--model", "tiny-gpt2", "--device", "cpu", "--memory-budget", "1GiB", "-o", str(tmp_path / "c.json")]
+    done = run_cli(*options, "--consumer", "hf")
+    assert done.returncode == 2 and "give the command after `--`" in done.stderr and "Traceback" not in done.stderr
+    done = run_cli(*options, "--consumer", "trainer", "--", "python3", "t.py", "--deepspeed", "{ds_config}")
+    assert done.returncode == 2 and "--consumer must be hf or deepspeed" in done.stderr
+    assert not (tmp_path / "c.json").exists()

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def _template(request: TuneRequest) -> CommandTemplate:
-    return parse_command(request.command or ())
+    return parse_command(request.command or (), consumer=request.consumer)
 
 
 def check_command(request: TuneRequest) -> None:

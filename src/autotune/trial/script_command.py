@@ -55,6 +55,7 @@ class CommandTemplate:
     config_flag_index: int | None  # the argument after which the user's config path sits (convention form)
     base_config: dict[str, Any] | None  # the user's own config file, convention form only
     arg_mappings: dict[str, str]  # ds key -> flag
+    forced_consumer: str | None = None  # --consumer: "hf" or "deepspeed", over what the command shows
 
     @property
     def uses_placeholders(self) -> bool:
@@ -81,6 +82,8 @@ class CommandTemplate:
         (deepspeed/__init__.py). The HF one must get the .hf.json, whose "auto" values take its own
         --learning_rate, betas, eps, weight decay and --max_grad_norm (dsconfig.build.hf_variant); given the plain
         file, DeepSpeed would train at its own defaults (lr 1e-3) whatever the command says."""
+        if self.forced_consumer is not None:
+            return self.forced_consumer
         names = [argument.split("=", 1)[0] for argument in self.argv]
         if "--deepspeed_config" in names:
             return "deepspeed"
@@ -130,8 +133,8 @@ class CommandTemplate:
         return merged
 
 
-def parse_command(argv: Sequence[str], read_config: bool = True) -> CommandTemplate:
-    """Validate a launch command; UserError (one line) on anything a trial could not run."""
+def parse_command(argv: Sequence[str], read_config: bool = True, consumer: str | None = None) -> CommandTemplate:
+    """Validate a launch command; UserError (one line) on anything a trial could not run. `consumer`: --consumer."""
     argv = tuple(argv)
     if not argv:
         raise UserError("the command after `--` is empty")
@@ -142,7 +145,7 @@ def parse_command(argv: Sequence[str], read_config: bool = True) -> CommandTempl
             f" known: {', '.join('{' + k + '}' for k in PLACEHOLDERS)} ({{{{ and }}}} for literal braces)"
         )
     if any("{ds_config}" in a for a in argv):
-        return CommandTemplate(argv, None, None, {})
+        return CommandTemplate(argv, None, None, {}, consumer)
     index = _config_flag_index(argv)
     if index is None:
         raise UserError(
@@ -151,7 +154,7 @@ def parse_command(argv: Sequence[str], read_config: bool = True) -> CommandTempl
         )
     base = _read_user_config(_flag_value(argv, index)) if read_config else None
     mappings = _arg_mappings(base or {})
-    return CommandTemplate(argv, index, base, mappings)
+    return CommandTemplate(argv, index, base, mappings, consumer)
 
 
 def find_value(config: Mapping[str, Any], key: str) -> Any:
