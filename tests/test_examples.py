@@ -117,3 +117,38 @@ def test_the_training_step_refuses_another_world_size(tmp_path: Path) -> None:
     env = {**os.environ, "AUTOTUNE_WORLD_SIZE": "2", "NNODES": "1", "RANKS_PER_NODE": "4", "AUTOTUNE_HF_ARGS": ""}
     done = subprocess.run(["bash", "examples/slurm/train-step.sh"], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "valid for world size 2" in done.stderr
+
+
+@pytest.mark.slow
+def test_own_hf_trainer_command_trains_with_its_own_lr(tmp_path: Path) -> None:
+    """Own-command mode with an HF Trainer command: its trials and the printed line get the .hf.json, so the
+    user's --learning_rate is what the engine trains with (given ds_config.json it trained at DeepSpeed's 1e-3)."""
+    import sys
+
+    from tests.conftest import run_cli
+
+    command = [sys.executable, SCRIPTS["hf"], "--deepspeed", "{ds_config}", "--per_device_train_batch_size",
+               "{micro_batch}", "--gradient_accumulation_steps", "{grad_accum}", "--model", "tiny-gpt2", "--seq_len",
+               "{seq_len}", "--max_steps", "40", "--use_cpu", "--report_to", "none", "--save_strategy", "no",
+               "--output_dir", str(tmp_path / "hf-out"), "--learning_rate", str(USER_LR)]  # fmt: skip
+    done = run_cli("--model", "tiny-gpt2", "--gpus", "1", "--device", "cpu", "--seq-len", "32", "--memory-budget",
+                   "2GiB", "--micro-batches", "2", "--rungs", "z0", "--no-cache", "-o",
+                   str(tmp_path / "out" / "ds_config.json"), "--json", "--", *command, timeout=1500)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    line = report["own_command"]["train_command"]
+    assert str(tmp_path / "out" / "ds_config.hf.json") in line
+    env = {k: v for k, v in os.environ.items() if k not in ("DS_ACCELERATOR", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
+    trained = subprocess.run(
+        ["bash", "-c", f"{line} --max_steps 2 --report_json {tmp_path / 'facts.json'}"], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    assert facts["lr"] == USER_LR and facts["micro_batch"] == report["choice"]["micro_batch"] == 2
+    trainer = {key: value.value for key, value in job_defaults().trainer.items()}
+    assert facts["gradient_clipping"] == trainer["max_grad_norm"]
+    assert facts["betas"] == [trainer["adam_beta1"], trainer["adam_beta2"]]
+    notes = " ".join(report["notes"])
+    assert f"--max_grad_norm (default {trainer['max_grad_norm']})" in notes

@@ -128,8 +128,10 @@ FREE_PORT = "$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0))
 
 
 def launch_commands(run: TunedRun) -> LaunchCommands:
-    """Every multi-rank line sets its port: on one node a free one (torchrun's --standalone picks its own; the
-    others get FREE_PORT), across nodes $MASTER_PORT, which every node must be given alike."""
+    """Every multi-rank line sets its port: on one node a free one (torchrun's --standalone rendezvous listens on
+    localhost:0, torch 2.13 distributed/run.py:988-991, and the workers' MASTER_PORT is that store's port,
+    elastic/agent/server/api.py:536; the others get FREE_PORT), across nodes $MASTER_PORT, which every node must be
+    given alike."""
     gpus, nodes = run.gpus_per_node, run.nodes
     multi = f" --num_nodes {nodes} --hostfile hostfile" if nodes > 1 else ""
     port = "$MASTER_PORT" if nodes > 1 else FREE_PORT
