@@ -80,7 +80,7 @@ KernelsOpt = Annotated[
         " SwiGLU); they keep fewer activations than transformers' own modules.",
     ),
 ]
-ConsumerOpt = Annotated[
+OwnConsumerOpt = Annotated[
     str | None,
     typer.Option(
         metavar="hf|deepspeed",
