@@ -128,7 +128,8 @@ def test_own_hf_trainer_command_trains_with_its_own_lr(tmp_path: Path) -> None:
     from tests.conftest import run_cli
 
     command = [sys.executable, SCRIPTS["hf"], "--deepspeed", "{ds_config}", "--per_device_train_batch_size",
-               "{micro_batch}", "--gradient_accumulation_steps", "{grad_accum}", "--model", "tiny-gpt2", "--seq_len",
+               "{micro_batch}", "--gradient_accumulation_steps", "{grad_accum}", "--bf16", "{bf16}",  # HF matches them
+               "--model", "tiny-gpt2", "--seq_len",
                "{seq_len}", "--max_steps", "40", "--use_cpu", "--report_to", "none", "--save_strategy", "no",
                "--output_dir", str(tmp_path / "hf-out"), "--learning_rate", str(USER_LR)]  # fmt: skip
     done = run_cli("--model", "tiny-gpt2", "--gpus", "1", "--device", "cpu", "--seq-len", "32", "--memory-budget",
