@@ -158,7 +158,7 @@ def _tune_with(
     # SIGTERM: its trial just ran DeepSpeed with this config at this world size, and importing DeepSpeed would
     # spend most of the grace period before SIGKILL (30 s by default in SLURM).
     world, validate = ctx.target.world_size, terminated is None
-    config_path, hf_path = write_configs(config, world, out_path, hf=True, base=ctx.base, validate=validate)
+    config_path, hf_path = write_configs(config, world, out_path, hf=True, base=ctx.hf_base(), validate=validate)
     launch = _launch(ctx, config, candidate, config_path)
     found = report_of(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
     report = finished_report(ctx, found, candidate, config, config_path, plan_notes)
@@ -241,7 +241,7 @@ def _from_cache(ctx: TuneContext, hit: StoredAnswer, out_path: Path, report_dir:
     # size when the answer was stored (both are in the key). Re-validating would import DeepSpeed (~4 s) to
     # re-check a config that was re-derived, not trusted. Hook-published configs are re-validated (infra/sharing.py).
     world = ctx.target.world_size
-    config_path, hf_path = write_configs(config, world, out_path, hf=True, validate=False, base=ctx.base)
+    config_path, hf_path = write_configs(config, world, out_path, hf=True, validate=False, base=ctx.hf_base())
     launch = _launch(ctx, config, candidate, config_path)
     report = replace(
         hit.report,

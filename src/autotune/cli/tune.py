@@ -40,6 +40,7 @@ from autotune.cli.options import (
     NvmePathOpt,
     OptimizerOpt,
     OutOpt,
+    OwnConsumerOpt,
     PrecisionOpt,
     ReportDirOpt,
     RungsOpt,
@@ -54,6 +55,7 @@ from autotune.cli.options import (
 from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.request import request_from_options
 from autotune.core.units import format_bytes, format_duration
+from autotune.dsconfig.launchers import world_size_line
 from autotune.infra.terminate import Terminated, sigterm_raises
 from autotune.report.pick import measured_detail, measurement_lines, not_tried_line, summary_head
 from autotune.request.tune_request import TUNE_TIME_BUDGET_S
@@ -61,6 +63,7 @@ from autotune.request.tune_request import TUNE_TIME_BUDGET_S
 if TYPE_CHECKING:
     from autotune.core.ladder import Candidate
     from autotune.hook.leader import BestVerified
+    from autotune.report.data import TuneReport
     from autotune.search.records import SearchEvent
     from autotune.tuner import TuneRequest, TuneResult
 
@@ -152,6 +155,14 @@ def _group_label(candidate: Candidate | None) -> str:
     return f"{candidate.rung.value}{ckpt}{mode}"
 
 
+def _shape(report: TuneReport, world_size: int) -> tuple[int, int]:
+    """(ranks per node, nodes) of the target the report was tuned for; one node when the report does not say."""
+    gpus, nodes = report.target.get("gpus_per_node"), report.target.get("nodes")
+    if isinstance(gpus, int) and isinstance(nodes, int) and gpus * nodes == world_size:
+        return gpus, nodes
+    return world_size, 1
+
+
 def _print_summary(result: TuneResult, verbose: bool = False) -> None:
     out = console()
     report = result.report
@@ -170,6 +181,7 @@ def _print_summary(result: TuneResult, verbose: bool = False) -> None:
             f" x accumulation {batch.accumulation} x {batch.world_size} rank(s): {batch.how}",
             highlight=False,
         )
+        out.print(f"  {world_size_line(batch.world_size, *_shape(report, batch.world_size))}", markup=False)
     out.print(f"  trials launched: {result.trials_launched}, {result.elapsed_s:.1f} s")
     hf = f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""
     out.print(f"  config: {result.config_path}{hf}", markup=False)
@@ -228,6 +240,7 @@ def tune_command(
     optimizer: OptimizerOpt = D.optimizer,
     lora_rank: LoraRankOpt = D.lora_rank,
     kernels: KernelsOpt = D.kernels,
+    consumer: OwnConsumerOpt = None,
     lora_targets: LoraTargetsOpt = None,
     host_memory: HostMemoryOpt = D.host_memory,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,

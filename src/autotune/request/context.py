@@ -374,6 +374,15 @@ class TuneContext:
 
         return emitted_config(self.request, config)
 
+    def hf_base(self) -> dict | None:
+        """The user's config the .hf.json keeps as written: --config's, or in own-command mode the file the command
+        names (DeepSpeed Autotuning's convention), whose clipping and optimizer values are the user's."""
+        if self.request.command is None or self.base is not None:
+            return self.base
+        from autotune.request.own_command import command_base
+
+        return command_base(self.request)
+
     def spec(self, candidate: Candidate) -> TrialSpec:
         """The trial `tune()` runs for `candidate`; the benchmarks measure with exactly this."""
         request = self.request

@@ -87,6 +87,9 @@ class TuneRequest:
     # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
     # substituted in (trial/script_mode.py); None: our synthetic worker.
     command: tuple[str, ...] | None = None
+    # What the own command runs: "hf" (an HF Trainer script: it gets the .hf.json) or "deepspeed" (a plain script: the
+    # plain ds_config.json); None: told from the command (trial/script_command.py, CommandTemplate.consumer).
+    consumer: str | None = None
     # Modes that change the update rule or the numerics (ZenFlow, ZeRO++ quantization, partial offload ratio;
     # modes.applies.approximation) join the search only when the user opts in: by default the tuned config trains
     # the same model the same way (same optimizer math, global batch and precision).

@@ -114,6 +114,10 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
         if request.device == "cpu":
             raise UserError("--host-memory plans for another machine's GPUs; --device cpu uses this machine's RAM")
         memory_size(request.host_memory, "--host-memory")
+    if request.consumer is not None and request.consumer not in ("hf", "deepspeed"):
+        raise UserError(f"--consumer must be hf or deepspeed, not {request.consumer!r}")
+    if request.consumer is not None and request.command is None:
+        raise UserError("--consumer names what your own command runs; give the command after `--`")
     if request.command is not None:
         from autotune.request.own_command import check_command  # imported only in own-command mode
 

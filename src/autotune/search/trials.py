@@ -156,8 +156,9 @@ def script_launcher(request: TuneRequest) -> TrialLauncher | None:
     if request.command is None:
         return None
     from autotune.trial.script import ScriptLauncher
+    from autotune.trial.script_command import parse_command
 
-    return ScriptLauncher(request.command)
+    return ScriptLauncher(parse_command(request.command, consumer=request.consumer))
 
 
 def search_with_trials(
