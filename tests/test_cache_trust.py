@@ -251,7 +251,7 @@ def test_the_hook_over_a_corrupt_shared_cache_still_tunes_for_real(tmp_path: Pat
     shared.mkdir()
     (shared / "results.sqlite").write_bytes(os.urandom(8192))
     request = hook_request(tmp_path / "ds.json", shared, micro_batches=(1, 2, 4), rungs=(Rung.Z0,))
-    result = run_hook(request, environ={}, launcher_chooser=lambda job, shared, env: CountingLauncher())
+    result = run_hook(request, environ={}, launcher_chooser=lambda job, tuning, shared, env: CountingLauncher())
     assert (result.record.status, result.record.verified, result.record.source) == ("complete", True, "tuned")
 
 

@@ -26,8 +26,7 @@ from autotune.hook import HookError, HookRequest, HookResult, JobOverrides, run_
 from autotune.hook.coordinate import SharedSlot
 from autotune.hook.launch import choose_launcher
 from autotune.report.assumptions import assumptions_path, read_assumptions
-from autotune.trial import SlurmLauncher
-from autotune.trial.types import TrialLauncher
+from autotune.trial.chooser import JobFacts, choose_launch
 from autotune.tuner import TuneRequest, ds_config_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,9 +41,9 @@ def with_slurm_tools(name: str) -> str | None:
     return f"/usr/bin/{name}" if name in {"srun", "sbatch", "scontrol"} else shutil.which(name)
 
 
-def slurm_launcher_chooser(job, shared: Path, environ) -> TrialLauncher | None:
+def slurm_launcher_chooser(job, tuning, shared: Path, environ) -> JobFacts:
     """The hook's real launcher choice, with srun resolved by with_slurm_tools (the tests run without SLURM)."""
-    return choose_launcher(job, shared, environ, which=with_slurm_tools)
+    return choose_launcher(job, tuning, shared, environ, which=with_slurm_tools)
 
 
 def slurm_hook(request: HookRequest, environ: dict[str, str], tune_fn: FakeTune) -> HookResult:
@@ -91,7 +90,8 @@ def test_the_job_shape_comes_from_slurm_and_changes_the_key(tmp_path: Path) -> N
     fake = FakeTune()
     result = slurm_hook(hook_request(tmp_path / "ds.json", tmp_path), slurm_env(), tune_fn=fake)
     assert (fake.requests[0].gpus, fake.requests[0].nodes, result.job.world_size) == (4, 2, 8)
-    assert isinstance(fake.launchers[0], SlurmLauncher)  # trials would span both nodes as one srun step
+    facts = fake.launchers[0]  # trials would span both nodes as one srun step
+    assert isinstance(facts, JobFacts) and choose_launch(facts).kind == "srun" and facts.nodes == 2
     alone = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=fake)
     assert alone.key != result.key and alone.role == "leader"
 

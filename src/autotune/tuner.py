@@ -27,8 +27,9 @@ from autotune.search.answers import cached_answer, memory_bound
 from autotune.search.cache import ResultsCache, StoredAnswer
 from autotune.search.recommend import host_line, passed_over_line, recommend
 from autotune.search.records import SearchEvent
-from autotune.search.trials import TrialLaunchers, TrialOps, launcher_for, script_launcher, search_with_trials
+from autotune.search.trials import TrialOps, launcher_for, search_with_trials
 from autotune.search.tuning_report import finished_report, no_trial_completed, own_command_entry, report_of
+from autotune.trial.chooser import JobFacts, TrialLaunchers
 from autotune.trial.types import TrialLauncher
 
 __all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for"]
@@ -66,12 +67,14 @@ def _results_cache(request: TuneRequest) -> ResultsCache | None:
 def tune(
     request: TuneRequest | None = None,
     *,
-    launcher: TrialLauncher | TrialLaunchers | None = None,
+    launcher: TrialLauncher | TrialLaunchers | JobFacts | None = None,
     observe: Callable[[SearchEvent], None] = lambda event: None,
     **options: object,
 ) -> TuneResult:
     """Find the fastest config that fits and write it; `tune(model="gpt2", gpus=8)` or `tune(TuneRequest(...))`.
 
+    `launcher`: a launcher of the caller's (every trial runs there), or the job's facts from which the one
+    launcher chooser decides (trial/chooser.py; the hook's), or None: the facts of this request and process.
     Raises UserError on bad input and NothingFitsError when no candidate fits. The caller's process is left as
     it was found: os.environ, and DeepSpeed's accelerator choice, are restored on the way out.
     """
@@ -81,7 +84,9 @@ def tune(
 
 
 def _tune(
-    request: TuneRequest, launcher: TrialLauncher | TrialLaunchers | None, observe: Callable[[SearchEvent], None]
+    request: TuneRequest,
+    launcher: TrialLauncher | TrialLaunchers | JobFacts | None,
+    observe: Callable[[SearchEvent], None],
 ) -> TuneResult:
     started = time.monotonic()
     ctx = TuneContext.build(request)
@@ -96,12 +101,11 @@ def _tune(
     plan_data = None
     plan_notes: list[str] = []  # plan-only: the pick's host need and micro-batch, beside the recommendation
     if ctx.verified:
-        ops = TrialOps(request.device, observe) if launcher is None else None
+        ours = launcher is None or isinstance(launcher, JobFacts)  # the one chooser's (trial/chooser.py)
+        ops = TrialOps(request.device, observe) if ours else None
         if ops is not None:
             ops.before()  # the ops every trial loads, before the trial workers start
-        # one selection point: the caller's launcher, else the user's command (own-command mode), else ours
-        given = launcher or script_launcher(request)
-        with launcher_for(request, given, observe) as chosen:
+        with launcher_for(request, launcher, observe) as chosen:
             outcome = search_with_trials(ctx, cache, chosen, observe, ops)
             outcome.process_starts = chosen.process_starts  # warm workers count their starts
         candidate = outcome.best.candidate if outcome.best else None

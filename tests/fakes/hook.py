@@ -13,6 +13,7 @@ from autotune.core.stop import StopReason
 from autotune.infra.atomic import atomic_write_json
 from autotune.report.assumptions import write_assumptions
 from autotune.search.records import SearchEvent, TrialRecord
+from autotune.trial.chooser import JobFacts
 from autotune.trial.types import RankMetrics, TrialLauncher, TrialResult
 from autotune.tuner import TuneRequest, TuneResult
 
@@ -44,7 +45,7 @@ class FakeTune:
         self.error = error
         self.stop_reason = stop_reason
         self.requests: list[TuneRequest] = []
-        self.launchers: list[TrialLauncher | None] = []
+        self.launchers: list[TrialLauncher | JobFacts | None] = []  # JobFacts: the hook's, for the one chooser
 
     def __call__(self, request: TuneRequest, launcher=None, observe=lambda event: None) -> TuneResult:
         self.requests.append(request)

@@ -36,9 +36,11 @@ if TYPE_CHECKING:
     from autotune.hardware.probe import GpuInfo
     from autotune.request.tune_request import TuneRequest
     from autotune.search.records import SearchEvent
+    from autotune.trial.chooser import JobFacts
     from autotune.trial.types import TrialLauncher
 
-LauncherChooser = Callable[[JobEnv, Path, Mapping[str, str]], "TrialLauncher | None"]
+# the job, the tuning, the shared dir, the environment -> the job's facts for tune's one chooser (or a test's launcher)
+LauncherChooser = Callable[[JobEnv, "TuneRequest", Path, Mapping[str, str]], "TrialLauncher | JobFacts | None"]
 GpuProber = Callable[[], "list[GpuInfo]"]
 # TuneRequest fields that describe the job or where output goes, not what is tuned: left out of the key
 _NOT_IN_KEY = ("model", "gpus", "nodes", "out", "report_dir", "hf", "use_cache", "cache_dir", "script")
@@ -226,8 +228,8 @@ def run_hook(
     known = KnownValid(default_verdicts_path() if verdicts_path is None else verdicts_path)
 
     def produce() -> HookRecord:
-        # Own-command mode: tune() runs the user's command itself (trial/script.py), on this node.
-        choose = lambda: None if tuning.command else launcher_chooser(job, shared, environ)  # noqa: E731
+        # Own-command mode too: the chooser's facts carry the command, and tune() runs it (trial/script.py).
+        choose = lambda: launcher_chooser(job, tuning, shared, environ)  # noqa: E731
         publishing = ProgressNote(slot, tuning.max_trials, observe)
         leader = LeaderJob(key, job, hardware, tuning, choose, publishing, tune_fn)
         record = tune_and_record(leader, slot.directory / "staging")

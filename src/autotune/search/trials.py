@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+import os
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 
 from autotune.core.choices import Device
 from autotune.core.ladder import Candidate
 from autotune.core.units import format_bytes
 from autotune.errors import UserError
 from autotune.request.context import TuneContext
-from autotune.request.tune_request import TuneRequest, confirms_pick_in_fresh_process, uses_warm_workers
+from autotune.request.tune_request import TuneRequest
 from autotune.search.cache import ResultsCache
 from autotune.search.for_context import context_search
 from autotune.search.records import SearchEvent, SearchOutcome
+from autotune.trial.chooser import JobFacts, TrialLaunchers, open_launchers
 from autotune.trial.plausible import Bounds
 from autotune.trial.types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec
 
@@ -57,61 +60,37 @@ class TrialOps:
         self.observe(SearchEvent("prepare", message=message))
 
 
-@dataclass(frozen=True)
-class TrialLaunchers:
-    """Where the search's trials run, and where those are warm workers no fresh process has been compared with
-    (GPUs), the launcher that confirms the pick in a process of its own (Search.confirm_fresh)."""
-
-    trials: TrialLauncher
-    confirm: TrialLauncher | None = None
-
-    @property
-    def process_starts(self) -> int | None:
-        """Processes started for the trials where warm workers ran several in one; None: one per trial."""
-        starts = getattr(self.trials, "restarts", None)
-        if starts is None:
-            return None
-        return starts + getattr(self.confirm, "launches", 0)
-
-
 @contextlib.contextmanager
 def launcher_for(
     request: TuneRequest,
-    given: TrialLauncher | TrialLaunchers | None,
+    given: TrialLauncher | TrialLaunchers | JobFacts | None,
     observe: Callable[[SearchEvent], None] | None = None,
+    environ: Mapping[str, str] | None = None,
+    which: Callable[[str], str | None] = shutil.which,
 ) -> Iterator[TrialLaunchers]:
-    """The caller's launcher (with its fresh-process confirmer, if it brings one), else warm workers (start-up paid
-    once; on GPUs with the pick confirmed in a fresh process, request.confirms_pick_in_fresh_process) or a fresh
-    process per trial (`--trial-workers fresh`). Several nodes: srun inside a SLURM allocation, else one launcher
-    per node with a chosen master port."""
-    device, nodes = request.device, request.nodes
-    if given is not None:
-        yield given if isinstance(given, TrialLaunchers) else TrialLaunchers(given)
+    """The caller's launcher (with its fresh-process confirmer, if it brings one), else the one chooser's
+    (trial/chooser.py) from the job's facts: the hook's when it gives them, else this request's and this process's
+    environment."""
+    if isinstance(given, TrialLaunchers):
+        yield given
         return
-    from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
-
-    if nodes > 1:
-        from autotune.trial.nodes import LocalNodesLauncher, in_slurm_allocation
-
-        if in_slurm_allocation():
-            from autotune.trial import SlurmLauncher
-
-            yield TrialLaunchers(SlurmLauncher())
-        else:
-            yield TrialLaunchers(
-                LocalNodesLauncher(env={"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None)
-            )
+    if given is not None and not isinstance(given, JobFacts):
+        yield TrialLaunchers(given)
         return
+    facts = given or request_facts(request, os.environ if environ is None else environ)
+    with open_launchers(facts, which=which, on_replace=_replaced_note(observe)) as chosen:
+        yield chosen
 
-    # glibc keeps freed arenas; returning large frees to the OS makes peak RSS the working set the memory
-    # model predicts (about 20% lower than default glibc on CPU trials; benchmarks/results/estimate.md).
-    env = {"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None
-    if not uses_warm_workers(request):
-        yield TrialLaunchers(LocalLauncher(env=env))
-        return
-    with WarmWorkerPool(env=env, on_replace=_replaced_note(observe)) as pool:
-        confirm = FreshAfterWarm(pool, LocalLauncher(env=env)) if confirms_pick_in_fresh_process(request) else None
-        yield TrialLaunchers(pool, confirm)
+
+def request_facts(request: TuneRequest, environ: Mapping[str, str]) -> JobFacts:
+    """The job facts `autotune tune` knows: its request, and SLURM, torchrun and MASTER_PORT from its environment."""
+    return JobFacts.of_process(
+        environ,
+        nodes=request.nodes,
+        device=request.device,
+        trial_workers=request.trial_workers,
+        command=request.command,
+    )
 
 
 def _replaced_note(observe: Callable[[SearchEvent], None] | None) -> Callable[[int, str], None] | None:
@@ -129,15 +108,6 @@ def _replaced_note(observe: Callable[[SearchEvent], None] | None) -> Callable[[i
         )
 
     return note
-
-
-def script_launcher(request: TuneRequest) -> TrialLauncher | None:
-    """Own-command mode: every trial runs the user's launch command (trial/script.py)."""
-    if request.command is None:
-        return None
-    from autotune.trial.script import ScriptLauncher
-
-    return ScriptLauncher(request.command)
 
 
 def search_with_trials(
