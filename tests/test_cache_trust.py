@@ -36,7 +36,17 @@ MB8 = Candidate(Rung.Z0, 8, False)
 
 def planted(key: str, config: dict) -> HookRecord:
     """The issue's attack: a well-formed, correctly checksummed record of the planter's choosing."""
-    return HookRecord(key, "complete", json.dumps(config), "tuned", True, None, "cpu x86_64 budget 1GiB", "x", 0.0)
+    return HookRecord(
+        key,
+        "complete",
+        json.dumps(config),
+        "tuned",
+        verified=True,
+        job_id=None,
+        hardware="cpu x86_64 budget 1GiB",
+        leader="x",
+        created=0.0,
+    )
 
 
 @as_root

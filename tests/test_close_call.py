@@ -198,17 +198,38 @@ def test_hook_summary_leads_with_the_lines_tune_prints() -> None:
 
     tie = decide({Z0: _speed(1.0, 0.2), Z2_OFFLOAD: _speed(0.97, 0.2)})
     report = replace(_report_data(tie), model={"name": "tiny-gpt2"}, target_description="1x1 cpu")
-    record = HookRecord("key", "complete", "{}", "tuned", True, None, "fp", "host pid 1", 0.0,
-                        details={"trials_launched": 3, "outputs": {"report": report.to_json()}})  # fmt: skip
-    job = JobEnv("none", None, 1, 1, 0, 0, 0, (), None)
-    lines = _summary(HookResult("leader", Path("ds.json"), record, job, "key", 0.0, 1.0)).splitlines()
+    record = HookRecord(
+        "key",
+        "complete",
+        "{}",
+        "tuned",
+        verified=True,
+        job_id=None,
+        hardware="fp",
+        leader="host pid 1",
+        created=0.0,
+        details={"trials_launched": 3, "outputs": {"report": report.to_json()}},
+    )
+    job = JobEnv("none", None, 1, 1, rank=0, node_rank=0, local_rank=0, nodelist=(), master_addr=None)
+    lines = _summary(
+        HookResult("leader", Path("ds.json"), record, job, key="key", waited_s=0.0, elapsed_s=1.0)
+    ).splitlines()
     head = summary_head(report, verified=True, from_cache=False)
     assert lines[0] == "tiny-gpt2 on 1x1 cpu: verified by trials" == head[0]
     assert [line.strip() for line in lines[1 : len(head)]] == head[1:]
     assert lines[2].strip().startswith("Speed:") and lines[3].strip().startswith("Tie within noise:")
     assert lines[-1].startswith("autotune hook: none: 1 node(s)") and len(lines) == len(head) + 1
-    bare = HookResult("hit", Path("ds.json"), HookRecord("key", "complete", "{}", "tuned", True, None, "fp", "h", 0.0),
-                      job, "key", 0.0, 1.0)  # fmt: skip
+    bare = HookResult(
+        "hit",
+        Path("ds.json"),
+        HookRecord(
+            "key", "complete", "{}", "tuned", verified=True, job_id=None, hardware="fp", leader="h", created=0.0
+        ),
+        job,
+        key="key",
+        waited_s=0.0,
+        elapsed_s=1.0,
+    )
     assert _summary(bare).count("\n") == 0  # a record without the report: the hook's line alone
 
 

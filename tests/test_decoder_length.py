@@ -30,11 +30,11 @@ def test_the_trial_batch_gives_the_decoder_its_own_length() -> None:
 
     source = resolve_model("tiny-t5")
     model, _ = build_model(source.config, source.architecture, "cpu")
-    batch = synthetic_batch(model, "encoder-decoder", 2, 48, torch.device("cpu"), seed=0, decoder_seq_len=12)
+    batch = synthetic_batch(model, "encoder-decoder", 2, 48, device=torch.device("cpu"), seed=0, decoder_seq_len=12)
     assert batch["input_ids"].shape == (2, 48)
     assert batch["labels"].shape == batch["decoder_input_ids"].shape == (2, 12)
     assert model(**batch).logits.shape[:2] == (2, 12)  # the decoder (and the logits) run at 12 tokens
-    same = synthetic_batch(model, "encoder-decoder", 2, 48, torch.device("cpu"), seed=0)
+    same = synthetic_batch(model, "encoder-decoder", 2, 48, device=torch.device("cpu"), seed=0)
     assert same["labels"].shape == (2, 48)  # no decoder length: both at seq_len, as before
 
 

@@ -22,7 +22,18 @@ from autotune.trial.types import TrialResult, TrialSpec
 
 
 def job(nodes: int, nodelist: tuple[str, ...] = (), scheduler: str = "none", port: int | None = None) -> JobEnv:
-    return JobEnv(scheduler, "9", nodes, 4, 0, 0, 0, nodelist, nodelist[0] if nodelist else None, port)  # type: ignore[arg-type]
+    return JobEnv(
+        scheduler,
+        "9",
+        nodes,
+        4,
+        rank=0,
+        node_rank=0,
+        local_rank=0,
+        nodelist=nodelist,
+        master_addr=nodelist[0] if nodelist else None,
+        master_port=port,
+    )  # type: ignore[arg-type]
 
 
 def json_documents(text: str) -> list[dict]:

@@ -23,9 +23,7 @@ from autotune.trial.script import ScriptLauncher
 
 CPU_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 NO_AGENT_STORE = {"TORCHELASTIC_USE_AGENT_STORE": "False"}
-COMBINATIONS = list(
-    itertools.product((1, 2), (False, True), (False, True), ("auto", "warm", "fresh"), ("cpu", "cuda"))
-)
+COMBINATIONS = list(itertools.product((1, 2), (False, True), (False, True), ("auto", "warm", "fresh"), ("cpu", "cuda")))
 
 
 def every_tool(name: str) -> str:
@@ -39,7 +37,18 @@ def environment(*, slurm: bool, torchrun: bool) -> dict[str, str]:
 
 def job(nodes: int, *, slurm: bool, nodelist: tuple[str, ...] = ()) -> JobEnv:
     scheduler = "slurm" if slurm else "none"
-    return JobEnv(scheduler, "9", nodes, 4, 0, 0, 0, nodelist, nodelist[0] if nodelist else None, None)
+    return JobEnv(
+        scheduler,
+        "9",
+        nodes,
+        4,
+        rank=0,
+        node_rank=0,
+        local_rank=0,
+        nodelist=nodelist,
+        master_addr=nodelist[0] if nodelist else None,
+        master_port=None,
+    )
 
 
 def expected(nodes: int, slurm: bool, torchrun: bool, workers: str, device: str) -> tuple | str:
@@ -104,7 +113,18 @@ def test_a_node_list_outside_slurm_runs_the_deepspeed_launcher_over_a_hostfile(t
     for device in ("cpu", "cuda"):
         request = TuneRequest(model="tiny-gpt2", device=device, nodes=2)  # type: ignore[arg-type]
         env = environment(slurm=False, torchrun=torchrun)
-        the_job = JobEnv("none", "9", 2, 4, 0, 0, 0, ("h1", "h2"), "h1", TRIAL_MASTER_PORT)
+        the_job = JobEnv(
+            "none",
+            "9",
+            2,
+            4,
+            rank=0,
+            node_rank=0,
+            local_rank=0,
+            nodelist=("h1", "h2"),
+            master_addr="h1",
+            master_port=TRIAL_MASTER_PORT,
+        )
         facts = choose_launcher(the_job, request, tmp_path, env, which=every_tool)
         with launcher_for(request, facts, which=every_tool) as chosen:
             launcher = chosen.trials
@@ -142,9 +162,9 @@ def test_missing_client_tools_fail_the_hook_before_it_tunes(tmp_path: Path) -> N
     request = TuneRequest(model="tiny-gpt2", device="cuda", nodes=2)
     none = lambda name: None  # noqa: E731
     with pytest.raises(UserError, match="srun, which is not on PATH"):
-        choose_launcher(job(2, slurm=True, nodelist=("h1", "h2")), request, tmp_path, {"SLURM_JOB_ID": "9"}, none)
+        choose_launcher(job(2, slurm=True, nodelist=("h1", "h2")), request, tmp_path, {"SLURM_JOB_ID": "9"}, which=none)
     with pytest.raises(UserError, match="pdsh, which is not installed"):
-        choose_launcher(job(2, slurm=False, nodelist=("h1", "h2")), request, tmp_path, {}, none)
+        choose_launcher(job(2, slurm=False, nodelist=("h1", "h2")), request, tmp_path, {}, which=none)
 
 
 def test_a_launcher_of_the_callers_is_used_as_given() -> None:

@@ -200,7 +200,7 @@ def test_hook_takes_the_same_command_form_and_keys_on_it(tmp_path: Path) -> None
     from autotune.hook.run import job_key
     from autotune.tuner import TuneRequest
 
-    job = JobEnv("none", None, 1, 1, 0, 0, 0, (), None)
+    job = JobEnv("none", None, 1, 1, rank=0, node_rank=0, local_rank=0, nodelist=(), master_addr=None)
     plain = TuneRequest(model="tiny-gpt2", device="cpu")
     own = replace(plain, command=("python", "train.py", "--deepspeed", "{ds_config}"))
     assert job_key(plain, job) != job_key(own, job)  # a published synthetic answer is not reused for a script

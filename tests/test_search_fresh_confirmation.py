@@ -52,10 +52,10 @@ def _search(extra: int, confirm: bool = True, max_trials: int = 40, observe=lamb
         target,
         settings,
         machine.run,
-        RUNGS,
-        GRID,
-        SearchLimits(max_trials=max_trials),
-        observe,
+        rungs=RUNGS,
+        micro_batches=GRID,
+        limits=SearchLimits(max_trials=max_trials),
+        observe=observe,
         confirm_fresh=runner.run_fresh if confirm else None,
     )
     return search.run_search(), machine, runner

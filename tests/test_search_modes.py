@@ -53,15 +53,23 @@ def _search(
     machine: LinearMachine, memory: LinearMemory, options, rungs, max_trials: int = 30, headroom: float = 1.0
 ) -> Search:
     model = summarize(resolve_model("gpt2"))
-    target = Target(generic_gpu(machine.memory_bytes), 1, 1, machine.memory_bytes, 512 * GIB, None, True)
+    target = Target(
+        generic_gpu(machine.memory_bytes),
+        1,
+        1,
+        machine.memory_bytes,
+        host_ram_bytes=512 * GIB,
+        nvme_free_bytes=None,
+        measured=True,
+    )
     return Search(
         model,
         target,
         EstimateSettings(seq_len=128),
         machine.run,
-        rungs,
-        GRID,
-        SearchLimits(max_trials=max_trials, headroom=headroom),
+        rungs=rungs,
+        micro_batches=GRID,
+        limits=SearchLimits(max_trials=max_trials, headroom=headroom),
         modes=lambda rung: options.get(rung, []),
         offload_ratios=RATIOS,
         memory=memory.model(),
@@ -69,7 +77,9 @@ def _search(
 
 
 def _partial(rung: Rung = Rung.Z3_OFFLOAD_OPT, verifiable: bool = True) -> ModeOption:
-    return ModeOption(Mode(offload_ratio=0.5), "partial_offload", True, "between ZeRO-3 and full offload", verifiable)
+    return ModeOption(
+        Mode(offload_ratio=0.5), "partial_offload", True, "between ZeRO-3 and full offload", trial_verifiable=verifiable
+    )
 
 
 def test_partial_offload_is_searched_and_wins_although_full_offload_was_measured_slower_first() -> None:
@@ -229,7 +239,7 @@ def test_modes_that_cannot_run_here_are_planned_listed_and_never_picked() -> Non
     """A mode the backend cannot run is predicted (and would be twice as fast): it is listed as planned, never
     launched, never the pick; the same mode when verifiable is launched and wins on its measured speed."""
     fast = Mode(hpz_partition_size=2)
-    option = ModeOption(fast, "hpz", True, "secondary partition", False)
+    option = ModeOption(fast, "hpz", True, "secondary partition", trial_verifiable=False)
     machine = LinearMachine(memory_bytes=40 * GIB, fast_modes=(fast,))
     outcome = _search(machine, LinearMemory(), {Rung.Z3: [option]}, [Rung.Z3]).run_search()
     assert all(c.mode.is_classic for c in machine.launched)
@@ -237,7 +247,7 @@ def test_modes_that_cannot_run_here_are_planned_listed_and_never_picked() -> Non
     record = outcome.modes[0]
     assert record.status == "planned" and record.predicted_peak_bytes and record.samples_per_s is None
 
-    verifiable = ModeOption(fast, "hpz", True, "secondary partition", True)
+    verifiable = ModeOption(fast, "hpz", True, "secondary partition", trial_verifiable=True)
     machine = LinearMachine(memory_bytes=40 * GIB, fast_modes=(fast,))
     outcome = _search(machine, LinearMemory(), {Rung.Z3: [verifiable]}, [Rung.Z3]).run_search()
     assert outcome.best is not None and outcome.best.candidate.mode == fast
@@ -320,7 +330,9 @@ def _report(outcome: dict) -> TuneReport:
 
 
 def test_mode_record_names_the_ratio_only_once_settled() -> None:
-    record = ModeRecord(Rung.Z3_OFFLOAD_OPT, Mode(offload_ratio=0.5), True, "why", True, status="not tried")
+    record = ModeRecord(
+        Rung.Z3_OFFLOAD_OPT, Mode(offload_ratio=0.5), True, "why", trial_verifiable=True, status="not tried"
+    )
     assert record.to_dict()["label"] == "partial offload (offload ratio searched)"
     record.status, record.mode = "measured", Mode(offload_ratio=0.35)
     assert record.to_dict()["label"] == "offload ratio 0.35"
@@ -449,12 +461,26 @@ def test_plan_only_lists_the_modes_as_predictions(tmp_path) -> None:
 def test_mode_summary_lists_predictions_groups_reasons_and_names_a_fit_when_nothing_classic_does() -> None:
     from autotune.modes.summary import ModeSummary
 
-    planned = ModeRecord(Rung.Z3_OFFLOAD_OPT, Mode(offload_ratio=0.7), True, "why", False, status="planned",
-                         micro_batch=2, grad_checkpointing=True, predicted_peak_bytes=3 << 30)  # fmt: skip
-    no_fit = ModeRecord(Rung.Z2_OFFLOAD_OPT, Mode(zenflow=True), True, "why", False, status="no fit")
+    planned = ModeRecord(
+        Rung.Z3_OFFLOAD_OPT,
+        Mode(offload_ratio=0.7),
+        True,
+        "why",
+        trial_verifiable=False,
+        status="planned",
+        micro_batch=2,
+        grad_checkpointing=True,
+        predicted_peak_bytes=3 << 30,
+    )
+    no_fit = ModeRecord(Rung.Z2_OFFLOAD_OPT, Mode(zenflow=True), True, "why", trial_verifiable=False, status="no fit")
     reason = "ZeRO++ cuts inter-node traffic; on one node there is none to cut"
-    hpz = [ModeRecord(r, Mode(hpz_partition_size=8), False, reason, False) for r in (Rung.Z3, Rung.Z3_OFFLOAD_OPT)]
-    quantized = ModeRecord(Rung.Z3, Mode(quantized_weights=True, quantized_gradients=True), False, reason, False)
+    hpz = [
+        ModeRecord(r, Mode(hpz_partition_size=8), False, reason, trial_verifiable=False)
+        for r in (Rung.Z3, Rung.Z3_OFFLOAD_OPT)
+    ]
+    quantized = ModeRecord(
+        Rung.Z3, Mode(quantized_weights=True, quantized_gradients=True), False, reason, trial_verifiable=False
+    )
     summary = ModeSummary.from_records([planned, no_fit, *hpz, quantized])
     lines = summary.lines()
     assert "not trial-verified" in lines[0] and "never recommended over the pick" in lines[0]

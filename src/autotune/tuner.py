@@ -37,7 +37,7 @@ __all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for
 RESULTS_FILE = "results.sqlite"  # inside --cache-dir (a directory, as for the hook)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TuneResult:
     """What `tune()` returns; `report.to_json()` is autotune-report.json (without its picture)."""
 
@@ -96,7 +96,7 @@ def _tune(
     out_path = output_path(request.out)
     report_dir = Path(request.report_dir) if request.report_dir else Path(request.out).parent
     if cache and ctx.verified and (hit := cached_answer(ctx, cache)):
-        return _from_cache(ctx, hit, out_path, report_dir, started)
+        return _from_cache(ctx, hit, out_path, report_dir, started=started)
     outcome = None
     plan_data = None
     plan_notes: list[str] = []  # plan-only: the pick's host need and micro-batch, beside the recommendation
@@ -106,11 +106,11 @@ def _tune(
         if ops is not None:
             ops.before()  # the ops every trial loads, before the trial workers start
         with launcher_for(request, launcher, observe) as chosen:
-            outcome = search_with_trials(ctx, cache, chosen, observe, ops)
+            outcome = search_with_trials(ctx, cache, chosen, observe, ops=ops)
             outcome.process_starts = chosen.process_starts  # warm workers count their starts
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := no_trial_completed(outcome)):
-            report = report_of(ctx, None, outcome, None, None, None, None, time.monotonic() - started)
+            report = report_of(ctx, outcome=outcome, elapsed_s=time.monotonic() - started)
             write_report(report, report_dir)
             raise TrialsFailedError(failed)
     else:
@@ -119,15 +119,26 @@ def _tune(
         lines = (host_line(recommendation), passed_over_line(recommendation), recommendation.grid_note)
         plan_notes = [line for line in lines if line]
     if candidate is None:
-        report = report_of(ctx, None, outcome, plan_data, None, None, None, time.monotonic() - started)
+        report = report_of(ctx, outcome=outcome, plan_data=plan_data, elapsed_s=time.monotonic() - started)
         write_report(report, report_dir)
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {report.nothing_fits_reason}")
     config = ctx.emitted_config(candidate)
     # The .hf.json is always written: the HF Trainer and accelerate launch paths read it.
     config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True, base=ctx.base)
     launch = _launch(ctx, config, candidate, config_path)
-    found = report_of(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
-    report = finished_report(ctx, found, candidate, config, config_path, plan_notes)
+    found = report_of(
+        ctx,
+        candidate=candidate,
+        outcome=outcome,
+        plan_data=plan_data,
+        config_path=config_path,
+        hf_path=hf_path,
+        launch=launch,
+        elapsed_s=time.monotonic() - started,
+    )
+    report = finished_report(
+        ctx, found, candidate=candidate, config=config, config_path=config_path, plan_notes=plan_notes
+    )
     write_assumptions(config_path, report)
     report_md, report_json = write_report(report, report_dir)
     if cache and outcome is not None:
@@ -141,20 +152,20 @@ def _tune(
         cache.put_recommendation(ctx.answer_key, answer)
     best = outcome.best if outcome else None
     return TuneResult(
-        ctx.verified,
-        candidate,
-        config,
-        config_path,
-        hf_path,
-        report_md,
-        report_json,
-        launch,
-        best.result.samples_per_s if best else None,
-        outcome.trials_launched if outcome else 0,
-        False,
-        time.monotonic() - started,
-        report.stop_reason,
-        report,
+        verified=ctx.verified,
+        candidate=candidate,
+        ds_config=config,
+        config_path=config_path,
+        hf_config_path=hf_path,
+        report_path=report_md,
+        report_json_path=report_json,
+        launch=launch,
+        samples_per_s=best.result.samples_per_s if best else None,
+        trials_launched=outcome.trials_launched if outcome else 0,
+        from_cache=False,
+        elapsed_s=time.monotonic() - started,
+        stop_reason=report.stop_reason,
+        report=report,
     )
 
 
@@ -178,10 +189,10 @@ def _launch(ctx: TuneContext, config: dict, candidate: Candidate, config_path: P
         candidate,
         config_path,
         ctx.target.gpus_per_node,
-        ctx.target.nodes,
-        ctx.request.script or "train.py",
-        ctx.request.optimizer,
-        ctx.request.lora_rank,
+        nodes=ctx.target.nodes,
+        script=ctx.request.script or "train.py",
+        optimizer=ctx.request.optimizer,
+        lora_rank=ctx.request.lora_rank,
         kernels=ctx.request.kernels,
         device=ctx.request.device,
         precision=ctx.precision,
@@ -212,18 +223,18 @@ def _from_cache(ctx: TuneContext, hit: StoredAnswer, out_path: Path, report_dir:
     write_assumptions(config_path, report)
     report_md, report_json = write_report(report, report_dir, redraw=False)
     return TuneResult(
-        True,
-        candidate,
-        config,
-        config_path,
-        hf_path,
-        report_md,
-        report_json,
-        launch,
-        report.choice.samples_per_s if report.choice else None,
-        0,
-        True,
-        time.monotonic() - started,
-        StopReason.CACHE_HIT,
-        report,
+        verified=True,
+        candidate=candidate,
+        ds_config=config,
+        config_path=config_path,
+        hf_config_path=hf_path,
+        report_path=report_md,
+        report_json_path=report_json,
+        launch=launch,
+        samples_per_s=report.choice.samples_per_s if report.choice else None,
+        trials_launched=0,
+        from_cache=True,
+        elapsed_s=time.monotonic() - started,
+        stop_reason=StopReason.CACHE_HIT,
+        report=report,
     )

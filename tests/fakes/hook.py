@@ -74,6 +74,18 @@ class FakeTune:
         )
         write_assumptions(path, report)  # as tune() does beside every config it emits
         return TuneResult(
-            verified, None, config, path, None, None, None, None, 10.0, len(self.trials), False, 0.0, self.stop_reason,
-            report,
-        )  # fmt: skip
+            verified=verified,
+            candidate=None,
+            ds_config=config,
+            config_path=path,
+            hf_config_path=None,
+            report_path=None,
+            report_json_path=None,
+            launch=None,
+            samples_per_s=10.0,
+            trials_launched=len(self.trials),
+            from_cache=False,
+            elapsed_s=0.0,
+            stop_reason=self.stop_reason,
+            report=report,
+        )

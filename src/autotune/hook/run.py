@@ -231,7 +231,7 @@ def run_hook(
         # Own-command mode too: the chooser's facts carry the command, and tune() runs it (trial/script.py).
         choose = lambda: launcher_chooser(job, tuning, shared, environ)  # noqa: E731
         publishing = ProgressNote(slot, tuning.max_trials, observe)
-        leader = LeaderJob(key, job, hardware, tuning, choose, publishing, tune_fn)
+        leader = LeaderJob(key, job, hardware, tuning, launcher_factory=choose, observe=publishing, tune_fn=tune_fn)
         record = tune_and_record(leader, slot.directory / "staging")
         if record.config_text is not None and not record.details.get("terminated"):  # tune() validated it
             known.add(verdict_key(record.config_text, job.world_size))
@@ -253,7 +253,7 @@ def run_hook(
         raise HookError(f"--strict: no config written, because {record.warning}")
     try:
         path = atomic_write_text(request.tuning.out, record.config_text or "")
-        report = write_outputs(record, tuning, job, path.resolve(), Path(tuning.report_dir or path.parent))
+        report = write_outputs(record, tuning, job, path.resolve(), report_dir=Path(tuning.report_dir or path.parent))
     except OSError as error:
         why = error.strerror or error
         raise UserError(f"cannot write {request.tuning.out} or the files beside it: {why}") from None
@@ -264,9 +264,9 @@ def run_hook(
         path.resolve(),
         record,
         job,
-        key,
-        outcome.waited_s,
-        time.monotonic() - started,
-        outcome.ignored,
-        report.resolve() if report else None,
+        key=key,
+        waited_s=outcome.waited_s,
+        elapsed_s=time.monotonic() - started,
+        ignored=outcome.ignored,
+        report_path=report.resolve() if report else None,
     )

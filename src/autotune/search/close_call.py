@@ -121,4 +121,4 @@ def settle(
     final = decide(again)
     if final is None:
         return verdict
-    return Verdict(final.pick, final.speed, final.runner_up, final.runner_up_speed, final.tie, remeasured=True)
+    return Verdict(final.pick, final.speed, final.runner_up, final.runner_up_speed, tie=final.tie, remeasured=True)

@@ -126,7 +126,7 @@ def search_with_trials(
     def launch(launcher: TrialLauncher, candidate: Candidate) -> tuple[TrialResult, bool]:
         if ops is not None:
             ops.before(candidate)
-        result = run_trial(launcher, ctx.spec(candidate), observe, candidate, bounds)
+        result = retried_trial(launcher, ctx.spec(candidate), observe, candidate, bounds=bounds)
         if cache and result.status in DETERMINISTIC_STATUSES:  # what a rerun would give again, nothing else
             cache.put_trial(key, candidate, result)
         return result, False
@@ -160,7 +160,7 @@ def believed_trials(cache: ResultsCache, key: str, bounds: Bounds) -> dict[Candi
     return kept
 
 
-def run_trial(
+def retried_trial(
     launcher: TrialLauncher,
     spec: TrialSpec,
     observe: Callable[[SearchEvent], None],
