@@ -14,10 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.fakes.hook import TUNED, FakeTune
+from tests.fakes.hook import TUNED, FakeTune, hook_request
 from tests.fakes.launchers import CountingLauncher
-from tests.test_hook_run import hook_request
-from tests.test_tune import tune_request
+from tests.fakes.requests import tune_request
 
 from autotune import tune
 from autotune.core.ladder import Candidate, Rung
@@ -410,7 +409,7 @@ def test_an_impossible_measurement_from_a_trial_is_not_believed(tmp_path: Path) 
 READ_ONLY_TUNE = """
 import logging, os, sys
 from tests.fakes.launchers import CountingLauncher
-from tests.test_tune import tune_request
+from tests.fakes.requests import tune_request
 from autotune import tune
 from pathlib import Path
 logging.basicConfig(level=logging.WARNING, format="%(message)s")

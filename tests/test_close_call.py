@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from tests.test_report_data import golden_report
+from tests.fakes.reports import golden_report
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.measurement import MIN_STEPS, StepStats, enough_steps, median_rank_bound, speed_of

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.test_trial_run import GENEROUS_TIMEOUT_S, cpu_ops_built, marked_env  # noqa: F401 (fixture)
+from tests.fakes.trials import GENEROUS_TIMEOUT_S, cpu_ops_built, marked_env  # noqa: F401 (fixture)
 
 from autotune.cli import main
 from autotune.core.ladder import Candidate, Rung

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.test_estimate import summary, target
+from tests.fakes.models import summary, target
 
 from autotune.cli import main
 from autotune.core.ladder import Candidate, Rung

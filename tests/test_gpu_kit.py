@@ -281,7 +281,7 @@ def test_the_tune_stage_puts_the_picks_warm_peak_beside_its_fresh_confirmation(k
     GPU measurement of warm against fresh peaks a real tune makes), and which picks it dropped."""
     from dataclasses import replace
 
-    from tests.test_report_data import golden_report
+    from tests.fakes.reports import golden_report
     from warm_check import pick_confirmation
 
     from autotune.core.ladder import Candidate, Rung

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.test_hook_e2e import REPO, TINY, one_node_job
+from tests.conftest import REPO
+from tests.fakes.hook import TINY, one_node_job
 
 from autotune.hook.coordinate import SharedSlot, coordinate, note_progress
 from autotune.hook.env import JobEnv

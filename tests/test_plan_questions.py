@@ -307,7 +307,7 @@ def test_split_lengths_match_autograd_on_tiny_t5(encoder_len, decoder_len):
     """Encoder and decoder at different lengths, measured with MemTracker as tests/test_estimate_activations.py
     does for equal ones (same 10% tolerance for T5 in bf16 without checkpointing)."""
     import torch
-    from tests.test_estimate_activations import activation_peak
+    from tests.fakes.activations import activation_peak
 
     from autotune.models.build import build_model
 

@@ -241,8 +241,7 @@ def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_repor
 
 def test_hook_leaves_own_command_trials_to_the_tuner(tmp_path: Path) -> None:
     """The hook's launcher choice (synthetic workers) must not replace the user's command."""
-    from tests.fakes.hook import FakeTune
-    from tests.test_hook_run import hook_request
+    from tests.fakes.hook import FakeTune, hook_request
 
     from autotune.hook import run_hook
 
