@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.stop import StopReason
@@ -48,13 +49,55 @@ from autotune.search.speed import (
 from autotune.trial.types import TrialResult
 
 
+class EstimateFn(Protocol):
+    """autotune.estimate.estimate's signature: what a memory model the search is given must accept."""
+
+    def __call__(
+        self,
+        model: ModelSummary,
+        target: Target,
+        candidate: Candidate,
+        settings: EstimateSettings,
+        calibration: Calibration | None = None,
+    ) -> MemoryEstimate: ...
+
+
+class CalibrateFn(Protocol):
+    """autotune.estimate.calibrate's signature (a measured peak)."""
+
+    def __call__(
+        self,
+        calibration: Calibration,
+        model: ModelSummary,
+        target: Target,
+        candidate: Candidate,
+        settings: EstimateSettings,
+        measured_peak_bytes: int,
+    ) -> Calibration: ...
+
+
+class CalibrateOomFn(Protocol):
+    """autotune.estimate.calibrate_oom's signature (a lower bound: it ran out of memory)."""
+
+    def __call__(
+        self,
+        calibration: Calibration,
+        model: ModelSummary,
+        target: Target,
+        candidate: Candidate,
+        settings: EstimateSettings,
+        limit_bytes: int,
+    ) -> Calibration: ...
+
+
 @dataclass(frozen=True)
 class MemoryModel:
-    """The memory model the search predicts and learns with; the real one by default, a fake in tests."""
+    """The memory model the search predicts and learns with; the real one by default, a fake in tests. Typed by
+    the real functions' signatures, so mypy checks every call the search makes, keywords included."""
 
-    estimate: Callable[..., MemoryEstimate] = estimate
-    calibrate: Callable[..., Calibration] = calibrate
-    calibrate_oom: Callable[..., Calibration] = calibrate_oom
+    estimate: EstimateFn = estimate
+    calibrate: CalibrateFn = calibrate
+    calibrate_oom: CalibrateOomFn = calibrate_oom
 
 
 def largest_where(values: list[int], holds: Callable[[int], bool]) -> int | None:
