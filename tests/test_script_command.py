@@ -214,8 +214,18 @@ def test_hook_takes_the_same_command_form_and_keys_on_it(tmp_path: Path) -> None
 def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_reports_the_commands(
     tmp_path: Path,
 ) -> None:
+    from autotune.search.trials import request_facts
+    from autotune.trial.chooser import build_launcher, choose_launch
     from autotune.trial.script import ScriptLauncher
-    from autotune.tuner import TuneRequest, script_launcher, tune
+    from autotune.tuner import TuneRequest, tune
+
+    def script_launcher(request: TuneRequest) -> ScriptLauncher | None:
+        """The one launcher chooser's pick for `request` when it is the user's command (trial/chooser.py)."""
+        facts = request_facts(request, {})
+        choice = choose_launch(facts)
+        launcher = build_launcher(facts, choice) if choice.kind == "own_command" else None
+        assert launcher is None or isinstance(launcher, ScriptLauncher)
+        return launcher
 
     user_config = tmp_path / "ds.json"
     user_config.write_text(json.dumps({"scheduler": {"type": "WarmupLR"}, "autotuning": {"enabled": True,
