@@ -25,6 +25,7 @@ import psutil
 
 from compare import environment
 from compare.latency import top_imports
+from portable_paths import portable
 
 TARGET_S = 0.3  # the cache-hit target: a repeat CLI run with unchanged hardware answers in under 0.3 s
 
@@ -89,7 +90,7 @@ def main() -> None:
         "target_s": TARGET_S,
     }
     options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(data, indent=2) + "\n")
+    options.out.write_text(json.dumps(portable(data), indent=2) + "\n")
     print(json.dumps({k: data[k] for k in ("all_repeats_from_cache", "hit_wall_s_median", "hit_wall_s_min")}))
 
 

@@ -93,14 +93,21 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     from autotune.infra.atomic import atomic_write_json
+    from portable_paths import portable
 
     atomic_write_json(
         args.out,
-        {
-            "target": {"wall_s": TARGET_S, "peak_rss_bytes": TARGET_RSS_BYTES},
-            "rows": rows,
-            "environment": {"date": now_utc(), "versions": versions(), "git": git_revision(Path(__file__).parents[1])},
-        },
+        portable(
+            {
+                "target": {"wall_s": TARGET_S, "peak_rss_bytes": TARGET_RSS_BYTES},
+                "rows": rows,
+                "environment": {
+                    "date": now_utc(),
+                    "versions": versions(),
+                    "git": git_revision(Path(__file__).parents[1]),
+                },
+            }
+        ),
     )
 
 

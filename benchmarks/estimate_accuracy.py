@@ -220,12 +220,14 @@ def predicted_trial(
     precision: str,
     zero_init: bool = True,
     stack: RuntimeStack | None = None,
+    optimizer: str = "adamw",
     **trial: object,
 ) -> tuple[ModelSummary, MemoryEstimate, TrialSpec]:
     """The prediction for one config and the trial that measures exactly that config (one node).
 
     `trial` sets the TrialSpec's measurement fields (steps, timeout, memory caps); the GPU kit uses this too.
     `zero_init`: ZeRO-3 builds under deepspeed.zero.Init (False: the whole model first), predicted alike.
+    `optimizer`: an autotune.training.optimizers name (torch-adamw needs no DeepSpeed op), predicted alike.
     `stack`: the torch/CUDA/NCCL stack the trial runs with, as the tuner passes it (context.runtime_stack); None
     leaves it unknown, which widens the margin and, on a GPU, guesses the loss path and NCCL's buffers.
     """
@@ -233,14 +235,16 @@ def predicted_trial(
     summary = summarize(source)
     knobs = ZeroKnobs(zero_init=zero_init)
     settings = EstimateSettings(
-        seq_len=seq_len, precision=precision, device=device, knobs=knobs, stack=stack or RuntimeStack()
-    )
+        seq_len=seq_len, precision=precision, device=device, knobs=knobs, stack=stack or RuntimeStack(),
+        optimizer=optimizer,
+    )  # fmt: skip
     predicted = estimate(summary, target, candidate, settings)
     train = TrainSettings(
         world_size=target.gpus_per_node,
         precision=precision,
         hidden_size=summary.hidden_size,
         trainable_params=summary.trainable_params,  # sizes sub_group_size for an offload ratio (autotune.modes.applies)
+        optimizer=optimizer,
     )
     spec = TrialSpec(
         model_config=source.config,
@@ -252,6 +256,7 @@ def predicted_trial(
         device=device,  # type: ignore[arg-type]
         nprocs_per_node=target.gpus_per_node,
         zero_init=zero_init,
+        optimizer=optimizer,
         **trial,  # type: ignore[arg-type]
     )
     return summary, predicted, spec

@@ -39,6 +39,7 @@ from autotune.request.tune_request import TuneRequest
 from autotune.search.close_call import decide
 from autotune.trial.processes import one_rank_env, trial_env
 from autotune.trial.script import ScriptLauncher
+from portable_paths import portable  # benchmarks/ is the script's directory
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "tests" / "scripts" / "user_jobs"
@@ -162,7 +163,7 @@ def main() -> None:
             "uptime_after": _uptime(),
         })  # fmt: skip
         data["summary"] = summarize(data["rounds"])
-        atomic_write_json(args.out, data)
+        atomic_write_json(args.out, portable(data))
         last = data["rounds"][-1]
         print(json.dumps({"round": index, "autotune": last["faster_autotune"], "script": last["faster_script"],
                           "uptime": last["uptime_after"]}), flush=True)  # fmt: skip

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from portable_paths import portable  # benchmarks/ is the script's directory
+
 REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "tests" / "scripts" / "user_jobs"
 
@@ -101,7 +103,7 @@ def main() -> None:
     }
     results["machine"]["load_avg_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    args.out.write_text(json.dumps(portable(results), indent=2) + "\n")
     print(json.dumps({k: results[k].get("choice") for k in ("synthetic", "own_script")}, indent=2))
 
 

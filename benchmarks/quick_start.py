@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 from compare import environment
+from portable_paths import portable
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_S = 300.0  # quick start from a fresh clone on the 2-core machine: at most 5 minutes
@@ -172,7 +173,7 @@ def main() -> None:
         "python_startup_s": startup["wall_s"],
     }
     options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(data, indent=2) + "\n")
+    options.out.write_text(json.dumps(portable(data), indent=2) + "\n")
     summary = {"total_s": data["total_s"], **data["phases_s"], "tune_hit_s": tune_hits["median_s"]}
     print(json.dumps({**summary, "hook_hit_s": hook_hits["median_s"], "load_now": load()}))
 

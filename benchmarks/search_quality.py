@@ -4,14 +4,19 @@ For every scenario in `gpu_sim/scenarios.py`: the exhaustive grid's best config 
 checkpointing x micro-batch, and every applicable modern memory mode that the simulator models: each
 offload ratio of the real grid, each ZeRO++ variant; within the headroom), autotune's search, and DeepSpeed
 Autotuning's strategy (stage x micro-batch, no offload, no modes) on the same simulator. The search runs as autotune's
-GPU default does: trials in warm workers, the pick confirmed once more in a fresh process (`confirm_fresh`). Reports
-pick throughput / exhaustive best, measured points (trials) and launches (process starts) apart, under each of
-autotune's three launchers (`gpu_sim.machine.Launcher`: a fresh process per trial, warm workers, warm workers with the
-fresh confirmation), each with its simulated wall time; the pick the search makes without the confirmation (what the
-other two recommend); and the trials counted by why the search launched them (and, finer, `launch_breakdown`, over the
-fresh launcher's launches: the walk's direction and which launches another could have carried in its process). The
-search gets the same trial budget as before the modes existed (a quarter of the classic grid), so the modes have to pay
-for themselves in it; the confirmation is not held to it (Search._confirm_fresh).
+GPU default does on one node: trials in warm workers, the pick confirmed once more in a fresh process
+(`confirm_fresh`). Reports pick throughput / exhaustive best, measured points (trials) and launches (process starts)
+apart, under each of autotune's three launchers (`gpu_sim.machine.Launcher`: a fresh process per trial, warm workers,
+warm workers with the fresh confirmation), each with its simulated wall time, and under the one autotune's default
+really uses for it today (`default`: warm workers with the fresh confirmation on one node; a fresh process per trial
+on several nodes, whose trials never run warm: request/tune_request.py uses_warm_workers); the pick the search makes
+without the confirmation (what the other two recommend); and the trials counted by why the search launched them (and,
+finer, `launch_breakdown`, over the fresh launcher's launches: the walk's direction and which launches another could
+have carried in its process). The search gets the same trial budget as before the modes existed (a quarter of the
+classic grid), so the modes have to pay for themselves in it; the confirmation is not held to it
+(Search._confirm_fresh). For each multi-node scenario, `multi_node`: today's launches against issue 44's two designs
+(gpu_sim/designs.py) and DeepSpeed Autotuning, with full-allocation launches, wall and GPU-hours (gpu_sim/scale.py:
+start-up figures are lower bounds).
 
     python benchmarks/search_quality.py            # writes results/search_quality.json, prints a table
 """
@@ -40,6 +45,8 @@ from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, rati
 from autotune.modes.search_view import is_ratio_mode
 from autotune.search.records import LaunchPurpose, SearchLimits, SearchOutcome
 from autotune.search.walk import Search, same_group
+from gpu_sim.design_report import designs_medians, designs_table, multi_node_designs
+from gpu_sim.designs import FullScale, default_launcher
 from gpu_sim.ds_autotuning import ds_autotuning
 from gpu_sim.machine import Launcher, SimulatedCluster, models_mode
 from gpu_sim.scenarios import SCENARIOS, Scenario
@@ -265,6 +272,15 @@ def run_scenario(scenario: Scenario) -> dict:
     )
     ds_speed = ds_machine.samples_per_s(ds_pick) if ds_pick else 0.0
     ds_global = ds_pick.micro_batch * ds_machine.accumulation(ds_pick) * ds_machine.world if ds_pick else None
+    default = default_launcher(scenario.nodes)
+    pick_alone = unconfirmed_pick(scenario, machine)
+    multi = None
+    if scenario.nodes > 1:
+        _, target, settings = cluster(scenario)
+        full = FullScale(machine, target, settings, micro_batches, mode_grid(mode_options(scenario)), HEADROOM)
+        multi = multi_node_designs(
+            scenario, machine, outcome, pick_alone, full, lambda small: search(small, confirm=False)
+        )
     return {
         "scenario": scenario.name,
         "what": scenario.what,
@@ -288,7 +304,7 @@ def run_scenario(scenario: Scenario) -> dict:
             "trials": len(machine.launched),
             **launch_figures(machine),
             "fresh_confirmations": confirmations,  # each "key:fits" or "key:<why not>", in order
-            "pick_without_confirmation": unconfirmed_pick(scenario, machine),
+            "pick_without_confirmation": pick_alone,
             "trial_fraction": len(machine.launched) / total,
             "tried": [c.key + ":" + machine.result(c).status for c in machine.launched],
             "mode_trials": mode_trials,
@@ -306,6 +322,13 @@ def run_scenario(scenario: Scenario) -> dict:
             ],
             "stop_reason": outcome.stop_reason,
         },
+        # the launcher autotune's default uses for this job today, and its figures
+        "default": {
+            "launcher": default.value,
+            "launches": len(machine.launches(default)),
+            "simulated_wall_s": round(machine.tune_seconds(default), 1),
+        },
+        "multi_node": multi,
         "ds_autotuning": {
             "pick": ds_pick.key if ds_pick else None,
             "samples_per_s": ds_speed,
@@ -348,17 +371,31 @@ def table(rows: list[dict]) -> str:
             f" | {by_launcher(ours['simulated_wall_s'], lambda s: f'{s / 60:.0f}')} min | {ds['pick']}"
             f" | {ds['quality']:.3f} | {ds['launches']} | {ds['simulated_wall_s'] / 60:.0f} min |"
         )
+    lines.append(headline(rows))
     medians = {k: median([r["autotune"]["launches"][k.value] for r in rows]) for k in Launcher}
     lines.append(
-        f"\nmedian autotune launches per tune ({len(rows)} scenarios): "
-        + ", ".join(
-            f"{medians[k]:g} {k.value}" + (" (the GPU default)" if k is Launcher.WARM_CONFIRMED else "")
-            for k in Launcher
-        )
+        "median autotune launches per tune if every scenario ran under one launcher: "
+        + ", ".join(f"{medians[k]:g} {k.value}" for k in Launcher)
     )
     changed = [r["scenario"] for r in rows if r["autotune"]["pick"] != r["autotune"]["pick_without_confirmation"]]
     lines.append(f"picks the fresh confirmation changed: {', '.join(changed) or 'none'}")
     return "\n".join(lines)
+
+
+def headline(rows: list[dict]) -> str:
+    """Launches under the launcher the default really uses for each scenario (`default`), single- and multi-node
+    apart: no multi-node scenario runs warm today."""
+    single = [r["default"]["launches"] for r in rows if not r.get("multi_node")]
+    multi = [r["default"]["launches"] for r in rows if r.get("multi_node")]
+    parts = [f"\nthe default's launches per tune ({len(rows)} scenarios, each under the launcher it really uses):"]
+    if single:
+        parts.append(f"one node (warm workers + fresh confirmation): median {median(single):g} over {len(single)};")
+    if multi:
+        parts.append(
+            f"several nodes (a fresh process per trial: never warm across nodes today): median {median(multi):g}"
+            f" full-allocation launches over {len(multi)}"
+        )
+    return " ".join(parts)
 
 
 def breakdown_table(rows: list[dict]) -> str:
@@ -393,12 +430,22 @@ def main() -> None:
         "versions": library_versions(),
         "elapsed_s": round(time.monotonic() - started, 2),
         "headroom": HEADROOM,
+        "default_launches": headline(rows).strip(),
+        "multi_node_full_launch_medians": designs_medians(rows),
         "scenarios": rows,
     }
     atomic_write_text(args.out, json.dumps(data, indent=2) + "\n")
     print(table(rows))
     print()
     print(breakdown_table(rows))
+    if any(r["multi_node"] for r in rows):
+        print()
+        print(designs_table(rows))
+        medians = designs_medians(rows)
+        print(
+            "\nmedian full-allocation launches over the multi-node scenarios: "
+            + ", ".join(f"{name} {value:g}" for name, value in medians.items())
+        )
 
 
 if __name__ == "__main__":

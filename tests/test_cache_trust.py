@@ -392,6 +392,27 @@ def test_a_correctly_signed_but_impossible_row_is_refused_as_corrupt(tmp_path: P
     assert third.from_cache and third.samples_per_s == first.samples_per_s  # the re-measured rows replaced them
 
 
+def test_a_resigned_row_claiming_only_samples_per_s_is_bounded_too(tmp_path: Path, caplog) -> None:
+    """Issue 46: a row re-signed with the user's key, 1e9 samples/s, no tokens/s and no memory figure, became the
+    pick's speed (the bound read tokens/s only); now its samples/s times the run's sequence length is bounded."""
+    request = tune_request(tmp_path, micro_batches=(1, 2))
+    first = tune(request, launcher=CountingLauncher())
+    database = Path(request.cache_dir) / "results.sqlite"
+    cache = ResultsCache(database)
+    forged = TrialResult("ok", step_times_s=[1e-9] * 3, samples_per_s=1e9)
+    with sqlite3.connect(database) as db:
+        db.execute("DELETE FROM signed_recommendations")
+        rows = db.execute("SELECT run_key, candidate FROM signed_trials").fetchall()
+        for run_key, candidate in rows:
+            db.execute("INSERT OR REPLACE INTO signed_trials VALUES (?, ?, ?, ?, ?)",
+                       cache.trial_row(run_key, candidate, json.dumps(forged.to_dict())))  # fmt: skip
+    launcher = CountingLauncher()
+    with caplog.at_level(logging.WARNING):
+        again = tune(request, launcher=launcher)
+    assert caplog.text.count("as corrupt") == len(rows) and "FLOP/s" in caplog.text
+    assert again.samples_per_s == first.samples_per_s and len(launcher.specs) >= len(rows)
+
+
 def test_an_impossible_measurement_from_a_trial_is_not_believed(tmp_path: Path) -> None:
     class Impossible(CountingLauncher):
         def run(self, spec: TrialSpec) -> TrialResult:

@@ -86,6 +86,32 @@ def test_hf_and_accelerate_offload_without_optimizer_trains_with_a_note(name: st
     (note,) = _findings_at_offload(PUBLISHED_STYLE[name], consumer)
     assert note.severity is Severity.INFO and note.fix is None
     assert "DeepSpeedCPUAdam" in note.message and "betas (0.9, 0.999), eps 1e-08" in note.message
+    assert "lr, betas, eps and weight_decay carry over" in note.message  # what the mapping below keeps
+    assert "become its defaults" not in note.message
+
+
+@pytest.mark.slow
+def test_accelerates_swap_keeps_the_users_betas_and_eps() -> None:
+    """The note's claim, run: accelerate's own mapping of a torch AdamW (betas (0.5, 0.6), eps 1e-3, weight decay
+    0.1, lr 2e-4) gives a DeepSpeedCPUAdam whose groups, which its step reads, hold the user's values. Builds
+    DeepSpeed's CPU Adam op (cached in TORCH_EXTENSIONS_DIR)."""
+    code = (
+        "import json, torch\n"
+        "from accelerate.utils.deepspeed import map_pytorch_optim_to_deepspeed\n"
+        "p = [torch.nn.Parameter(torch.zeros(4))]\n"
+        "user = torch.optim.AdamW(p, lr=2e-4, betas=(0.5, 0.6), eps=1e-3, weight_decay=0.1)\n"
+        "mapped = map_pytorch_optim_to_deepspeed(user)\n"
+        "g = mapped.param_groups[0]\n"
+        "print('MAPPED ' + json.dumps({'cls': type(mapped).__name__, 'lr': g['lr'], 'betas': list(g['betas']),"
+        " 'eps': g['eps'], 'weight_decay': g['weight_decay'], 'adamw': mapped.adamw_mode}))\n"
+    )
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("MAPPED "))
+    mapped = json.loads(line.removeprefix("MAPPED "))
+    assert mapped == {"cls": "DeepSpeedCPUAdam", "lr": 2e-4, "betas": [0.5, 0.6], "eps": 1e-3, "weight_decay": 0.1,
+                      "adamw": True}  # fmt: skip
 
 
 def test_deepspeed_directly_is_warned_with_a_fix_that_keeps_training() -> None:

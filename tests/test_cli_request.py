@@ -14,7 +14,7 @@ from autotune.cli import main
 from autotune.cli.request import NOT_OFFERED, offered_fields, recorded_options, source_of, unwired_fields
 from autotune.core.ladder import Rung
 from autotune.hook import HookRequest, JobOverrides
-from autotune.request.tune_request import TuneRequest
+from autotune.request.tune_request import TUNE_TIME_BUDGET_S, TuneRequest
 
 
 class Captured(Exception):
@@ -51,8 +51,10 @@ def base(tmp_path: Path) -> Path:
 
 
 def test_tune_with_no_options_asks_for_the_request_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert built_request(monkeypatch, "--model", "gpt2") == TuneRequest(model="gpt2")
-    assert built_request(monkeypatch, "tune", "-m", "gpt2") == TuneRequest(model="gpt2")
+    # the one default tune states apart from the request's: its time budget (request/tune_request.py)
+    defaults = TuneRequest(model="gpt2", time_budget_s=TUNE_TIME_BUDGET_S)
+    assert built_request(monkeypatch, "--model", "gpt2") == defaults
+    assert built_request(monkeypatch, "tune", "-m", "gpt2") == defaults
 
 
 def test_tune_with_every_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, base: Path) -> None:
@@ -82,10 +84,15 @@ def test_tune_with_every_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 
 def test_tune_on_the_cpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     argv = ["--model", "tiny-gpt2", "--device", "cpu", "--gpus", "2", "--memory-budget", "2GiB", "-s", "32"]
-    expected = TuneRequest(model="tiny-gpt2", device="cpu", gpus=2, memory_budget="2GiB", seq_len=32)
+    budget = TUNE_TIME_BUDGET_S  # tune's stated default time budget
+    expected = TuneRequest(
+        model="tiny-gpt2", device="cpu", gpus=2, memory_budget="2GiB", seq_len=32, time_budget_s=budget
+    )
     assert built_request(monkeypatch, *argv) == expected
     argv = ["--model", "gpt2", "--gpu-type", "a100-80gb", "--tokens-per-step", "4096", "--rungs", "", "--", "x"]
-    expected = TuneRequest(model="gpt2", gpu_type="a100-80gb", tokens_per_step=4096, command=("x",))
+    expected = TuneRequest(
+        model="gpt2", gpu_type="a100-80gb", tokens_per_step=4096, command=("x",), time_budget_s=budget
+    )
     assert built_request(monkeypatch, *argv) == expected
 
 

@@ -348,3 +348,79 @@ def test_dry_run_exercises_every_stage_for_real(tmp_path: Path) -> None:
     assert all(row["status"] == "ok" for row in modes["rows"].values())
     partial = [row for row in modes["rows"].values() if row["mode"]["offload_ratio"] != 1.0]
     assert partial and all(row["engine_facts"]["offload_ratio"] == row["mode"]["offload_ratio"] for row in partial)
+
+
+def _lease_kit(kit_module, tmp_path: Path, trials, budget_s: float = 600.0, **fields):
+    kit = kit_module.Kit(
+        tmp_path / "validation.json", dry_run=True, budget_s=budget_s, run_trial=trials, lease=True, **fields
+    )
+    kit.load()
+    return kit
+
+
+def test_the_lease_measures_the_warm_points_first_with_an_optimizer_that_needs_no_op(kit_module, tmp_path) -> None:
+    """Issue 42: warm vs fresh comes right after the smoke, beside the op builds (torch AdamW loads no DeepSpeed op)."""
+    trials = GpuKitTrials()
+    kit = _lease_kit(kit_module, tmp_path, trials, memory_set="warm")
+    kit_module.stage_memory(kit)
+    assert [s.optimizer for s in trials.specs] == ["torch-adamw", "torch-adamw"]
+    assert all(s.ds_config["optimizer"]["params"].get("torch_adam") for s in trials.specs)
+    rows = kit.data["memory"]["rows"]
+    assert list(rows) == [p.key for p in kit_module.DRY_WARM_POINTS] and all(k.endswith("/torch-adamw") for k in rows)
+    kit.memory_set = "rest"
+    kit_module.stage_memory(kit)
+    assert len(rows) == 2 + len(kit_module.DRY_MEMORY_POINTS)  # the rest come last, none twice
+    lease = kit_module.LEASE_MEMORY_POINTS
+    assert lease[-1].model == "llama-3.2-3b" and not lease[0].rung.offload_optimizer  # cheapest first
+
+
+def test_each_warm_item_is_gated_on_the_wall_of_the_fresh_point_it_re_runs(kit_module, tmp_path) -> None:
+    """Not on the slowest memory row of all (an offload point of 45-100 s), which dropped the third warm item."""
+    trials = GpuKitTrials()
+    kit = _lease_kit(kit_module, tmp_path, trials, memory_set="warm")
+    kit_module.stage_memory(kit)
+    rows = kit.data["memory"]["rows"]
+    for row in rows.values():
+        row["wall_s"] = 20.0
+    rows["an offload point"] = {"key": "x", "status": "ok", "wall_s": 100.0}
+    kit.budget_s = kit_module.time.monotonic() - kit.started + 3 * 24.0 + 1  # three warm items' worth
+    kit_module.stage_warm(kit)
+    assert len(kit.data["warm"]["rows"]) == 3 and kit.data["warm"]["complete"]
+
+
+def test_the_sampler_stage_times_zero3_at_10_ms_and_1_s_and_calls_overlap_a_tie(kit_module, tmp_path) -> None:
+    trials = GpuKitTrials()
+    stepped = lambda spec: dataclasses.replace(trials(spec), step_times_s=[0.5, 0.6])  # noqa: E731
+    kit = _lease_kit(kit_module, tmp_path, stepped, memory_set="warm")
+    kit_module.stage_memory(kit)
+    kit_module.stage_sampler(kit)
+    section = kit.data["sampler"]
+    assert set(section["rows"]) == {"0.01s", "1s"}
+    assert [s.sample_period_s for s in trials.specs] == [0.01, 0.01, 1.0]  # the 10 ms row is the memory stage's
+    assert section["summary"]["verdict"].startswith("tie")  # the fake's steps are alike
+    fast = {"status": "ok", "step_times_s": [1.0, 1.1]}
+    slow = {"status": "ok", "step_times_s": [0.5, 0.6]}
+    assert "costs step time" in kit_module._sampler_summary({"0.01s": fast, "1s": slow})["verdict"]
+
+
+def test_the_lease_tune_keeps_a_trial_and_the_fresh_confirmation_back_and_states_host_memory(
+    kit_module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setting = kit_module.LEASE_TUNE
+    assert setting.max_trials == 2 and setting.reserve_s >= 100 and setting.rerun_s == 0
+    assert all(rung.offload_optimizer for rung in setting.rungs)  # all the emulated 24 GB card fits of llama-3.2-1b
+    kit = kit_module.Kit(Path("/nonexistent/v.json"), dry_run=False, budget_s=100, lease=True)
+    monkeypatch.setattr(kit_module, "emulated_fraction", lambda _kit: 0.17)  # no GPU here: only an argument
+    args = kit_module._limit_args(kit)
+    assert args[-2:] == ["--host-memory", "128GiB"]
+
+
+def test_a_failed_smoke_trial_stops_the_kit_with_its_row_saved(kit_module, tmp_path, monkeypatch) -> None:
+    failed = TrialResult(status="error", error="CUDA error: no kernel image is available")
+    monkeypatch.setattr(kit_module.Kit, "launch", lambda self, spec, key, launcher=None: (failed, None))
+    results = tmp_path / "v.json"
+    code = kit_module.main(["--dry-run", "--lease", "--stages", "smoke,memory", "--results", str(results),
+                            "--out", str(tmp_path / "kit")])  # fmt: skip
+    data = json.loads(results.read_text())
+    assert code == 3 and data["smoke"]["status"] == "error" and "memory" not in data
+    assert data["smoke"]["optimizer"] == "torch-adamw"

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 KIT_DIR = REPO / "benchmarks" / "gpu"
 LEASE = KIT_DIR / "lease.sh"
 # What the device tool brings back from $OUT: at most 8 files, named in letters, digits, '.', '_', '-'
-# (/work/.library/device/README.md, Limits).
+# (the device tool's stated limits).
 OUT_FILE = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -118,45 +118,103 @@ def _assert_out_comes_back(out: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_dry_run_lease_ends_within_its_budget_with_every_stage_recorded(tmp_path: Path) -> None:
-    budget = 420
+def test_the_dry_run_lease_at_cold_h200_walls_runs_every_warm_item_and_the_fresh_confirmation(tmp_path: Path) -> None:
+    """Issue 42: with each item slept up to its estimated cold-H200 wall (points.py H200_WALL_S), the re-planned lease
+    runs the smoke, all three warm items and the tune with its fresh confirmation within its budget. On a machine
+    whose CPU trials take longer than those walls (a loaded one) the plan cannot show it: the test says so."""
+    budget = 510
     started = time.monotonic()
-    process, out = _start_lease(tmp_path, budget)
-    output, _ = process.communicate(timeout=budget + 120)
+    process, out = _start_lease(tmp_path, budget, "--emulate-h200")
+    output, _ = process.communicate(timeout=budget + 180)
     wall = time.monotonic() - started
     assert process.returncode == 0, output[-3000:]
     assert wall <= budget + 30, f"{wall:.0f} s for a {budget} s budget"
+    smoke_wall = _json(out / "validation.json").get("smoke", {}).get("wall_s", 0)
+    if smoke_wall > 2 * 15:  # points.py H200_WALL_S["smoke"]: this CPU is slower than the walls the plan is sized by
+        pytest.skip(f"the smoke trial took {smoke_wall} s here (load {os.getloadavg()[0]:.1f}), over twice its"
+                    " cold-H200 15 s: the emulated walls cannot show the plan's fit on this machine")  # fmt: skip
     lease = _json(out / "lease.json")
     assert {"versions", "headers", "probe", "ops", "stages"} <= set(lease)
     assert all("error" not in op for op in lease["ops"].values()), lease["ops"]
-    assert not any(stage["timed_out"] for stage in lease["stages"].values()), lease["stages"]
-    rows = _json(out / "validation.json")["memory"]["rows"]
-    assert rows and all(row["status"] == "ok" and row["phases"] for row in rows.values())
+    assert lease["stages"]["help"]["exit"] == 0 and lease["stages"]["smoke"]["exit"] == 0
+    results = _json(out / "validation.json")
+    assert results["smoke"]["status"] == "ok"
+    warm = results["warm"]
+    assert warm["complete"] and [row["status"] for row in warm["rows"]] == ["ok"] * 3, warm
+    assert set(results["sampler"]["rows"]) == {"0.01s", "1s"}
+    assert results["tune"]["fresh_confirmation"]["fresh_peak_bytes"], results["tune"]
     _assert_out_comes_back(out)
+    assert (out / "trial-stream.txt").stat().st_size > 0
     assert (out / "lease.log").read_text().strip().endswith(f"of {budget}s")
 
 
 @pytest.mark.slow
-def test_a_lease_killed_halfway_leaves_its_finished_items_and_the_failed_trials_logs(tmp_path: Path) -> None:
-    process, out = _start_lease(tmp_path, 420, "--plant-fault", "tiny-llama/z0")
+def test_a_lease_killed_mid_stage_leaves_its_finished_items_and_the_in_flight_stages_log(tmp_path: Path) -> None:
+    process, out = _start_lease(tmp_path, 900, "--plant-fault", "tiny-llama/z0/mb4")  # not the smoke's mb1
     try:
-        deadline = time.monotonic() + 400
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline and process.poll() is None:
-            rows = _json(out / "validation.json").get("memory", {}).get("rows", {})
-            if len(rows) >= 2:
+            if "stage warm (" in ((out / "lease.log").read_text() if (out / "lease.log").exists() else ""):
                 break
             time.sleep(2)
-        assert process.poll() is None, "the lease ended before it could be killed halfway"
+        time.sleep(30)  # the kit has started and the warm pool's first trial is under way
+        assert process.poll() is None, "the lease ended before it could be killed mid-stage"
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # no trap runs: what is in $OUT is what a device limit leaves
         process.communicate()
     lease = _json(out / "lease.json")
-    assert {"versions", "probe", "ops"} <= set(lease) and lease["stages"]["probe"]["exit"] == 0
+    assert {"versions", "ops"} <= set(lease) and lease["stages"]["smoke"]["exit"] == 0
     rows = _json(out / "validation.json")["memory"]["rows"]
-    failed = rows["tiny-llama/z0/mb4/s128"]
+    failed = rows["tiny-llama/z0/mb4/s128/torch-adamw"]
     assert failed["status"] == "error" and failed["logs"]
-    ran = [row for row in rows.values() if row["status"] == "ok"]
-    assert ran and ran[0]["predicted_bytes"] > 0
+    assert any(row["status"] == "ok" and row["predicted_bytes"] > 0 for row in rows.values())
     logs = (out / "trial-logs.txt").read_text()
-    assert "===== tiny-llama/z0/mb4/s128: error" in logs and "injected failure at start" in logs
+    assert "===== tiny-llama/z0/mb4/s128/torch-adamw: error" in logs and "injected failure at start" in logs
+    stream = (out / "trial-stream.txt").read_text()
+    assert "warm-pool" in stream  # the stage in flight when the lease was killed: its logs came back
     _assert_out_comes_back(out)
+
+
+def test_the_log_follower_copies_what_each_log_gains_and_survives_a_removed_one(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(KIT_DIR))
+    try:
+        from follow_logs import Follower
+    finally:
+        sys.path.remove(str(KIT_DIR))
+    watch, sink = tmp_path / "scratch", tmp_path / "out" / "trial-stream.txt"
+    (watch / "trials" / "a").mkdir(parents=True)
+    sink.parent.mkdir()
+    first = watch / "trials" / "a" / "rank0.log"
+    first.write_text("imports\n")
+    follower = Follower(watch, sink, max_bytes=200)
+    assert follower.poll()
+    with first.open("a") as log:
+        log.write("engine init\n")
+    (watch / "trials" / "b.log").write_text("other\n")
+    assert follower.poll()
+    text = sink.read_text()
+    assert text.count("imports") == 1 and "engine init" in text and "other" in text
+    assert text.count("===== trials/a/rank0.log") == 1  # a log that goes on where it stopped needs no new header
+    first.unlink()  # a trial that ran fine has its directory removed
+    assert follower.poll()
+    (watch / "big.log").write_text("x" * 500)
+    assert not follower.poll() and sink.stat().st_size <= 200 + 200  # full: it stops copying
+
+
+def test_missing_unversioned_cuda_libraries_get_links_and_absent_ones_are_named(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(KIT_DIR))
+    import preflight
+
+    lib = tmp_path / "nvidia" / "cuda_runtime" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudart.so.13").write_bytes(b"\x7fELF")
+    (lib / "libcublas.so").write_bytes(b"\x7fELF")
+    monkeypatch.setattr(preflight, "library_dirs", lambda: [lib])
+    found = preflight.cuda_libs(tmp_path / "links")
+    assert found["libs"]["cudart"] == {"linked": str(lib / "libcudart.so.13")}
+    assert (tmp_path / "links" / "libcudart.so").resolve() == lib / "libcudart.so.13"
+    assert found["libs"]["cublas"] == {"so": str(lib / "libcublas.so")}
+    assert found["libs"]["curand"] == {"missing": True}
+    assert preflight.cpu_stamp() == preflight.cpu_stamp() and "flags" in preflight.cpu_stamp()

@@ -30,15 +30,25 @@ def test_print_env_is_safe_to_eval_and_points_at_the_config(tmp_path: Path) -> N
     out = tmp_path / "out dir" / "ds config.json"
     done = run_cli("hook", *OPTIONS, "--cache-dir", str(shared), "--out", str(out), "--print-env")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("export AUTOTUNE_DS_CONFIG=") and done.stdout.count("\n") == 1
+    names = [line.split("=", 1)[0] for line in done.stdout.splitlines()]
+    assert names == [f"export AUTOTUNE_{n}" for n in ("DS_CONFIG", "HF_CONFIG", "HF_ARGS", "WORLD_SIZE")]
     shown = subprocess.run(
-        ["bash", "-c", 'eval "$1"; cat "$AUTOTUNE_DS_CONFIG"', "_", done.stdout],
+        ["bash", "-c", 'eval "$1"; cat "$AUTOTUNE_DS_CONFIG"; echo "#"; cat "$AUTOTUNE_HF_CONFIG"; echo "#";'
+         ' echo "$AUTOTUNE_HF_ARGS|$AUTOTUNE_WORLD_SIZE"', "_", done.stdout],
         capture_output=True,
         text=True,
         check=True,
-    )
-    assert shown.stdout == out.read_text() == (shared / "seed.json").read_text()
+    )  # fmt: skip
+    config = json.loads(out.read_text())
+    ds_text, hf_text, rest = shown.stdout.split("\n#\n")
+    assert ds_text + "\n" == out.read_text() == (shared / "seed.json").read_text()
+    assert json.loads(hf_text)["train_micro_batch_size_per_gpu"] == config["train_micro_batch_size_per_gpu"]
+    flags, world = rest.strip().split("|")
+    micro, steps = config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
+    assert flags.startswith(f"--per_device_train_batch_size {micro} --gradient_accumulation_steps {steps}")
+    assert int(world) == 1  # the seed config fixes no train_batch_size: the job's shape, one rank here
     assert "published result" in done.stderr
+    assert f"valid for world size {world}" in done.stderr and "train: HF Trainer script:" in done.stderr
 
 
 def test_plain_output_is_the_config_path_and_json_names_the_role(tmp_path: Path) -> None:

@@ -89,7 +89,9 @@ def run_path(command: str, tmp_path: Path) -> dict:
 def test_commands_use_each_launchers_own_conventions(tmp_path: Path) -> None:
     launch = emitted(tmp_path, Candidate(Rung.Z3, 2, True), 2, 8)
     assert f"{PLAIN} --deepspeed --deepspeed_config {tmp_path / 'ds_config.json'}" in launch.deepspeed
-    assert launch.torchrun.startswith("DS_ACCELERATOR=cpu OMP_NUM_THREADS=$(( $(nproc) / 2 )) torchrun")
+    assert launch.torchrun.startswith("DS_ACCELERATOR=cpu OMP_NUM_THREADS=$(( $(nproc) / 2 )) torchrun --standalone")
+    assert "deepspeed --master_port $(python3 -c " in launch.deepspeed  # a free port, not 29500 for every job
+    assert "--main_process_port $(python3 -c " in launch.accelerate
     printed = (launch.deepspeed, launch.hf_trainer, launch.accelerate)
     assert all(command.startswith("DS_ACCELERATOR=cpu ") for command in printed)
     assert f"--deepspeed {tmp_path / 'ds_config.hf.json'}" in launch.hf_trainer

@@ -160,7 +160,7 @@ def test_precision_help_says_what_the_default_is(capsys):
 
 
 def test_plan_takes_tunes_model_hardware_and_training_options():
-    """What the README says about the two commands' options (Useful options)."""
+    """What docs/commands.md says about the two commands' options (Useful options)."""
     import inspect
 
     from autotune.cli.plan import plan_command
@@ -172,3 +172,21 @@ def test_plan_takes_tunes_model_hardware_and_training_options():
                         "no_cache"}  # fmt: skip
     tune_only = {"tokens_per_step", "hf", "script", "base_config", "command", *trial_and_output}
     assert tune - plan == tune_only
+
+
+def test_plan_config_on_the_cpu_backend_says_host_ram_not_gpu(capsys, tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}}))
+    args = ("--model", "tiny-gpt2", "--device", "cpu", "--memory-budget", "2GiB", "--seq-len", "64")
+    code, out, _ = run_in_process(capsys, *args, "--config", str(config))
+    assert code == 0
+    assert "  per rank (host RAM, CPU backend): peak" in out and "GPU:" not in out
+
+
+def test_a_plan_only_note_does_not_say_the_tuning_measured():
+    from autotune.dsconfig.base import placeholder_notes
+
+    config = {"optimizer": {"type": "AdamW", "params": {}}}
+    assert "the tuning measured" in placeholder_notes(config, None)[0]
+    planned = placeholder_notes(config, None, measured=False)[0]
+    assert "the plan assumed" in planned and "measured" not in planned

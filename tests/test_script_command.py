@@ -14,6 +14,7 @@ from tests.conftest import run_cli
 from tests.fakes.launchers import OwnCommandLauncher
 
 from autotune.core.ladder import Rung
+from autotune.dsconfig.launchers import FREE_PORT
 from autotune.errors import UserError
 from autotune.trial.outcome import BudgetBreach
 from autotune.trial.processes import TRIAL_TAG_ENV, new_tag, stop_processes
@@ -243,23 +244,30 @@ def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_repor
     config = json.loads(Path(result.config_path).read_text())  # type: ignore[arg-type]
     assert config["scheduler"] == {"type": "WarmupLR"} and "autotuning" not in config
     own = result.report.own_command.to_json()
-    assert own["train_command"].endswith(f"--deepspeed {result.config_path} --bs 4")
+    # `--deepspeed FILE` is an HF Trainer command's form: it gets the .hf.json, the user's keys kept as written
+    hf_path = Path(result.config_path).with_suffix(".hf.json")  # type: ignore[arg-type]
+    assert own["train_command"].endswith(f"--deepspeed {hf_path} --bs 4")
+    assert json.loads(hf_path.read_text())["scheduler"] == {"type": "WarmupLR"}
     assert all(t.result.command for t in result.report.trials)
     markdown = Path(result.report_path).read_text()  # type: ignore[arg-type]
     assert "## Your command" in markdown and "`python train.py --mb=4`" in markdown
 
 
 def test_hook_leaves_own_command_trials_to_the_tuner(tmp_path: Path) -> None:
-    """The hook's launcher choice (synthetic workers) must not replace the user's command."""
+    """The hook's launcher choice (synthetic workers) must not replace the user's command: the facts it hands tune
+    carry the command, and the one chooser (trial/chooser.py) runs it."""
     from tests.fakes.hook import FakeTune, hook_request
 
     from autotune.hook import run_hook
+    from autotune.trial.chooser import JobFacts, choose_launch
 
     fake = FakeTune()
     command = ("python", "train.py", "--deepspeed", "{ds_config}")
     request = hook_request(tmp_path / "c.json", tmp_path / "shared", command=command)
-    run_hook(request, environ={}, tune_fn=fake, launcher_chooser=lambda *args: "synthetic launcher")
-    assert fake.launchers == [None] and fake.requests[0].command == command
+    run_hook(request, environ={}, tune_fn=fake)
+    [facts] = fake.launchers
+    assert isinstance(facts, JobFacts) and facts.command == command and choose_launch(facts).kind == "own_command"
+    assert fake.requests[0].command == command
 
 
 def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tmp_path: Path) -> None:
@@ -298,8 +306,48 @@ def test_the_printed_command_carries_the_environment_its_trials_had(tmp_path: Pa
     line = train_command(bare, _spec(nprocs_per_node=1), tmp_path / "ds config.json")
     assert line == (
         "DS_ACCELERATOR=cpu RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1"
-        f" MASTER_PORT=29500 python3 train.py --deepspeed_config '{tmp_path / 'ds config.json'}' --mb 4"
+        f" MASTER_PORT={FREE_PORT} python3 train.py --deepspeed_config '{tmp_path / 'ds config.json'}' --mb 4"
     )
+    port = subprocess.run(["bash", "-c", f"echo {FREE_PORT}"], capture_output=True, text=True, check=True).stdout
+    assert 0 < int(port) < 65536
     launched = parse_command(["torchrun", "--nproc-per-node", "{gpus}", "train.py", "--deepspeed", "{ds_config}"])
     on_gpu = train_command(launched, _spec(device="cuda"), tmp_path / "c.json")
-    assert on_gpu == f"torchrun --nproc-per-node 2 train.py --deepspeed {tmp_path / 'c.json'}"  # the launcher's ranks
+    # the launcher's ranks; `--deepspeed FILE` is an HF Trainer command's form, so the .hf.json
+    assert on_gpu == f"torchrun --nproc-per-node 2 train.py --deepspeed {tmp_path / 'c.hf.json'}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "consumer"),
+    [
+        (["python3", "train_hf.py", "--deepspeed", "{ds_config}", "--per_device_train_batch_size", "{micro_batch}"],
+         "hf"),
+        (["torchrun", "--nproc-per-node", "{gpus}", "train_hf.py", "--deepspeed={ds_config}"], "hf"),
+        (["python3", "train.py", "--deepspeed", "--deepspeed_config", "{ds_config}"], "deepspeed"),
+        (["python3", "train.py", "--deepspeed_config={ds_config}"], "deepspeed"),
+        (["python3", "train.py", "--config", "{ds_config}"], "deepspeed"),
+        (["python3", "train.py", "--config", "{ds_config}", "--learning_rate", "5e-5"], "hf"),
+    ],
+)  # fmt: skip
+def test_an_hf_trainer_command_is_told_from_a_plain_deepspeed_one(argv: list[str], consumer: str) -> None:
+    assert parse_command(argv).consumer() == consumer
+
+
+def test_an_hf_trainer_command_reads_the_hf_variant_with_its_own_lr_and_clipping() -> None:
+    config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+              "optimizer": {"type": "AdamW", "params": {}}}  # fmt: skip
+    hf = parse_command(["python3", "t.py", "--deepspeed", "{ds_config}"]).config_for_consumer(config)
+    assert hf["optimizer"]["params"]["lr"] == "auto" and hf["gradient_clipping"] == "auto"
+    assert hf["train_micro_batch_size_per_gpu"] == 4  # tuned values stay concrete
+    plain = parse_command(["python3", "t.py", "--deepspeed_config", "{ds_config}"]).config_for_consumer(config)
+    assert plain == config
+
+
+def test_consumer_option_overrides_what_the_command_shows_and_is_checked(tmp_path: Path) -> None:
+    forced = parse_command(["python3", "t.py", "--deepspeed", "{ds_config}"], consumer="deepspeed")
+    assert forced.consumer() == "deepspeed"
+    options = ["--model", "tiny-gpt2", "--device", "cpu", "--memory-budget", "1GiB", "-o", str(tmp_path / "c.json")]
+    done = run_cli(*options, "--consumer", "hf")
+    assert done.returncode == 2 and "give the command after `--`" in done.stderr and "Traceback" not in done.stderr
+    done = run_cli(*options, "--consumer", "trainer", "--", "python3", "t.py", "--deepspeed", "{ds_config}")
+    assert done.returncode == 2 and "--consumer must be hf or deepspeed" in done.stderr
+    assert not (tmp_path / "c.json").exists()

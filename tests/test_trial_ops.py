@@ -100,3 +100,35 @@ def test_a_build_that_prints_more_than_a_pipe_holds_still_finishes(tmp_path: Pat
     assert ensure_ops_ready("cpu", env=env, python=python, timeout_s=60, names=("FusedAdamBuilder",)) == {
         "FusedAdamBuilder": 2.0
     }
+
+
+def test_the_ops_directory_is_the_one_torch_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TORCH_EXTENSIONS_DIR first, else $XDG_CACHE_HOME/torch_extensions (torch/utils/cpp_extension.py
+    `_get_build_directory`, torch/_appdirs.py `user_cache_dir`), checked against torch's own answer."""
+    from torch.utils import cpp_extension
+
+    from autotune.trial.ops import extensions_dir
+
+    assert extensions_dir({"TORCH_EXTENSIONS_DIR": str(tmp_path / "given")}) == tmp_path / "given"
+    moved = tmp_path / "xdg"
+    assert extensions_dir({"XDG_CACHE_HOME": str(moved)}) == moved.resolve() / "torch_extensions"
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(moved))
+    assert extensions_dir() == Path(cpp_extension.get_default_build_root())
+
+
+def test_every_op_load_is_announced_built_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch may rebuild ops whose .so files exist (other sources, flags or torch version): a line before every
+    load, never silent minutes."""
+    from autotune import tuner
+    from autotune.trial import ops
+
+    lines: list[str] = []
+    monkeypatch.setattr(ops, "ensure_ops_ready", lambda device, report, names: {})
+    for built in (True, False):
+        monkeypatch.setattr(ops, "ops_built", lambda device, names, built=built: built)
+        tuner.TrialOps("cpu", lambda event: lines.append(event.message)).before()
+    assert len(lines) == 2
+    assert lines[0].startswith("loading DeepSpeed ops") and "minutes if torch rebuilds" in lines[0]
+    assert lines[1].startswith("building DeepSpeed ops once")
+    assert str(ops.extensions_dir()) in lines[0] and str(ops.extensions_dir()) in lines[1]

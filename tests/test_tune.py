@@ -13,7 +13,8 @@ from autotune.core.ladder import Candidate, Rung
 from autotune.dsconfig.build import validate_with_deepspeed
 from autotune.errors import NothingFitsError, UserError
 from autotune.search.records import SearchEvent
-from autotune.search.trials import TrialLaunchers, _replaced_note
+from autotune.search.trials import _replaced_note
+from autotune.trial.chooser import TrialLaunchers
 from autotune.tuner import TuneRequest
 
 MIB = 2**20
@@ -206,3 +207,24 @@ def test_replaced_warm_workers_get_a_progress_line() -> None:
     note(96 * 2**20, "device memory")
     assert [e.kind for e in events] == ["prepare"]  # the kind the progress printer shows as a plain line
     assert "device memory grew 96.0 MiB since their first trial" in events[0].message
+
+
+def test_narrower_rungs_or_grid_reuse_the_trials_already_measured(tmp_path) -> None:
+    """The trials' cache key leaves out what only chooses candidates (the rung list, the micro-batch grid): a re-run
+    with a narrower `--rungs` or `--micro-batches` launches no trial for a candidate already measured, while the
+    final answer (its own key) is searched again for the narrower question."""
+    request = tune_request(tmp_path, micro_batches=(1, 2, 4), rungs=(Rung.Z0, Rung.Z1, Rung.Z3))
+    first = CountingLauncher()
+    tune(request, launcher=first)
+    measured = {json.dumps(spec.ds_config, sort_keys=True) for spec in first.specs}
+    for narrower_request in (replace(request, rungs=(Rung.Z0, Rung.Z1)), replace(request, micro_batches=(2, 4))):
+        narrower = CountingLauncher()
+        result = tune(narrower_request, launcher=narrower)
+        assert not result.from_cache  # another question: the narrower search is decided again ...
+        relaunched = [s for s in narrower.specs if json.dumps(s.ds_config, sort_keys=True) in measured]
+        assert relaunched == []  # ... from the trials already measured
+        assert result.report is not None and any(t.from_cache for t in result.report.trials)
+    # what makes a trial valid stays in the key: another sequence length measures again
+    other = CountingLauncher()
+    tune(replace(request, rungs=(Rung.Z0,), micro_batches=(1,), seq_len=32), launcher=other)
+    assert len(other.specs) == 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from portable_paths import portable  # benchmarks/ is on the path of every script that writes results
+
 METHOD_LABELS = {
     "autotune": "autotune",
     "deepspeed_autotuning": "DeepSpeed Autotuning",
@@ -18,7 +20,7 @@ METHOD_LABELS = {
 
 def write_json(data: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    path.write_text(json.dumps(portable(data), indent=2, sort_keys=False, default=str) + "\n")
 
 
 def _mib(value: float | None) -> str:

@@ -34,7 +34,7 @@ from packaging.version import Version
 
 HERE = Path(__file__).resolve().parent
 
-# What the GPU image holds (/work/.library/device/KINDS.md, read 2026-11-17; versions from its pip list row where
+# What the lent GPU image holds (its package list as read 2026-11-17; versions from its pip list row where
 # it gives one, None where only the name is listed). A wheel's requirement on one of these is met by the image.
 IMAGE = {
     "torch": "2.11.0", "numpy": "2.5.2", "tokenizers": "0.23.2", "safetensors": "0.8.0", "huggingface-hub": "1.33.0",

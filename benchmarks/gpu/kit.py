@@ -33,12 +33,14 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: estimate_accuracy's environment() and predicted_trial()
 
 from points import (  # noqa: E402
+    DRY_LEASE_TUNE,
     DRY_MEMORY_POINTS,
     DRY_MODES,
     DRY_OOM_PROBES,
     DRY_SIDE_BY_SIDE,
     DRY_SITE_POINTS,
     DRY_TUNE,
+    DRY_WARM_POINTS,
     EMULATED_CARD_GIB,
     GPU_MEMORY_POINTS,
     GPU_MODES,
@@ -46,9 +48,13 @@ from points import (  # noqa: E402
     GPU_SIDE_BY_SIDE,
     GPU_SITE_POINTS,
     GPU_TUNE,
+    H200_WALL_S,
     LEASE_MEMORY_POINTS,
     LEASE_OOM_PROBES,
     LEASE_TUNE,
+    LEASE_WARM_POINTS,
+    SAMPLER_PERIODS_S,
+    SMOKE_POINT,
     MemoryPoint,
     ModesSetting,
     TuneSetting,
@@ -69,7 +75,11 @@ from autotune.trial.ops import ensure_ops_ready  # noqa: E402
 from estimate_accuracy import environment as machine_and_versions  # noqa: E402
 from estimate_accuracy import predicted_trial  # noqa: E402
 
-STAGES = ("setup", "pinned", "memory", "warm", "sites", "oom", "modes", "tune", "grid", "side_by_side")
+STAGES = (
+    "setup", "smoke", "pinned", "memory", "warm", "sampler", "sites", "tune", "oom", "modes", "grid", "side_by_side",
+)  # fmt: skip
+MEMORY_SETS = ("all", "warm", "rest")  # --memory-set: the lease measures the warm stage's points first, the rest last
+LEASE_HOST_MEMORY = "128GiB"  # the lent H200 machine's RAM (device README, Machine): stated, not probed (issue 42)
 DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "gpu" / "validation.json"
 
 
@@ -93,6 +103,16 @@ class Kit:
     lease: bool = False  # the one-command lease's shorter lists (points.py LEASE_*)
     trials_dir: Path | None = None  # default: beside results_path (lease.sh puts it outside $OUT)
     plant_fault: str | None = None  # test seam: the trial whose key contains this fails (trial/faults.py)
+    memory_set: str = "all"  # which memory points the memory stage runs (MEMORY_SETS)
+    emulate_h200: bool = False  # dry run: each item sleeps up to its cold-H200 wall (points.py H200_WALL_S)
+
+    def emulate(self, kind: str, started: float) -> None:
+        """Dry run with --emulate-h200: sleep until the item has taken its estimated cold-H200 wall."""
+        self.emulate_until(H200_WALL_S[kind], started)
+
+    def emulate_until(self, wall_s: float, started: float) -> None:
+        if self.emulate_h200 and self.dry_run:
+            time.sleep(max(0.0, min(wall_s - (time.monotonic() - started), self.time_left())))
 
     @property
     def device(self) -> str:
@@ -257,6 +277,21 @@ def stage_setup(kit: Kit) -> None:
     log(f"setup: ops {section['ops']} in {section['ops_wall_s']} s; async_io {section['async_io']}")
 
 
+def stage_smoke(kit: Kit) -> bool:
+    """One ~15 s trial through the real trial path that needs no DeepSpeed op (tiny model, ZeRO-0, torch's AdamW, one
+    step), right after the install and beside the op builds: False (said) when it failed, so the lease stops early."""
+    section = kit.section("smoke")
+    if section.get("status") == "ok":
+        return True
+    started = time.monotonic()
+    row = trial_for(SMOKE_POINT, kit, fraction=None, budget=2 * GiB if kit.dry_run else None, steps=1, kind="smoke")
+    section.update(row)
+    section["wall_s"] = round(time.monotonic() - started, 1)
+    kit.save()
+    log(f"smoke: {row['status']} in {section['wall_s']} s {row.get('error') or ''}")
+    return row["status"] == "ok"
+
+
 def stage_pinned(kit: Kit) -> None:
     """Host RAM per pin_memory() request (benchmarks/gpu/pinned_probe.py, a child with its own CUDA context):
     checks the power-of-two rounding the host-RAM model counts for pinned offload tensors."""
@@ -317,12 +352,15 @@ def trial_for(
     budget: int | None = None,
     record_sites: bool = False,
     launcher: TrialLauncher | None = None,
+    sample_period_s: float | None = None,
+    kind: str | None = None,
 ) -> dict:
     """Run one config for real and put the prediction for exactly that config beside it.
 
     fraction emulates a smaller card on the GPU; budget caps each rank's RSS on the CPU backend; with
     neither, the limit is unbounded (the point is measured, not judged). record_sites: also say whose
-    memory the peak was (trial/peak_sites.py).
+    memory the peak was (trial/peak_sites.py). sample_period_s: the NVML sampler's period (default the trial's).
+    kind: the item's H200_WALL_S entry, for the dry run's --emulate-h200 (default: by the point's rung).
     """
     if budget:
         limit = budget
@@ -347,13 +385,17 @@ def trial_for(
         gpu_memory_fraction=fraction,
         host_memory_budget_bytes=budget,
         stack=stack,
+        optimizer=point.optimizer,
     )
     # half the micro-batch timed after it, as the tuner's trials do (context.spec): its plain micro-steps' own peak
     # gives the row the point one launch implies there (TrialResult.smaller_peak_point)
     spec = dataclasses.replace(spec, record_peak_sites=record_sites, smaller_micro_batch=point.micro_batch // 2 or None)
+    if sample_period_s is not None:
+        spec = dataclasses.replace(spec, sample_period_s=sample_period_s)
     used_before = gpu_used_bytes() if kit.device == "cuda" else None
     started = time.monotonic()
     result, logs = kit.launch(spec, point.key, launcher)
+    kit.emulate(kind or ("offload" if point.rung.offload_optimizer else "point"), started)
     row = {
         "key": point.key,
         "model": point.model,
@@ -364,6 +406,8 @@ def trial_for(
         "grad_checkpointing": point.grad_checkpointing,
         "mode": point.mode.to_dict(),
         "zero_init": point.zero_init,
+        "optimizer": point.optimizer,
+        "sample_period_s": spec.sample_period_s,
         "limit_bytes": limit if (fraction or budget) else None,
         "status": result.status,
         "error": result.error,
@@ -399,6 +443,8 @@ def trial_for(
             micro_peak_bytes=rank.micro_peak_bytes,
             smaller_micro_peak_bytes=rank.smaller_micro_peak_bytes,
             implied_smaller_peak=result.smaller_peak_point,  # (half micro-batch, the peak this launch implies there)
+            allocator_settings=result.allocator_settings,  # PYTORCH_CUDA_ALLOC_CONF & co: peaks differ under them
+            host_peak_reset=rank.host_peak_reset,
         )
         if record_sites:
             row["peak_sites"] = rank.peak_sites
@@ -445,7 +491,7 @@ def _errors(row: dict, device: str) -> dict:
 def stage_memory(kit: Kit) -> None:
     section = kit.section("memory")
     rows = section.setdefault("rows", {})
-    points = kit.pick(DRY_MEMORY_POINTS, GPU_MEMORY_POINTS, LEASE_MEMORY_POINTS)
+    points = memory_points(kit)
     budget = 4 * GiB if kit.dry_run else None  # CPU backend: measure RSS against a generous cap
     for point in points:
         if point.key in rows:
@@ -464,7 +510,24 @@ def stage_memory(kit: Kit) -> None:
         )
 
 
-WARM_POINTS = 2  # the memory stage's first points, then the first again: ~3 short trials in one process
+def memory_points(kit: Kit) -> list[MemoryPoint]:
+    """The memory stage's points for --memory-set: the warm stage's points (the lease measures them first, fresh),
+    the rest (last, cheapest first), or all of them (the full kit: its own list, whose first points warm re-runs)."""
+    warm = warm_points(kit)
+    rest = kit.pick(DRY_MEMORY_POINTS, GPU_MEMORY_POINTS, LEASE_MEMORY_POINTS)
+    if kit.memory_set == "warm":
+        return list(warm)
+    if kit.memory_set == "rest":
+        return [p for p in rest if p not in warm]
+    return [*warm, *(p for p in rest if p not in warm)]
+
+
+def warm_points(kit: Kit) -> list[MemoryPoint]:
+    """The points the warm stage re-runs: the lease's own (torch's AdamW, run beside the op builds; its dry run's
+    tiny twins), else the memory list's first two."""
+    if kit.lease:
+        return list(DRY_WARM_POINTS if kit.dry_run else LEASE_WARM_POINTS)
+    return list(kit.pick(DRY_MEMORY_POINTS, GPU_MEMORY_POINTS, GPU_MEMORY_POINTS)[:2])
 
 
 def stage_warm(kit: Kit) -> None:
@@ -476,22 +539,20 @@ def stage_warm(kit: Kit) -> None:
     if section.get("rows"):
         return
     fresh = kit.data.get("memory", {}).get("rows", {})
-    listed = kit.pick(DRY_MEMORY_POINTS, GPU_MEMORY_POINTS, LEASE_MEMORY_POINTS)
-    points = [p for p in listed if fresh.get(p.key, {}).get("status") == "ok"][:WARM_POINTS]
+    points = [p for p in warm_points(kit) if fresh.get(p.key, {}).get("status") == "ok"]
     if not points:
         log("warm: no fresh memory row to compare with; skipped")
-        return
-    if not kit.can_start(sum(fresh[p.key]["wall_s"] for p in points)):  # warm costs less than the fresh runs did
         return
     budget = 4 * GiB if kit.dry_run else None  # as the memory stage measured them
     rows: list[dict] = []
     section["complete"] = False
     with WarmWorkerPool(workdir=kit.trials_root() / "warm-pool") as pool:  # the fresh rows' environment
         for point in [*points, points[0]]:  # the first again: measured by a worker that ran the others
-            if not kit.can_start(_expected_s(fresh, 60)):
+            if not kit.can_start(1.2 * fresh[point.key]["wall_s"]):  # the point it re-runs, fresh: warm costs less
                 break
             log(f"warm: {point.key}")
-            row = compare(trial_for(point, kit, fraction=None, budget=budget, launcher=pool), fresh[point.key])
+            warm = trial_for(point, kit, fraction=None, budget=budget, launcher=pool, kind="warm")
+            row = compare(warm, fresh[point.key])
             rows.append(row)
             section["rows"], section["summary"] = rows, summary(rows, pool.restarts, pool.recycled)
             kit.save()
@@ -499,6 +560,50 @@ def stage_warm(kit: Kit) -> None:
             log(f"  {row['status']} warm - fresh {diffs} card used after {_gib(row['card_used_after_bytes'])}")
         section["complete"] = len(rows) == len(points) + 1
     kit.save()
+
+
+def stage_sampler(kit: Kit) -> None:
+    """The NVML sampler's cost to a ZeRO-3 step: the warm stage's ZeRO-3 point, measured fresh at the default period
+    (its memory row), again at 1 s. A step slower at 10 ms by more than the spread says the sampler costs time."""
+    section = kit.section("sampler")
+    rows = section.setdefault("rows", {})
+    point = warm_points(kit)[-1]
+    fresh = kit.data.get("memory", {}).get("rows", {}).get(point.key)
+    budget = 4 * GiB if kit.dry_run else None
+    for period in SAMPLER_PERIODS_S:
+        name = f"{period:g}s"
+        if name in rows:
+            continue
+        if fresh is not None and period == fresh.get("sample_period_s"):
+            rows[name] = fresh  # the memory stage measured it at this period already
+            continue
+        if not kit.can_start(1.2 * (fresh or {}).get("wall_s", H200_WALL_S["point"])):
+            break
+        log(f"sampler: {point.key} at {name}")
+        rows[name] = trial_for(point, kit, fraction=None, budget=budget, sample_period_s=period)
+        kit.save()
+    section["summary"] = _sampler_summary(rows)
+    kit.save()
+    log(f"sampler: {section['summary']}")
+
+
+def _sampler_summary(rows: dict) -> dict:
+    """Per period: the median step and its spread (min-max of the measured steps); the difference says the cost."""
+    out: dict = {}
+    for name, row in rows.items():
+        steps = row.get("step_times_s") or []
+        if row.get("status") == "ok" and steps:
+            out[name] = {
+                "median_step_s": statistics.median(steps), "min_s": min(steps), "max_s": max(steps),
+                "samples_per_s": row.get("samples_per_s"), "nvml_peak_bytes": row.get("nvml_peak_bytes"),
+            }  # fmt: skip
+    fast, slow = out.get(f"{SAMPLER_PERIODS_S[0]:g}s"), out.get(f"{SAMPLER_PERIODS_S[-1]:g}s")
+    if fast and slow:
+        overlap = fast["min_s"] <= slow["max_s"] and slow["min_s"] <= fast["max_s"]
+        out["verdict"] = "tie (the step ranges overlap)" if overlap else (
+            "the 10 ms sampler costs step time" if fast["median_step_s"] > slow["median_step_s"] else "10 ms faster"
+        )
+    return out
 
 
 def stage_sites(kit: Kit) -> None:
@@ -576,11 +681,11 @@ def stage_oom(kit: Kit) -> None:
     for probe in probes:
         if probe.point.key in rows:
             continue
-        if not kit.can_start(_expected_s(rows, 90)):
+        if not kit.can_start(_expected_s(rows, H200_WALL_S["oom"])):  # an OOM probe fails at engine init: quick
             break
         log(f"oom: {probe.point.key} (predicted {'over' if probe.expect_oom else 'under'} the card)")
         # record_sites: at an OOM the replay's peak is the live set when the request failed, and the failed size
-        row = trial_for(probe.point, kit, fraction=fraction, budget=budget, record_sites=True)
+        row = trial_for(probe.point, kit, fraction=fraction, budget=budget, record_sites=True, kind="oom")
         expected = {"oom_gpu"} if kit.device == "cuda" else {"oom_host", "over_budget"}
         row["expect_oom"] = probe.expect_oom
         row["predicted_over_limit"] = row["predicted_bytes"] > row["limit_bytes"]
@@ -679,13 +784,16 @@ def _modes_summary(rows: dict) -> dict:
 
 
 def _tune_setting(kit: Kit) -> TuneSetting:
+    if kit.dry_run and kit.lease:
+        return DRY_LEASE_TUNE
     return kit.pick(DRY_TUNE, GPU_TUNE, LEASE_TUNE)
 
 
 def _limit_args(kit: Kit) -> list[str]:
     if kit.dry_run:
         return ["--device", "cpu", "--memory-budget", "3GiB"]
-    return ["--gpus", "1", "--gpu-memory-fraction", f"{emulated_fraction(kit):.4f}"]
+    host = ["--host-memory", LEASE_HOST_MEMORY] if kit.lease else []  # a microVM's probe may see a fraction of it
+    return ["--gpus", "1", "--gpu-memory-fraction", f"{emulated_fraction(kit):.4f}", *host]
 
 
 def stage_tune(kit: Kit, out_dir: Path) -> None:
@@ -696,23 +804,29 @@ def stage_tune(kit: Kit, out_dir: Path) -> None:
         if not kit.can_start(setting.min_tune_s):
             return
         tune_dir = out_dir / "tune"
-        command = [
-            sys.executable, "-m", "autotune", "tune", "--model", setting.model, "--seq-len", str(setting.seq_len),
-            *_limit_args(kit), "--rungs", setting.rungs_arg, "--max-trials", str(setting.max_trials),
-            "--micro-batches", ",".join(map(str, setting.grid_micro_batches)), "--no-cache", "--json",
-            "--time-budget", str(max(60, int(kit.time_left() - setting.rerun_s))),
+        common = [
+            "--model", setting.model, "--seq-len", str(setting.seq_len), "--rungs", setting.rungs_arg,
+            "--max-trials", str(setting.max_trials), "--micro-batches", ",".join(map(str, setting.grid_micro_batches)),
+            "--time-budget", str(max(60, int(kit.time_left() - setting.rerun_s - setting.reserve_s))),
             "--out", str(tune_dir / "ds_config.json"),
         ]  # fmt: skip
+        if kit.dry_run and kit.lease:  # the GPU default's launchers on the CPU: the fresh confirmation runs too
+            command = [sys.executable, str(HERE / "gpu_default_tune.py"), "--memory-budget", "3GiB", *common]
+        else:
+            command = [sys.executable, "-m", "autotune", "tune", *_limit_args(kit), *common, "--no-cache", "--json"]
         log("tune: " + " ".join(command[2:]))
         started = time.monotonic()
-        run = subprocess.run(command, capture_output=True, text=True, timeout=max(120, kit.time_left()), check=False)
+        # its progress (stderr) streams into the lease's log as it happens; only the report (stdout) is kept
+        run = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=max(120, kit.time_left()), check=False)
+        if kit.emulate_h200 and kit.dry_run:  # its trials and the fresh confirmation, at cold-H200 walls
+            kit.emulate_until((setting.max_trials + 1) * H200_WALL_S["tune_trial"], started)
         section["command"] = command[2:]
         section["exit_code"] = run.returncode
         section["wall_s"] = round(time.monotonic() - started, 1)
         try:
             section["result"] = json.loads(run.stdout)
         except ValueError:
-            section["result"] = {"error": (run.stderr or run.stdout)[-3000:]}
+            section["result"] = {"error": f"no report on stdout (exit {run.returncode}): {run.stdout[-2000:]}"}
         if confirmation := pick_confirmation(section["result"]):  # the pick warm vs in a fresh process
             section["fresh_confirmation"] = confirmation
             log(f"tune: pick confirmed fresh: {confirmation}")
@@ -720,7 +834,7 @@ def stage_tune(kit: Kit, out_dir: Path) -> None:
         log(f"tune: exit {run.returncode} in {section['wall_s']} s")
     result = section["result"]
     candidate = result.get("choice")  # the report's chosen config: rung, micro_batch, checkpointing, speed
-    if "rerun" in section or not candidate:
+    if "rerun" in section or not candidate or not setting.rerun_s:  # rerun_s 0: no re-run (the lease)
         return
     if not kit.can_start(setting.rerun_s):
         return
@@ -865,6 +979,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lease", action="store_true", help="the one-command lease's short lists (lease.sh)")
     parser.add_argument("--trials-dir", type=Path, default=None, help="per-trial scratch (default: beside --results)")
     parser.add_argument("--plant-fault", default=None, help="test seam: the trial whose key contains this fails")
+    parser.add_argument("--memory-set", choices=MEMORY_SETS, default="all", help="which memory points to run")
+    parser.add_argument("--emulate-h200", action="store_true", help="dry run: items take their cold-H200 walls")
     args = parser.parse_args(argv)
     unknown = set(args.stages.split(",")) - set(STAGES)
     if unknown:
@@ -880,8 +996,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         os.environ["DS_ACCELERATOR"] = "cpu"
     kit = Kit(
-        results, args.dry_run, args.budget_s, lease=args.lease, plant_fault=args.plant_fault, trials_dir=args.trials_dir
-    )
+        results, args.dry_run, args.budget_s, lease=args.lease, plant_fault=args.plant_fault,
+        trials_dir=args.trials_dir, memory_set=args.memory_set, emulate_h200=args.emulate_h200,
+    )  # fmt: skip
     kit.load()
     kit.save()
     stages = args.stages.split(",")
@@ -893,12 +1010,17 @@ def main(argv: list[str] | None = None) -> int:
         log(f"stage {stage}")
         if stage == "setup":
             stage_setup(kit)
+        elif stage == "smoke" and not stage_smoke(kit):
+            log("smoke trial failed: stopping (its row and logs say why)")
+            return 3
         elif stage == "pinned":
             stage_pinned(kit)
         elif stage == "memory":
             stage_memory(kit)
         elif stage == "warm":
             stage_warm(kit)
+        elif stage == "sampler":
+            stage_sampler(kit)
         elif stage == "sites":
             stage_sites(kit)
         elif stage == "oom":

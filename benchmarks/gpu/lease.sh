@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
-# One command, one lease: everything a lent GPU machine should show in one call that ends by itself within its
-# budget (default 510 s = 8.5 min) and leaves each finished item in $OUT at once (see benchmarks/gpu/README.md).
+# One command, one lease: what the GPU default rests on, in one call that ends by itself within its budget
+# (default 510 s = 8.5 min) and streams everything into $OUT as it happens (see benchmarks/gpu/README.md).
 #
-#   bash benchmarks/gpu/lease.sh [--dry-run] [--budget-s 510] [--plant-fault KEY]
+#   bash benchmarks/gpu/lease.sh [--dry-run [--emulate-h200]] [--budget-s 510] [--plant-fault KEY]
 #
-# Most valuable first, each stage under its own `timeout`:
-#   install (carried .whl/) -> both DeepSpeed ops built in parallel (TORCH_CUDA_ARCH_LIST for this card) while the
-#   preflight runs (versions, env, CUDA headers, `autotune probe --json`, pinned-memory probe) -> memory points
-#   (ZeRO 0-3, offload, checkpointing) -> two of them again in one warm worker pool -> OOM probes -> a quick tune on an emulated 24 GB card and its choice
-#   re-run with its mode -> the built ops packed for the next lease.
-# $OUT holds at most these files (the device tool brings back 8): lease.log (this output), lease.json (stages,
-# preflight, ops), validation.json (the kit's rows), trial-logs.txt (failed and cut-off trials' log tails),
-# gpu-ops.tgz (built ops, debug info stripped). --dry-run: the CPU backend and tiny models (tests/test_gpu_lease.py).
+# Ordered by what the GPU default needs (issue 42): install -> smoke (one CUDA trial needing no DeepSpeed op, and
+# `python -m autotune --help`; stop early if either fails) beside the op builds and the preflight -> warm vs fresh
+# (two points fresh with torch's AdamW, so still beside the builds; the sampler at 1 s; the same points in one warm
+# pool) -> the tune on an emulated 24 GB card with its fresh confirmation -> OOM classes -> the remaining memory
+# points, cheapest first -> the built ops packed for the next lease.
+# $OUT (the device tool brings back 8 files): lease.log (this output, as printed), lease.json (stages, preflight,
+# ops), validation.json (the kit's rows), trial-logs.txt (failed trials' log tails), trial-stream.txt (every trial's
+# and build's log, copied as written: a stage cut off still leaves its log), gpu-ops.tgz (built ops).
+# --dry-run: the CPU backend and tiny models; --emulate-h200 adds sleeps so each item takes its estimated cold-H200
+# wall (points.py H200_WALL_S; tests/test_gpu_lease.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 dry=0
+emulate=0
 budget=${LEASE_BUDGET_S:-510}
 plant=()
 while [ $# -gt 0 ]; do
     case $1 in
         --dry-run) dry=1 ;;
+        --emulate-h200) emulate=1 ;;
         --budget-s) budget=${2:?}; shift ;;
         --plant-fault) plant=(--plant-fault "${2:?}"); shift ;;
         *) echo "lease.sh: unknown argument $1 (see the header of benchmarks/gpu/lease.sh)" >&2; exit 2 ;;
@@ -28,18 +32,30 @@ while [ $# -gt 0 ]; do
     shift
 done
 case $budget in ''|*[!0-9]*) echo "lease.sh: --budget-s takes whole seconds, not '$budget'" >&2; exit 2 ;; esac
+[ "$emulate" = 1 ] && [ "$dry" = 0 ] && { echo "lease.sh: --emulate-h200 is for --dry-run only" >&2; exit 2; }
 OUT=${OUT:-$REPO/autotune-out/lease}
 mkdir -p "$OUT"
 SCRATCH=${LEASE_SCRATCH:-$(mktemp -d /tmp/autotune-lease.XXXXXX)}
-mkdir -p "$SCRATCH"
+mkdir -p "$SCRATCH/tmp"
+export TMPDIR=$SCRATCH/tmp  # the tune's warm pool and fresh trials keep their logs here while they run: followed
+# Wheels and built ops at fixed paths: DeepSpeed compiles from absolute paths, so ops carried from one lease are
+# reused by the next only where the sources sit where they sat (a mktemp path would rebuild them every time).
+FIXED=${LEASE_FIXED_DIR:-/tmp/autotune-lease-fixed}
 start=$(date +%s)
 exec > >(tee -a "$OUT/lease.log") 2>&1
 export PYTHONUNBUFFERED=1
 device=cuda; [ "$dry" = 1 ] && device=cpu
 elapsed() { echo $(( $(date +%s) - start )); }
 say() { echo "[lease +$(elapsed)s] $*"; }
+emul() { [ "$emulate" = 1 ] && sleep "$1"; return 0; }  # dry run: the cold-H200 time of a step the CPU skips
 PREFLIGHT=(python3 benchmarks/gpu/preflight.py --out "$OUT/lease.json")
 record() { "${PREFLIGHT[@]}" "$@"; }
+
+# Every log under SCRATCH (trials, pools, op builds) copied into $OUT as it grows, until the lease ends.
+python3 benchmarks/gpu/follow_logs.py --watch "$SCRATCH" --out "$OUT/trial-stream.txt" &
+follower=$!
+finish() { kill "$follower" 2>/dev/null; wait "$follower" 2>/dev/null; }
+trap finish EXIT
 
 # run_stage NAME END_BY_S CMD...: runs CMD under `timeout`, ending by END_BY_S seconds after the start;
 # LIMIT (seconds it may take) is exported for CMD's own budget. Skipped when under 10 s are left.
@@ -59,43 +75,42 @@ run_stage() {
     rc=$?
     ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     record stage "$name" "$rc" "$((ms / 1000)).$(printf %03d $((ms % 1000)))" "$LIMIT"
-    [ "$rc" = 124 ] || [ "$rc" = 137 ] && cut_off_logs "$name"
     say "stage $name: exit $rc"
     return "$rc"
-}
-
-# The trial in flight when a stage ran out of time: its logs' tails, so the cut-off is explained.
-cut_off_logs() {
-    local last
-    last=$(ls -td "$SCRATCH"/trials/*/ 2>/dev/null | head -1)
-    [ -n "$last" ] || return 0
-    {
-        echo "===== $(basename "$last"): in flight when stage $1 ran out of time"
-        find "$last" -name '*.log' | while read -r f; do echo "----- $f"; tail -n 120 "$f"; done
-    } >> "$OUT/trial-logs.txt"
 }
 
 # ---------------------------------------------------------------- install
 export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}"  # the project is not pip-installed there
 if [ "$dry" = 0 ] && [ -d .whl ]; then
     run_stage install 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SCRATCH/site" .whl/*.whl
-    export PYTHONPATH="$SCRATCH/site:$PYTHONPATH" PATH="$SCRATCH/site/bin:$PATH"  # bin: the deepspeed runner
+        --target "$FIXED/site" .whl/*.whl
+    export PYTHONPATH="$FIXED/site:$PYTHONPATH" PATH="$FIXED/site/bin:$PATH"  # bin: the deepspeed runner
 fi
+[ "$dry" = 1 ] && run_stage install 60 sleep "$([ "$emulate" = 1 ] && echo 15 || echo 0)"
 if [ "$dry" = 0 ]; then
-    export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$REPO/.gpu-cache/torch_extensions}
+    export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$FIXED/torch_extensions}
     mkdir -p "$TORCH_EXTENSIONS_DIR"
-    if [ -f .gpu-cache/gpu-ops.tgz ]; then  # ops an earlier lease built: newer than the sources, so ninja keeps them
-        tar xzf .gpu-cache/gpu-ops.tgz -C "$TORCH_EXTENSIONS_DIR" && find "$TORCH_EXTENSIONS_DIR" -type f -exec touch {} +
+    stamp=$(python3 benchmarks/gpu/preflight.py cpu-stamp)
+    if [ -f .gpu-cache/gpu-ops.tgz ]; then  # an earlier lease's ops: only for this CPU (cpu_adam is -march=native)
+        mkdir -p "$SCRATCH/carried" && tar xzf .gpu-cache/gpu-ops.tgz -C "$SCRATCH/carried"
+        if [ "$(cat "$SCRATCH/carried/cpu-stamp.txt" 2>/dev/null)" = "$stamp" ]; then
+            rm -f "$SCRATCH/carried/cpu-stamp.txt" && cp -a "$SCRATCH/carried/." "$TORCH_EXTENSIONS_DIR/"
+            find "$TORCH_EXTENSIONS_DIR" -type f -exec touch {} +  # newer than the sources: ninja keeps them
+            say "carried ops reused (CPU: $stamp)"
+        else
+            say "carried ops not reused: built for '$(cat "$SCRATCH/carried/cpu-stamp.txt" 2>/dev/null)', here '$stamp'"
+        fi
     fi
     cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
     export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${cap:-9.0}}  # this card only: one arch, not DeepSpeed's list
     missing=$(python3 benchmarks/gpu/preflight.py cpath 2>/dev/null)  # headers the toolkit lacks, from pip's nvidia-*
     [ -n "$missing" ] && export CPATH="$missing${CPATH:+:$CPATH}"
+    libs=$("${PREFLIGHT[@]}" cuda-libs "$FIXED/cuda-links" 2>/dev/null)  # -lcudart/-lcurand/-lcublas resolvable
+    [ -n "$libs" ] && export LIBRARY_PATH="$libs${LIBRARY_PATH:+:$LIBRARY_PATH}"
 fi
 say "device $device, budget ${budget}s, out $OUT, extensions ${TORCH_EXTENSIONS_DIR:-default}, archs ${TORCH_CUDA_ARCH_LIST:-}"
 
-# ---------------------------------------------------------------- ops (background) + preflight
+# ---------------------------------------------------------------- ops (background) + smoke + preflight
 # No build runs at the start of this command: any lock is a leftover of a machine taken away mid-build
 # (torch's FileBaton would wait on it forever). trial/ops.py finds them where torch puts them.
 python3 -c "from autotune.trial.ops import build_locks
@@ -105,15 +120,51 @@ ops_end=$(( budget * 45 / 100 ))
 njobs=$(( $(nproc) / $(echo "$builders" | wc -w) ))
 pids=()
 for builder in $builders; do
-    MAX_JOBS=$(( njobs > 0 ? njobs : 1 )) timeout -k 5 $(( ops_end - $(elapsed) )) \
-        python3 benchmarks/gpu/preflight.py --device "$device" --out "$SCRATCH/op-$builder.json" op "$builder" \
+    MAX_JOBS=$(( njobs > 0 ? njobs : 1 )) timeout -k 5 $(( ops_end - $(elapsed) )) bash -c \
+        'python3 benchmarks/gpu/preflight.py --device "$1" --out "$2" op "$3" && sleep "$4"' _ \
+        "$device" "$SCRATCH/op-$builder.json" "$builder" "$([ "$emulate" = 1 ] && echo 150 || echo 0)" \
         > "$SCRATCH/op-$builder.log" 2>&1 &
     pids+=($!)
 done
-run_stage versions 60 "${PREFLIGHT[@]}" versions
-run_stage headers 80 "${PREFLIGHT[@]}" headers
-run_stage probe 120 "${PREFLIGHT[@]}" probe
-[ "$dry" = 0 ] && run_stage pinned 150 "${PREFLIGHT[@]}" pinned
+
+kit_args=(--lease --results "$OUT/validation.json" --out "$SCRATCH/kit" --trials-dir "$SCRATCH/trials" "${plant[@]}")
+[ "$dry" = 1 ] && kit_args+=(--dry-run)
+[ "$emulate" = 1 ] && kit_args+=(--emulate-h200)
+kit() {  # kit STAGE END_BY_S [ARGS...]: the kit's budget stops it starting an item it could not finish
+    local stage=$1 end_by=$2
+    shift 2
+    run_stage "$stage" "$end_by" bash -c 'python3 benchmarks/gpu/kit.py "$@" --budget-s $(( LIMIT - 5 ))' _ \
+        "${kit_args[@]}" --stages "$stage" "$@"
+}
+export LIMIT
+
+# The smoke first: a CUDA trial through the real trial path that needs no op, and the CLI. Either failing ends the
+# lease here, said, instead of every later stage failing the same way.
+run_stage help $(( $(elapsed) + 40 )) bash -c 'python3 -m autotune --help > "$0"' "$SCRATCH/help.txt"
+help_rc=$?
+kit smoke $(( $(elapsed) + (dry ? 180 : 60) ))  # a loaded CPU imports torch and DeepSpeed far slower than a GPU host
+smoke_rc=$?
+if [ "$help_rc" != 0 ] || [ "$smoke_rc" != 0 ]; then
+    say "stopping early: 'python -m autotune --help' exit $help_rc, smoke trial exit $smoke_rc (validation.json"
+    say "smoke holds its row, trial-stream.txt its logs); the builds and the later stages would fail the same way"
+    head -c 3000 "$SCRATCH/help.txt"
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+    python3 -c "from autotune.trial.ops import build_locks
+for lock in build_locks('$device'): lock.unlink(missing_ok=True); print('removed the lock of a build stopped', lock)"
+    exit 1
+fi
+run_stage versions $(( $(elapsed) + 30 )) "${PREFLIGHT[@]}" versions
+
+# Warm vs fresh, beside the builds (torch's AdamW loads no op): the two points fresh, ZeRO-3 at the 1 s sampler too,
+# then both again in one warm pool, each warm item gated on its fresh twin's wall (x1.2). Windows from the cold-H200
+# estimates (points.py H200_WALL_S): 2 x 25 s fresh, 25 s sampler, 3 x 30 s warm.
+kit memory $(( $(elapsed) + 65 )) --memory-set warm
+kit sampler $(( $(elapsed) + 35 ))
+kit warm $(( $(elapsed) + 100 ))
+run_stage headers $(( $(elapsed) + 30 )) "${PREFLIGHT[@]}" headers
+run_stage probe $(( $(elapsed) + 30 )) "${PREFLIGHT[@]}" probe
+[ "$dry" = 0 ] && run_stage pinned $(( $(elapsed) + 40 )) "${PREFLIGHT[@]}" pinned
+
 for pid in "${pids[@]}"; do wait "$pid"; done
 for builder in $builders; do  # a build cut off leaves its output's tail and its lock: say the one, remove the other
     [ -f "$SCRATCH/op-$builder.json" ] || tail -c 1500 "$SCRATCH/op-$builder.log" \
@@ -124,26 +175,19 @@ for lock in build_locks('$device'): lock.unlink(missing_ok=True); print('removed
 record merge ops "$SCRATCH"/op-*.json
 say "ops: $(python3 -c "import json; print(json.load(open('$OUT/lease.json'))['ops'])")"
 
-# ---------------------------------------------------------------- the kit: memory, OOM, tune
-kit_args=(--lease --results "$OUT/validation.json" --out "$SCRATCH/kit" --trials-dir "$SCRATCH/trials" "${plant[@]}")
-[ "$dry" = 1 ] && kit_args+=(--dry-run)
-kit() {  # kit STAGE END_BY_S: the kit's budget stops it starting an item it could not finish
-    run_stage "$1" "$2" bash -c 'python3 benchmarks/gpu/kit.py "$@" --budget-s $(( LIMIT - 10 ))' _ \
-        "${kit_args[@]}" --stages "$1"
-}
-export LIMIT
-kit memory $(( budget * 58 / 100 ))
-kit warm $(( budget * 66 / 100 ))  # two memory points again in one warm pool: may GPU trials run warm?
-kit oom $(( budget * 75 / 100 ))
-kit tune $(( budget - 12 ))
+# ---------------------------------------------------------------- the tune, OOM classes, the other memory points
+kit tune $(( budget - 75 ))  # its --time-budget keeps one trial and the fresh confirmation back (points.py)
+kit oom $(( budget - 20 ))  # the first probe needs ~40 s (it fails at engine init)
+kit memory $(( budget - 12 )) --memory-set rest
 
 # ---------------------------------------------------------------- built ops for the next lease
 if [ "$dry" = 0 ]; then
     run_stage pack-ops "$budget" bash -c '
         cp -a "$TORCH_EXTENSIONS_DIR" "$0/ops" && find "$0/ops" \( -name "*.so" -o -name "*.o" \) -exec strip --strip-debug {} + 2>/dev/null
-        rm -f "$0"/ops/*/lock; tar czf "$0/gpu-ops.tgz" -C "$0/ops" . && size=$(stat -c %s "$0/gpu-ops.tgz")
+        rm -f "$0"/ops/*/lock; echo "$1" > "$0/ops/cpu-stamp.txt"; tar czf "$0/gpu-ops.tgz" -C "$0/ops" . && size=$(stat -c %s "$0/gpu-ops.tgz")
         [ "$size" -lt $((15 * 1024 * 1024)) ] && mv "$0/gpu-ops.tgz" "$OUT/" || echo "gpu-ops.tgz: $size bytes, over the 16 MiB a file may have"' \
-        "$SCRATCH"
+        "$SCRATCH" "$stamp"
 fi
+finish
 [ -n "${LEASE_SCRATCH:-}" ] || rm -rf "$SCRATCH"
 say "done in $(elapsed)s of ${budget}s"

@@ -22,13 +22,16 @@ class MemoryPoint:
     grad_checkpointing: bool = False
     mode: Mode = field(default_factory=Mode)  # a modern memory mode; classic by default (the key is then unchanged)
     zero_init: bool = True  # ZeRO-3 built under deepspeed.zero.Init; False: whole on the GPU first (key gains a tag)
+    # an autotune.training.optimizers name; torch-adamw loads no DeepSpeed op, so it runs while the ops build (key tag)
+    optimizer: str = "adamw"
 
     @property
     def key(self) -> str:
         ckpt = "+ckpt" if self.grad_checkpointing else ""
         mode = "" if self.mode.is_classic else "/" + "+".join(self.mode.parts)
         init = "" if self.zero_init else "/no-zero-init"
-        return f"{self.model}/{self.rung.value}{ckpt}/mb{self.micro_batch}/s{self.seq_len}{mode}{init}"
+        optimizer = "" if self.optimizer == "adamw" else f"/{self.optimizer}"
+        return f"{self.model}/{self.rung.value}{ckpt}/mb{self.micro_batch}/s{self.seq_len}{mode}{init}{optimizer}"
 
 
 def _points(*rows: tuple) -> list[MemoryPoint]:
@@ -71,22 +74,32 @@ GPU_MEMORY_POINTS = [
     ),
 ]
 
-# The one-command lease (benchmarks/gpu/lease.sh): the memory stage's most telling points in the few minutes a
-# lent GPU gives, on llama-3.2-1b (quick to build and step) plus one 3B offload point: ZeRO 0-3, optimizer and
-# parameter offload, checkpointing on and off, one without zero.Init. Each is predicted (+ the unpressured extra
-# + its margin) at most ~60 GiB, well inside an 80 GB card (tests/test_gpu_kit.py checks it).
+# The one-command lease (benchmarks/gpu/lease.sh), ordered by what the GPU default rests on (issue 42). First the
+# points the warm stage re-runs, measured fresh: llama-3.2-1b ZeRO-0 and ZeRO-3 with torch's AdamW, which loads no
+# DeepSpeed op, so both (and the warm pool after them) run while the ops build. ZeRO-3 is also the sampler point:
+# timed with the NVML sampler at 10 ms and at 1 s (its cost to a ZeRO-3 step, unmeasured so far).
+LEASE_WARM_POINTS = [
+    MemoryPoint("llama-3.2-1b", Rung.Z0, 4, 1024, False, optimizer="torch-adamw"),
+    MemoryPoint("llama-3.2-1b", Rung.Z3, 4, 1024, True, optimizer="torch-adamw"),
+]
+SAMPLER_PERIODS_S = (0.01, 1.0)  # the default (trial/types.py SAMPLE_PERIOD_S) and one 100x longer
+# The remaining memory points, last in the lease, cheapest first (1B without offload, then 1B offload, then the
+# 3B offload point and the zero.Init twin): ZeRO 0-3, optimizer and parameter offload, checkpointing on and off,
+# one without zero.Init. Each is predicted (+ the unpressured extra + its margin) at most ~60 GiB, well inside an
+# 80 GB card (tests/test_gpu_kit.py checks it).
 LEASE_MEMORY_POINTS = [
     *_points(
-        ("llama-3.2-1b", "z0", 4, 1024, False),
-        ("llama-3.2-1b", "z3", 4, 1024, True),
-        ("llama-3.2-1b", "z2+offload_opt", 4, 1024, False),
-        ("llama-3.2-1b", "z3+offload_opt+param", 8, 1024, True),
         ("llama-3.2-1b", "z1", 4, 1024, False),
         ("llama-3.2-1b", "z2", 8, 1024, False),
-        ("llama-3.2-3b", "z3+offload_opt", 8, 1024, True),
+        ("llama-3.2-1b", "z2+offload_opt", 4, 1024, False),
+        ("llama-3.2-1b", "z3+offload_opt+param", 8, 1024, True),
     ),
     NO_ZERO_INIT_POINTS[0],
+    *_points(("llama-3.2-3b", "z3+offload_opt", 8, 1024, True)),
 ]
+# The smoke trial, right after the install and beside the op builds: a tiny model, ZeRO-0, torch's AdamW (no
+# DeepSpeed op), one step, through the real trial path (LocalLauncher, the worker, DeepSpeed's engine).
+SMOKE_POINT = MemoryPoint("tiny-llama", Rung.Z0, 1, 64, False, optimizer="torch-adamw")
 
 DRY_MEMORY_POINTS = [
     *_points(
@@ -96,6 +109,22 @@ DRY_MEMORY_POINTS = [
     ),
     MemoryPoint("tiny-gpt2", Rung.Z3, 2, 128, False, zero_init=False),
 ]
+DRY_WARM_POINTS = [
+    MemoryPoint("tiny-llama", Rung.Z0, 4, 128, False, optimizer="torch-adamw"),
+    MemoryPoint("tiny-gpt2", Rung.Z3, 2, 128, False, optimizer="torch-adamw"),
+]
+
+# Cold-H200 wall times per item, seconds: estimates until a lease measures them (lease.json `stages`, each row's
+# `phases`), read from issue 42's account of the lease at 92c6f6a. The CPU dry run of the lease sleeps each item up
+# to these (kit.py --emulate-h200), so its test checks the plan fits the budget with them, not with CPU times.
+H200_WALL_S = {
+    "smoke": 15.0,  # tiny model, one step: interpreter, imports, CUDA context, engine
+    "point": 25.0,  # a 1B point without offload, fresh (the issue: 1B non-offload re-runs 10-25 s)
+    "warm": 15.0,  # the same in a warm worker: start-up paid once
+    "offload": 75.0,  # an offload point (the issue: 45-100 s)
+    "oom": 40.0,  # the first OOM probe: fails at engine init
+    "tune_trial": 75.0,  # the tune's trials on the emulated card are offload trials
+}
 
 
 # Whose memory the peak is (trial/peak_sites.py): a few memory points again, now recording every allocation with
@@ -189,6 +218,9 @@ class TuneSetting:
     rerun_steps: int = 50  # the choice re-run: long enough for a speed beside the tune's trial
     min_tune_s: float = 300.0  # start the tune only with this much budget left (estimates until measured)
     rerun_s: float = 240.0  # kept back from the tune's --time-budget for the re-run
+    # kept back too: the search checks its budget only before a trial, and the pick's fresh confirmation runs
+    # after it (search/walk.py, search/pick_walk.py), so one trial and one fresh process may overrun it
+    reserve_s: float = 0.0
 
     @property
     def rungs_arg(self) -> str:
@@ -197,12 +229,25 @@ class TuneSetting:
 
 GPU_TUNE = TuneSetting("llama-3.2-1b", 1024, 12, (1, 2, 4, 8, 16, 32))
 # The lease's quick tune: the same card and model, a few trials, a short re-run.
-LEASE_TUNE = TuneSetting("llama-3.2-1b", 1024, 4, (1, 2, 4, 8), rerun_steps=20, min_tune_s=100.0, rerun_s=45.0)
+# On the 24 GB card only offload fits llama-3.2-1b (estimate: ZeRO-3 25.8 GiB at micro-batch 4, GPU_MODES above):
+# the rungs are the two offload ones, at most 2 trials, and the tune's --time-budget keeps `reserve_s` back, one
+# offload trial plus the pick's fresh confirmation (H200_WALL_S), which the search runs after its budget check.
+# The choice's long re-run is left to the full kit (rerun_s 0): the lease's minutes go to the OOM classes instead.
+LEASE_TUNE = TuneSetting(
+    "llama-3.2-1b", 1024, 2, (1, 2, 4, 8), rungs=(Rung.Z2_OFFLOAD_OPT, Rung.Z3_OFFLOAD_OPT), rerun_steps=20,
+    min_tune_s=200.0, rerun_s=0.0, reserve_s=2 * H200_WALL_S["tune_trial"],
+)  # fmt: skip
 # The grid covers the tune's whole space, checkpointing included: on a loaded machine a checkpointed candidate can
 # measure fastest on the tiny model, and a choice outside the grid could not be compared with the grid's best.
 DRY_TUNE = TuneSetting(
     "tiny-llama", 64, 4, (1, 4), rungs=(Rung.Z0, Rung.Z3), rerun_steps=10, min_tune_s=60.0, rerun_s=60.0
 )
+# The lease's dry run: the dry tune's model and rungs under the lease's trial cap, reserve and no re-run, so its
+# gating is the one the GPU lease runs (with --emulate-h200 the stage takes the lease tune's cold-H200 wall).
+DRY_LEASE_TUNE = TuneSetting(
+    "tiny-llama", 64, LEASE_TUNE.max_trials, (1, 4), rungs=(Rung.Z0, Rung.Z3), rerun_steps=10,
+    min_tune_s=LEASE_TUNE.min_tune_s, rerun_s=0.0, reserve_s=LEASE_TUNE.reserve_s,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

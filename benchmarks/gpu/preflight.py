@@ -5,6 +5,8 @@
     python3 benchmarks/gpu/preflight.py --out OUT/lease.json merge ops SCRATCH/op-*.json
     python3 benchmarks/gpu/preflight.py --out OUT/lease.json stage memory 0 123.4 200
     python3 benchmarks/gpu/preflight.py cpath            # the CUDA include dirs pip's nvidia-* packages carry
+    python3 benchmarks/gpu/preflight.py --out OUT/lease.json cuda-libs LINKS   # libcudart/curand/cublas, linked
+    python3 benchmarks/gpu/preflight.py cpu-stamp        # CPU model + flags hash: carried ops match it or are rebuilt
 
 Every item writes under its own key of --out (read, update, temp file, rename), so a command cut off by the
 device's time limit still brings back what was finished. One JSON for all of them: the device tool brings
@@ -122,6 +124,61 @@ def headers() -> dict:
     return {"cuda_home": CUDA_HOME, "found": where, "nvidia_pip_include_dirs": extra}
 
 
+# Libraries DeepSpeed's CUDA ops link by their unversioned names: fused_adam `-lcudart`, cpu_adam `-lcurand` (DeepSpeed
+# 0.19.8 op_builder/builder.py:931-939, CUDAOpBuilder.cxx_args/extra_ldflags), cuBLAS through torch's ATen headers.
+# pip's nvidia-* wheels ship only versioned `.so.N` files, so a toolkit made of them fails at link time.
+CUDA_LIBS = ("cudart", "curand", "cublas")
+
+
+def library_dirs() -> list[Path]:
+    """Where a toolkit or pip's nvidia-* packages keep CUDA libraries: CUDA_HOME's lib64 and targets, nvidia/*/lib."""
+    dirs: list[Path] = []
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME
+    except Exception:
+        CUDA_HOME = None
+    if CUDA_HOME:
+        dirs += [Path(CUDA_HOME) / "lib64", Path(CUDA_HOME) / "lib", *Path(CUDA_HOME).glob("targets/*/lib")]
+    for entry in sys.path:
+        base = Path(entry or ".") / "nvidia"
+        if base.is_dir():
+            dirs += sorted(d for d in base.glob("*/lib") if d.is_dir())
+    return [d for d in dict.fromkeys(dirs) if d.is_dir()]
+
+
+def cuda_libs(links: Path) -> dict:
+    """Each of CUDA_LIBS: its unversioned .so where one exists, else a link made in `links` to its versioned file
+    (lib<name>.so.N), so `-l<name>` resolves with `links` on LIBRARY_PATH; missing ones are named."""
+    links.mkdir(parents=True, exist_ok=True)
+    found: dict = {}
+    dirs = library_dirs()
+    for name in CUDA_LIBS:
+        plain = [d / f"lib{name}.so" for d in dirs if (d / f"lib{name}.so").exists()]
+        if plain:
+            found[name] = {"so": str(plain[0])}
+            continue
+        versioned = sorted(f for d in dirs for f in d.glob(f"lib{name}.so.*") if f.is_file())
+        if not versioned:
+            found[name] = {"missing": True}
+            continue
+        link = links / f"lib{name}.so"
+        link.unlink(missing_ok=True)
+        link.symlink_to(versioned[0])
+        found[name] = {"linked": str(versioned[0])}
+    return {"dirs": [str(d) for d in dirs], "libs": found, "links": str(links)}
+
+
+def cpu_stamp() -> str:
+    """The build host's CPU model and flags, hashed: cpu_adam is compiled for them (-march=native), so carried ops
+    are reused only on a machine whose stamp matches (lease.sh)."""
+    import hashlib
+
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("flags")), "")
+    return f"{model} | flags {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
 def build_op(builder: str, device: str) -> dict:
     """Load (JIT-building if needed) one DeepSpeed op in this process: lease.sh runs two at once."""
     from autotune.infra.environment import select_accelerator
@@ -169,12 +226,24 @@ def merge(files: list[Path]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="the JSON to record in")
-    parser.add_argument("item", choices=("versions", "headers", "probe", "pinned", "op", "merge", "stage", "cpath"))
+    parser.add_argument(
+        "item",
+        choices=("versions", "headers", "probe", "pinned", "op", "merge", "stage", "cpath", "cuda-libs", "cpu-stamp"),
+    )
     parser.add_argument("args", nargs="*")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
     if args.item == "cpath":
         print(":".join(nvidia_include_dirs()))
+        return 0
+    if args.item == "cpu-stamp":
+        print(cpu_stamp())
+        return 0
+    if args.item == "cuda-libs":  # record what was found and made; print the dirs for LIBRARY_PATH
+        found = cuda_libs(Path(args.args[0]))
+        if args.out is not None:
+            record(args.out, "cuda_libs", found)
+        print(":".join([found["links"], *found["dirs"]]))
         return 0
     if args.out is None:
         parser.error("--out is needed")

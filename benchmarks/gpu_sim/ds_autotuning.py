@@ -33,9 +33,11 @@ class DsRun:
     max_train_batch_size: int | None = None
     records: dict[Candidate, float] = field(default_factory=dict)  # experiment -> metric (0 = failed)
     launches: int = 1  # the model-info profile run
+    # the user's script's gradient checkpointing, which DeepSpeed Autotuning keeps as it is in every experiment
+    checkpointing: bool = False
 
     def experiment(self, rung: Rung, micro_batch: int) -> float:
-        candidate = Candidate(rung, micro_batch, False)
+        candidate = Candidate(rung, micro_batch, self.checkpointing)
         if candidate not in self.records:
             self.launches += 1
             result = self.machine.result(candidate)
@@ -63,8 +65,8 @@ class DsRun:
         return params + grads + optimizer
 
     def activation_bytes(self) -> float:
-        one = Candidate(Rung.Z3_OFFLOAD_ALL, 1, False)
-        two = Candidate(Rung.Z3_OFFLOAD_ALL, 2, False)
+        one = Candidate(Rung.Z3_OFFLOAD_ALL, 1, self.checkpointing)
+        two = Candidate(Rung.Z3_OFFLOAD_ALL, 2, self.checkpointing)
         return float(self.machine.gpu_bytes(two) - self.machine.gpu_bytes(one))
 
     def min_max(self, rung: Rung, prev_max: int, calculated_max: int) -> tuple[int, int]:
@@ -83,7 +85,7 @@ class DsRun:
                 return low_start, mb
             if self.experiment(rung, mb):
                 return low_start, mb
-        prev_metric = self.records.get(Candidate(rung, low_start, False))
+        prev_metric = self.records.get(Candidate(rung, low_start, self.checkpointing))
         low, high = low_start, max_mb
         while low <= high:
             mid = (low + high) // 2
@@ -119,7 +121,7 @@ class DsRun:
         sizes = self.tuning_list(min_mb, max_mb)
         for mb in sizes:
             self.experiment(rung, mb)
-        best_metric = self.records.get(Candidate(rung, max_mb, False), 0.0)
+        best_metric = self.records.get(Candidate(rung, max_mb, self.checkpointing), 0.0)
         lowest = sizes[-2] + 1 if len(sizes) > 1 else min_mb
         stride = max(1, (max_mb - lowest) // 3)
         for mb in reversed(range(lowest, max_mb, stride)):
@@ -148,14 +150,15 @@ class DsRun:
 
 
 def ds_autotuning(
-    machine: SimulatedCluster, memory_limit: float, max_train_batch_size: int | None = None
+    machine: SimulatedCluster, memory_limit: float, max_train_batch_size: int | None = None, checkpointing: bool = False
 ) -> tuple[Candidate | None, int, float]:
     """DeepSpeed Autotuning's pick, the launches it spent (profile run included) and their simulated seconds (the
     profile run counted as one start-up); a trial whose peak is
     over `memory_limit` fails, as it would on a card of that size. `max_train_batch_size`: its autotuning config
     key, set to a fixed global batch (it then never exceeds that batch, though a micro-batch that does not divide
-    the per-GPU share runs a smaller one: gas is floored)."""
-    run = DsRun(machine, memory_limit, max_train_batch_size)
+    the per-GPU share runs a smaller one: gas is floored). `checkpointing`: the user's script checkpoints (it is not
+    tuned, kept in every experiment)."""
+    run = DsRun(machine, memory_limit, max_train_batch_size, checkpointing=checkpointing)
     pick = run.tune()
     wall = TRIAL_STARTUP_S + sum(machine.trial_seconds(c) for c in run.records)
     return pick, run.launches, wall

@@ -197,6 +197,25 @@ G5_12XLARGE = NodeType(
     source="AWS EC2 G5 instance page; profiles/hardware/a10g.json",
 )
 
+# NVIDIA DGX H100 datasheet: 8x H100 80GB SXM5, NVLink 4 900 GB/s per GPU (450 GB/s each way), 2x Intel Xeon
+# Platinum 8480C (112 cores: 14 per GPU), 2 TB RAM, 8x ConnectX-7 400 Gb/s (400 GB/s per node), 8x 3.84 TB NVMe.
+# Xeon 8480C: 8 channels DDR5-4800 = 307.2 GB/s per socket (Intel ARK). PCIe Gen5 x16: 63 GB/s per direction
+# (PCI-SIG), SIM 80% = 50 GB/s achieved. NCCL bus bandwidth inside the node: SIM 360 GB/s, below NVLink 4's 450 GB/s
+# per direction. NVMe: SIM 25 GB/s for the node's eight Gen4 U.2 drives.
+DGX_H100 = NodeType(
+    name="DGX H100 (8x H100 80GB, NVLink 4, 8x NDR 400G)",
+    gpu_key="h100-80gb",
+    gpus_per_node=8,
+    collective_gbs=360,
+    pcie_gbs=50,
+    node_network_gbs=400,
+    cpu_cores_per_gpu=14,
+    host_memory_gbs_per_gpu=2 * 307.2 / 8,
+    host_ram_bytes=2048 * GIB,
+    nvme_gbs=25,
+    source="NVIDIA DGX H100 datasheet; Intel ARK Xeon Platinum 8480C; PCI-SIG Gen5",
+)
+
 # A workstation: 2x RTX 4090 24 GB (no NVLink, PCIe Gen4 x8/x8 on a desktop board: ~12 GB/s each way;
 # SIM collective 6 GB/s), 16-core desktop CPU (8 per GPU), 2 channels DDR5-5600 = 89.6 GB/s, 128 GiB RAM,
 # one Gen4 NVMe (~7 GB/s read, ~5 GB/s write: Samsung 990 Pro datasheet; SIM 5 GB/s).
@@ -281,6 +300,11 @@ class SimulatedCluster(RecordingMachine):
         return micro_batch * self._flops_per_sample(checkpointing) / (peak * efficiency)
 
     # -- communication -----------------------------------------------------------------------------
+    @property
+    def bus_gbs(self) -> float:
+        """NCCL bus bandwidth of a collective over the whole job: the node's links, or its network across nodes."""
+        return self._bus_gbs
+
     @property
     def _bus_gbs(self) -> float:
         if self.nodes == 1:

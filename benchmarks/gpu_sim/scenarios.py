@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_sim.machine import DGX_A100, G5_12XLARGE, WORKSTATION_4090, NodeType
+from gpu_sim.machine import DGX_A100, DGX_H100, G5_12XLARGE, WORKSTATION_4090, NodeType
 
 
 @dataclass(frozen=True)
@@ -136,5 +136,25 @@ SCENARIOS = (
         2048,
         what="gpt2-large at 2048 tokens on two RTX 4090s: without checkpointing micro-batch 3 fits (2 on powers of "
         "two) and beats every checkpointed micro-batch; on powers of two checkpointing at 8 looked best",
+    ),
+    Scenario(
+        "eight-nodes-30b",
+        "opt-30b",
+        DGX_A100,
+        8,
+        2048,
+        global_batch=1024,
+        what="OPT-30B on 8 DGX A100 40GB (64 GPUs), 1024 x 2048 tokens per step (2M tokens): ZeRO-3 fits only once "
+        "its partitions are split over more than one node, so one node alone sees only offload",
+    ),
+    Scenario(
+        "sixty-four-nodes-70b",
+        "llama-2-70b",
+        DGX_H100,
+        64,
+        4096,
+        global_batch=1024,
+        what="Llama-2-70B on 64 DGX H100 (512 GPUs), 4M tokens per step (1024 x 4096, Llama 2's batch: Touvron et "
+        "al. 2023, section 2.2): micro-batch 1 or 2 per rank; ZeRO-3 fits at this world size and nowhere near one node",
     ),
 )

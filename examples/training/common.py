@@ -52,15 +52,32 @@ class RandomTokens(torch.utils.data.Dataset):
 
 def innermost_optimizer(optimizer: Any) -> str:
     """The optimizer class DeepSpeed ended up stepping, under its ZeRO / mixed-precision wrappers."""
+    return type(innermost(optimizer)).__name__
+
+
+def innermost(optimizer: Any) -> Any:
     seen = 0
     while hasattr(optimizer, "optimizer") and seen < 5:
         optimizer = optimizer.optimizer
         seen += 1
-    return type(optimizer).__name__
+    return optimizer
+
+
+def optimizer_values(optimizer: Any) -> dict:
+    """The first param group's hyperparameters as the optimizer steps with them; the lr as set before any schedule
+    (torch's LR schedulers keep it as "initial_lr")."""
+    group = innermost(optimizer).param_groups[0]
+    return {
+        "lr": group.get("initial_lr", group.get("lr")),
+        "betas": list(group["betas"]) if "betas" in group else None,
+        "eps": group.get("eps"),
+        "weight_decay": group.get("weight_decay"),
+    }
 
 
 def engine_facts(engine: Any, model: Any) -> dict:
-    """What the engine trains with: batch arithmetic, precision, optimizer, trainable parameters."""
+    """What the engine trains with: batch arithmetic, precision, optimizer and its values, clipping, trainable
+    parameters."""
     precision = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
     module = engine.module
     return {
@@ -75,6 +92,8 @@ def engine_facts(engine: Any, model: Any) -> dict:
         "gradient_checkpointing": bool(getattr(model, "is_gradient_checkpointing", False)),
         "trainable_params": sum(getattr(p, "ds_numel", 0) or p.numel() for p in module.parameters() if p.requires_grad),
         "global_steps": engine.global_steps,
+        "gradient_clipping": engine.gradient_clipping(),
+        **optimizer_values(engine.optimizer),
     }
 
 

@@ -18,6 +18,7 @@ from autotune.dsconfig.emit import LaunchCommands, emit_launchers, write_configs
 from autotune.errors import NothingFitsError, TrialsFailedError
 from autotune.infra.environment import deepspeed_accelerator, preserved_environment
 from autotune.infra.paths import cache_dir
+from autotune.infra.terminate import Terminated
 from autotune.report.assumptions import write_assumptions
 from autotune.report.data import TuneReport
 from autotune.report.markdown import write_report
@@ -27,7 +28,7 @@ from autotune.search.answers import cached_answer, memory_bound
 from autotune.search.cache import ResultsCache, StoredAnswer
 from autotune.search.recommend import host_line, passed_over_line, recommend
 from autotune.search.records import SearchEvent
-from autotune.search.trials import TrialOps, launcher_for, search_with_trials
+from autotune.search.trials import SearchTerminated, TrialOps, expected_line, launcher_for, search_with_trials
 from autotune.search.tuning_report import finished_report, no_trial_completed, own_command_entry, report_of
 from autotune.trial.chooser import JobFacts, TrialLaunchers
 from autotune.trial.types import TrialLauncher
@@ -93,21 +94,48 @@ def _tune(
     if ctx.verified:
         check_host_capacity(request, ctx.target)
     cache = _results_cache(request)
+    try:
+        return _tune_with(ctx, request, cache, launcher, observe=observe, started=started)
+    except Terminated as stopped:  # SIGTERM/SIGINT: say whether a rerun finds the finished trials
+        stopped.resumable = cache is not None and not cache.untrusted
+        raise
+
+
+def _tune_with(
+    ctx: TuneContext,
+    request: TuneRequest,
+    cache: ResultsCache | None,
+    launcher: TrialLauncher | TrialLaunchers | JobFacts | None,
+    *,
+    observe: Callable[[SearchEvent], None],
+    started: float,
+) -> TuneResult:
     out_path = output_path(request.out)
     report_dir = Path(request.report_dir) if request.report_dir else Path(request.out).parent
     if cache and ctx.verified and (hit := cached_answer(ctx, cache)):
         return _from_cache(ctx, hit, out_path, report_dir, started=started)
     outcome = None
+    terminated: SearchTerminated | None = None  # SIGTERM mid-search: everything is written, then it is re-raised
     plan_data = None
     plan_notes: list[str] = []  # plan-only: the pick's host need and micro-batch, beside the recommendation
     if ctx.verified:
         ours = launcher is None or isinstance(launcher, JobFacts)  # the one chooser's (trial/chooser.py)
         ops = TrialOps(request.device, observe) if ours else None
+        observe(SearchEvent("prepare", message=expected_line(ctx, ops)))
         if ops is not None:
             ops.before()  # the ops every trial loads, before the trial workers start
-        with launcher_for(request, launcher, observe) as chosen:
-            outcome = search_with_trials(ctx, cache, chosen, observe, ops=ops)
-            outcome.process_starts = chosen.process_starts  # warm workers count their starts
+        # --time-budget bounds the search from here: a fresh machine's first op builds are a one-time cost said apart
+        # (minutes, and over 10 minutes with other builds beside them on the loaded 2-core machine: our measurement)
+        budget = request.time_budget_s
+        deadline = time.monotonic() + budget if budget is not None else None
+        try:
+            with launcher_for(request, launcher, observe) as chosen:
+                outcome = search_with_trials(ctx, cache, chosen, observe, ops=ops, deadline=deadline)
+                outcome.process_starts = chosen.process_starts  # warm workers count their starts
+        except SearchTerminated as stop:  # trials stopped by now (the launcher's finally)
+            if stop.outcome.best is None:
+                raise
+            outcome, terminated = stop.outcome, stop
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := no_trial_completed(outcome)):
             report = report_of(ctx, outcome=outcome, elapsed_s=time.monotonic() - started)
@@ -123,8 +151,11 @@ def _tune(
         write_report(report, report_dir)
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {report.nothing_fits_reason}")
     config = ctx.emitted_config(candidate)
-    # The .hf.json is always written: the HF Trainer and accelerate launch paths read it.
-    config_path, hf_path = write_configs(config, ctx.target.world_size, out_path, hf=True, base=ctx.base)
+    # The .hf.json is always written: the HF Trainer and accelerate launch paths read it. Not re-validated under
+    # SIGTERM: its trial just ran DeepSpeed with this config at this world size, and importing DeepSpeed would
+    # spend most of the grace period before SIGKILL (30 s by default in SLURM).
+    world, validate = ctx.target.world_size, terminated is None
+    config_path, hf_path = write_configs(config, world, out_path, hf=True, base=ctx.hf_base(), validate=validate)
     launch = _launch(ctx, config, candidate, config_path)
     found = report_of(
         ctx,
@@ -141,6 +172,19 @@ def _tune(
     )
     write_assumptions(config_path, report)
     report_md, report_json = write_report(report, report_dir)
+    if terminated is not None:  # every file a finished tune writes, marked stopped; no answer stored
+        written = f"{config_path} (with its .hf.json, .accelerate.yaml, .autotune.json) and {report_md}"
+        usable = cache is not None and not cache.untrusted
+        resumes = (
+            "a rerun resumes from the finished trials" if usable else "no usable results cache: a rerun measures again"
+        )
+        stopped = Terminated(
+            f"{terminated.stopped_by}; wrote the best config verified so far ({candidate.describe()}):"
+            f" {written}, marked stopped ({resumes})",
+            signum=terminated.signum,
+        )
+        stopped.files_written = True
+        raise stopped from None
     if cache and outcome is not None:
         answer = StoredAnswer(
             candidate=candidate,
@@ -150,7 +194,6 @@ def _tune(
             memory_bound=memory_bound(ctx, outcome),
         )
         cache.put_recommendation(ctx.answer_key, answer)
-    best = outcome.best if outcome else None
     return TuneResult(
         verified=ctx.verified,
         candidate=candidate,
@@ -160,7 +203,7 @@ def _tune(
         report_path=report_md,
         report_json_path=report_json,
         launch=launch,
-        samples_per_s=best.result.samples_per_s if best else None,
+        samples_per_s=report.choice.samples_per_s if report.choice else None,  # the one pick speed every output states
         trials_launched=outcome.trials_launched if outcome else 0,
         from_cache=False,
         elapsed_s=time.monotonic() - started,
@@ -206,7 +249,7 @@ def _from_cache(ctx: TuneContext, hit: StoredAnswer, out_path: Path, report_dir:
     # size when the answer was stored (both are in the key). Re-validating would import DeepSpeed (~4 s) to
     # re-check a config that was re-derived, not trusted. Hook-published configs are re-validated (infra/sharing.py).
     world = ctx.target.world_size
-    config_path, hf_path = write_configs(config, world, out_path, hf=True, validate=False, base=ctx.base)
+    config_path, hf_path = write_configs(config, world, out_path, hf=True, validate=False, base=ctx.hf_base())
     launch = _launch(ctx, config, candidate, config_path)
     report = replace(
         hit.report,

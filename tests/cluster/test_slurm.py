@@ -105,26 +105,36 @@ def hook_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("autotune hook: slurm job")]
 
 
+# Each kind of training script with the flags its kind reads (examples/slurm/train-step.sh; docs/cluster.md).
+_SCRIPTS = {
+    "deepspeed": ("examples/training/train_deepspeed.py", "--model tiny-gpt2 --seq_len 32 --steps 2"),
+    "hf": ("examples/training/train_hf.py", "--model tiny-gpt2 --seq_len 32 --max_steps 2 --use_cpu --report_to none"
+           " --save_strategy no --output_dir hf-out"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(_SCRIPTS))
 def test_sbatch_example_tunes_once_every_task_gets_the_same_bytes_then_trains(
-    cluster: dict[str, str], tmp_path: Path
+    cluster: dict[str, str], tmp_path: Path, kind: str
 ) -> None:
     out = tmp_path / "job.out"
     started = time.monotonic()
+    script, train_args = _SCRIPTS[kind]
     job = sbatch(
         cluster, out, REPO / "examples" / "slurm" / "train.sbatch",
         "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
-        AUTOTUNE_DEVICE="cpu", MODEL="tiny-gpt2", SEQ_LEN="32", TRAIN_SCRIPT="examples/train.py",
-        AUTOTUNE_SHARED=str(tmp_path / "shared"), AUTOTUNE_HOOK_ARGS=TINY_HOOK,
-        TRAIN_ARGS="--model tiny-gpt2 --seq-len 32 --steps 2",
+        AUTOTUNE_DEVICE="cpu", MODEL="tiny-gpt2", SEQ_LEN="32", TRAIN_SCRIPT=script, SCRIPT_KIND=kind,
+        AUTOTUNE_SHARED=str(tmp_path / "shared"), AUTOTUNE_HOOK_ARGS=TINY_HOOK, TRAIN_ARGS=train_args,
     )  # fmt: skip
     text = out.read_text()
     print(f"sbatch example: job {job} {time.monotonic() - started:.1f} s\n{text}")
     assert job_state(cluster, job) == "COMPLETED", text
     lines = hook_lines(text)
-    assert len(lines) == 2, text
+    assert len(lines) == 3, text  # two tasks, then the batch host's --print-env (a published result)
     assert sum("tuned here" in line for line in lines) == 1
     assert len({line.split("(sha256 ")[1].split(")")[0] for line in lines}) == 1
-    assert "trained 2 step(s) at world size 2" in text
+    engine = json.loads(next(line for line in text.splitlines() if line.startswith("ENGINE ")).removeprefix("ENGINE "))
+    assert engine["world_size"] == 2 and engine["global_steps"] == 2
     config = json.loads(next((tmp_path / "shared" / "configs" / job).glob("ds_config.json")).read_text())
     assert config["train_batch_size"] == 2 * config["train_micro_batch_size_per_gpu"] * config.get(
         "gradient_accumulation_steps", 1

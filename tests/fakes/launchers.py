@@ -161,3 +161,65 @@ class GpuKitTrials:
             peak_sites=sites,
         )
         return TrialResult(status="ok", ranks=[rank], samples_per_s=10.0 * micro_batch, wall_s=1.0)
+
+
+class PhasedSpeedLauncher(CountingLauncher):
+    """Whole-step times scripted per ZeRO stage and per call: the n-th trial of a stage gets `steps[stage][n]` (the
+    last entry once they run out), so a test can make the first pass and an interleaved re-measurement disagree.
+    Host memory as CountingLauncher's. Not modelled: micro-batch, checkpointing or offload effects on speed."""
+
+    def __init__(self, steps: dict[int, list[list[float]]]) -> None:
+        super().__init__()
+        self.steps = steps
+        self.calls: dict[int, int] = {}
+
+    def answer(self, spec: TrialSpec) -> TrialResult:
+        stage = spec.ds_config["zero_optimization"]["stage"]
+        n = self.calls.get(stage, 0)
+        self.calls[stage] = n + 1
+        times = self.steps[stage][min(n, len(self.steps[stage]) - 1)]
+        mb = spec.ds_config["train_micro_batch_size_per_gpu"]
+        median = sorted(times)[len(times) // 2]
+        return TrialResult(
+            status="ok",
+            ranks=[RankMetrics(0, host_rss_peak_bytes=(self.base_mib + mb * self.mib_per_sample) * MIB)],
+            step_times_s=list(times),
+            samples_per_s=spec.ds_config["train_batch_size"] / median,
+        )
+
+
+class SlowLauncher(CountingLauncher):
+    """CountingLauncher's answers, each after `wall_s` seconds of wall clock, or a timeout once the spec's timeout
+    is shorter (as a real launcher kills a trial at its timeout). For time-budget tests; nothing else modelled."""
+
+    def __init__(self, wall_s: float) -> None:
+        super().__init__()
+        self.wall_s = wall_s
+
+    def answer(self, spec: TrialSpec) -> TrialResult:
+        import time
+
+        if spec.timeout_s < self.wall_s:
+            time.sleep(spec.timeout_s)
+            return TrialResult(status="timeout", error=f"trial timed out after {spec.timeout_s:.0f} s")
+        time.sleep(self.wall_s)
+        return super().answer(spec)
+
+
+class SigtermLauncher(CountingLauncher):
+    """CountingLauncher's answers; its `after`+1-th trial sends this process SIGTERM, as scancel or a SLURM time limit
+    would mid-trial (inside `infra.terminate.sigterm_raises()` that raises Terminated there). Nothing else modelled."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+
+    def answer(self, spec: TrialSpec) -> TrialResult:
+        import os
+        import signal
+        import time
+
+        if len(self.specs) > self.after:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+        return super().answer(spec)

@@ -68,6 +68,18 @@ def _duplicate_findings(duplicates: list[str]) -> list[Finding]:
     return [Finding(Severity.ERROR, key, message, "duplicate-key", fix=fix) for key in dict.fromkeys(duplicates)]
 
 
+def _nonfinite_findings(nonfinite: list[tuple[str, str, str]]) -> list[Finding]:
+    """NaN/Infinity values: Python's json reads them (so HF Trainer and accelerate hand DeepSpeed a float nan or
+    inf), DeepSpeed's own reader of a path does something else (dsconfig/loading.py deepspeed_file_reading);
+    either way no training setting is meant to be one, so it is an error the user resolves with a number."""
+
+    def finding(path: str, literal: str, reading: str) -> Finding:
+        message = f"{literal}: Python's json (HF Trainer, accelerate) reads it as float({literal!r}); {reading}."
+        return Finding(Severity.ERROR, path, f"{message} Write a finite number.", "non-finite")
+
+    return [finding(path, literal, reading) for path, literal, reading in nonfinite]
+
+
 def consumer_of(config: dict[str, Any], context: CheckContext) -> Consumer:
     """The consumer the context names, else HF Trainer when the config has "auto" (see detect_consumer)."""
     if context.consumer and context.consumer != "auto":
@@ -256,6 +268,7 @@ def check_config(
         consumer_reason=reason,
     )
     report.findings += _duplicate_findings(loaded.duplicate_keys)
+    report.findings += _nonfinite_findings(loaded.nonfinite)
     report.findings += config_findings(loaded.config, context, loaded.strict_json_problem, precision)
     report.findings += env_findings(assignments)
     if init_check:

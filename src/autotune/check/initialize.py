@@ -14,15 +14,15 @@ Every finding names the DeepSpeed version: the lists change between releases.
 from __future__ import annotations
 
 import inspect
-import os
 from typing import Any
 
 from autotune.check.findings import Finding, Severity
 from autotune.dsconfig.loading import section_of
+from autotune.infra.environment import parse_without_device
 
 
 def deepspeed_version() -> str:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    parse_without_device()  # the CPU accelerator, and DeepSpeed's import-time log kept off stdout (--json)
     import deepspeed
 
     return str(deepspeed.__version__)
@@ -193,20 +193,22 @@ def accelerate_maps_client_optimizer() -> bool:
     return callable(getattr(accelerator_module, "map_pytorch_optim_to_deepspeed", None))
 
 
-def _cpu_adam_defaults() -> str:
-    """DeepSpeedCPUAdam's own betas and eps, read from the installed class (deepspeed/ops/adam/cpu_adam.py)."""
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-    parameters = inspect.signature(DeepSpeedCPUAdam.__init__).parameters
-    return f"betas {parameters['betas'].default}, eps {parameters['eps'].default}"
-
-
 def _mapped_by_accelerate() -> Finding:
+    """What the swap keeps, from accelerate's code: map_pytorch_optim_to_deepspeed (accelerate/utils/deepspeed.py)
+    builds `DeepSpeedCPUAdam(optimizer.param_groups, lr=..., weight_decay=..., adamw_mode=...)`; the param groups
+    are the script's own, with their lr, betas, eps and weight_decay, and DeepSpeedCPUAdam.step reads each group's
+    (deepspeed/ops/adam/cpu_adam.py: group['betas'], group['eps']). torch's add_param_group only fills keys a group
+    lacks, so a torch AdamW/Adam keeps everything; an optimizer without betas (SGD) gets DeepSpeedCPUAdam's.
+    tests/test_check_offload_optimizer.py runs accelerate's mapping on a real optimizer to hold this."""
+    from autotune.training.job_defaults import job_defaults
+
+    defaults = job_defaults().adam_text().split(" (offloaded")[0]
     message = (
         'Optimizer offload without an "optimizer" section: accelerate\'s prepare() (the HF Trainer\'s too) '
-        "replaces the script's torch optimizer by DeepSpeedCPUAdam (map_pytorch_optim_to_deepspeed): lr, "
-        f"weight_decay and AdamW vs Adam carry over, betas and eps become its defaults ({_cpu_adam_defaults()}), "
-        "other optimizers (SGD, Adafactor) run as Adam."
+        "replaces the script's torch optimizer by DeepSpeedCPUAdam built on its param groups"
+        " (map_pytorch_optim_to_deepspeed): each group's lr, betas, eps and weight_decay carry over, and AdamW vs"
+        " Adam; Adagrad runs as DeepSpeedCPUAdagrad; other optimizers (SGD, Adafactor) run as Adam, with"
+        f" DeepSpeedCPUAdam's defaults for what their groups lack ({defaults})."
     )
     return Finding(Severity.INFO, "zero_optimization.offload_optimizer", message, "initialize")
 

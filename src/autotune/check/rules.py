@@ -250,10 +250,15 @@ def _element_bytes(config: dict[str, Any]) -> tuple[int, str]:
 
 
 def bucket_findings(config: dict[str, Any]) -> list[Finding]:
-    """Bucket sizes are element counts; say what they cost in bytes."""
+    """Bucket sizes are element counts; say what they cost in bytes, for the buffers the stage allocates.
+
+    Stage 0 builds no ZeRO optimizer, so neither bucket exists: gradients are all-reduced in the engine's own
+    buffers of MEMORY_OPT_ALLREDUCE_SIZE elements (deepspeed 0.19.8 runtime/engine.py:151, allreduce_gradients
+    3073-3095; `_do_optimizer_sanity_check` 2294-2325 picks no ZeRO wrapper when zero is off). Stage 3 passes
+    reduce_bucket_size but no allgather_bucket_size to its optimizer (runtime/engine.py 2755-2764)."""
     zero = config.get(ZERO)
     stage = zero_stage(config)
-    if not isinstance(zero, dict) or stage is None:
+    if not isinstance(zero, dict) or stage is None or stage == 0:
         return []
     size, dtype = _element_bytes(config)
     accepted = schema.model_keys(schema.section_models()[ZERO])
@@ -271,6 +276,6 @@ def bucket_findings(config: dict[str, Any]) -> list[Finding]:
         if name == "reduce_bucket_size" and stage in (1, 2) and overlap:
             message += f"; overlap_comm keeps two, {format_bytes(2 * elements * size)}"
         if name == "allgather_bucket_size" and stage == 3:
-            message += "; stage 3 does not use it"
+            continue
         findings.append(Finding(Severity.INFO, f"{ZERO}.{key}", message + ".", "bucket-size"))
     return findings

@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - older typer depends on click itself
     from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from autotune.errors import AutotuneError
-from autotune.infra.terminate import Terminated
+from autotune.infra.terminate import INTERRUPTED_EXIT, Terminated
 
 app = typer.Typer(
     name="autotune",
@@ -109,4 +109,6 @@ def main(argv: list[str] | None = None) -> None:
         fail_with("interrupted", 130, show_traceback=debug)
     except (AutotuneError, Terminated) as error:  # Terminated: SIGTERM, after cleanup (infra/terminate.py)
         fail_with(str(error), error.exit_code, show_traceback=debug)
+    if code == INTERRUPTED_EXIT:  # typer turns Ctrl-C outside a tuning into Exit(130) and says nothing
+        fail_with("interrupted by SIGINT (Ctrl-C) before finishing; files are written whole or not at all", code)
     raise SystemExit(code if isinstance(code, int) else 0)

@@ -1,13 +1,12 @@
 """`autotune hook`: the pre-launch hook for SLURM and torchrun jobs.
 
-stdout carries only what a script consumes (the config path, `export AUTOTUNE_DS_CONFIG=...` for
-`eval`, or JSON); progress and warnings go to stderr, so `eval "$(autotune hook ... --print-env)"`
-stays safe.
+stdout carries only what a script consumes (the config path, the `export AUTOTUNE_...=` lines of
+autotune.hook.handoff for `eval`, or JSON); progress and warnings go to stderr, so
+`eval "$(autotune hook ... --print-env)"` stays safe.
 """
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -35,6 +34,7 @@ from autotune.cli.options import (
     NvmePathOpt,
     OptimizerOpt,
     OutOpt,
+    OwnConsumerOpt,
     PrecisionOpt,
     ReportDirOpt,
     RungsOpt,
@@ -50,6 +50,7 @@ from autotune.cli.output import err_console, print_json, stamped
 from autotune.cli.request import request_from_options
 from autotune.cli.tune import TrialProgress
 from autotune.errors import UserError
+from autotune.hook.handoff import hook_handoff
 from autotune.hook.outputs import published_report
 from autotune.infra.terminate import sigterm_raises
 from autotune.report.pick import measurement_lines, summary_head
@@ -88,11 +89,15 @@ def _summary(result: HookResult, verbose: bool = False) -> str:
         + (f"; report {result.report_path}" if result.report_path else "")
     )
     report = published_report(details.get("outputs") or {})
+    handoff = hook_handoff(result)
+    # in a batch log this is what the user reads: the world size, what each rank runs, and the notes
+    tail = [f"  {handoff.world_line()}", *(f"  train: {line}" for line in handoff.rank_lines())]
+    tail += [f"  note: {note}" for note in (report.notes if report else [])]
     if report is None or report.choice is None:
-        return hook_line
+        return "\n".join([hook_line, *tail])
     headline, *lead = summary_head(report, record.verified, bool(details.get("from_cache")))
     lead += measurement_lines(report) if verbose else []
-    return "\n".join([headline, *(f"  {line}" for line in lead), hook_line])
+    return "\n".join([headline, *(f"  {line}" for line in lead), hook_line, *tail])
 
 
 def _say(line: str) -> None:
@@ -119,7 +124,12 @@ def hook_command(
         float | None, typer.Option(help="Seconds a waiting process waits for the tuner (default 1 h, or 2x budget).")
     ] = None,
     print_env: Annotated[
-        bool, typer.Option("--print-env", help="Print `export AUTOTUNE_DS_CONFIG=...` for eval.")
+        bool,
+        typer.Option(
+            "--print-env",
+            help="Print `export AUTOTUNE_DS_CONFIG=... AUTOTUNE_HF_CONFIG=... AUTOTUNE_HF_ARGS=..."
+            " AUTOTUNE_WORLD_SIZE=...` for eval (docs/cluster.md).",
+        ),
     ] = False,
     device: DeviceOpt = D.device,
     gpus: Annotated[int | None, typer.Option("--gpus", "-g", help="GPUs per node, when the job does not say.")] = None,
@@ -149,6 +159,7 @@ def hook_command(
     lora_rank: LoraRankOpt = D.lora_rank,
     lora_targets: LoraTargetsOpt = None,
     kernels: KernelsOpt = D.kernels,
+    consumer: OwnConsumerOpt = None,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
     command: UserCommandArg = None,
@@ -191,7 +202,7 @@ def hook_command(
     if as_json:
         print_json(result.to_dict())
     elif print_env:
-        print(f"export AUTOTUNE_DS_CONFIG={shlex.quote(str(result.config_path))}")
+        print("\n".join(hook_handoff(result).exports()))
     else:
         print(result.config_path)
 

@@ -80,6 +80,15 @@ KernelsOpt = Annotated[
         " SwiGLU); they keep fewer activations than transformers' own modules.",
     ),
 ]
+OwnConsumerOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="hf|deepspeed",
+        help="What your own command (after --) runs: hf, an HF Trainer script (given the .hf.json), or deepspeed, a"
+        " plain DeepSpeed script (given ds_config.json). Default: told from the command (--deepspeed FILE or"
+        " TrainingArguments flags: hf; --deepspeed_config: deepspeed).",
+    ),
+]
 HeadroomOpt = Annotated[float, typer.Option(help="Peak must stay under this fraction of free memory.")]
 MaxTrialsOpt = Annotated[int, typer.Option(help="Most trials to launch.")]
 MaxMicroBatchOpt = Annotated[int, typer.Option(help="Largest micro-batch per GPU to consider.")]
@@ -133,7 +142,8 @@ HostMemoryOpt = Annotated[
     typer.Option(
         "--host-memory",
         help="Host RAM per node of the machine planned for (with --gpu-type/--gpu-memory), e.g. 512GiB;"
-        " a bare number is GiB. Default: probed when the GPUs are this machine's, else not known.",
+        " a bare number is GiB. Default: probed when the GPUs are this machine's (given, it replaces the probe's"
+        " figure, and the report says so), else not known.",
     ),
 ]
 DecoderSeqLenOpt = Annotated[

@@ -228,8 +228,9 @@ def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
     )
     needed = predicted.gpu_peak_bytes + predicted.gpu_margin_bytes
     sign = "<=" if needed <= fitted.limit_bytes else ">"
+    where = "per rank (host RAM, CPU backend)" if ctx.request.device == "cpu" else "GPU"
     out.print(
-        f"  GPU: peak {format_bytes(predicted.gpu_peak_bytes)} + margin {format_bytes(predicted.gpu_margin_bytes)}"
+        f"  {where}: peak {format_bytes(predicted.gpu_peak_bytes)} + margin {format_bytes(predicted.gpu_margin_bytes)}"
         f" = {format_bytes(needed)} {sign} limit {format_bytes(fitted.limit_bytes)}"
         f" ({ctx.request.headroom:.0%} of {format_bytes(target.free_memory_bytes)} free)",
         highlight=False,

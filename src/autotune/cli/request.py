@@ -65,6 +65,7 @@ NOT_OFFERED: dict[str, dict[str, str]] = {
         "trial_timeout_s": _NO_TRIALS,
         "trial_workers": _NO_TRIALS,
         "command": _NO_TRIALS,
+        "consumer": _NO_TRIALS,
         "out": _WRITES_NOTHING,
         "report_dir": _WRITES_NOTHING,
         "hf": _WRITES_NOTHING,

@@ -40,6 +40,7 @@ from autotune.cli.options import (
     NvmePathOpt,
     OptimizerOpt,
     OutOpt,
+    OwnConsumerOpt,
     PrecisionOpt,
     ReportDirOpt,
     RungsOpt,
@@ -54,12 +55,15 @@ from autotune.cli.options import (
 from autotune.cli.output import console, err_console, print_json, stamped
 from autotune.cli.request import request_from_options
 from autotune.core.units import format_bytes, format_duration
+from autotune.dsconfig.launchers import world_size_line
 from autotune.infra.terminate import Terminated, sigterm_raises
-from autotune.report.pick import measured_detail, measurement_lines, summary_head
+from autotune.report.pick import measured_detail, measurement_lines, not_tried_line, summary_head
+from autotune.request.tune_request import TUNE_TIME_BUDGET_S
 
 if TYPE_CHECKING:
     from autotune.core.ladder import Candidate
     from autotune.hook.leader import BestVerified
+    from autotune.report.data import TuneReport
     from autotune.search.records import SearchEvent
     from autotune.tuner import TuneRequest, TuneResult
 
@@ -151,6 +155,14 @@ def _group_label(candidate: Candidate | None) -> str:
     return f"{candidate.rung.value}{ckpt}{mode}"
 
 
+def _shape(report: TuneReport, world_size: int) -> tuple[int, int]:
+    """(ranks per node, nodes) of the target the report was tuned for; one node when the report does not say."""
+    gpus, nodes = report.target.get("gpus_per_node"), report.target.get("nodes")
+    if isinstance(gpus, int) and isinstance(nodes, int) and gpus * nodes == world_size:
+        return gpus, nodes
+    return world_size, 1
+
+
 def _print_summary(result: TuneResult, verbose: bool = False) -> None:
     out = console()
     report = result.report
@@ -169,6 +181,7 @@ def _print_summary(result: TuneResult, verbose: bool = False) -> None:
             f" x accumulation {batch.accumulation} x {batch.world_size} rank(s): {batch.how}",
             highlight=False,
         )
+        out.print(f"  {world_size_line(batch.world_size, *_shape(report, batch.world_size))}", markup=False)
     out.print(f"  trials launched: {result.trials_launched}, {result.elapsed_s:.1f} s")
     hf = f"  (HF: {result.hf_config_path})" if result.hf_config_path else ""
     out.print(f"  config: {result.config_path}{hf}", markup=False)
@@ -179,6 +192,8 @@ def _print_summary(result: TuneResult, verbose: bool = False) -> None:
         out.print(f"  launch (DeepSpeed script): {result.launch.deepspeed}", highlight=False, markup=False)
         out.print(f"  launch (HF Trainer):       {result.launch.hf_trainer}", highlight=False, markup=False)
         out.print("  torchrun and accelerate launch: see the report", highlight=False)
+    if stopped := not_tried_line(report):
+        out.print(f"  {stopped}", style="bold yellow", markup=False, highlight=False)
     for note in report.notes:
         out.print(f"  note: {note}", markup=False)
 
@@ -199,8 +214,12 @@ def tune_command(
     headroom: HeadroomOpt = D.headroom,
     max_trials: MaxTrialsOpt = D.max_trials,
     time_budget: Annotated[
-        float | None, typer.Option(help="Stop launching trials after this many seconds.")
-    ] = D.time_budget_s,
+        float,
+        typer.Option(
+            help="Seconds of search (after the first DeepSpeed op builds): no trial starts after it and one still"
+            " running is stopped; the best verified config is written."
+        ),
+    ] = TUNE_TIME_BUDGET_S,
     max_micro_batch: MaxMicroBatchOpt = D.max_micro_batch,
     micro_batches: MicroBatchesOpt = None,
     rungs: RungsOpt = None,
@@ -221,6 +240,7 @@ def tune_command(
     optimizer: OptimizerOpt = D.optimizer,
     lora_rank: LoraRankOpt = D.lora_rank,
     kernels: KernelsOpt = D.kernels,
+    consumer: OwnConsumerOpt = None,
     lora_targets: LoraTargetsOpt = None,
     host_memory: HostMemoryOpt = D.host_memory,
     trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
@@ -245,19 +265,25 @@ def tune_command(
     try:
         with sigterm_raises():
             result = tune(request, observe=best)
-    except Terminated:
-        raise Terminated(_on_terminated(request, best)) from None
+    except Terminated as stopped:
+        raise Terminated(_on_terminated(request, best, stopped), signum=stopped.signum) from None
     if as_json:
         print_json(result.report.to_json() if result.report else {})
         return
     _print_summary(result, verbose)
 
 
-def _on_terminated(request: TuneRequest, best: BestVerified) -> str:
-    """SIGTERM mid-tuning: trials are stopped and their temp dirs gone by now; finished trials are in the
-    cache (a rerun resumes from them). Write the best config verified so far, if any, and say so."""
+def _on_terminated(request: TuneRequest, best: BestVerified, stopped: Terminated) -> str:
+    """SIGTERM or SIGINT mid-tuning: trials are stopped and their temp dirs gone by now; finished trials are in
+    the cache when there is a usable one (a rerun resumes from them). Write the best config verified so far, if
+    any, and say so. tune() wrote every file from the best config verified so far when the search had one (its
+    message says so); else, where the signal came outside the search with a trial verified, the config alone is
+    written here."""
+    if stopped.files_written:
+        return str(stopped)
     if best.record is None:
-        return "terminated by SIGTERM before any trial verified a config; nothing written (a rerun resumes)"
+        resumes = "a rerun resumes" if stopped.resumable else "no usable results cache: a rerun measures again"
+        return f"{stopped.stopped_by} before any trial verified a config; nothing written ({resumes})"
     from autotune.dsconfig.emit import write_configs
     from autotune.tuner import ds_config_for, world_size_for
 
@@ -266,7 +292,7 @@ def _on_terminated(request: TuneRequest, best: BestVerified) -> str:
     # not re-validated: its trial just ran DeepSpeed with this config at this world size, and importing
     # DeepSpeed here would spend most of the grace period before SIGKILL
     path, _ = write_configs(config, world_size_for(request), Path(request.out), request.hf, validate=False)
-    return f"terminated by SIGTERM; wrote the best config verified so far ({candidate.describe()}) to {path}"
+    return f"{stopped.stopped_by}; wrote the best config verified so far ({candidate.describe()}) to {path}"
 
 
 def register(app: typer.Typer) -> None:

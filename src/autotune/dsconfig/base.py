@@ -99,22 +99,50 @@ def runnable(config: dict[str, Any], world_size: int) -> dict[str, Any]:
     return filled.filled
 
 
-def placeholder_notes(config: Mapping[str, Any], base: Mapping[str, Any] | None) -> list[str]:
-    """The training settings the emitted config leaves to DeepSpeed's defaults because nobody chose them."""
-    if base is not None and "optimizer" in base:
-        return []
+def placeholder_notes(
+    config: Mapping[str, Any], base: Mapping[str, Any] | None, measured: bool = True
+) -> list[str]:
+    """The training settings the emitted config leaves to the libraries' defaults because nobody chose them, each
+    with its value read from the installed release (autotune.training.job_defaults).
+    `measured`: trials ran (else a plan-only answer, which measured nothing)."""
+    from autotune.training.job_defaults import job_defaults
+
+    defaults = job_defaults()
     notes = []
     section = config.get("optimizer")
-    if isinstance(section, Mapping):
+    if isinstance(section, Mapping) and (base is None or "optimizer" not in base):
+        given = section_of(dict(section), "params")
+        unset = [key for key in ("lr", "betas", "eps", "weight_decay") if key not in given]
+        if unset:
+            notes.append(
+                f"placeholder: optimizer {section.get('type')} is named so DeepSpeed builds the optimizer"
+                f" {'the tuning measured' if measured else 'the plan assumed'} (DeepSpeedCPUAdam when offloaded);"
+                f" it sets no {', '.join(unset)}, so ds_config.json trains"
+                f" with DeepSpeed's defaults {defaults.adam_text()} ({_sources(defaults.fused_adam)}); put yours under"
+                " optimizer.params, or tune with --config your_ds_config.json. The .hf.json takes them from"
+                f" TrainingArguments: {defaults.trainer_text()}"
+            )
+    if "gradient_clipping" not in config and defaults.clipping is not None:
+        hf = defaults.trainer.get("max_grad_norm")
         notes.append(
-            f"placeholder: optimizer {section.get('type')} is named so DeepSpeed builds the optimizer the tuning"
-            " measured (DeepSpeedCPUAdam when offloaded); it sets no lr, betas, eps or weight_decay, so DeepSpeed's"
-            " defaults apply (lr 1e-3): put yours under optimizer.params, or tune with --config your_ds_config.json"
-            " (the .hf.json takes them from TrainingArguments)"
+            f"no gradient_clipping written: DeepSpeed clips the gradient norm at its default"
+            f" {defaults.clipping.value} ({defaults.clipping.source}) unless your config sets it"
+            + (f"; the .hf.json's \"auto\" takes --max_grad_norm (default {hf.value})" if hf and base is None else "")
         )
-    if base is None:
-        notes.append("no gradient_clipping written: DeepSpeed clips nothing unless your config or script says so")
+    if "scheduler" not in config:
+        schedule = defaults.trainer.get("lr_scheduler_type")
+        notes.append(
+            "no scheduler written: under ds_config.json the lr stays constant unless your script passes a scheduler"
+            " (DeepSpeed builds none without a scheduler section: runtime/engine.py _configure_lr_scheduler)"
+            + (f"; under HF Trainer the .hf.json follows --lr_scheduler_type (default {schedule.value})"
+               if schedule else "")
+        )
     return notes
+
+
+def _sources(values: Mapping[str, Any]) -> str:
+    files = sorted({value.source.rsplit(":", 1)[0] for value in values.values()})
+    return ", ".join(files)
 
 
 def load_base(path: str) -> dict[str, Any]:

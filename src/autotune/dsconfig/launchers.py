@@ -122,15 +122,30 @@ def write_accelerate_config(run: TunedRun) -> Path:
     return atomic_write_text(run.accelerate_config_path, accelerate_config_text(run))
 
 
+# A port free on this node when the command runs: two jobs on one node would otherwise both take the launchers'
+# default 29500 (deepspeed/launcher/constants.py TORCH_DISTRIBUTED_DEFAULT_PORT, accelerate's main_process_port).
+FREE_PORT = "$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])')"
+
+
 def launch_commands(run: TunedRun) -> LaunchCommands:
+    """Every multi-rank line sets its port: on one node a free one (torchrun's --standalone rendezvous listens on
+    localhost:0, torch 2.13 distributed/run.py:988-991, and the workers' MASTER_PORT is that store's port,
+    elastic/agent/server/api.py:536; the others get FREE_PORT), across nodes $MASTER_PORT, which every node must be
+    given alike."""
     gpus, nodes = run.gpus_per_node, run.nodes
     multi = f" --num_nodes {nodes} --hostfile hostfile" if nodes > 1 else ""
-    ds_launcher = f"deepspeed{multi} --num_gpus {gpus}"
+    port = "$MASTER_PORT" if nodes > 1 else FREE_PORT
+    ds_port = f" --master_port {port}" if gpus * nodes > 1 else ""
+    ds_launcher = f"deepspeed{multi}{ds_port} --num_gpus {gpus}"
     plain = f"{run.script} --deepspeed --deepspeed_config {run.config_path}{script_flags(run)}"
     threads = f"OMP_NUM_THREADS=$(( $(nproc) / {gpus} )) " if gpus > 1 else ""
-    rendezvous = f" --nnodes {nodes} --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500" if nodes > 1 else ""
+    if nodes > 1:
+        rendezvous = f" --nnodes {nodes} --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:$MASTER_PORT"
+    else:
+        rendezvous = " --standalone" if gpus > 1 else ""
     flags = hf_trainer_flags(run)
     machine = " --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR" if nodes > 1 else ""
+    machine += f" --main_process_port {port}" if gpus * nodes > 1 else ""
     env = accelerator_prefix(run.device)
     return LaunchCommands(
         deepspeed=f"{env}{ds_launcher} {plain}",
@@ -139,6 +154,16 @@ def launch_commands(run: TunedRun) -> LaunchCommands:
         accelerate=f"{env}accelerate launch --config_file {run.accelerate_config_path}{machine}"
         f" {run.hf_script} {flags}",
         hf_flags=flags,
+    )
+
+
+def world_size_line(world_size: int, gpus_per_node: int, nodes: int) -> str:
+    """What `tune` and `hook` say about the world size: DeepSpeed asserts train_batch_size == micro-batch x
+    accumulation x ranks (deepspeed 0.19.8 runtime/config.py `_batch_assertion`), so the config holds for one."""
+    return (
+        f"valid for world size {world_size} ({gpus_per_node} rank(s) per node x {nodes} node(s)): DeepSpeed refuses"
+        " it at another world size (train_batch_size = micro-batch x accumulation x ranks); tune again for"
+        " another job shape"
     )
 
 

@@ -44,6 +44,8 @@ class LoadedConfig:
     config: dict[str, Any]
     duplicate_keys: list[str] = field(default_factory=list)  # DeepSpeed refuses a file with these
     strict_json_problem: str = ""  # why json.load (HF, accelerate) refuses the file; "" when it loads
+    # NaN/Infinity values: (dotted key path, literal, what DeepSpeed's own file reader makes of the file)
+    nonfinite: list[tuple[str, str, str]] = field(default_factory=list)
     accelerate: AccelerateYaml | None = None  # set when the file given was an accelerate YAML
     source_path: str = ""  # the file the DeepSpeed settings came from
 
@@ -98,15 +100,48 @@ def _shape(value: Any) -> tuple[int, int]:
     return deepest, keys
 
 
-class _NotStrictJson(Exception):
-    """NaN/Infinity: json.loads takes them, hjson reads them as strings; hjson decides, as for DeepSpeed."""
-
-
 _UNREAD = object()
+NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}  # json.loads' parse_constant names
 
 
-def _refuse_constant(name: str) -> Any:
-    raise _NotStrictJson(name)
+def _nonfinite_paths(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted path, literal) of every NaN/Infinity float in a config json.loads read."""
+    if isinstance(value, dict):
+        return [found for key, child in value.items() for found in _nonfinite_paths(child, f"{prefix}{key}.")]
+    if isinstance(value, list):
+        return [found for i, child in enumerate(value) for found in _nonfinite_paths(child, f"{prefix}{i}.")]
+    if isinstance(value, float) and not math.isfinite(value):
+        literal = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        return [(prefix.rstrip("."), literal)]
+    return []
+
+
+def deepspeed_file_reading(text: str) -> str:
+    """What DeepSpeed does with a file holding NaN/Infinity: given a path, it reads it with hjson.load
+    (deepspeed/runtime/config.py:444 in 0.19.8), where NaN and Infinity are no numbers but quoteless strings that
+    run to the end of the line, so `"x": NaN, "y": 1` on one line is refused and `"x": NaN,` alone on its line
+    becomes the string 'NaN,'. Given a dict (HF Trainer and accelerate json.load the file first) it gets json's
+    floats."""
+    import hjson
+
+    try:
+        read = hjson.loads(text.lstrip("\ufeff"))
+    except hjson.HjsonDecodeError as error:
+        return f"DeepSpeed given the file's path (hjson.load) refuses it: {error}"
+    except RecursionError:
+        return "DeepSpeed given the file's path (hjson.load) cannot read it: nested too deeply"
+    strings = sorted({repr(v) for _, v in _strings_like_constants(read)})
+    return f"DeepSpeed given the file's path (hjson.load) reads {', '.join(strings) or 'them'} as strings"
+
+
+def _strings_like_constants(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        return [found for key, child in value.items() for found in _strings_like_constants(child, f"{prefix}{key}.")]
+    if isinstance(value, list):
+        return [found for i, child in enumerate(value) for found in _strings_like_constants(child, f"{prefix}{i}.")]
+    if isinstance(value, str) and value.strip().rstrip(",").lstrip("-") in ("NaN", "Infinity"):
+        return [(prefix.rstrip("."), value)]
+    return []
 
 
 def _number_readers(source: Path) -> dict[str, Any]:
@@ -146,12 +181,10 @@ def _parse(text: str, source: Path) -> tuple[dict[str, Any], list[str], str]:
     readers = _number_readers(source)
     config: Any = _UNREAD
     problem = ""
-    try:
-        config = json.loads(text, object_pairs_hook=keep_last, parse_constant=_refuse_constant, **readers)
+    try:  # NaN/Infinity read as json.load reads them (HF Trainer, accelerate); check says what DeepSpeed does
+        config = json.loads(text, object_pairs_hook=keep_last, parse_constant=NONFINITE.__getitem__, **readers)
     except json.JSONDecodeError as error:
         problem = f"{error.msg} (line {error.lineno}, column {error.colno})"
-    except _NotStrictJson:
-        pass
     except RecursionError:
         problem = "nested too deeply"
     if config is _UNREAD:
@@ -261,9 +294,12 @@ def _inline_deepspeed_config(section: dict[str, Any]) -> dict[str, Any]:
 def _load_deepspeed_json(source: Path) -> LoadedConfig:
     text = read_text_safely(source)
     config, duplicates, strict_problem = _parse(text, source)
+    found = _nonfinite_paths(config)
+    reading = deepspeed_file_reading(text) if found else ""
     return LoadedConfig(
-        config=config, duplicate_keys=duplicates, strict_json_problem=strict_problem, source_path=str(source)
-    )
+        config=config, duplicate_keys=duplicates, strict_json_problem=strict_problem, source_path=str(source),
+        nonfinite=[(path, literal, reading) for path, literal in found],
+    )  # fmt: skip
 
 
 def load_config(path: str | Path) -> LoadedConfig:

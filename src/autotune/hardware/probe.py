@@ -281,7 +281,7 @@ def probe_nvme(path: str) -> int:
 
 # CPU flags meaning the cores compute in bf16 natively (Linux /proc/cpuinfo names): x86 AVX512-BF16 and AMX-BF16,
 # arm64 "bf16" (FEAT_BF16). Without them torch emulates bf16 matmuls: on this project's AMD EPYC (Zen 3) CI machine one
-# DeepSpeed step of gpt2-small-demo at micro-batch 8 took 18 s in bf16 and 1.3 s in fp32 (README, "Try it").
+# DeepSpeed step of gpt2-small-demo at micro-batch 8 took 18 s in bf16 and 1.3 s in fp32 (docs/quick-start.md).
 _NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 

@@ -30,7 +30,7 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from errno import ENOSYS
+from errno import EACCES, ENOSYS, EPERM
 from pathlib import Path
 from typing import Literal
 
@@ -43,6 +43,7 @@ from autotune.infra.atomic import atomic_write_json, atomic_write_text, refuse_n
 from autotune.infra.integrity import KeyRefused, sign, signing_key, verify
 from autotune.infra.output_paths import file_kind
 from autotune.infra.sharing import distrust_reason, file_mode_for, make_dirs
+from autotune.search.cache import directory_distrust_reason
 
 RECORD_FORMAT = 1
 Role = Literal["hit", "leader", "follower"]
@@ -255,11 +256,30 @@ def note_progress(slot: SharedSlot, progress: dict) -> None:
 WAIT_REPORT_INTERVAL_S = 60.0
 
 
+class LockUnavailable(HookError):
+    """The job's lock in the shared directory cannot be had because of someone else: a lock file another user
+    created and holds (or made unreadable to us), or a node planted in its place. Not the job's fault, so the hook
+    tunes locally and publishes nothing (hook/run.py) instead of failing the job (issue 46: another user who
+    pre-created `hook/` and the lock file and held flock on it made every job exit 2 in 7 s, or exit 4 after the
+    hour-long --wait-timeout)."""
+
+
+def foreign_lock(slot: SharedSlot) -> str | None:
+    """Why the lock file is someone else's (its owner is another user), or None."""
+    try:
+        owner = os.lstat(slot.lock_path).st_uid
+    except OSError:
+        return None
+    if owner == os.geteuid():
+        return None
+    return f"{slot.lock_path} belongs to uid {owner}, not to this user (uid {os.geteuid()})"
+
+
 def _lock(slot: SharedSlot) -> filelock.FileLock:
     try:
         _refuse_planted(slot.lock_path)
     except PermissionError as error:
-        raise UserError(f"{slot.lock_path} is {error}; remove it (planted by someone else?)") from None
+        raise LockUnavailable(f"{slot.lock_path} is {error} (planted by someone else?)") from None
     # fallback_to_soft=False: a marker-file lock outlives a killed holder; refuse it rather than risk that
     return filelock.FileLock(
         slot.lock_path, mode=file_mode_for(slot.directory), fallback_to_soft=False, thread_local=False
@@ -277,6 +297,8 @@ def _try_lock(lock: filelock.FileLock, slot: SharedSlot) -> bool:
                 f"{slot.directory} does not support file locks (flock); use a shared directory that does"
                 " (NFS with lockd, or Lustre mounted with -o flock) for --cache-dir"
             ) from None
+        if error.errno in (EACCES, EPERM) or foreign_lock(slot):
+            raise LockUnavailable(f"cannot lock {slot.lock_path}: {error.strerror or error}") from None
         raise UserError(f"cannot lock {slot.lock_path}: {error.strerror or error}") from None
     return True
 
@@ -308,6 +330,8 @@ def coordinate(
         make_dirs(slot.directory)
     except OSError as error:
         raise UserError(f"cannot use {slot.directory} for the hook's files: {error.strerror or error}") from None
+    if why := directory_distrust_reason(slot.directory):  # another user could hold or plant the lock there
+        raise LockUnavailable(f"the hook's directory is not safe to coordinate in: {why}")
     started = clock()
     deadline = started + wait_timeout_s
     lock = _lock(slot)
@@ -323,6 +347,8 @@ def coordinate(
         if _try_lock(lock, slot):
             break
         if clock() >= deadline:
+            if foreign := foreign_lock(slot):
+                raise LockUnavailable(f"timed out after {wait_timeout_s:.0f} s waiting for the lock: {foreign}")
             raise HookError(
                 f"timed out after {wait_timeout_s:.0f} s waiting for {_leader_note(slot)} to publish a config"
                 f" (lock {slot.lock_path}); raise --wait-timeout or look at that process"

@@ -25,6 +25,7 @@ def job_facts(job: JobEnv, tuning: TuneRequest, shared_dir: Path, environ: Mappi
         device=tuning.device,
         trial_workers=tuning.trial_workers,
         command=tuning.command,
+        consumer=tuning.consumer,
         nodelist=job.nodelist,
         job_master_port=job.master_port,
         gpus_per_node=job.gpus_per_node,

@@ -233,13 +233,13 @@ def _record_outcome(leader: LeaderJob, staged: Path) -> HookRecord:
         if not _budget_ran_out(leader.tuning, started, best):
             return leader.record("failed", None, "none", False, error_kind="nothing_fits", error=str(error))
         reason = f"the budget ran out before any config was verified ({error})"
-    except Terminated:
-        # SIGTERM (scancel, time limit, preemption): trials are stopped by now (the launcher's finally).
+    except Terminated as stopped:
+        # SIGTERM (scancel, time limit, preemption) or SIGINT: trials are stopped by now (the launcher's finally).
         # Publish the best verified config, marked so that only this job's processes take it; with
         # none, publish nothing: a resubmitted job resumes from the finished trials in the cache.
         if best.record is None:
             raise
-        return _best_verified(leader, "terminated by SIGTERM", best, staged, validate=False, terminated=True)
+        return _best_verified(leader, stopped.stopped_by, best, staged, validate=False, terminated=True)
     except Exception as error:  # a crashed tuner must still leave the job a config, or a clear failure
         reason = f"tuning failed: {type(error).__name__}: {error}"
     try:

@@ -58,7 +58,7 @@ def write_outputs(
     path, or None when the record carries no report (a tuning cut short keeps only its config)."""
     config = json.loads(record.config_text or "{}")
     outputs = record.details.get("outputs") or {}
-    hf_path = atomic_write_json(config_path.with_suffix(".hf.json"), hf_variant(config))
+    hf_path = atomic_write_json(config_path.with_suffix(".hf.json"), hf_variant(config, _user_base(tuning)))
     if isinstance(record.details.get("assumptions"), dict):  # what `autotune check` reads beside the config
         atomic_write_json(assumptions_path(config_path), record.details["assumptions"])
     report = published_report(outputs)
@@ -92,6 +92,20 @@ def write_outputs(
     return report_md
 
 
+def _user_base(tuning: TuneRequest) -> dict[str, Any] | None:
+    """The user's own config (--config, or the file an own command names): the .hf.json keeps its clipping and
+    optimizer values as written, as `tune` writes it (dsconfig.build.hf_variant)."""
+    from autotune.dsconfig.base import load_base
+
+    if tuning.base_config is not None:
+        return load_base(tuning.base_config)
+    if tuning.command:
+        from autotune.request.own_command import command_base
+
+        return command_base(tuning)
+    return None
+
+
 def published_report(outputs: dict) -> TuneReport | None:
     """The report a record carries, read back through its type; None when it carries none, or one this version
     cannot read (a record another autotune version wrote): then the config is written without its report."""
@@ -114,6 +128,11 @@ def _picture(outputs: dict) -> bytes | None:
 def _retarget(own: OwnCommand, staged: str, config_path: Path) -> OwnCommand:
     """Own-command mode: the printed command names the staged config (a path no other text contains: a fresh
     private directory); name --out instead, quoted as the shell needs it."""
-    target = str(config_path)
-    before, after = (staged, target) if shlex.quote(target) == target else (shlex.quote(staged), shlex.quote(target))
-    return replace(own, train_command=own.train_command.replace(before, after))
+    command = own.train_command
+    for staged_path, target_path in ((Path(staged).with_suffix(".hf.json"), config_path.with_suffix(".hf.json")),
+                                     (Path(staged), config_path)):  # fmt: skip
+        before, after = str(staged_path), str(target_path)
+        if shlex.quote(after) != after:
+            before, after = shlex.quote(before), shlex.quote(after)
+        command = command.replace(before, after)
+    return replace(own, train_command=command)

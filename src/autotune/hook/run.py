@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import platform
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -20,7 +22,15 @@ from typing import TYPE_CHECKING, NoReturn
 
 from autotune.core.versions import library_versions
 from autotune.errors import NothingFitsError, UserError
-from autotune.hook.coordinate import HookError, HookRecord, Role, SharedSlot, coordinate
+from autotune.hook.coordinate import (
+    Coordinated,
+    HookError,
+    HookRecord,
+    LockUnavailable,
+    Role,
+    SharedSlot,
+    coordinate,
+)
 from autotune.hook.env import JobEnv, JobOverrides, detect_job_env
 from autotune.hook.launch import choose_launcher
 from autotune.hook.leader import LeaderJob, TuneFn, real_tune, tune_and_record
@@ -237,15 +247,32 @@ def run_hook(
             known.add(verdict_key(record.config_text, job.world_size))
         return record
 
-    outcome = coordinate(
-        slot,
-        accept=lambda record: _acceptable(record, job, hardware, started_wall),
-        produce=produce,
-        wait_timeout_s=request.wait_timeout,
-        poll_interval_s=request.poll_interval_s,
-        vet=config_vetter(job.world_size, known),
-        waiting=lambda waited_s: say(waiting_line(slot, job, waited_s)),
-    )
+    def produce_locally(why: LockUnavailable) -> Coordinated:
+        """The shared directory cannot be coordinated in because of someone else: tune here, publish nothing and
+        use no shared cache (as `tune` does with an untrusted cache), so the job still gets its config."""
+        say(f"autotune hook: {why}; tuning locally, without the shared directory (nothing is published)")
+        private = Path(tempfile.mkdtemp(prefix="autotune-hook-local-"))
+        try:
+            alone = replace(tuning, use_cache=False)
+            leader = LeaderJob(
+                key, job, hardware, alone, launcher_factory=lambda: None, observe=observe, tune_fn=tune_fn
+            )
+            return Coordinated(tune_and_record(leader, private), "leader", 0.0)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
+    try:
+        outcome = coordinate(
+            slot,
+            accept=lambda record: _acceptable(record, job, hardware, started_wall),
+            produce=produce,
+            wait_timeout_s=request.wait_timeout,
+            poll_interval_s=request.poll_interval_s,
+            vet=config_vetter(job.world_size, known),
+            waiting=lambda waited_s: say(waiting_line(slot, job, waited_s)),
+        )
+    except LockUnavailable as unavailable:
+        outcome = produce_locally(unavailable)
     record = outcome.record
     if record.status == "failed" or record.config_text is None:
         _raise_failure(record, outcome.role)

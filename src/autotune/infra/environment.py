@@ -11,10 +11,12 @@ their environment instead (trial/processes.py).
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout, suppress
 
 ACCELERATOR_ENV = "DS_ACCELERATOR"
 _ACCELERATOR_MODULE = "deepspeed.accelerator.real_accelerator"
@@ -67,3 +69,26 @@ def parse_without_device() -> None:
     `preserved_environment`, so the caller's environment is unchanged afterwards.
     """
     os.environ.setdefault(ACCELERATOR_ENV, "cpu")
+    deepspeed_imported_off_stdout()
+
+
+def deepspeed_imported_off_stdout() -> None:
+    """Import DeepSpeed (once per process) with its import-time output dropped and its logger then on stderr, so
+    `--json` output stays JSON and bad input stays one line.
+
+    Why: DeepSpeed's logger is a StreamHandler bound to the sys.stdout it sees when deepspeed.utils.logging is
+    first imported (deepspeed 0.19.8 utils/logging.py:45, 0.15.4 :69), and it logs while importing: 0.15.4's
+    logger is at INFO (:82) and logs "Setting ds_accelerator to cpu (override)" (accelerator/real_accelerator.py:219;
+    0.19.8 logs it too, real_accelerator.py:263, below its logger's WARNING level). That line says nothing the user
+    asked for; what DeepSpeed logs later (warnings) goes to stderr, never into the JSON a script reads from stdout.
+    Not installed: the caller's own import raises as before.
+    """
+    if "deepspeed" in sys.modules:
+        return
+    with redirect_stdout(io.StringIO()), suppress(ImportError):
+        import deepspeed  # noqa: F401
+        from deepspeed.utils import logger
+
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(sys.stderr)

@@ -1,6 +1,6 @@
 """Who may write a shared cache directory, and which files in it we believe.
 
-Trust model (the README's "Sharing a cache" section says the same for users):
+Trust model (docs/shared-caches.md says the same for users):
 
 - A file is trusted when this user (effective uid) owns it, or when it belongs to the *shared group*
   of its directory: the directory has the setgid bit, is not writable by others, and the file's group

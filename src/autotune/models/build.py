@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from autotune.errors import UserError
@@ -21,12 +22,28 @@ def make_config(config: dict, trust_remote_code: bool = False) -> Any:
     if model_type is None:
         raise UserError("config has no 'model_type'")
     if "auto_map" in values and trust_remote_code:
-        raise UserError("remote-code configs are only supported from a local directory or the HF cache")
+        return _remote_code_config(config)
     try:
         return transformers.AutoConfig.for_model(model_type, **values)
     except ValueError as error:
         first = str(error).splitlines()[0]
         raise UserError(f"unsupported model_type {model_type!r}: {first}") from None
+
+
+def _remote_code_config(config: dict) -> Any:
+    """A config whose classes live in the model's own directory (`auto_map`, --trust-remote-code): loaded from that
+    directory, which models/resolve.py records as `_name_or_path` (transformers' own key for where a config came
+    from, and where AutoModel*.from_config looks for the modeling code); no network is needed for a local one."""
+    import transformers
+
+    code_dir = config.get("_name_or_path")
+    if not isinstance(code_dir, str) or not Path(code_dir, "config.json").is_file():
+        raise UserError("remote-code configs are only supported from a local directory or the HF cache")
+    try:
+        return transformers.AutoConfig.from_pretrained(code_dir, trust_remote_code=True)
+    except (OSError, ValueError, ImportError, AttributeError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"cannot load the remote-code config in {code_dir}: {first}") from None
 
 
 def choose_architecture(config: Any, requested: str | None) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import UserError
+from autotune.models.bounds import check_bounds, check_known
 from autotune.models.profiles import find_profile, model_profiles
 
 
@@ -57,13 +58,24 @@ def _read_config_json(path: Path) -> dict:
 
 
 def check_sizes(config: dict, where: str) -> None:
-    """Every size field present is a positive integer (null is allowed: transformers fills a default)."""
+    """Every size field present is a positive integer (null is allowed: transformers fills a default), within
+    the bounds of models/bounds.py."""
     for name in SIZE_FIELDS:
         value = config.get(name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise UserError(f"config.json at {where}: {name} must be a positive integer, got {value!r}")
+    check_bounds(config, where)
+
+
+def _with_code_dir(config: dict, config_path: Path, trust_remote_code: bool) -> dict:
+    """A remote-code config (`auto_map`, --trust-remote-code) records the directory its code is in, as
+    transformers' `_name_or_path`, so the meta build and the trial workers load the classes from there
+    (models/build.py); other configs are returned as read."""
+    if not (trust_remote_code and "auto_map" in config):
+        return config
+    return {**config, "_name_or_path": str(config_path.resolve().parent)}
 
 
 def _read_profile_file(path: Path) -> ModelSource | None:
@@ -98,7 +110,7 @@ def _from_local(path: Path, trust_remote_code: bool) -> ModelSource:
     profile = _read_profile_file(config_path)
     if profile is not None:
         return profile
-    config = _read_config_json(config_path)
+    config = _with_code_dir(_read_config_json(config_path), config_path, trust_remote_code)
     return ModelSource(
         name=path.resolve().name if path.is_dir() else path.resolve().parent.name,
         origin="local",
@@ -122,7 +134,7 @@ def _from_hub_cache(repo_id: str, trust_remote_code: bool) -> ModelSource | None
         return None
     if not isinstance(cached, str):
         return None
-    config = _read_config_json(Path(cached))
+    config = _with_code_dir(_read_config_json(Path(cached)), Path(cached), trust_remote_code)
     return ModelSource(
         name=repo_id,
         origin="hub-cache",
@@ -156,11 +168,10 @@ def resolve_model(spec: str, trust_remote_code: bool = False) -> ModelSource:
     except OSError as error:  # ENAMETOOLONG and kin: no such path, and no repo id either
         shown = text if len(text) <= 80 else f"{text[:80]}..."
         raise UserError(f"--model {shown!r}: {error.strerror or error}") from None
-    if exists:
-        return _from_local(path, trust_remote_code)
-    cached = _from_hub_cache(text, trust_remote_code)
-    if cached is not None:
-        return cached
+    found = _from_local(path, trust_remote_code) if exists else _from_hub_cache(text, trust_remote_code)
+    if found is not None:
+        check_known(found.config, found.location, trust_remote_code=trust_remote_code)
+        return found
     names = sorted(p.name for p in model_profiles().values())
     close = difflib.get_close_matches(text.lower(), names, n=3, cutoff=0.4)
     hint = f"; did you mean {', '.join(close)}?" if close else ""

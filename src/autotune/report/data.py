@@ -255,6 +255,9 @@ class Choice(JsonRecord):
     # True: peak_bytes is the pick's trial in a fresh process, the other trials having run in warm workers
     # (search.walk.Search.confirm_fresh); None: the pick's peak was measured the way every trial was
     peak_in_fresh_process: bool | None = field(default=None, metadata=OMITTED_WHEN_NONE)
+    # The pick's fastest single trial, where it differs from samples_per_s (the speed its verdict was decided on,
+    # search/tuning_report.py pick_speed): kept under its own name, never quoted as the pick's speed
+    fastest_trial_samples_per_s: float | None = field(default=None, metadata=OMITTED_WHEN_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.candidate.to_dict(), **{k: v for k, v in super().to_json().items() if k != "candidate"}}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from autotune.core.ladder import Candidate
 from autotune.core.measurement import speed_of
+from autotune.core.stop import StopReason
 from autotune.core.units import format_bytes
 from autotune.report.data import SpeedEntry, TuneReport
 from autotune.trial.types import TrialResult
@@ -102,6 +103,21 @@ def summary_head(report: TuneReport, verified: bool, from_cache: bool) -> list[s
     (tune's summary and hook's both start with these)."""
     head = f"{report.model_name} on {report.target_description}: {verification_label(verified, from_cache)}"
     return [head, *lead_lines(report)]
+
+
+def not_tried_line(report: TuneReport) -> str:
+    """A search a budget stopped: which budget, and the rung groups it did not try, so the user knows what a larger
+    --time-budget or --max-trials would add; '' when the search ran to its end."""
+    if report.stop_reason not in (StopReason.TIME_BUDGET, StopReason.TRIAL_BUDGET):
+        return ""
+    groups = [
+        f"{s.rung}{' + ckpt' if s.grad_checkpointing else ''}{f' ({s.mode.label})' if s.mode else ''}"
+        for s in report.skipped
+        if s.reason.startswith("not tried")
+    ]
+    option = "--time-budget" if report.stop_reason is StopReason.TIME_BUDGET else "--max-trials"
+    what = f"not tried: {', '.join(groups)}" if groups else "every rung group was started"
+    return f"Stopped early: {report.stop_message}; {what} (raise {option} for more)."
 
 
 def measured_detail(result: TrialResult) -> str:

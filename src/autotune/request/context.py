@@ -24,6 +24,7 @@ from autotune.estimate.pinned import native_pinning
 from autotune.estimate.runtime import RuntimeStack, local_stack
 from autotune.estimate.types import EstimateSettings
 from autotune.hardware.specs import GpuSpec, Target
+from autotune.infra.allocator_env import allocator_settings
 from autotune.models import ModelSummary, resolve_model, summarize
 from autotune.report.data import Assumptions
 from autotune.request.base import request_on_base
@@ -93,15 +94,28 @@ def gpu_target(request: TuneRequest) -> Target:
     probed = probe(request.nvme_path) if not planned or request.nvme_path else None
     memory = f"{memory_size(request.gpu_memory, '--gpu-memory')}B" if request.gpu_memory else None
     target = resolve_target(probed, request.gpus, request.nodes, request.gpu_type, gpu_memory=memory)
-    if planned:  # another machine: this one's RAM says nothing of its host; --host-memory does, else unknown
+    if planned or request.host_memory:
+        # another machine: this one's RAM says nothing of its host; --host-memory does, else unknown. Here: the
+        # user's figure replaces the probe's (psutil `available` at probe time, which a machine whose RAM grows
+        # with use understates), and the report says so (host_memory_note)
         host = memory_size(request.host_memory, "--host-memory") if request.host_memory else None
         target = replace(target, host_ram_bytes=host)
-    elif request.host_memory:
-        raise UserError("--host-memory plans for another machine (with --gpu-type or --gpu-memory); here it is probed")
     if request.gpu_memory_fraction and target.measured:
         emulated = int(request.gpu_memory_fraction * target.gpu.memory_bytes)
         target = replace(target, free_memory_bytes=min(target.free_memory_bytes, emulated))
     return target
+
+
+def host_memory_note(request: TuneRequest, target: Target) -> list[str]:
+    """On a probed machine, --host-memory overrides the probe: said, since every offload candidate is held to it."""
+    if not request.host_memory or request.gpu_type or request.gpu_memory or target.host_ram_bytes is None:
+        return []
+    from autotune.core.units import format_bytes
+
+    return [
+        f"host RAM per node {format_bytes(target.host_ram_bytes)} as --host-memory states it, not this machine's"
+        " probe (the RAM available when it ran); offload candidates are held to it"
+    ]
 
 
 def default_precision(target: Target) -> Precision:
@@ -171,6 +185,8 @@ class TuneContext:
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (seq_len is the encoder's)
     user_config: dict | None = None  # request.config as read (check/loading.py, the reader `check` uses)
     base: dict | None = None  # request.base_config as read: the user's config the tuned one is built on
+    # the CUDA allocator's settings the trials inherit (infra/allocator_env.py), read once, at build: in the cache key
+    allocator: dict[str, str] = field(default_factory=allocator_settings)
 
     @classmethod
     def build(
@@ -212,9 +228,11 @@ class TuneContext:
         if not request.precision and target.gpu.key == "cpu" and precision == "fp32":
             notes.append(
                 "precision fp32: this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag), so bf16 is emulated"
-                " (a measured step: 18 s in bf16, 1.3 s in fp32; README); --precision bf16 tunes bf16 anyway"
+                " (a measured step: 18 s in bf16, 1.3 s in fp32; docs/quick-start.md);"
+                " --precision bf16 tunes bf16 anyway"
             )
         notes += kernel_notes(request, target.measured)
+        notes += host_memory_note(request, target)
         notes += [note] if (note := deepspeed_note()) else []  # the one place tune and hook say it (core/versions.py)
         chosen_by = "tokens_per_step" if request.tokens_per_step else "user" if request.global_batch else None
         global_batch = requested_global_batch(
@@ -312,16 +330,31 @@ class TuneContext:
             **({"base": self.base} if self.base is not None else {}),
             # what may be mlocked decides which offload configs can run (estimate/pinned.py); else the old keys
             **({"mlock": [self.target.memlock_bytes, native_pinning()]} if self._mlock_matters else {}),
+            # the CUDA allocator's settings change the peaks a trial measures (infra/allocator_env.py)
+            **({"allocator": self.allocator} if request.device != "cpu" and self.allocator else {}),
         }
 
     @property
     def _mlock_matters(self) -> bool:
         return native_pinning() or any(rung.needs_nvme for rung in self.rungs)
 
+    def trial_question(self) -> dict:
+        """What decides one trial's result: the question less what only chooses which candidates to try (the
+        micro-batch grid, the rung list), so a re-run with a narrower `--rungs` or `--micro-batches` reuses the
+        trials already measured. A trial's own candidate is in its row; its config is built from the candidate and
+        the rest of the question (`tuned_config`), which stays. What may be mlocked decides whether pinned NVMe
+        offload runs: it stays whenever an NVMe rung could run here (an NVMe path given), not only when the
+        chosen rungs hold one, so that narrowing the rungs does not change the key."""
+        question = {k: v for k, v in self.question().items() if k not in ("grid", "rungs", "mlock")}
+        if native_pinning() or self.request.nvme_path is not None:
+            question["mlock"] = [self.target.memlock_bytes, native_pinning()]
+        return question
+
     @property
     def key(self) -> str:
-        """The trials' key: the question and the memory limit, bucketed (see LIMIT_BUCKET_RATIO)."""
-        return run_key({**self.question(), "limit_bucket": limit_bucket(self.limit_bytes)})
+        """The trials' key: the trial question and the memory limit, bucketed (see LIMIT_BUCKET_RATIO). The
+        answer's key (`answer_key`) keeps the grid and the rungs: the best of a narrower search is another answer."""
+        return run_key({**self.trial_question(), "limit_bucket": limit_bucket(self.limit_bytes)})
 
     @property
     def answer_key(self) -> str:
@@ -347,6 +380,15 @@ class TuneContext:
 
         return emitted_config(self.request, config)
 
+    def hf_base(self) -> dict | None:
+        """The user's config the .hf.json keeps as written: --config's, or in own-command mode the file the command
+        names (DeepSpeed Autotuning's convention), whose clipping and optimizer values are the user's."""
+        if self.request.command is None or self.base is not None:
+            return self.base
+        from autotune.request.own_command import command_base
+
+        return command_base(self.request)
+
     def spec(self, candidate: Candidate) -> TrialSpec:
         """The trial `tune()` runs for `candidate`; the benchmarks measure with exactly this."""
         request = self.request
@@ -369,7 +411,17 @@ class TuneContext:
             optimizer=request.optimizer,
             lora={**self.lora.to_dict(), "model_type": self.model.model_type} if self.lora else None,
             decoder_seq_len=self.decoder_seq_len,
+            predicted_outside_allocator_bytes=self._outside_allocator_bytes(),
         )
+
+    def _outside_allocator_bytes(self) -> int | None:
+        """The CUDA context and NCCL buffers per GPU rank as the memory model predicts them: a trial without an
+        NVML figure adds them to its max reserved (trial/types.py TrialResult.peak_memory_bytes)."""
+        if self.request.device == "cpu":
+            return None
+        from autotune.estimate.core import runtime_overheads
+
+        return sum(overhead.central for overhead in runtime_overheads(self.target, self.settings).values())
 
     def assumptions(self, candidate: Candidate | None) -> Assumptions:
         """What the tuning assumed, written beside the config so `check` and a later `plan` ask the same question."""

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.dsconfig.launchers import accelerator_prefix
+from autotune.dsconfig.launchers import FREE_PORT, accelerator_prefix
 from autotune.errors import UserError
 from autotune.trial.processes import one_rank_env
 from autotune.trial.script import END_PROFILE_STEP, START_PROFILE_STEP, final_command
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def _template(request: TuneRequest) -> CommandTemplate:
-    return parse_command(request.command or ())
+    return parse_command(request.command or (), consumer=request.consumer)
 
 
 def check_command(request: TuneRequest) -> None:
@@ -42,6 +42,11 @@ def emitted_config(request: TuneRequest, candidate_config: dict[str, Any]) -> di
     return config
 
 
+def command_base(request: TuneRequest) -> dict[str, Any] | None:
+    """The config file the command names (convention form), else None."""
+    return _template(request).base_config
+
+
 def command_report(request: TuneRequest, spec: TrialSpec, config_path: Path) -> dict[str, Any]:
     template = _template(request)
     return {
@@ -62,8 +67,12 @@ def command_report(request: TuneRequest, spec: TrialSpec, config_path: Path) -> 
 def train_command(template: CommandTemplate, spec: TrialSpec, config_path: Path) -> str:
     """The user's command as it runs outside the tuner: with the chosen values, and with the environment the
     trials gave it. A command without a launcher gets the one-rank variables torchrun would set (else
-    `deepspeed.init_distributed` falls back to MPI discovery: "No module named 'mpi4py'"), on DeepSpeed's
-    default port; on the CPU backend, DS_ACCELERATOR=cpu."""
+    `deepspeed.init_distributed` falls back to MPI discovery: "No module named 'mpi4py'"), on a port free
+    when it runs; on the CPU backend, DS_ACCELERATOR=cpu. An HF Trainer command names the .hf.json written beside
+    the config (CommandTemplate.consumer): the file its trials read."""
+    if template.consumer() == "hf":
+        config_path = config_path.with_suffix(".hf.json")
     argv = shlex.join(final_command(template, spec, config_path))
-    rank_env = "" if template.starts_ranks() else "".join(f"{k}={v} " for k, v in one_rank_env(port=29500).items())
+    variables = {**one_rank_env(port=0), "MASTER_PORT": FREE_PORT}  # a free port: two jobs on a node do not collide
+    rank_env = "" if template.starts_ranks() else "".join(f"{k}={v} " for k, v in variables.items())
     return f"{accelerator_prefix(spec.device)}{rank_env}{argv}"

@@ -31,6 +31,13 @@ from autotune.trial.chooser import confirms_fresh, uses_warm
 MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
 # Relative-position models (T5) have no position table; their pre-training length is the default.
 RELATIVE_POSITION_DEFAULT_SEQ_LEN = 512  # T5 paper, section 3.1.2: "sequence length of 512"
+# `autotune tune`'s default --time-budget: a first tune without options must end in a sensible time (issue 45: the
+# whole default ladder on tiny-gpt2 was on course for ~25 minutes of trials on a 2-core machine). It counts from the
+# first op load (a fresh machine's op builds are said apart, tuner.py); the search launches no trial after it and
+# stops one still running at it (search/trials.py), then writes the best verified config and what it did not try.
+# The API (`TuneRequest`) and the hook keep no budget unless given one: a cluster job's own time limit is the hook's,
+# and a budget-cut hook tuning is a fallback `--strict` refuses.
+TUNE_TIME_BUDGET_S = 600.0
 DEFAULT_SEQ_LEN_CAP = 2048  # a model's context is used up to this; longer contexts are a choice, not a default
 
 
@@ -81,6 +88,9 @@ class TuneRequest:
     # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
     # substituted in (trial/script_mode.py); None: our synthetic worker.
     command: tuple[str, ...] | None = None
+    # What the own command runs: "hf" (an HF Trainer script: it gets the .hf.json) or "deepspeed" (a plain script: the
+    # plain ds_config.json); None: told from the command (trial/script_command.py, CommandTemplate.consumer).
+    consumer: str | None = None
     # Modes that change the update rule or the numerics (ZenFlow, ZeRO++ quantization, partial offload ratio;
     # modes.applies.approximation) join the search only when the user opts in: by default the tuned config trains
     # the same model the same way (same optimizer math, global batch and precision).

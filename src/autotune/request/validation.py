@@ -34,12 +34,11 @@ def _fraction(value: float | None, flag: str) -> None:
 
 def check_outputs(request: TuneRequest) -> None:
     """Output paths are checked before any work (infra/output_paths.py): regular files and directories on a writable,
-    ordinary filesystem; no device, FIFO, /proc or /dev target, no symlink leading out of its directory."""
-    from autotune.infra.output_paths import vet_output_dir, vet_output_file
+    ordinary filesystem; no device, FIFO, /proc or /dev target, no symlink leading out of its directory or onto a
+    file autotune did not write, and the same for every file written beside the config and the reports."""
+    from autotune.infra.output_paths import vet_output_dir, vet_tuning_outputs
 
-    vet_output_file(request.out, "--out")
-    if request.report_dir:
-        vet_output_dir(request.report_dir, "--report-dir")
+    vet_tuning_outputs(request.out, request.report_dir)
     if request.cache_dir and request.use_cache:
         vet_output_dir(request.cache_dir, "--cache-dir")
 
@@ -115,6 +114,10 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
         if request.device == "cpu":
             raise UserError("--host-memory plans for another machine's GPUs; --device cpu uses this machine's RAM")
         memory_size(request.host_memory, "--host-memory")
+    if request.consumer is not None and request.consumer not in ("hf", "deepspeed"):
+        raise UserError(f"--consumer must be hf or deepspeed, not {request.consumer!r}")
+    if request.consumer is not None and request.command is None:
+        raise UserError("--consumer names what your own command runs; give the command after `--`")
     if request.command is not None:
         from autotune.request.own_command import check_command  # imported only in own-command mode
 

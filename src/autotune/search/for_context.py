@@ -42,10 +42,13 @@ def context_search(
     run: RunTrial,
     observe: Callable[[SearchEvent], None] = lambda event: None,
     confirm_fresh: RunTrial | None = None,
+    time_left_s: float | None = None,
 ) -> Search:
     """The search for this context: its rungs, grid, limits, global batch and the modes that apply here;
-    `confirm_fresh` runs the pick in a process of its own where `run` uses warm workers (Search.confirm_fresh)."""
+    `confirm_fresh` runs the pick in a process of its own where `run` uses warm workers (Search.confirm_fresh);
+    `time_left_s`: what is left of --time-budget when the search starts (the tune spent the rest), default all."""
     request = ctx.request
+    budget = request.time_budget_s if time_left_s is None else time_left_s
     facts = mode_facts(ctx)
     return Search(
         ctx.model,
@@ -54,7 +57,7 @@ def context_search(
         run,
         rungs=ctx.rungs,
         micro_batches=ctx.grid,
-        limits=SearchLimits(request.max_trials, request.time_budget_s, request.headroom),
+        limits=SearchLimits(request.max_trials, budget, request.headroom),
         observe=observe,
         global_batch=request.global_batch,
         modes=lambda rung: considered_modes(rung, facts),

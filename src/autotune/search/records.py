@@ -16,6 +16,7 @@ from autotune.search.close_call import Verdict
 from autotune.trial.types import TrialResult
 
 MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
+TIME_BUDGET_CUT = "stopped at the time budget"  # a trial's error when --time-budget ended it (search/trials.py)
 RULED_OUT_MARGIN = 0.15  # skip without a trial only when the prediction is this far over the limit
 TRY_MARGIN = 0.10  # a micro-batch predicted within this much over the limit is still worth a trial
 

@@ -1,6 +1,7 @@
 """The search's trials for one tuning context: which launcher runs them (the caller's, the user's own command,
 warm workers or a fresh process each), DeepSpeed's ops loaded before the first trial that needs them, an
-inconclusive trial run once more, and cached trials believed only where the hardware could have produced them.
+inconclusive trial run once more, a verdict seen only in a warm worker run once fresh before it is used or cached,
+and cached trials believed only where the hardware could have produced them.
 """
 
 from __future__ import annotations
@@ -9,18 +10,22 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
 from autotune.core.choices import Device
 from autotune.core.ladder import Candidate
+from autotune.core.stop import StopReason
 from autotune.core.units import format_bytes
 from autotune.errors import UserError
+from autotune.infra.terminate import Terminated
 from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest
 from autotune.search.cache import ResultsCache
 from autotune.search.for_context import context_search
-from autotune.search.records import SearchEvent, SearchOutcome
+from autotune.search.records import TIME_BUDGET_CUT, SearchEvent, SearchOutcome, TrialRecord
 from autotune.trial.chooser import JobFacts, TrialLaunchers, open_launchers
 from autotune.trial.plausible import Bounds
 from autotune.trial.types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec
@@ -46,18 +51,33 @@ class TrialOps:
         names = tuple(name for name in ops_for(self.device, offload) if name not in self.ready)
         if not names:
             return
-        if not ops_built(self.device, names):
-            where = f"cached in {extensions_dir()}, TORCH_EXTENSIONS_DIR"
-            what = ", ".join(names)
-            self.observe(SearchEvent("prepare", message=f"building DeepSpeed ops once, in parallel: {what} ({where})"))
+        self.observe(SearchEvent("prepare", message=ops_line(names, ops_built(self.device, names), extensions_dir())))
         try:
             ensure_ops_ready(self.device, report=self._say, names=names)
         except (RuntimeError, OSError) as error:
             raise UserError(str(error)) from None
         self.ready.update(names)
 
+    def pending(self) -> tuple[str, ...]:
+        """The ops the first trial loads that are not built here yet (CPU Adam waits for an offload trial)."""
+        from autotune.trial.ops import ops_built, ops_for
+
+        return tuple(name for name in ops_for(self.device, False) if not ops_built(self.device, (name,)))
+
     def _say(self, message: str) -> None:
         self.observe(SearchEvent("prepare", message=message))
+
+
+def ops_line(names: tuple[str, ...], built: bool, where: object) -> str:
+    """The line said before every op load, since any may compile: built files are not enough, torch rebuilds an op
+    whose sources, flags or torch version differ from its build's (trial/ops.py), which takes minutes."""
+    what = ", ".join(names)
+    if not built:
+        return f"building DeepSpeed ops once, in parallel: {what} (minutes; cached in {where})"
+    return (
+        f"loading DeepSpeed ops {what} from {where} (seconds; minutes if torch rebuilds them because their sources,"
+        " flags or torch version changed)"
+    )
 
 
 @contextlib.contextmanager
@@ -90,6 +110,7 @@ def request_facts(request: TuneRequest, environ: Mapping[str, str]) -> JobFacts:
         device=request.device,
         trial_workers=request.trial_workers,
         command=request.command,
+        consumer=request.consumer,
     )
 
 
@@ -116,17 +137,29 @@ def search_with_trials(
     launchers: TrialLaunchers,
     observe: Callable[[SearchEvent], None],
     ops: TrialOps | None = None,
+    deadline: float | None = None,
 ) -> SearchOutcome:
     """The search with real trials: cached ones believed where plausible, the rest run by `launchers.trials`; the
-    pick's fresh-process confirmation (where there is one) always runs, and replaces the cached trial."""
+    pick's fresh-process confirmation (where there is one) always runs, and replaces the cached trial.
+
+    `deadline` (time.monotonic()): where --time-budget ends. The search launches no trial after it, and a trial
+    still running there is stopped (its timeout is at most the time left), so the tune ends within its budget."""
     key = ctx.key
     bounds = run_bounds(ctx)
     cached = believed_trials(cache, key, bounds) if cache else {}
 
-    def launch(launcher: TrialLauncher, candidate: Candidate) -> tuple[TrialResult, bool]:
+    def launch(launcher: TrialLauncher, candidate: Candidate, budgeted: bool = True) -> tuple[TrialResult, bool]:
         if ops is not None:
             ops.before(candidate)
-        result = retried_trial(launcher, ctx.spec(candidate), observe, candidate, bounds=bounds)
+        spec, cut = budgeted_spec(ctx.spec(candidate), deadline if budgeted else None)
+        result = retried_trial(launcher, spec, observe, candidate, bounds=bounds)
+        fresh = launchers.confirm if launcher is launchers.trials else None
+        if fresh is not None and (why := warm_only_doubt(ctx, candidate, result)):
+            note = f"{why} in a warm worker: running it once in a fresh process before believing it"
+            observe(SearchEvent("prepare", candidate, message=note))
+            result = retried_trial(fresh, spec, observe, candidate, bounds=bounds)
+        if cut and result.status == "timeout":  # not the candidate's: never cached (timeouts are not)
+            result = replace(result, error=f"{TIME_BUDGET_CUT} ({ctx.request.time_budget_s:.0f} s)")
         if cache and result.status in DETERMINISTIC_STATUSES:  # what a rerun would give again, nothing else
             cache.put_trial(key, candidate, result)
         return result, False
@@ -137,15 +170,99 @@ def search_with_trials(
         return launch(launchers.trials, candidate)
 
     confirm = launchers.confirm
-    confirm_fresh = None if confirm is None else (lambda candidate: launch(confirm, candidate))
-    return context_search(ctx, run, observe, confirm_fresh).run_search()
+    # the pick's fresh confirmation is outside the budget (Search._confirm_fresh): not cut by it either
+    confirm_fresh = None if confirm is None else (lambda candidate: launch(confirm, candidate, budgeted=False))
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    search = context_search(ctx, run, observe, confirm_fresh, time_left_s=left)
+    try:
+        return search.run_search()
+    except Terminated as stopped:
+        raise SearchTerminated(search.outcome, signum=stopped.signum) from None
+
+
+class SearchTerminated(Terminated):
+    """SIGTERM mid-search, carrying what the search had measured by then: the tuner writes every file a finished
+    tune writes from its best verified trial, marked as stopped (tuner.py), before the process exits."""
+
+    def __init__(self, outcome: SearchOutcome, *, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum=signum)
+        outcome.stop_reason = StopReason.TERMINATED
+        outcome.stop_message = f"{self.stopped_by}: the best config verified so far, not the search's end"
+        self.outcome = outcome
+
+
+def budgeted_spec(spec: TrialSpec, deadline: float | None) -> tuple[TrialSpec, bool]:
+    """The trial's spec with its timeout no later than the deadline, and whether the deadline shortened it."""
+    if deadline is None:
+        return spec, False
+    left = max(1.0, deadline - time.monotonic())
+    if left >= spec.timeout_s:
+        return spec, False
+    return replace(spec, timeout_s=left), True
+
+
+def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
+    """Before the first trial: how many trials at most, what each is made of, the op builds ahead, and the time
+    budget that bounds it all. No trial's time is predicted here: nothing in this machine's step time is known
+    before one runs (the memory model predicts bytes, not seconds); the progress line gives the measured
+    estimate from the first trial on (cli/tune.py TrialProgress.eta)."""
+    from autotune.core.measurement import MAX_MEASURE_S, MAX_STEPS, MIN_STEPS
+
+    request = ctx.request
+    trials = min(request.max_trials, len(ctx.rungs) * 2 * len(ctx.grid))
+    space = (
+        f"{len(ctx.rungs)} rung(s), with and without checkpointing, micro-batches {ctx.grid[0]}-{ctx.grid[-1]}"
+        if ctx.grid
+        else f"{len(ctx.rungs)} rung(s)"
+    )
+    pending = ops.pending() if ops is not None else ()
+    builds = f"; first builds DeepSpeed ops {', '.join(pending)} (minutes, once per machine)" if pending else ""
+    budget = request.time_budget_s
+    bound = (
+        f"the time budget, {budget / 60:.0f} min (--time-budget), bounds the search after the first op load: no"
+        " trial starts after it and one still running then is stopped"
+        if budget is not None
+        else "no time budget (--time-budget)"
+    )
+    return (
+        f"expect at most {trials} trials (--max-trials {request.max_trials}) over {space}; each a"
+        f" process start, warm-up steps and {MIN_STEPS}-{MAX_STEPS} measured steps (at most {MAX_MEASURE_S:.0f} s"
+        f" of them){builds}; {bound}"
+    )
+
+
+# Verdicts a warm worker may owe to an earlier trial's leftovers (pinned host blocks, a cached segment, a kernel
+# module): each would drop a candidate, or on the host side a whole rung (search/walk.py), and be cached, so where
+# a fresh process is at hand (the GPU default) it has the last word. A GPU out-of-memory is not among them: the
+# pick's fresh confirmation already catches a fit a warm worker got wrong the other way, and leftovers only add.
+WARM_DOUBTED_STATUSES = ("error", "oom_host")
+
+
+def warm_only_doubt(ctx: TuneContext, candidate: Candidate, result: TrialResult) -> str | None:
+    """Why a warm trial's verdict needs a fresh process before it is used: an error, a host OOM, or a host peak over
+    the host headroom (the walk's own test, search/records.py TrialRecord.over_host_headroom); None: believed."""
+    if result.status in WARM_DOUBTED_STATUSES:
+        return f"{result.status} ({result.error})"
+    host_ram = ctx.target.host_ram_bytes
+    if not result.ok or ctx.request.device == "cpu" or not host_ram:
+        return None
+    host_limit = int(ctx.request.headroom * host_ram)
+    record = TrialRecord(
+        candidate, result, 0, 0, from_cache=False, host_limit_bytes=host_limit, gpus_per_node=ctx.target.gpus_per_node
+    )
+    if record.over_host_headroom:
+        return f"host RAM peak {format_bytes(record.host_peak_bytes or 0)} over {format_bytes(host_limit)}"
+    return None
 
 
 def run_bounds(ctx: TuneContext) -> Bounds:
     """What this run's hardware and model allow a trial to measure (trial/plausible.py)."""
     device: Device = "cpu" if ctx.request.device == "cpu" else "cuda"
     peak_tflops = ctx.target.gpu.peak_tflops(ctx.precision)
-    return Bounds.for_run(ctx.model.total_params, ctx.target.world_size, device, peak_tflops)
+    tokens_per_sample = 1 if ctx.request.command is not None else ctx.seq_len  # the user's command: its own data
+    return Bounds.for_run(
+        ctx.model.total_params, ctx.target.world_size, device, peak_tflops, tokens_per_sample=tokens_per_sample
+    )
 
 
 def believed_trials(cache: ResultsCache, key: str, bounds: Bounds) -> dict[Candidate, TrialResult]:

@@ -30,20 +30,28 @@ from autotune.report.data import (
     VerdictEntry,
 )
 from autotune.request.context import TuneContext
+from autotune.search.close_call import Verdict
 from autotune.search.for_context import mode_facts, planned_modes
-from autotune.search.records import SearchOutcome, TrialRecord
+from autotune.search.records import TIME_BUDGET_CUT, SearchOutcome, TrialRecord
 from autotune.training.checks import training_choices_report
 
 
 def no_trial_completed(outcome: SearchOutcome) -> str | None:
     """When trials ran but none finished (timeouts, crashes) and none ran out of memory, the answer is not
     "nothing fits": the message names what went wrong instead."""
+    if outcome.best is None and outcome.stop_reason is StopReason.TIME_BUDGET:  # not "nothing fits": not all tried
+        if not outcome.trials:
+            return f"the time budget ran out before any trial ran ({outcome.stop_message}; raise --time-budget)"
+        tried = ", ".join(f"{t.candidate.key} {t.result.status}" for t in outcome.trials)
+        return f"the time budget ran out before a trial verified a config ({outcome.stop_message}; tried {tried});" \
+            " raise --time-budget"
     if outcome.best is not None or not outcome.trials or any(t.memory_failure for t in outcome.trials):
         return None
     first = outcome.trials[0].result
     statuses = sorted({t.result.status for t in outcome.trials})
     detail = f": {first.error}" if first.error else ""
-    hint = " (raise --trial-timeout?)" if "timeout" in statuses else ""
+    budget_cut = any((t.result.error or "").startswith(TIME_BUDGET_CUT) for t in outcome.trials)
+    hint = " (raise --time-budget?)" if budget_cut else " (raise --trial-timeout?)" if "timeout" in statuses else ""
     return f"no trial completed ({', '.join(statuses)}){hint}; first: {first.status}{detail}"
 
 
@@ -65,24 +73,45 @@ def _smallest_shortfall(plan_data: dict | None, outcome: SearchOutcome | None) -
     return f"smallest shortfall {format_bytes(min(shortfalls))} per {'rank' if outcome else 'GPU'}"
 
 
+def pick_speed(best: TrialRecord | None, verdict: Verdict | None) -> tuple[float | None, float | None]:
+    """The pick's samples/s and tokens/s as every output states them: the speed its verdict was decided on (the
+    median of the pick's pooled steps, or of its interleaved re-measurement after a close call), else its one
+    trial's. Tokens/s keep the trial's tokens per sample."""
+    if best is None:
+        return None, None
+    samples, tokens = best.result.samples_per_s, best.result.tokens_per_s
+    if verdict is None or verdict.pick != best.candidate or not samples:
+        return samples, tokens
+    decided = verdict.speed.median
+    return decided, tokens * decided / samples if tokens else None
+
+
 def _choice(
-    ctx: TuneContext, candidate: Candidate, best: TrialRecord | None, fresh: TrialRecord | None = None
+    ctx: TuneContext,
+    candidate: Candidate,
+    best: TrialRecord | None,
+    fresh: TrialRecord | None = None,
+    verdict: Verdict | None = None,
 ) -> tuple[Choice, HostNeed]:
-    """The pick as the report states it, and what it needs from each node's host: its speed from its fastest
-    trial, its memory from its fresh-process confirmation where there is one (the memory the job will find)."""
+    """The pick as the report states it, and what it needs from each node's host: its speed the one its verdict
+    was decided on (`pick_speed`; the fastest single trial kept beside it under its own name), its memory from
+    its fresh-process confirmation where there is one (the memory the job will find)."""
     from autotune.estimate import estimate
     from autotune.estimate.pinned import pinned_host_bytes
 
     predicted = estimate(ctx.model, ctx.target, candidate, ctx.settings)
     memory = fresh or best
+    samples, tokens = pick_speed(best, verdict)
+    fastest = best.result.samples_per_s if best else None
     choice = Choice(
         candidate=candidate,
         description=candidate.describe(),
-        samples_per_s=best.result.samples_per_s if best else None,
-        tokens_per_s=best.result.tokens_per_s if best else None,
+        samples_per_s=samples,
+        tokens_per_s=tokens,
         peak_bytes=memory.result.peak_memory_bytes if memory else None,
         predicted_peak_bytes=predicted.gpu_peak_bytes,
         peak_in_fresh_process=True if fresh else None,
+        fastest_trial_samples_per_s=fastest if fastest != samples else None,
     )
     measured_host = memory.host_peak_bytes if memory and ctx.request.device != "cpu" else None
     host_need = HostNeed(
@@ -131,7 +160,9 @@ def report_of(
     """The report of what was found; a finished tuning adds its batch, training and command (`finished_report`)."""
     request = ctx.request
     fresh = outcome.fresh_confirmation if outcome else None
-    choice, host_need = _choice(ctx, candidate, outcome.best if outcome else None, fresh) if candidate else (None, None)
+    verdict = outcome.verdict if outcome else None
+    best = outcome.best if outcome else None
+    choice, host_need = _choice(ctx, candidate, best, fresh, verdict=verdict) if candidate else (None, None)
     modes = outcome.modes if outcome else planned_modes(ctx)
     return TuneReport(
         model={k: v for k, v in ctx.model.to_dict().items() if k != "config"},
@@ -186,7 +217,7 @@ def finished_report(
     """A tuning that emitted a config: its notes on the config, the global batch, the training and any own
     command, added once to the report `report_of` built."""
     request = ctx.request
-    notes = [*placeholder_notes(config, ctx.base), *([] if ctx.verified else plan_notes)]
+    notes = [*placeholder_notes(config, ctx.base, measured=ctx.verified), *([] if ctx.verified else plan_notes)]
     if changes := approximation(candidate.mode, mode_facts(ctx)):  # only reachable with --allow-approximate
         notes.append(f"changes the training: {changes}")
     batch = describe_global_batch(config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step)

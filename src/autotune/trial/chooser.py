@@ -60,6 +60,7 @@ class JobFacts:
     under_torchrun: bool = False
     nodelist: tuple[str, ...] = ()
     command: tuple[str, ...] | None = None
+    consumer: str | None = None  # --consumer: who reads the own command's config (trial/script_command.py)
     job_master_port: int | None = None
     gpus_per_node: int = 1
     job_id: str | None = None
@@ -186,8 +187,9 @@ def build_launcher(facts: JobFacts, choice: LaunchChoice) -> TrialLauncher:
     """The launcher of every kind but warm workers (which open_launchers starts and stops)."""
     if choice.kind == "own_command":
         from autotune.trial.script import ScriptLauncher
+        from autotune.trial.script_command import parse_command
 
-        return ScriptLauncher(facts.command or ())
+        return ScriptLauncher(parse_command(facts.command or (), consumer=facts.consumer))
     if choice.kind == "fresh":
         from autotune.trial.local import LocalLauncher
 

@@ -12,7 +12,7 @@ import signal
 import time
 
 FAULT_ENV = "AUTOTUNE_TRIAL_FAULT"  # "<action>@<point>" or "<action>@<point>:<rank>"
-ACTIONS = ("hang", "sigkill", "raise", "memory_error", "oom_gpu", "leak")
+ACTIONS = ("hang", "sigkill", "raise", "memory_error", "oom_gpu", "leak", "vanish")
 POINTS = ("entry", "start", "step")  # before imports; after imports; after the first training step
 LEAK_BYTES = 96 * 2**20  # "leak": what each time keeps for the life of the process (a warm worker's leftovers)
 _LEAKED: list[bytearray] = []  # the test seam's own: held on purpose, so a warm pool must notice the growth
@@ -37,6 +37,8 @@ def maybe_inject_fault(point: str, rank: int) -> None:
             time.sleep(1)
     if action == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "vanish":  # exit 1 having written neither report nor error line: a rank whose disk filled
+        os._exit(1)
     if action == "memory_error":
         raise MemoryError("injected host allocation failure")
     if action == "leak":

@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from autotune.hardware.probe import visible_selection
+from autotune.infra.allocator_env import allocator_settings
 from autotune.trial.peak_sites import PeakSiteRecorder
-from autotune.trial.types import RankMetrics
+from autotune.trial.types import SAMPLE_PERIOD_S, RankMetrics
 
 _PROC_STATUS = Path("/proc/self/status")
 _PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -53,12 +55,63 @@ def host_rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def reset_host_rss_peak() -> bool:
+# How far VmHWM may sit above VmRSS, read together straight after a reset, for the reset to count as done: a choice,
+# not a measurement. After the write VmHWM equals the resident set of that moment (proc(5)); what is freed in the
+# microseconds before the read is far below it. A kernel that accepts the write but ignores it (a sandbox's /proc)
+# leaves VmHWM at the process's lifetime high, which a warm worker's earlier trials put far above it.
+_RESET_SLACK_BYTES = 4 * 2**20
+
+
+def _status_kib(text: str, field: str) -> int | None:
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def reset_host_rss_peak(status: Path = _PROC_STATUS, clear_refs: Path = _PROC_CLEAR_REFS) -> bool:
+    """Reset VmHWM to the current RSS and check that it took: False where the write fails or VmHWM stayed above
+    VmRSS (a silent no-op would make every warm trial's host peak the worker's lifetime high)."""
     try:
-        _PROC_CLEAR_REFS.write_text(_RESET_PEAK_RSS)
-        return True
+        clear_refs.write_text(_RESET_PEAK_RSS)
+        text = status.read_text()
     except OSError:
         return False
+    high, resident = _status_kib(text, "VmHWM"), _status_kib(text, "VmRSS")
+    if high is None or resident is None:
+        return False
+    return (high - resident) * 1024 <= _RESET_SLACK_BYTES
+
+
+def empty_host_cache() -> str | None:
+    """Return the pinned host blocks torch's host caching allocator keeps after they are freed (they stay
+    page-locked, in RSS, until this call: estimate/buffers.py), so a warm worker's next trial does not carry them.
+
+    The API's name depends on the release: `torch.accelerator.empty_host_cache` (pytorch#171270, merged 2026-03;
+    torch 2.13 has it and no longer has the older name, checked here), else `torch._C._host_emptyCache`
+    (pytorch#134919, torch 2.5 on). Returns the name called, None where neither exists."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    for owner, name, shown in (
+        (accelerator, "empty_host_cache", "torch.accelerator.empty_host_cache"),
+        (torch._C, "_host_emptyCache", "torch._C._host_emptyCache"),
+    ):
+        call = getattr(owner, name, None)
+        if callable(call):
+            call()
+            return shown
+    return None
+
+
+def pinned_host_bytes() -> int | None:
+    """Bytes of pinned host blocks torch's host allocator owns now (in use and cached); None where it cannot say."""
+    try:
+        import torch
+
+        return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
+    except Exception:  # an older torch, or no CUDA: the figure is optional
+        return None
 
 
 def release_host_memory() -> None:
@@ -67,12 +120,8 @@ def release_host_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-# The sampler thread's period: a choice, not a measurement. A training step of the sizes tuned lasts 0.1-10 s
-# and the blocks behind its peak (activations, gathered ZeRO-3 parameters, optimizer temporaries) live for at
-# least a layer's kernels; the thread holds the GIL only between NVML calls (ctypes releases it during them). Its
-# cost to a step is not measured yet (no GPU so far). Peaks shorter than the period are still covered by
-# max_memory_reserved + the memory outside the allocator (see the module docstring).
-SAMPLE_PERIOD_S = 0.01
+# The sampler thread's period is TrialSpec.sample_period_s (trial/types.py says why 10 ms); peaks shorter than it are
+# still covered by max_memory_reserved + the memory outside the allocator (see the module docstring).
 
 
 def _load_nvml() -> Any | None:
@@ -88,18 +137,25 @@ def _load_nvml() -> Any | None:
 def _nvml_handle(nvml: Any | None, local_rank: int) -> Any | None:
     """NVML handle of this rank's GPU, found without touching CUDA so the baseline is taken before our context.
 
-    NVML numbers GPUs physically; CUDA_VISIBLE_DEVICES (indices or UUIDs) says which one local_rank means.
+    NVML numbers GPUs physically; CUDA_VISIBLE_DEVICES (indices, UUIDs or UUID prefixes) says which one local_rank
+    means, read as the probe reads it (hardware/probe.py visible_selection).
     """
     if nvml is None:
         return None
     try:
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        ident = visible[local_rank] if visible else str(local_rank)
-        if ident.isdigit():
-            return nvml.nvmlDeviceGetHandleByIndex(int(ident))
-        return nvml.nvmlDeviceGetHandleByUUID(ident)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            return nvml.nvmlDeviceGetHandleByIndex(local_rank)
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+        selected = visible_selection(visible, uuids) or []  # indices or UUID prefixes, as CUDA and the probe read it
+        return handles[selected[local_rank]] if local_rank < len(selected) else None
     except Exception:  # no such device
         return None
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +203,7 @@ class PeakSampler:
 
     def __init__(self, read: Callable[[], int | None], period_s: float = SAMPLE_PERIOD_S) -> None:
         self._read = read
-        self._period_s = period_s
+        self.period_s = period_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.peak: int | None = None
@@ -171,7 +227,7 @@ class PeakSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.offer(self._read())
-            self._stop.wait(self._period_s)
+            self._stop.wait(self.period_s)
 
 
 def allocator_fraction(card_bytes: int, outside_bytes: int, cuda_total_bytes: int) -> float:
@@ -211,6 +267,7 @@ class MemoryTracker:
         self._sites: PeakSiteRecorder | None = None
         self._carried: dict[str, int] = {}  # the trial's peaks before a phase reset the counters (phase())
         self._phase_peaks: dict[str, int | None] = {}
+        self.host_peak_reset = True  # whether the last reset() reset VmHWM (reset_host_rss_peak)
 
     @property
     def cuda(self) -> Any:
@@ -243,16 +300,19 @@ class MemoryTracker:
             return None
         return "nvml_process" if self._view.own_bytes() is not None else "nvml_used_minus_baseline"
 
-    def reset(self, record_sites: bool = False) -> None:
+    def reset(self, record_sites: bool = False, sample_period_s: float = SAMPLE_PERIOD_S) -> None:
+        """Start a trial's measurement: peaks cleared (VmHWM too: `host_peak_reset` says whether that took) and the
+        device sampler started at sample_period_s."""
         if self._sites is not None:  # a trial that ended before metrics(): stop its recording
             self._sites.stop()
             self._sites = None
         if record_sites:
             self._sites = PeakSiteRecorder(self.device, self.local_rank)
-        reset_host_rss_peak()
+        self.host_peak_reset = reset_host_rss_peak()
         self._carried, self._phase_peaks = {}, {}
         self._sampler.stop()
         self._sampler.peak = None
+        self._sampler.period_s = sample_period_s
         self._outside = None
         if self.device == "cuda":
             self.cuda.reset_peak_memory_stats(self.local_rank)
@@ -343,6 +403,7 @@ class MemoryTracker:
                 host_rss_peak_bytes=self._peak("host", host_rss_peak_bytes()),
                 micro_peak_bytes=micro_peak,
                 smaller_micro_peak_bytes=smaller_micro_peak,
+                host_peak_reset=self.host_peak_reset,
             )
         max_reserved = self._peak("reserved", int(self.cuda.max_memory_reserved(self.local_rank)))
         readings = [self._sampler.peak]
@@ -362,4 +423,6 @@ class MemoryTracker:
             emulated_card_bytes=self._card_bytes,
             micro_peak_bytes=micro_peak,
             smaller_micro_peak_bytes=smaller_micro_peak,
+            allocator_settings=allocator_settings(),
+            host_peak_reset=self.host_peak_reset,
         )

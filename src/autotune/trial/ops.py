@@ -4,7 +4,8 @@ On a fresh machine the first trial compiles DeepSpeed ops (on CPU: shm comm at p
 fused Adam, CPU Adam for offload; on GPU: fused Adam, CPU Adam): minutes of ninja that a trial
 timeout must not absorb. Worse, a trial killed mid-build leaves torch's build lock behind and every
 later trial waits on it forever (torch/utils/file_baton.py `FileBaton.wait` polls while the file
-exists). Built ops are cached in ~/.cache/torch_extensions (TORCH_EXTENSIONS_DIR).
+exists). Built ops are cached where torch puts them (`extensions_dir`: TORCH_EXTENSIONS_DIR, else
+$XDG_CACHE_HOME/torch_extensions, default ~/.cache/torch_extensions).
 
 Files existing is not enough: torch re-builds an op whose sources, flags or torch version differ from
 the build's (cpp_extension `_jit_compile` version bump), e.g. ops built by another environment. So
@@ -73,8 +74,18 @@ STALE_LOCK_S = 12 * 60.0
 
 
 def extensions_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The directory torch builds and loads the ops in, found as torch 2.13 finds it: TORCH_EXTENSIONS_DIR when set
+    (torch/utils/cpp_extension.py:2800 `_get_build_directory`), else the real path of `torch_extensions` under the
+    user cache directory (cpp_extension.py:520 `get_default_build_root`): $XDG_CACHE_HOME, default ~/.cache, on
+    Linux, ~/Library/Caches on macOS (torch/_appdirs.py:344-349 `user_cache_dir`)."""
     values = os.environ if env is None else env
-    return Path(values.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    if given := values.get("TORCH_EXTENSIONS_DIR"):
+        return Path(given)
+    if sys.platform == "darwin":
+        cache = os.path.expanduser("~/Library/Caches")
+    else:
+        cache = values.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+    return Path(os.path.realpath(os.path.join(cache, "torch_extensions")))
 
 
 def build_locks(device: str, env: Mapping[str, str] | None = None) -> list[Path]:

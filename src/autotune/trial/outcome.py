@@ -58,6 +58,14 @@ _HOST_OOM_MESSAGES = ("defaultcpuallocator: can't allocate memory", "std::bad_al
 # TORCH_SHOW_CPP_STACKTRACES, the host allocator's C++ frames. It is a host limit (RAM, RLIMIT_MEMLOCK), not GPU memory.
 _PINNED_PATH_MARKERS = ("pin_memory", "cudahostalloc", "cachinghostallocator", "cudahostregister")
 PINNED_HOST_FAILURE = "pinned host allocation failed (page-locked host memory: host RAM or `ulimit -l`)"
+# DeepSpeed's native pinned allocator (DS_PIN_MEMORY_BACKEND=native, and the NVMe swap buffers) locks with mlock and
+# on failure prints "mlock failed to allocate <n> bytes with error no <e> msg <strerror>" (deepspeed 0.19.8
+# ops/csrc/pin_memory/page_alloc.cpp:25-28), then asserts `nullptr != pinned_buffer` and aborts
+# (deepspeed_pin_tensor.cpp:47-48). Under a locked-memory limit (ulimit -l, no CAP_IPC_LOCK) a rerun aborts the
+# same way: a verdict about the candidate on this machine, never retried (issue 46: it was called inconclusive and
+# run twice, 6 min each at load 13).
+_MLOCK_FAILURE = re.compile(r"mlock failed to allocate \d+ bytes[^\n]*|Assertion [`'\"]?nullptr != pinned_buffer[^\n]*")
+LOCKED_MEMORY_FAILURE = "locked-memory limit (`ulimit -l`, RLIMIT_MEMLOCK): DeepSpeed's mlock failed"
 # Failures that say nothing about the candidate: the network, the rendezvous, the file system, a signal from
 # outside. Torch's rendezvous and store raise DistNetworkError/DistStoreError (torch/distributed/__init__.py);
 # gloo's TCP transport says "Connection closed by peer" / "Connection reset by peer"
@@ -67,12 +75,14 @@ _INCONCLUSIVE_TEXTS = (
     "connection closed by peer",
     "connection reset by peer",
     "connection refused",
-    "no space left on device",
+    "no space left on device",  # ENOSPC
+    "disk quota exceeded",  # EDQUOT
+    "no such file or directory",  # ENOENT: a temp file or log removed under the trial (tmp cleaners)
     "broken pipe",
 )
 _INCONCLUSIVE_LINE = re.compile(
     r"^(?:[\w]+\.)*(?:OSError|IOError|ConnectionError|ConnectionResetError|ConnectionRefusedError|"
-    r"ConnectionAbortedError|BrokenPipeError|TimeoutError|DistNetworkError|DistStoreError)\b"
+    r"ConnectionAbortedError|BrokenPipeError|TimeoutError|FileNotFoundError|DistNetworkError|DistStoreError)\b"
 )
 # Root cause first: a rank that ran out of memory makes its peers fail with connection errors, and a rank that
 # died unexplained makes its peers raise whatever they raise (which says nothing about the candidate).
@@ -269,6 +279,8 @@ def _missing_rank_failure(rank: int, outcome: LaunchOutcome) -> tuple[TrialStatu
         if is_pinned_path(raised_in + "\n" + oom):
             return "oom_host", f"{PINNED_HOST_FAILURE}: {oom}"
         return "oom_gpu", oom
+    if locked := _MLOCK_FAILURE.search(logs):  # before the signal: the assertion's abort is its consequence
+        return "oom_host", f"rank {rank} {LOCKED_MEMORY_FAILURE}: {locked.group(0).strip()}"
     if killed_by_signal(code):  # whatever it printed before, the signal ended it
         status, why = unexplained_signal(code, outcome.oom_evidence)
         return status, f"rank {rank} {why}"
@@ -276,7 +288,28 @@ def _missing_rank_failure(rank: int, outcome: LaunchOutcome) -> tuple[TrialStatu
     if line:
         return classify_line(line, traceback_before(logs, line)), line
     how = describe_exit(code) if code is not None else "exited"
-    return "error", f"rank {rank} {how} without writing a result"
+    return "inconclusive", f"rank {rank} {how} without writing a result or an error line{_disk_note(outcome)}"
+
+
+MIN_FREE_BYTES = 1 << 20  # below a MiB free, a rank cannot write its report (a few KiB) and its log reliably
+
+
+def _disk_note(outcome: LaunchOutcome) -> str:
+    """Our worker writes a report for every failure it can see (trial/worker.py), so a rank that left neither a
+    report nor an error line met something outside the candidate (issue 46: TMPDIR filled 6 s into the trial,
+    both trials were called errors and cached, and the rerun never measured them): inconclusive, retried once,
+    never cached. Where the trial's directory is (nearly) full, say so."""
+    import shutil
+
+    folders = {path.parent for path in (*outcome.logs.values(), outcome.launcher_log) if path is not None}
+    for folder in sorted(folders):
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            continue
+        if free < MIN_FREE_BYTES:
+            return f" (no space left on device: {format_bytes(free)} free under {folder})"
+    return " (nothing about the candidate: a full disk, a removed file or a process killed from outside)"
 
 
 def _budget_breach(spec: TrialSpec, reports: dict[int, RankReport]) -> BudgetBreach | None:
@@ -351,7 +384,13 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
         report.memory or RankMetrics(rank=rank) for rank, report in sorted(reports.items()) if rank in outcome.ranks
     ]
     phases = _slowest_phases(reports)
-    result = partial(TrialResult, ranks=ranks, wall_s=outcome.wall_s, phases=phases, startup_s=_startup_s(phases))
+    # a GPU rank without an NVML figure: its peak adds the predicted context and NCCL buffers (TrialResult)
+    no_nvml = spec.device == "cuda" and any(r.device_used_bytes is None for r in ranks)
+    estimate = spec.predicted_outside_allocator_bytes if no_nvml else None
+    result = partial(
+        TrialResult, ranks=ranks, wall_s=outcome.wall_s, phases=phases, startup_s=_startup_s(phases),
+        outside_allocator_estimate_bytes=estimate,
+    )  # fmt: skip
     failure = _failure(spec, reports, outcome)
     if failure is not None:
         status, error = failure

@@ -63,11 +63,16 @@ class Bounds:
     world_size: int
     machine_peak_flops: float  # all ranks together
     device: Device  # "cpu": peaks are host RSS (hold offloaded weights too); else device memory
+    # the fewest tokens a sample of this run holds (its sequence length; 1 where the user's own command decides),
+    # so that a row with a speed in samples/s and none in tokens/s (a re-signed cache row) is bounded too
+    tokens_per_sample: int = 1
 
     @classmethod
-    def for_run(cls, params: int, world_size: int, device: Device, gpu_peak_tflops: float | None) -> Bounds:
+    def for_run(
+        cls, params: int, world_size: int, device: Device, gpu_peak_tflops: float | None, tokens_per_sample: int = 1
+    ) -> Bounds:
         peak = cpu_peak_flops() if device == "cpu" else gpu_peak_flops(gpu_peak_tflops) * world_size
-        return cls(params, world_size, peak, device)
+        return cls(params, world_size, peak, device, max(tokens_per_sample, 1))
 
     def max_tokens_per_s(self) -> float:
         return self.machine_peak_flops / (FORWARD_FLOPS_PER_PARAM_TOKEN * max(self.params, 1))
@@ -84,7 +89,14 @@ class Bounds:
         """None for a figure the hardware could produce; else the reason, in words."""
         peaks = [r.device_used_bytes or r.max_reserved_bytes or r.host_rss_peak_bytes for r in result.ranks]
         # a failed trial may have stopped before its weights were loaded: only a finished one has a memory floor
-        return self.why_implausible_figures(candidate, result.tokens_per_s, peaks if result.ok else [])
+        return self.why_implausible_figures(candidate, self.tokens_per_s_of(result), peaks if result.ok else [])
+
+    def tokens_per_s_of(self, result: TrialResult) -> float | None:
+        """The fastest token rate any of the result's speed figures claims: its tokens/s, or its samples/s (the
+        pick's speed, and the engine's profiled one) times the fewest tokens a sample holds."""
+        samples = [s for s in (result.samples_per_s, result.profiled_samples_per_s) if s]
+        claims = [result.tokens_per_s or 0.0, *(s * self.tokens_per_sample for s in samples)]
+        return max(claims) or None
 
     def why_implausible_figures(
         self, candidate: Candidate, tokens_per_s: float | None, rank_peaks: list[int | None]

@@ -33,6 +33,11 @@ class RankReport:
     engine_facts: dict = field(default_factory=dict)  # what the engine really runs (training.engine_mode_facts)
     host_rss_after_bytes: int | None = None  # warm workers: RSS once the trial's memory is freed (warm.py checks it)
     device_after_bytes: int | None = None  # warm GPU workers: device memory this process still holds then (ditto)
+    # warm workers: pinned host bytes torch's host allocator still owns then (trial/memory.py pinned_host_bytes)
+    pinned_after_bytes: int | None = None
+    # warm workers: the same three figures before their first trial, once the process group, one matmul and one
+    # collective have run (worker.py serve, training.settle): what the pool measures growth from (warm.py)
+    floor: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

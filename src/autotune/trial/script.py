@@ -249,7 +249,9 @@ class ScriptLauncher:
         self._said_launcher_variables = False
 
     def trial_config(self, spec: TrialSpec, metric_path: Path) -> dict[str, Any]:
-        config = self.template.trial_config(spec.ds_config)
+        """The file the trial's command reads: the .hf.json's form for an HF Trainer command, so the trial trains
+        with the command's own lr and clipping, as the user's job will (CommandTemplate.consumer)."""
+        config = self.template.config_for_consumer(self.template.trial_config(spec.ds_config))
         config["autotuning"] = {
             "enabled": True,
             "start_profile_step": self.start_profile_step,

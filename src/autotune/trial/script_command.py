@@ -41,6 +41,8 @@ TUNED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_ac
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_]\w*)\}")
 # Commands that start ranks themselves; anything else is one process, i.e. world size 1.
 _LAUNCHER_PROGRAMS = ("deepspeed", "torchrun", "accelerate", "srun", "mpirun", "mpiexec")
+# TrainingArguments flags: a command giving one of them runs an HF Trainer script (transformers/training_args.py)
+_HF_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--learning_rate", "--output_dir")
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher.runner",
                      "accelerate.commands.launch")  # fmt: skip
 
@@ -53,6 +55,7 @@ class CommandTemplate:
     config_flag_index: int | None  # the argument after which the user's config path sits (convention form)
     base_config: dict[str, Any] | None  # the user's own config file, convention form only
     arg_mappings: dict[str, str]  # ds key -> flag
+    forced_consumer: str | None = None  # --consumer: "hf" or "deepspeed", over what the command shows
 
     @property
     def uses_placeholders(self) -> bool:
@@ -70,6 +73,36 @@ class CommandTemplate:
             flag.strip() in ("--gradient_checkpointing", "--gradient-checkpointing")
             for flag in self.arg_mappings.values()
         )
+
+    def consumer(self) -> str:
+        """"hf" when the command runs an HF Trainer script, else "deepspeed" (a script that hands the file to
+        deepspeed.initialize itself). An HF Trainer script takes the config as `--deepspeed FILE`
+        (TrainingArguments.deepspeed) and gives TrainingArguments flags; a plain script built with
+        `deepspeed.add_config_arguments` takes `--deepspeed` as a flag and the file as `--deepspeed_config FILE`
+        (deepspeed/__init__.py). The HF one must get the .hf.json, whose "auto" values take its own
+        --learning_rate, betas, eps, weight decay and --max_grad_norm (dsconfig.build.hf_variant); given the plain
+        file, DeepSpeed would train at its own defaults (lr 1e-3) whatever the command says."""
+        if self.forced_consumer is not None:
+            return self.forced_consumer
+        names = [argument.split("=", 1)[0] for argument in self.argv]
+        if "--deepspeed_config" in names:
+            return "deepspeed"
+        for index, argument in enumerate(self.argv):
+            if argument.startswith("--deepspeed="):
+                return "hf"
+            following = self.argv[index + 1] if index + 1 < len(self.argv) else ""
+            if argument == "--deepspeed" and following and not following.startswith("-"):
+                return "hf"
+        return "hf" if any(name in _HF_FLAGS for name in names) else "deepspeed"
+
+    def config_for_consumer(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The file the command reads: for an HF Trainer command the HF variant of `config` (the user's own keys,
+        from the file the command names, kept as written), else `config` itself."""
+        if self.consumer() != "hf":
+            return config
+        from autotune.dsconfig.build import hf_variant
+
+        return hf_variant(config, self.base_config)
 
     def starts_ranks(self) -> bool:
         """True when the command is a launcher (torchrun, deepspeed, ...) that starts the ranks itself."""
@@ -100,8 +133,8 @@ class CommandTemplate:
         return merged
 
 
-def parse_command(argv: Sequence[str], read_config: bool = True) -> CommandTemplate:
-    """Validate a launch command; UserError (one line) on anything a trial could not run."""
+def parse_command(argv: Sequence[str], read_config: bool = True, consumer: str | None = None) -> CommandTemplate:
+    """Validate a launch command; UserError (one line) on anything a trial could not run. `consumer`: --consumer."""
     argv = tuple(argv)
     if not argv:
         raise UserError("the command after `--` is empty")
@@ -112,7 +145,7 @@ def parse_command(argv: Sequence[str], read_config: bool = True) -> CommandTempl
             f" known: {', '.join('{' + k + '}' for k in PLACEHOLDERS)} ({{{{ and }}}} for literal braces)"
         )
     if any("{ds_config}" in a for a in argv):
-        return CommandTemplate(argv, None, None, {})
+        return CommandTemplate(argv, None, None, {}, forced_consumer=consumer)
     index = _config_flag_index(argv)
     if index is None:
         raise UserError(
@@ -121,7 +154,7 @@ def parse_command(argv: Sequence[str], read_config: bool = True) -> CommandTempl
         )
     base = _read_user_config(_flag_value(argv, index)) if read_config else None
     mappings = _arg_mappings(base or {})
-    return CommandTemplate(argv, index, base, mappings)
+    return CommandTemplate(argv, index, base, mappings, forced_consumer=consumer)
 
 
 def find_value(config: Mapping[str, Any], key: str) -> Any:

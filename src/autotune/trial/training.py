@@ -19,7 +19,7 @@ from autotune.core.measurement import MIN_STEPS, enough_steps
 from autotune.infra.environment import select_accelerator
 from autotune.trial.deepspeed_globals import release_engine_globals
 from autotune.trial.faults import maybe_inject_fault
-from autotune.trial.memory import MemoryTracker, release_host_memory
+from autotune.trial.memory import MemoryTracker, empty_host_cache, release_host_memory
 from autotune.trial.outcome import classify_exception
 from autotune.trial.report import RankReport
 from autotune.trial.throughput import flops_per_token
@@ -431,7 +431,7 @@ def engine_mode_facts(engine: Any) -> dict:
     facts: dict = {
         "zero_stage": int(zero.stage),
         "sub_group_size": int(zero.sub_group_size),
-        "zenflow": zero.zenflow is not None,
+        "zenflow": getattr(zero, "zenflow", None) is not None,  # no such field in DeepSpeed 0.15.4
         "hpz_partition_size": int(zero.zero_hpz_partition_size),
         "quantized_weights": bool(zero.zero_quantized_weights),
         "quantized_gradients": bool(zero.zero_quantized_gradients),
@@ -537,10 +537,28 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
 
 
 def free_memory(device: str) -> None:
-    """Return what the last trial held, so a warm worker's next trial starts from the same memory."""
+    """Return what the last trial held, so a warm worker's next trial starts from the same memory: the device
+    cache, and on GPUs the pinned host blocks torch keeps page-locked after they are freed (an offload trial's
+    would otherwise sit in the next trial's host peak: estimate/buffers.py), then the heap's free pages."""
     gc.collect()
     if device == "cuda":
         import torch
 
         torch.cuda.empty_cache()
+        empty_host_cache()
     release_host_memory()
+
+
+def settle(device: str, local_rank: int) -> None:
+    """What every trial's first step pays before its own memory: one matmul (cuBLAS's handle and workspace) and
+    one collective (the communicator's buffers), then the caches emptied. A warm worker takes its floors after it
+    (worker.py): before its first trial, so that trial's leftovers can count as growth (warm.py _WATCHED says which
+    figures are judged from there), yet past the costs every process pays at its first step."""
+    import torch
+
+    where = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
+    square = torch.ones(64, 64, device=where)
+    total = (square @ square).sum().reshape(1)
+    torch.distributed.all_reduce(total)
+    del square, total
+    free_memory(device)

@@ -15,6 +15,12 @@ TrialStatus = Literal["ok", "oom_gpu", "oom_host", "over_budget", "timeout", "er
 # Outcomes that a rerun of the same candidate on the same machine would give again: the only ones the results
 # cache keeps. A timeout may be the budget, not the config; an inconclusive failure is not the config's.
 DETERMINISTIC_STATUSES: tuple[TrialStatus, ...] = ("ok", "oom_gpu", "oom_host", "over_budget", "error", "incomplete")
+# The device-memory sampler's period (trial/memory.py PeakSampler): a choice, not a measurement. A training step of
+# the sizes tuned lasts 0.1-10 s and the blocks behind its peak (activations, gathered ZeRO-3 parameters, optimizer
+# temporaries) live for at least a layer's kernels; the thread holds the GIL only between NVML calls (ctypes
+# releases it during them). Its cost to a step is not measured yet: the GPU lease times one ZeRO-3 point at 10 ms
+# and at 1 s (benchmarks/gpu/points.py SAMPLER_POINT).
+SAMPLE_PERIOD_S = 0.01
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +54,10 @@ class TrialSpec:
     # Record every allocation and report whose memory the peak was (trial/peak_sites.py). Costs host memory and
     # time (on the CPU backend it runs torch.profiler, which inflates RSS): for diagnosis runs, not for tuning.
     record_peak_sites: bool = False
+    sample_period_s: float = SAMPLE_PERIOD_S  # the device-memory sampler's period (see SAMPLE_PERIOD_S)
+    # What lives outside torch's allocator on each GPU rank as the memory model predicts it (CUDA context + NCCL
+    # buffers, estimate/): added to max_reserved where NVML gives no process figure (TrialResult.peak_memory_bytes)
+    predicted_outside_allocator_bytes: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -77,6 +87,11 @@ class RankMetrics:
     # difference is what the micro-batch adds (trial/memory.py MemoryTracker.phase)
     micro_peak_bytes: int | None = None
     smaller_micro_peak_bytes: int | None = None
+    # the CUDA allocator's settings this rank ran under (infra/allocator_env.py): a peak is only comparable under them
+    allocator_settings: dict[str, str] = field(default_factory=dict)
+    # whether VmHWM was reset at the trial's start (trial/memory.py reset_host_rss_peak); False: the host peak may be
+    # the process's lifetime high, a warm worker's earlier trials included
+    host_peak_reset: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +124,8 @@ class TrialResult:
     # Read from the engine after the steps (trial/training.py engine_mode_facts): the ZeRO stage, offload ratio,
     # sub-groups and how many elements the device-side optimizer stepped, so a test sees the mode really ran.
     engine_facts: dict = field(default_factory=dict)
+    # TrialSpec.predicted_outside_allocator_bytes, kept where a GPU rank had no NVML figure (peak_memory_bytes adds it)
+    outside_allocator_estimate_bytes: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -116,9 +133,23 @@ class TrialResult:
 
     @property
     def peak_memory_bytes(self) -> int | None:
-        """Worst rank's own peak (GPU: its device memory, else max reserved; CPU: host RSS)."""
-        values = [v for r in self.ranks if (v := r.device_used_bytes or r.max_reserved_bytes or r.host_rss_peak_bytes)]
+        """Worst rank's own peak (GPU: its device memory, else max reserved plus the predicted CUDA context and NCCL
+        buffers, `outside_allocator_estimate_bytes`; CPU: host RSS). Without NVML, max reserved alone would leave
+        out what the next tenant of the card loses outside the allocator: the optimistic direction."""
+        values = [v for r in self.ranks if (v := self._rank_peak(r))]
         return max(values) if values else None
+
+    def _rank_peak(self, rank: RankMetrics) -> int | None:
+        if rank.device_used_bytes:
+            return rank.device_used_bytes
+        if rank.max_reserved_bytes:
+            return rank.max_reserved_bytes + (self.outside_allocator_estimate_bytes or 0)
+        return rank.host_rss_peak_bytes
+
+    @property
+    def allocator_settings(self) -> dict[str, str]:
+        """The CUDA allocator settings the trial ran under (its first rank's; every rank inherits one environment)."""
+        return dict(self.ranks[0].allocator_settings) if self.ranks else {}
 
     @property
     def smaller_peak_point(self) -> tuple[int, int] | None:

@@ -55,10 +55,24 @@ WARM_GROWTH_LIMIT_BYTES = 64 * 2**20
 # reserves for a large tensor (kLargeBuffer, 20 MiB: c10/cuda/CUDACachingAllocator.cpp), so a single segment that an
 # earlier trial left held, or a communicator's buffers a new process group left behind, replaces the workers.
 WARM_DEVICE_GROWTH_LIMIT_BYTES = 20 * 2**20
-# What the pool watches after each trial: the name its note uses, the rank report's figure, and how far it may grow.
+# Pinned host blocks torch's host allocator still owns after a trial, above the floor. They are in the host RSS
+# too; watched apart because they are exactly what an offload trial leaves when the host cache is not emptied
+# (trial/memory.py empty_host_cache, where a torch lacks it), and because the next offload trial's host peak would
+# carry them into the search's host-headroom verdict (search/walk.py drops a whole rung on it). A choice: the same
+# 20 MiB as the device limit; any pinned block of an offload trial's size (a power of two of MiBs) is above it.
+WARM_PINNED_GROWTH_LIMIT_BYTES = 20 * 2**20
+# What the pool watches after each trial: the name its note uses, the rank report's figure, how far it may grow, and
+# whether its floor is taken before the first trial (the worker's report of itself after the process group, one
+# matmul and one collective: worker.py serve, training.settle) or after it. Pinned host blocks: before, so an
+# offload trial's pins left in the worker are caught at once instead of sitting in the floor. Host RSS and device
+# memory: after, because a first trial's first-use costs (DeepSpeed's lazily imported modules, glibc's arenas,
+# CUDA's lazily loaded kernel modules) are paid by a fresh process too, inside its own trial, and counting them would
+# replace every worker after its first trial. How large they are on a GPU is unmeasured: the reports carry both
+# floors, and the GPU lease's warm stage brings them back.
 _WATCHED = (
-    ("host memory", "host_rss_after_bytes", WARM_GROWTH_LIMIT_BYTES),
-    ("device memory", "device_after_bytes", WARM_DEVICE_GROWTH_LIMIT_BYTES),
+    ("host memory", "host_rss_after_bytes", WARM_GROWTH_LIMIT_BYTES, False),
+    ("device memory", "device_after_bytes", WARM_DEVICE_GROWTH_LIMIT_BYTES, False),
+    ("pinned host memory", "pinned_after_bytes", WARM_PINNED_GROWTH_LIMIT_BYTES, True),
 )
 
 
@@ -70,20 +84,25 @@ class _Workers:
     pool_dir: Path
     gpus_before: dict[int, int] | None  # NVML used before the workers started: what stopping them must restore
     next_index: int = 0
-    # per rank, what each held after the first trial (host RSS, device memory): what later trials start from
+    # per rank, the floor of each watched figure (_WATCHED says whether from before or after the first trial; a
+    # worker that reports no floor of its own gets its after-first-trial figures)
     floors: dict[str, dict[int, int]] | None = None
 
     def growth(self, reports: Mapping[int, RankReport]) -> tuple[str, int] | None:
-        """The memory that grew past its limit since the first trial, and by how much (the first call sets the
-        floors): host RSS, or on a GPU the device memory the worker still holds between trials."""
+        """The memory that grew past its limit since its floor, and by how much: host RSS, and on a GPU the device
+        memory and the pinned host blocks the worker still holds between trials. The first trial is checked
+        against the floors taken before it (pinned host blocks)."""
         after = {
-            what: {r.rank: held for r in reports.values() if (held := getattr(r, figure))}
-            for what, figure, _ in _WATCHED
+            what: {r.rank: held for r in reports.values() if (held := getattr(r, figure)) is not None}
+            for what, figure, _, _ in _WATCHED
         }
         if self.floors is None:
-            self.floors = after
-            return None
-        for what, _, limit in _WATCHED:
+            before = {
+                what: {r.rank: r.floor[figure] for r in reports.values() if figure in r.floor} if early else {}
+                for what, figure, _, early in _WATCHED
+            }
+            self.floors = {what: {**after[what], **before[what]} for what in after}
+        for what, _, limit, _ in _WATCHED:
             floor = self.floors[what]
             grown = max((held - floor[rank] for rank, held in after[what].items() if rank in floor), default=0)
             if grown > limit:

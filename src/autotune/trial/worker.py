@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.trial.faults import maybe_inject_fault
+from autotune.trial.memory import MemoryTracker, host_rss_bytes, pinned_host_bytes
 from autotune.trial.outcome import classify_exception
 from autotune.trial.report import RankReport, log_path, pid_path, request_path, write_report
-from autotune.trial.training import PhaseClock, Placement, import_runtime, init_distributed, run_rank
+from autotune.trial.training import PhaseClock, Placement, import_runtime, init_distributed, run_rank, settle
 from autotune.trial.types import TrialSpec
 
 REQUEST_POLL_S = 0.02
@@ -74,8 +75,6 @@ def failure_report(rank: int, error: BaseException, clock: PhaseClock) -> RankRe
 
 
 def run_once(spec_path: Path, out_dir: Path, launched_at: float, placement: Placement) -> bool:
-    from autotune.trial.memory import MemoryTracker
-
     start_rank_files(out_dir, placement.rank)
     clock = PhaseClock(launched_at)
     clock.mark("launch")
@@ -88,7 +87,7 @@ def run_once(spec_path: Path, out_dir: Path, launched_at: float, placement: Plac
         memory = MemoryTracker(spec.device, placement.local_rank)  # NVML baseline before our CUDA context
         init_distributed(spec.device, placement.local_rank)
         clock.mark("dist_init")
-        memory.reset(record_sites=spec.record_peak_sites)
+        memory.reset(record_sites=spec.record_peak_sites, sample_period_s=spec.sample_period_s)
         report = run_rank(spec, placement, clock, memory)
     except Exception as error:
         report = failure_report(placement.rank, error, clock)
@@ -135,14 +134,22 @@ def _next_request(pool_dir: Path, index: int) -> dict:
     return json.loads(path.read_text())
 
 
+def held_between_trials(memory: MemoryTracker) -> dict[str, int]:
+    """What this worker holds once a trial's memory is freed: host RSS, device memory (GPU) and the pinned host
+    blocks torch's host allocator still owns (GPU); the warm pool compares them with the floor (warm.py)."""
+    held = {"host_rss_after_bytes": host_rss_bytes(), "device_after_bytes": memory.held_after_trial_bytes()}
+    if memory.device == "cuda":
+        held["pinned_after_bytes"] = pinned_host_bytes()
+    return {name: value for name, value in held.items() if value is not None}
+
+
 def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
     """Run successive trials in this process; stop after the first failure (its state is suspect)."""
-    from autotune.trial.memory import MemoryTracker, host_rss_bytes
-
     start_rank_files(pool_dir, placement.rank)
     import_runtime(device)
     memory = MemoryTracker(device, placement.local_rank)
     init_distributed(device, placement.local_rank)
+    floor: dict[str, int] | None = None
     index = 0
     while not (request := _next_request(pool_dir, index)).get("stop"):
         out_dir = Path(request["out"])
@@ -155,11 +162,18 @@ def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
                 raise ValueError(
                     f"warm worker is {placement.world_size}x{device}, trial wants {spec.world_size}x{spec.device}"
                 )
-            memory.reset(record_sites=spec.record_peak_sites)
+            if floor is None:  # before the first trial: the model's modules imported, cuBLAS and NCCL warmed
+                import_runtime(device, spec.architecture)
+                settle(device, placement.local_rank)
+                floor = held_between_trials(memory)
+            memory.reset(record_sites=spec.record_peak_sites, sample_period_s=spec.sample_period_s)
             report = run_rank(spec, placement, clock, memory)  # returns once the trial's memory is freed
+            held = held_between_trials(memory)
             report = dataclasses.replace(
-                report, host_rss_after_bytes=host_rss_bytes(), device_after_bytes=memory.held_after_trial_bytes()
-            )
+                report, host_rss_after_bytes=held.get("host_rss_after_bytes"),
+                device_after_bytes=held.get("device_after_bytes"), pinned_after_bytes=held.get("pinned_after_bytes"),
+                floor=floor,
+            )  # fmt: skip
         except Exception as error:
             report = failure_report(placement.rank, error, clock)
         write_report(out_dir, report)
