@@ -217,7 +217,11 @@ def test_hook_summary_leads_with_the_lines_tune_prints() -> None:
     assert lines[0] == "tiny-gpt2 on 1x1 cpu: verified by trials" == head[0]
     assert [line.strip() for line in lines[1 : len(head)]] == head[1:]
     assert lines[2].strip().startswith("Speed:") and lines[3].strip().startswith("Tie within noise:")
-    assert lines[-1].startswith("autotune hook: none: 1 node(s)") and len(lines) == len(head) + 1
+    # then the hook's own line, and under it the world size, the launch lines and the notes (all indented)
+    assert lines[len(head)].startswith("autotune hook: none: 1 node(s)")
+    tail = lines[len(head) + 1 :]
+    assert tail[0].strip().startswith("valid for world size 1") and all(line.startswith("  ") for line in tail)
+    assert any(line.strip().startswith("train: HF Trainer script:") for line in tail)
     bare = HookResult(
         "hit",
         Path("ds.json"),
@@ -229,7 +233,8 @@ def test_hook_summary_leads_with_the_lines_tune_prints() -> None:
         waited_s=0.0,
         elapsed_s=1.0,
     )
-    assert _summary(bare).count("\n") == 0  # a record without the report: the hook's line alone
+    bare_lines = _summary(bare).splitlines()  # a record without the report: the hook's line, then its handoff
+    assert bare_lines[0].startswith("autotune hook:") and all(line.startswith("  ") for line in bare_lines[1:])
 
 
 def test_verbose_lists_every_measured_candidate_with_its_interval_fastest_first() -> None:

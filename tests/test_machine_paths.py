@@ -26,8 +26,6 @@ _CHECKOUT = re.compile("(?<![\\w.-])/" + "work" + r"/")
 _TEMP = re.compile(r"(?<![\w.-])/(?:tmp|var/folders)/[\w.-]+")
 _RECORDED = ("benchmarks/results/", "benchmarks/records/", "docs/", "README.md", "benchmarks/README.md")
 
-# Owned by another branch of the same change (issue 45): the version-floors helper scrubs these two.
-_SCRUBBED_ELSEWHERE = {"benchmarks/results/version_floors.json", "benchmarks/version_floors.py"}
 _BINARY = (".png", ".jpg", ".gz", ".whl", ".sqlite", ".pdf")
 
 
@@ -64,7 +62,7 @@ def test_the_patterns_catch_machine_paths_and_spare_the_rest() -> None:
 def test_no_committed_file_holds_a_machine_path() -> None:
     offending = []
     for name in _committed_text_files():
-        if name in _SCRUBBED_ELSEWHERE or name == "tests/test_machine_paths.py":
+        if name == "tests/test_machine_paths.py":
             continue
         try:
             text = (REPO / name).read_text()

@@ -170,7 +170,7 @@ def test_plan_takes_tunes_model_hardware_and_training_options():
     assert plan - tune == {"config", "micro_batch", "grad_checkpointing"}  # -v: both (plan: memory components)
     trial_and_output = {"max_trials", "time_budget", "trial_timeout", "trial_workers", "out", "report_dir", "cache_dir",
                         "no_cache"}  # fmt: skip
-    tune_only = {"tokens_per_step", "hf", "script", "base_config", "command", *trial_and_output}
+    tune_only = {"tokens_per_step", "hf", "script", "base_config", "command", "consumer", *trial_and_output}
     assert tune - plan == tune_only
 
 

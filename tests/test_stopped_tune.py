@@ -59,5 +59,5 @@ def test_sigterm_before_any_trial_verified_writes_nothing(tmp_path) -> None:
     launcher = SigtermLauncher(after=0)
     with pytest.raises(Terminated) as stop, sigterm_raises():
         tune(_request(tmp_path), launcher=launcher)
-    assert str(stop.value) == "terminated by SIGTERM"
+    assert str(stop.value) == "terminated by SIGTERM; nothing written"
     assert list(tmp_path.iterdir()) == []
