@@ -71,21 +71,29 @@ def twin_worker(spec_path: Path, twin_micro_batch: int, out: Path) -> None:
     engine = training.initialize_engine(model, spec.ds_config, spec.optimizer)
     engine.train()
     micro_batch = engine.train_micro_batch_size_per_gpu()
-    batch = training.synthetic_batch(model, spec.family, micro_batch, spec.seq_len, device, 0, spec.decoder_seq_len)
+    batch = training.synthetic_batch(
+        model, spec.family, micro_batch, spec.seq_len, device=device, seed=0, decoder_seq_len=spec.decoder_seq_len
+    )
     smaller = None
     if spec.smaller_micro_batch and spec.smaller_micro_batch < micro_batch:  # as run_rank: the trial's two points
         smaller = training.synthetic_batch(
-            model, spec.family, spec.smaller_micro_batch, spec.seq_len, device, 0, spec.decoder_seq_len
+            model,
+            spec.family,
+            spec.smaller_micro_batch,
+            spec.seq_len,
+            device=device,
+            seed=0,
+            decoder_seq_len=spec.decoder_seq_len,
         )
-    times = training.timed_steps(engine, batch, spec, placement, memory, clock, smaller)
+    times = training.timed_steps(engine, batch, spec, placement, memory=memory, clock=clock, smaller_batch=smaller)
     twin_batch = training.synthetic_batch(
-        model, spec.family, twin_micro_batch, spec.seq_len, device, 0, spec.decoder_seq_len
+        model, spec.family, twin_micro_batch, spec.seq_len, device=device, seed=0, decoder_seq_len=spec.decoder_seq_len
     )
     training.enable_grad_checkpointing(model)
     with memory.phase("twin"):
         training._micro_step(engine, twin_batch, False)  # untimed: the first step with checkpointing switched on
         twin = training._timed(
-            lambda: training._micro_step(engine, twin_batch, False), placement, device, memory, TWIN_STEPS
+            lambda: training._micro_step(engine, twin_batch, False), placement, device, memory, steps=TWIN_STEPS
         )
     metrics = memory.metrics(0)
     result = {

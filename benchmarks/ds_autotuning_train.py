@@ -68,7 +68,7 @@ def main() -> None:
     micro_batch = engine.train_micro_batch_size_per_gpu()
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     vocab_size = int(text_config.vocab_size)
-    batch = synthetic_batch(vocab_size, micro_batch, args.seq_len, engine.device, args.seed + engine.global_rank)
+    batch = synthetic_batch(vocab_size, micro_batch, args.seq_len, engine.device, device=args.seed + engine.global_rank)
     micro_steps = args.max_steps * engine.gradient_accumulation_steps()
     for _ in range(micro_steps):
         loss = engine(**batch).loss

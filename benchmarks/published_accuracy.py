@@ -113,8 +113,8 @@ def _settings(point: dict, model: ModelSummary) -> EstimateSettings:
         model.hidden_size,
         point["stage"],
         point.get("gradient_accumulation_steps", 1),
-        OPTIMIZERS[point.get("optimizer", "adam_fused")],
-        point.get("zero_init", True),
+        optimizer=OPTIMIZERS[point.get("optimizer", "adam_fused")],
+        zero_init=point.get("zero_init", True),
     )
     versions = point.get("stack_versions") or {}
     stack = RuntimeStack(

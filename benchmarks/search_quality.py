@@ -71,7 +71,13 @@ def cluster(scenario: Scenario) -> tuple[SimulatedCluster, Target, EstimateSetti
     machine = SimulatedCluster(model, scenario.node, scenario.nodes, scenario.seq_len, scenario.global_batch)
     gpu = scenario.node.gpu
     target = Target(
-        gpu, scenario.node.gpus_per_node, scenario.nodes, gpu.memory_bytes, scenario.node.host_ram_bytes, None, True
+        gpu,
+        scenario.node.gpus_per_node,
+        scenario.nodes,
+        gpu.memory_bytes,
+        host_ram_bytes=scenario.node.host_ram_bytes,
+        nvme_free_bytes=None,
+        measured=True,
     )
     return machine, target, EstimateSettings(seq_len=scenario.seq_len, precision="bf16")
 
@@ -206,9 +212,9 @@ def search(scenario: Scenario, confirm: bool) -> tuple[SimulatedCluster, SearchO
         target,
         settings,
         machine.run,
-        RUNGS,
-        micro_batches,
-        trial_budget(micro_batches),
+        rungs=RUNGS,
+        micro_batches=micro_batches,
+        limits=trial_budget(micro_batches),
         global_batch=scenario.global_batch,
         modes=lambda rung: options[rung],
         offload_ratios=offload_ratios(),

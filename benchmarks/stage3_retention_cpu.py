@@ -124,7 +124,7 @@ def _predict(config: dict, checkpointing: bool, reuse: int, prefetch: int) -> di
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(json.dumps(config))
         model = summarize(resolve_model(folder), use_cache=False)
-    retained, prefetched = gathered_at_turn(model, reuse, checkpointing, prefetch, MAX_LIVE)
+    retained, prefetched = gathered_at_turn(model, reuse, checkpointing, prefetch, max_live=MAX_LIVE)
     return {"total_params": model.total_params, "predicted_retained": retained, "predicted_prefetched": prefetched,
             "predicted_elements": retained + prefetched}
 

@@ -14,10 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.fakes.hook import TUNED, FakeTune
+from tests.fakes.hook import TUNED, FakeTune, hook_request
 from tests.fakes.launchers import CountingLauncher
-from tests.test_hook_run import hook_request
-from tests.test_tune import tune_request
+from tests.fakes.requests import tune_request
 
 from autotune import tune
 from autotune.core.ladder import Candidate, Rung
@@ -36,7 +35,17 @@ MB8 = Candidate(Rung.Z0, 8, False)
 
 def planted(key: str, config: dict) -> HookRecord:
     """The issue's attack: a well-formed, correctly checksummed record of the planter's choosing."""
-    return HookRecord(key, "complete", json.dumps(config), "tuned", True, None, "cpu x86_64 budget 1GiB", "x", 0.0)
+    return HookRecord(
+        key,
+        "complete",
+        json.dumps(config),
+        "tuned",
+        verified=True,
+        job_id=None,
+        hardware="cpu x86_64 budget 1GiB",
+        leader="x",
+        created=0.0,
+    )
 
 
 @as_root
@@ -251,7 +260,7 @@ def test_the_hook_over_a_corrupt_shared_cache_still_tunes_for_real(tmp_path: Pat
     shared.mkdir()
     (shared / "results.sqlite").write_bytes(os.urandom(8192))
     request = hook_request(tmp_path / "ds.json", shared, micro_batches=(1, 2, 4), rungs=(Rung.Z0,))
-    result = run_hook(request, environ={}, launcher_chooser=lambda job, shared, env: CountingLauncher())
+    result = run_hook(request, environ={}, launcher_chooser=lambda job, tuning, shared, env: CountingLauncher())
     assert (result.record.status, result.record.verified, result.record.source) == ("complete", True, "tuned")
 
 
@@ -421,7 +430,7 @@ def test_an_impossible_measurement_from_a_trial_is_not_believed(tmp_path: Path) 
 READ_ONLY_TUNE = """
 import logging, os, sys
 from tests.fakes.launchers import CountingLauncher
-from tests.test_tune import tune_request
+from tests.fakes.requests import tune_request
 from autotune import tune
 from pathlib import Path
 logging.basicConfig(level=logging.WARNING, format="%(message)s")

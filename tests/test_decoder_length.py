@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.test_trial_run import GENEROUS_TIMEOUT_S, cpu_ops_built, marked_env  # noqa: F401 (fixture)
+from tests.fakes.trials import GENEROUS_TIMEOUT_S, cpu_ops_built, marked_env  # noqa: F401 (fixture)
 
 from autotune.cli import main
 from autotune.core.ladder import Candidate, Rung
@@ -30,11 +30,11 @@ def test_the_trial_batch_gives_the_decoder_its_own_length() -> None:
 
     source = resolve_model("tiny-t5")
     model, _ = build_model(source.config, source.architecture, "cpu")
-    batch = synthetic_batch(model, "encoder-decoder", 2, 48, torch.device("cpu"), seed=0, decoder_seq_len=12)
+    batch = synthetic_batch(model, "encoder-decoder", 2, 48, device=torch.device("cpu"), seed=0, decoder_seq_len=12)
     assert batch["input_ids"].shape == (2, 48)
     assert batch["labels"].shape == batch["decoder_input_ids"].shape == (2, 12)
     assert model(**batch).logits.shape[:2] == (2, 12)  # the decoder (and the logits) run at 12 tokens
-    same = synthetic_batch(model, "encoder-decoder", 2, 48, torch.device("cpu"), seed=0)
+    same = synthetic_batch(model, "encoder-decoder", 2, 48, device=torch.device("cpu"), seed=0)
     assert same["labels"].shape == (2, 48)  # no decoder length: both at seq_len, as before
 
 

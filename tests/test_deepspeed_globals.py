@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.fakes.devices import FakeAioHandle
-from tests.test_trial_run import tiny_spec
+from tests.fakes.trials import tiny_spec
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.dsconfig.build import TrainSettings, build_ds_config

@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
+from tests.fakes.models import LLAMA_70B, summary, target
 
 from autotune.core.ladder import LADDER, Candidate, Rung
 from autotune.core.units import GiB
@@ -24,64 +25,6 @@ from autotune.estimate.activations import activation_breakdown, layer_bytes, log
 from autotune.estimate.ds_estimators import compile_estimators, import_estimators
 from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.model_states import model_states
-from autotune.hardware.specs import Target, generic_gpu
-from autotune.models import ModelSummary
-
-GPT_CONFIG = {"model_type": "gpt2", "activation_function": "gelu", "attn_pdrop": 0.1, "resid_pdrop": 0.1}
-
-
-def summary(**overrides) -> ModelSummary:
-    """A GPT-2-like summary built by hand, so no test here needs transformers."""
-    fields = dict(
-        name="hand-gpt",
-        origin="test",
-        architecture="GPT2LMHeadModel",
-        model_type="gpt2",
-        family="decoder-only",
-        total_params=100_000_000,
-        trainable_params=100_000_000,
-        largest_layer_params=10_000_000,
-        embedding_params=10_000_000,
-        hidden_size=1024,
-        num_layers=8,
-        num_decoder_layers=0,
-        num_heads=16,
-        num_kv_heads=16,
-        head_dim=64,
-        intermediate_size=4096,
-        vocab_size=32000,
-        max_positions=2048,
-        tied_embeddings=False,
-        fingerprint="test",
-        config=dict(GPT_CONFIG),
-    )
-    fields.update(overrides)
-    return ModelSummary(**fields)
-
-
-def target(gpus: int = 1, nodes: int = 1, memory: int = 80 * GiB, **overrides) -> Target:
-    return Target(generic_gpu(memory), gpus_per_node=gpus, nodes=nodes, free_memory_bytes=memory, **overrides)
-
-
-LLAMA_70B = summary(
-    name="llama-2-70b",
-    architecture="LlamaForCausalLM",
-    model_type="llama",
-    total_params=68_976_648_192,
-    trainable_params=68_976_648_192,
-    largest_layer_params=262_144_000,
-    embedding_params=262_144_000,
-    hidden_size=8192,
-    num_layers=80,
-    num_heads=64,
-    num_kv_heads=8,
-    head_dim=128,
-    intermediate_size=28672,
-    vocab_size=32000,
-    max_positions=4096,
-    config={"model_type": "llama", "hidden_act": "silu", "rms_norm_eps": 1e-5},
-)
-
 
 # --- DeepSpeed's estimators -----------------------------------------------------------------------------
 
@@ -306,18 +249,18 @@ def test_nvme_rungs_need_known_space():
 
 def test_largest_micro_batch_matches_a_linear_scan():
     model, where, settings = summary(), target(8, memory=40 * GiB), EstimateSettings(seq_len=1024)
-    found = largest_micro_batch(model, where, Rung.Z2, False, settings, limit=64)
+    found = largest_micro_batch(model, where, Rung.Z2, False, settings=settings, limit=64)
     fits = [m for m in range(1, 65) if check_fit(estimate(model, where, Candidate(Rung.Z2, m), settings), where).fits]
     assert found == max(fits)
-    assert largest_micro_batch(model, target(8, memory=GiB), Rung.Z2, False, settings) is None
+    assert largest_micro_batch(model, target(8, memory=GiB), Rung.Z2, False, settings=settings) is None
 
 
 def test_global_batch_restricts_micro_batches():
     assert eligible_micro_batches(4, 32, 64) == [1, 2, 4, 8]
     assert eligible_micro_batches(3, 32, 64) == []
     model, where, settings = summary(), target(4, memory=80 * GiB), EstimateSettings(seq_len=512)
-    free = largest_micro_batch(model, where, Rung.Z2, True, settings)
-    bounded = largest_micro_batch(model, where, Rung.Z2, True, settings, global_batch=32)
+    free = largest_micro_batch(model, where, Rung.Z2, True, settings=settings)
+    bounded = largest_micro_batch(model, where, Rung.Z2, True, settings=settings, global_batch=32)
     assert bounded in (1, 2, 4, 8) and bounded <= free
 
 
@@ -347,10 +290,10 @@ def test_calibrate_matches_one_trial_and_leaves_input_alone():
     candidate = Candidate(Rung.Z2, 4)
     measured = estimate(model, where, candidate, settings).gpu_peak_bytes + 3 * GiB
     start = Calibration()
-    learned = calibrate(start, model, where, candidate, settings, measured)
+    learned = calibrate(start, model, where, candidate, settings=settings, measured_peak_bytes=measured)
     assert start == Calibration()
     assert learned.samples == 1
-    assert abs(estimate(model, where, candidate, settings, learned).gpu_peak_bytes - measured) <= 1
+    assert abs(estimate(model, where, candidate, settings, calibration=learned).gpu_peak_bytes - measured) <= 1
 
 
 def test_calibrate_fits_slope_and_fixed_part_from_two_micro_batches():
@@ -364,10 +307,12 @@ def test_calibrate_fits_slope_and_fixed_part_from_two_micro_batches():
 
     calibration = Calibration()
     for candidate in (small, large):
-        calibration = calibrate(calibration, model, where, candidate, settings, truth(candidate))
+        calibration = calibrate(
+            calibration, model, where, candidate, settings=settings, measured_peak_bytes=truth(candidate)
+        )
     assert calibration.activation_scale(False) == pytest.approx(1.3, rel=1e-3)
     for candidate in (small, large, Candidate(Rung.Z2, 4)):
-        predicted = estimate(model, where, candidate, settings, calibration).gpu_peak_bytes
+        predicted = estimate(model, where, candidate, settings, calibration=calibration).gpu_peak_bytes
         assert predicted == pytest.approx(truth(candidate), rel=1e-4)
 
 
@@ -378,13 +323,15 @@ def test_activation_margins_shrink_only_after_a_trial_of_the_same_checkpointing_
     model, where, settings = summary(), target(8), EstimateSettings(seq_len=1024)
     plain, checkpointed = Candidate(Rung.Z2, 4), Candidate(Rung.Z2, 4, True)
     measured = estimate(model, where, plain, settings).gpu_peak_bytes
-    calibration = calibrate(Calibration(), model, where, plain, settings, measured)
+    calibration = calibrate(Calibration(), model, where, plain, settings=settings, measured_peak_bytes=measured)
     assert calibration.measured(False) and not calibration.measured(True)
-    bounded = calibrate_oom(calibration, model, where, Candidate(Rung.Z2, 64, True), settings, 10 * measured)
+    bounded = calibrate_oom(
+        calibration, model, where, Candidate(Rung.Z2, 64, True), settings=settings, limit_bytes=10 * measured
+    )
     assert not bounded.measured(True)  # an OOM is a lower bound, not a measurement of the setting
 
     def margins(candidate: Candidate, learned: Calibration | None) -> dict[str, int]:
-        return estimate(model, where, candidate, settings, learned).gpu_uncertainty
+        return estimate(model, where, candidate, settings, calibration=learned).gpu_uncertainty
 
     before, after = margins(checkpointed, None), margins(checkpointed, calibration)
     assert after["activations"] == before["activations"] > 0
@@ -407,18 +354,22 @@ def test_each_checkpointing_setting_learns_its_own_slope():
 
     calibration = Calibration()
     for candidate in (Candidate(Rung.Z2, 2), Candidate(Rung.Z2, 6)):
-        calibration = calibrate(calibration, model, where, candidate, settings, truth(candidate))
+        calibration = calibrate(
+            calibration, model, where, candidate, settings=settings, measured_peak_bytes=truth(candidate)
+        )
     assert calibration.activation_scale(False) == pytest.approx(0.7, rel=1e-3)
     assert calibration.activation_scale(True) == calibration.activation_scale(False)  # borrowed: nothing of its own
     for candidate in (Candidate(Rung.Z2, 2, True), Candidate(Rung.Z2, 6, True)):
-        calibration = calibrate(calibration, model, where, candidate, settings, truth(candidate))
+        calibration = calibrate(
+            calibration, model, where, candidate, settings=settings, measured_peak_bytes=truth(candidate)
+        )
     assert calibration.activation_scale(True) == pytest.approx(1.0, rel=1e-3)
     assert calibration.activation_scale(False) == pytest.approx(0.7, rel=1e-3)
     for candidate in (Candidate(Rung.Z2, 4), Candidate(Rung.Z2, 4, True)):
-        predicted = estimate(model, where, candidate, settings, calibration).gpu_peak_bytes
+        predicted = estimate(model, where, candidate, settings, calibration=calibration).gpu_peak_bytes
         assert predicted == pytest.approx(truth(candidate), rel=1e-4)
     failed = Candidate(Rung.Z2, 12, True)
-    bounded = calibrate_oom(calibration, model, where, failed, settings, truth(failed) + 4 * GiB)
+    bounded = calibrate_oom(calibration, model, where, failed, settings=settings, limit_bytes=truth(failed) + 4 * GiB)
     assert bounded.activation_scale(True) > 1.0
     assert bounded.activation_scale(False) == calibration.activation_scale(False)
 
@@ -441,9 +392,7 @@ def test_pinned_offload_tensors_cost_a_power_of_two_on_cuda():
     unpinned = EstimateSettings(seq_len=128, device="cuda", knobs=ZeroKnobs(pin_memory=False))
     assert gpu.host_components["offloaded_states"] == 2**35 + 2**34 + 2**35
     assert estimate(model, target(1), candidate, unpinned).host_components["offloaded_states"] == 10 * 7_000_000_000
-    assert pinned_host_bytes(gpu.host_components) == 2**35 + 2**34 + 2**35 + gpu.host_components[
-        "offload_grad_staging"
-    ]
+    assert pinned_host_bytes(gpu.host_components) == 2**35 + 2**34 + 2**35 + gpu.host_components["offload_grad_staging"]
 
 
 def test_stage3_pinned_gradients_round_per_sub_group():
@@ -451,9 +400,11 @@ def test_stage3_pinned_gradients_round_per_sub_group():
     sub_group_size: smaller sub-groups round to smaller powers of two."""
     from autotune.estimate.model_states import offloaded_stage3_host
 
-    one_group, _ = offloaded_stage3_host(3_000_000_000, 1, "bf16", 1_000_000_000_000, False, rounded=True)
+    one_group, _ = offloaded_stage3_host(3_000_000_000, 1, "bf16", 1_000_000_000_000, offload_param=False, rounded=True)
     assert one_group == 2**34 + 2**33  # 12 GB fp32 gradients -> 16 GiB; 6 GB 16-bit flat buffer -> 8 GiB
-    three_groups, pageable = offloaded_stage3_host(3_000_000_000, 1, "bf16", 1_000_000_000, False, rounded=True)
+    three_groups, pageable = offloaded_stage3_host(
+        3_000_000_000, 1, "bf16", 1_000_000_000, offload_param=False, rounded=True
+    )
     assert three_groups == 3 * 2**32 + 2**33 and pageable == 12 * 3_000_000_000
-    exact, _ = offloaded_stage3_host(3_000_000_000, 1, "bf16", 1_000_000_000, True, rounded=False)
+    exact, _ = offloaded_stage3_host(3_000_000_000, 1, "bf16", 1_000_000_000, offload_param=True, rounded=False)
     assert exact == (4 + 2 + 2) * 3_000_000_000  # with parameters offloaded: their 16-bit partitions pinned too

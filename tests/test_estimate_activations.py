@@ -8,13 +8,13 @@ activation peak (not the end-of-backward weight-gradient transient, which is a s
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from tests.conftest import needs
+from tests.fakes.activations import activation_peak
 
 from autotune.estimate.activations import activation_breakdown
 from autotune.estimate.constants import CPU_MATH_SDPA_BYTES_WITH_DROPOUT
@@ -58,19 +58,6 @@ def measured_activation_peak(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(0, 1000, (micro_batch, seq_len))
     return activation_peak(model, lambda: loss(model, ids))
-
-
-def activation_peak(model: torch.nn.Module, loss: Callable[[], torch.Tensor]) -> int:
-    """All live tensors minus parameters and their gradients at the peak of one forward/backward (MemTracker),
-    after a warm-up step (lazy buffers, first-call allocations)."""
-    loss().backward()
-    model.zero_grad(set_to_none=True)
-    tracker = MemTracker()
-    tracker.track_external(model)
-    with tracker:
-        loss().backward()
-    peak = {str(k).split(".")[-1]: v for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items()}
-    return peak["Total"] - peak.get("PARAM", 0) - peak.get("GRAD", 0)
 
 
 # (model, precision, micro-batch, seq, checkpointing, tolerance): decoder-only models are within 10%;

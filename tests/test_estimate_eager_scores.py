@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.test_estimate import summary
-from tests.test_estimate_activations import activation_peak
+from tests.fakes.activations import activation_peak
+from tests.fakes.models import summary
 
 from autotune.estimate.activations import activation_breakdown, layer_backward_transient, layer_bytes
 from autotune.estimate.eager_scores import eager_scores_bytes, eager_softmax

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.test_estimate import summary, target
+from tests.fakes.models import summary, target
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.units import GiB
@@ -172,7 +172,7 @@ def test_unknown_zero_init_widens_the_stage3_margin_by_the_unreused_16bit_model(
     assert b.gpu_peak_bytes == a.gpu_peak_bytes
     c = estimate(model, where, candidate, without)
     left = c.gpu_components.get("unpartitioned_model_reserve", 0)
-    assert left == reserve_left_after_reuse(2 * total, c.gpu_components, model, 1, without)
+    assert left == reserve_left_after_reuse(2 * total, c.gpu_components, model, 1, settings=without)
     assert b.gpu_uncertainty.get("zero_init_unknown", 0) == left
     reusing = sum(c.gpu_components.get(name, 0) for name in PARAMETER_SIZED_COMPONENTS)
     assert reusing > 0 and left <= max(0, 2 * total - reusing)
@@ -188,12 +188,14 @@ def test_the_cached_whole_model_is_reused_by_tensors_that_fit_its_blocks():
     settings = EstimateSettings(seq_len=512)
     reserve = 2 * model.total_params
     small = {"live_params": 100, "weight_grad_transient": 50, "activations": 30, "logits": 20, "model_states": 10**9}
-    fits = reserve_left_after_reuse(reserve, small, model, 1, settings)
+    fits = reserve_left_after_reuse(reserve, small, model, 1, settings=settings)
     tokens_fit = 512 * max(model.hidden_size, model.intermediate_size) <= model.largest_layer_params
     logits_fit = 512 * model.vocab_size * 4 <= model.largest_layer_params * 2
     assert fits == reserve - 150 - (30 if tokens_fit else 0) - (20 if logits_fit else 0)  # never the flat states
-    assert reserve_left_after_reuse(reserve, small, model, 10**6, settings) == reserve - 150  # no block holds these
-    assert reserve_left_after_reuse(100, {"live_params": 10**9}, model, 1, settings) == 0
+    assert (
+        reserve_left_after_reuse(reserve, small, model, 10**6, settings=settings) == reserve - 150
+    )  # no block holds these
+    assert reserve_left_after_reuse(100, {"live_params": 10**9}, model, 1, settings=settings) == 0
     z3 = Candidate(Rung.Z3, 1)
     with_init = estimate(model, target(8), z3, replace(settings, knobs=ZeroKnobs(zero_init=True)))
     without = estimate(model, target(8), z3, replace(settings, knobs=ZeroKnobs(zero_init=False)))
@@ -334,8 +336,10 @@ def test_a_measured_trial_shrinks_the_margin():
     model, where, settings = summary(), target(8), EstimateSettings(seq_len=1024)
     candidate = Candidate(Rung.Z2, 2)
     cold = estimate(model, where, candidate, settings)
-    learned = calibrate(Calibration(), model, where, candidate, settings, cold.gpu_peak_bytes)
-    warm = estimate(model, where, candidate, settings, learned)
+    learned = calibrate(
+        Calibration(), model, where, candidate, settings=settings, measured_peak_bytes=cold.gpu_peak_bytes
+    )
+    warm = estimate(model, where, candidate, settings, calibration=learned)
     assert "cuda_context" not in warm.gpu_uncertainty and warm.gpu_margin_bytes < cold.gpu_margin_bytes
 
 
@@ -347,8 +351,8 @@ def test_an_oom_without_successes_lifts_the_prediction_above_the_limit():
     candidate = Candidate(Rung.Z2, 8)
     predicted = estimate(model, where, candidate, settings).gpu_peak_bytes
     limit = predicted + 2 * GiB  # the model thought it fitted; the run said otherwise
-    learned = calibrate_oom(Calibration(), model, where, candidate, settings, limit)
-    assert estimate(model, where, candidate, settings, learned).gpu_peak_bytes > limit
+    learned = calibrate_oom(Calibration(), model, where, candidate, settings=settings, limit_bytes=limit)
+    assert estimate(model, where, candidate, settings, calibration=learned).gpu_peak_bytes > limit
     assert learned.oom_bounds and learned.oom_bounds[0]["key"] == candidate.key
 
 
@@ -357,19 +361,27 @@ def test_an_oom_above_a_success_steepens_the_line_and_moves_the_next_guess():
     where = target(8, memory=40 * GiB)
     ran, failed = Candidate(Rung.Z2, 2), Candidate(Rung.Z2, 16)
     measured = estimate(model, where, ran, settings).gpu_peak_bytes
-    calibration = calibrate(Calibration(), model, where, ran, settings, measured)
-    before = largest_micro_batch(model, where, Rung.Z2, False, settings, 1.0, calibration, limit=64)
+    calibration = calibrate(Calibration(), model, where, ran, settings=settings, measured_peak_bytes=measured)
+    before = largest_micro_batch(
+        model, where, Rung.Z2, False, settings=settings, headroom=1.0, calibration=calibration, limit=64
+    )
     assert before is not None and before >= 16  # the model believed 16 fits
     limit = where.free_memory_bytes
-    calibration = calibrate_oom(calibration, model, where, failed, settings, limit)
+    calibration = calibrate_oom(calibration, model, where, failed, settings=settings, limit_bytes=limit)
     assert calibration.activation_scale(False) > 1 and set(calibration.activation_scales) == {"nockpt"}
-    assert estimate(model, where, failed, settings, calibration).gpu_peak_bytes > limit
-    assert estimate(model, where, ran, settings, calibration).gpu_peak_bytes == pytest.approx(measured, rel=1e-6)
-    after = largest_micro_batch(model, where, Rung.Z2, False, settings, 1.0, calibration, limit=64)
+    assert estimate(model, where, failed, settings, calibration=calibration).gpu_peak_bytes > limit
+    assert estimate(model, where, ran, settings, calibration=calibration).gpu_peak_bytes == pytest.approx(
+        measured, rel=1e-6
+    )
+    after = largest_micro_batch(
+        model, where, Rung.Z2, False, settings=settings, headroom=1.0, calibration=calibration, limit=64
+    )
     assert after is not None and 2 <= after < 16
     # a later success at a larger micro-batch keeps the bound in force
-    again = calibrate(calibration, model, where, Candidate(Rung.Z2, 4), settings, measured + GiB)
-    assert estimate(model, where, failed, settings, again).gpu_peak_bytes > limit
+    again = calibrate(
+        calibration, model, where, Candidate(Rung.Z2, 4), settings=settings, measured_peak_bytes=measured + GiB
+    )
+    assert estimate(model, where, failed, settings, calibration=again).gpu_peak_bytes > limit
 
 
 # --- the published set ---------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.test_estimate import summary, target
+from tests.fakes.models import summary, target
 
 from autotune.cli import main
 from autotune.core.ladder import Candidate, Rung
@@ -199,7 +199,16 @@ def test_tune_notes_say_the_synthetic_trials_run_stock_modules():
 def test_hf_trainer_launch_turns_liger_on_when_the_prediction_counted_it(tmp_path):
     from autotune.dsconfig.launchers import TunedRun, hf_trainer_flags
 
-    run = TunedRun(tmp_path / "c.json", tmp_path / "c.hf.json", tmp_path / "c.yaml", 3, 4, "bf16", False, 2)
+    run = TunedRun(
+        tmp_path / "c.json",
+        tmp_path / "c.hf.json",
+        tmp_path / "c.yaml",
+        3,
+        accumulation=4,
+        precision="bf16",
+        grad_checkpointing=False,
+        stage=2,
+    )
     assert "--use_liger_kernel" not in hf_trainer_flags(run)
     assert hf_trainer_flags(TunedRun(**{**run.__dict__, "kernels": "liger"})).endswith("--use_liger_kernel")
     # flash-attn-fused kernels are switched on by the user's own code (e.g. TINY_FUSED_* in whyNLP/tinyllama)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.test_estimate import summary, target
+from tests.fakes.models import summary, target
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.units import GiB

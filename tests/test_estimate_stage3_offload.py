@@ -7,7 +7,7 @@ a conversion of the whole gradient.
 
 from __future__ import annotations
 
-from tests.test_estimate import summary, target
+from tests.fakes.models import summary, target
 
 from autotune.core.ladder import Rung
 from autotune.estimate.buffers import (

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.test_estimate import summary, target
+from tests.fakes.models import summary, target
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.estimate import EstimateSettings, estimate

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tests.test_estimate import LLAMA_70B, target
+from tests.fakes.models import LLAMA_70B, target
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.estimate import EstimateSettings, estimate

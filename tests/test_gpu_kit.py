@@ -159,7 +159,9 @@ def test_gpu_points_leave_room_on_an_80_gb_card(kit_module) -> None:
     from autotune.hardware.specs import Target, generic_gpu
     from estimate_accuracy import predicted_trial
 
-    h100 = RuntimeStack("2.11.0+cu130", "13.0", None, "9.0", "5.17.0", "0.19.8")  # the lent machine's stack
+    h100 = RuntimeStack(
+        "2.11.0+cu130", "13.0", None, "9.0", transformers_version="5.17.0", deepspeed_version="0.19.8"
+    )  # the lent machine's stack
     card = int(79.1 * GiB)  # an H100 80GB as CUDA reports it
     target = Target(generic_gpu(card), gpus_per_node=1, nodes=1, free_memory_bytes=card)
     for point in {*points.GPU_MEMORY_POINTS, *points.LEASE_MEMORY_POINTS, *points.GPU_SITE_POINTS}:
@@ -279,7 +281,7 @@ def test_the_tune_stage_puts_the_picks_warm_peak_beside_its_fresh_confirmation(k
     GPU measurement of warm against fresh peaks a real tune makes), and which picks it dropped."""
     from dataclasses import replace
 
-    from tests.test_report_data import golden_report
+    from tests.fakes.reports import golden_report
     from warm_check import pick_confirmation
 
     from autotune.core.ladder import Candidate, Rung

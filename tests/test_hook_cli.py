@@ -12,8 +12,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import run_cli
-from tests.fakes.hook import FakeTune
-from tests.test_hook_run import hook_request, slurm_env, slurm_launcher_chooser
+from tests.fakes.hook import FakeTune, hook_request, slurm_env, slurm_launcher_chooser
 
 from autotune.hook import run_hook
 

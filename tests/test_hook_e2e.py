@@ -20,17 +20,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tests.test_hook_run import PartialReadWatcher, slurm_env
+from tests.fakes.hook import TINY, PartialReadWatcher, one_node_job
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--device", "cpu", "--model", "tiny-gpt2", "--micro-batches", "1", "--rungs", "z0", "--seq-len", "32"]
 TINY += ["--max-trials", "1", "--memory-budget", "2GiB", "--json"]
-
-
-def one_node_job(job_id: str, rank: int) -> dict[str, str]:
-    """8 hook tasks on one node whose training world is one CPU rank (a real trial on 2 cores is slow)."""
-    return {**slurm_env(job_id, rank), "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node1",
-            "SLURM_GPUS_ON_NODE": "1", "SLURM_NODEID": "0", "SLURM_LOCALID": str(rank)}  # fmt: skip
 
 
 def start_cli(cache: Path, out: Path, env: dict[str, str]) -> subprocess.Popen:

@@ -1,4 +1,5 @@
-"""Trial launchers for the hook: chosen from the job, and a real two-"node" trial on one machine."""
+"""Trial launchers for the hook: a real two-"node" trial on one machine, and hooks run as torchrun workers (the
+choice of launcher, tune's and the hook's alike, is tests/test_launcher_choice.py)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,26 @@ import pytest
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.dsconfig.build import TrainSettings, build_ds_config
-from autotune.errors import UserError
 from autotune.hook.env import JobEnv
-from autotune.hook.launch import choose_launcher
 from autotune.models import resolve_model
-from autotune.trial import LocalLauncher, SlurmLauncher
-from autotune.trial.hostfile import TRIAL_MASTER_PORT, HostfileLauncher, read_hostfile, write_hostfile
+from autotune.trial.hostfile import HostfileLauncher, write_hostfile
 from autotune.trial.processes import free_port
 from autotune.trial.types import TrialResult, TrialSpec
 
 
 def job(nodes: int, nodelist: tuple[str, ...] = (), scheduler: str = "none", port: int | None = None) -> JobEnv:
-    return JobEnv(scheduler, "9", nodes, 4, 0, 0, 0, nodelist, nodelist[0] if nodelist else None, port)  # type: ignore[arg-type]
+    return JobEnv(
+        scheduler,
+        "9",
+        nodes,
+        4,
+        rank=0,
+        node_rank=0,
+        local_rank=0,
+        nodelist=nodelist,
+        master_addr=nodelist[0] if nodelist else None,
+        master_port=port,
+    )  # type: ignore[arg-type]
 
 
 def json_documents(text: str) -> list[dict]:
@@ -50,51 +59,6 @@ def tiny_spec(nodes: int, nprocs_per_node: int = 1) -> TrialSpec:
         max_steps=4,
         timeout_s=200,
     )
-
-
-def slurm_client(name: str) -> str | None:
-    """shutil.which where SLURM's client tools are installed: the launcher is built here, never run."""
-    return f"/usr/bin/{name}" if name == "srun" else None
-
-
-def test_one_node_uses_the_default_local_launcher(tmp_path: Path) -> None:
-    assert choose_launcher(job(1), tmp_path, environ={"SLURM_JOB_ID": "9"}) is None
-
-
-def test_trials_started_from_a_torchrun_worker_do_not_wait_for_its_agent_store(tmp_path: Path) -> None:
-    worker_env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "SLURM_JOB_ID": "9"}
-    local = choose_launcher(job(1), tmp_path, environ=worker_env)
-    assert isinstance(local, LocalLauncher) and local.env == {"TORCHELASTIC_USE_AGENT_STORE": "False"}
-    srun = choose_launcher(job(2, ("a", "b")), tmp_path, environ=worker_env, which=slurm_client)
-    assert isinstance(srun, SlurmLauncher) and srun.env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
-
-
-def test_several_slurm_nodes_use_srun_with_trials_on_the_shared_dir(tmp_path: Path) -> None:
-    slurm = {"SLURM_JOB_ID": "9"}
-    launcher = choose_launcher(job(2, ("gpu07", "gpu08"), "slurm"), tmp_path, environ=slurm, which=slurm_client)
-    assert isinstance(launcher, SlurmLauncher)
-    assert launcher.workdir == tmp_path / "trials" and launcher.master_addr == "gpu07"
-    assert launcher.env["SLURM_OVERLAP"] == "1" and launcher.master_port == TRIAL_MASTER_PORT
-
-
-def test_several_nodes_outside_slurm_get_a_hostfile_for_the_deepspeed_launcher(tmp_path: Path) -> None:
-    launcher = choose_launcher(job(2, ("h1", "h2"), port=TRIAL_MASTER_PORT), tmp_path, {}, which=lambda name: name)
-    assert isinstance(launcher, HostfileLauncher)
-    assert read_hostfile(launcher.hostfile) == [("h1", 4), ("h2", 4)]
-    assert launcher.hostfile.read_text() == "h1 slots=4\nh2 slots=4\n"
-    assert launcher.master_port != TRIAL_MASTER_PORT  # the job's own rendezvous port is left alone
-    command = launcher.command(tiny_spec(2, 4), ["--spec", "s.json"])
-    assert "--no_ssh" not in command and f"--hostfile={launcher.hostfile}" in command
-    assert command[-5:] == ["--no_local_rank", "--module", "autotune.trial.worker", "--spec", "s.json"]
-
-
-def test_several_nodes_without_a_way_to_reach_them_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="no node list"):
-        choose_launcher(job(2), tmp_path, {})
-    with pytest.raises(UserError, match="srun, which is not on PATH"):
-        choose_launcher(job(2, ("h1", "h2"), "slurm"), tmp_path, {"SLURM_JOB_ID": "9"}, which=lambda name: None)
-    with pytest.raises(UserError, match="pdsh, which is not installed"):
-        choose_launcher(job(2, ("h1", "h2")), tmp_path, {}, which=lambda name: None)
 
 
 @pytest.mark.slow

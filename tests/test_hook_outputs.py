@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.test_hook_e2e import REPO, TINY, one_node_job
+from tests.conftest import REPO
+from tests.fakes.hook import TINY, one_node_job
 
 from autotune.hook.coordinate import SharedSlot, coordinate, note_progress
 from autotune.hook.env import JobEnv
@@ -74,7 +75,9 @@ def test_two_slurm_ranks_leave_the_files_tune_leaves_and_their_reports_name_them
 
 
 def job(rank: int = 3) -> JobEnv:
-    return JobEnv("slurm", "9", 2, 4, rank, rank // 4, rank % 4, ("n1", "n2"), "n1")
+    return JobEnv(
+        "slurm", "9", 2, 4, rank=rank, node_rank=rank // 4, local_rank=rank % 4, nodelist=("n1", "n2"), master_addr="n1"
+    )
 
 
 def test_waiting_line_reads_the_tuners_progress(tmp_path: Path) -> None:
@@ -100,7 +103,9 @@ def test_a_waiting_process_reports_at_once_and_every_minute(tmp_path: Path) -> N
     def sleep(seconds: float) -> None:
         now[0] += seconds
         if now[0] >= 150:  # the tuner publishes
-            record = HookRecord("k", "complete", "{}", "tuned", True, None, "hw", "x", 0.0)
+            record = HookRecord(
+                "k", "complete", "{}", "tuned", verified=True, job_id=None, hardware="hw", leader="x", created=0.0
+            )
             from autotune.hook.coordinate import publish
 
             publish(slot, record)

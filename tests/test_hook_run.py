@@ -8,61 +8,38 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from tests.fakes.hook import PLANNED, TUNED, FakeTune
+from tests.fakes.hook import (
+    PLANNED,
+    TUNED,
+    FakeTune,
+    PartialReadWatcher,
+    hook_request,
+    slurm_env,
+    slurm_launcher_chooser,
+)
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.stop import StopReason
 from autotune.errors import NothingFitsError, UserError
 from autotune.hook import HookError, HookRequest, HookResult, JobOverrides, run_hook
 from autotune.hook.coordinate import SharedSlot
-from autotune.hook.launch import choose_launcher
 from autotune.report.assumptions import assumptions_path, read_assumptions
-from autotune.trial import SlurmLauncher
-from autotune.trial.types import TrialLauncher
-from autotune.tuner import TuneRequest, ds_config_for
+from autotune.trial.chooser import JobFacts, choose_launch
+from autotune.tuner import ds_config_for
 
 REPO = Path(__file__).resolve().parents[1]
-def hook_request(out: Path | str, shared: Path | str, strict: bool = False, **tuning) -> HookRequest:
-    options = {"model": "tiny-gpt2", "device": "cpu", "memory_budget": "1GiB", "seq_len": 32, **tuning}
-    return HookRequest(TuneRequest(out=str(out), **options), str(shared), strict=strict, poll_interval_s=0.05)
-
-
-def with_slurm_tools(name: str) -> str | None:
-    """shutil.which on a machine with SLURM's client tools: these tests' FakeTune never starts a trial, so the
-    multi-node launcher the hook picks (an srun step) is built, handed over and never run."""
-    return f"/usr/bin/{name}" if name in {"srun", "sbatch", "scontrol"} else shutil.which(name)
-
-
-def slurm_launcher_chooser(job, shared: Path, environ) -> TrialLauncher | None:
-    """The hook's real launcher choice, with srun resolved by with_slurm_tools (the tests run without SLURM)."""
-    return choose_launcher(job, shared, environ, which=with_slurm_tools)
 
 
 def slurm_hook(request: HookRequest, environ: dict[str, str], tune_fn: FakeTune) -> HookResult:
     """run_hook inside a (simulated) SLURM job of several nodes."""
     return run_hook(request, environ=environ, tune_fn=tune_fn, launcher_chooser=slurm_launcher_chooser)
-
-
-def slurm_env(job_id: str = "777", rank: int = 0) -> dict[str, str]:
-    """`srun -N2 --ntasks-per-node=4`: 8 hook processes of one job, 2 nodes x 4 ranks."""
-    return {
-        "SLURM_JOB_ID": job_id,
-        "SLURM_JOB_NUM_NODES": "2",
-        "SLURM_JOB_NODELIST": "node[1-2]",
-        "SLURM_GPUS_ON_NODE": "4",
-        "SLURM_PROCID": str(rank),
-        "SLURM_NODEID": str(rank // 4),
-        "SLURM_LOCALID": str(rank % 4),
-    }
 
 
 def test_one_tunes_then_every_later_call_is_a_hit_with_identical_bytes(tmp_path: Path) -> None:
@@ -91,7 +68,8 @@ def test_the_job_shape_comes_from_slurm_and_changes_the_key(tmp_path: Path) -> N
     fake = FakeTune()
     result = slurm_hook(hook_request(tmp_path / "ds.json", tmp_path), slurm_env(), tune_fn=fake)
     assert (fake.requests[0].gpus, fake.requests[0].nodes, result.job.world_size) == (4, 2, 8)
-    assert isinstance(fake.launchers[0], SlurmLauncher)  # trials would span both nodes as one srun step
+    facts = fake.launchers[0]  # trials would span both nodes as one srun step
+    assert isinstance(facts, JobFacts) and choose_launch(facts).kind == "srun" and facts.nodes == 2
     alone = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=fake)
     assert alone.key != result.key and alone.role == "leader"
 
@@ -186,7 +164,7 @@ def test_contradictory_environment_is_a_user_error_before_any_tuning(tmp_path: P
 
 HOOK_PROCESS = """
 import json, sys
-from tests.test_hook_run import FakeTune, hook_request, slurm_launcher_chooser
+from tests.fakes.hook import FakeTune, hook_request, slurm_launcher_chooser
 from autotune.hook import run_hook
 
 out, shared, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
@@ -204,39 +182,6 @@ def start_hook(out: Path, shared: Path, delay_s: float, env: dict[str, str]) -> 
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-class PartialReadWatcher:
-    """Polls config paths while hooks run and parses every read: a torn write would show up as bad JSON."""
-
-    def __init__(self, paths: list[Path]) -> None:
-        self.paths = paths
-        self.reads = 0
-        self.bad: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self.stop.is_set():
-            for path in self.paths:
-                try:
-                    text = path.read_text()
-                except FileNotFoundError:
-                    continue
-                self.reads += 1
-                try:
-                    assert isinstance(json.loads(text), dict)
-                except (ValueError, AssertionError):
-                    self.bad.append(text)
-            time.sleep(0.001)  # a busy loop would starve the hooks on a small machine
-
-    def __enter__(self) -> PartialReadWatcher:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def test_eight_concurrent_hook_processes_one_tunes_all_identical(tmp_path: Path) -> None:

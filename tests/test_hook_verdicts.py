@@ -16,7 +16,9 @@ BAD = json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"st
 
 
 def record(text: str) -> HookRecord:
-    return HookRecord("k", "complete", text, "tuned", True, None, "hw", "x", 0.0)
+    return HookRecord(
+        "k", "complete", text, "tuned", verified=True, job_id=None, hardware="hw", leader="x", created=0.0
+    )
 
 
 def test_a_remembered_verdict_spares_deepspeed_and_a_new_config_is_still_parsed(tmp_path: Path) -> None:

@@ -48,7 +48,16 @@ def emitted(
     config = build_ds_config(candidate, settings)
     config_path, _ = write_configs(config, world, tmp_path / "ds_config.json", hf=True)
     return emit_launchers(
-        config, candidate, config_path, world, 1, PLAIN, optimizer, lora_rank, hf_script=HF, device="cpu"
+        config,
+        candidate,
+        config_path,
+        world,
+        nodes=1,
+        script=PLAIN,
+        optimizer=optimizer,
+        lora_rank=lora_rank,
+        hf_script=HF,
+        device="cpu",
     )
 
 

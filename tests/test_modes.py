@@ -8,7 +8,7 @@ from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
-from tests.test_estimate import summary as hand_summary
+from tests.fakes.models import summary as hand_summary
 
 from autotune.core.ladder import LADDER, Candidate, Mode, Rung
 from autotune.core.units import GiB

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from tests.test_trial_run import tiny_spec
+from tests.fakes.trials import tiny_spec
 
 from autotune.core.ladder import Rung
 from autotune.trial import LocalLauncher

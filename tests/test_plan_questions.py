@@ -130,7 +130,9 @@ def test_plan_config_and_check_give_the_same_verdict(capsys, tmp_path):
         path = write(tmp_path, f"c{offload}{micro}.json", stage2(offload, micro))
         _, planned = plan_json(capsys, "--model", "gpt2", "--gpu-memory", "12GiB", "--config", path)
         model = summarize(resolve_model("gpt2", False))
-        report = check_config(Path(path), resolve_context(None, 1, None, "12GiB"), None, model, 1024, False)
+        report = check_config(
+            Path(path), resolve_context(None, 1, None, "12GiB"), None, model, seq_len=1024, grad_checkpointing=False
+        )
         assert report.fit is not None
         assert report.fit.fits == planned["fits"]
         assert report.fit.gpu_peak_bytes == planned["estimate"]["gpu_peak_bytes"]
@@ -213,7 +215,7 @@ def test_host_memory_excludes_an_offload_pick_it_cannot_hold(capsys):
 def test_unknown_host_memory_is_printed_beside_the_pick(capsys):
     code, out, _ = plan(capsys, *MISTRAL_4090)
     assert code == 0
-    pick = out[out.index("Fastest predicted to fit"):]
+    pick = out[out.index("Fastest predicted to fit") :]
     assert "needs host RAM" in pick and "pass --host-memory" in pick and "pinned" in pick
     assert "row peak" not in out  # the pick's own peak, not another micro-batch's
 
@@ -268,9 +270,10 @@ def test_known_gradient_accumulation_reaches_the_knobs():
     assert pinned.settings.knobs.gradient_accumulation_steps is None
     candidate = Candidate(Rung.Z1, 1, False)
     # ZeRO-1 keeps the full 16-bit gradient only with accumulation (stage_1_and_2.py:2290-2295)
-    assert estimate(model, target, candidate, free.settings).gpu_peak_bytes < estimate(
-        model, target, candidate, pinned.settings
-    ).gpu_peak_bytes
+    assert (
+        estimate(model, target, candidate, free.settings).gpu_peak_bytes
+        < estimate(model, target, candidate, pinned.settings).gpu_peak_bytes
+    )
 
 
 def test_plan_only_tune_notes_the_host_need(tmp_path):
@@ -304,7 +307,7 @@ def test_split_lengths_match_autograd_on_tiny_t5(encoder_len, decoder_len):
     """Encoder and decoder at different lengths, measured with MemTracker as tests/test_estimate_activations.py
     does for equal ones (same 10% tolerance for T5 in bf16 without checkpointing)."""
     import torch
-    from tests.test_estimate_activations import activation_peak
+    from tests.fakes.activations import activation_peak
 
     from autotune.models.build import build_model
 
@@ -340,7 +343,9 @@ def _plan_and_check_peak(capsys, tmp_path: Path, name: str, config: dict) -> tup
     path = write(tmp_path, name, config)
     _, planned = plan_json(capsys, *LLAMA_1B_ON_24G, "--config", path)
     model = summarize(resolve_model("llama-3.2-1b", False))
-    report = check_config(Path(path), resolve_context(None, 1, None, "24GiB"), None, model, 1024, False)
+    report = check_config(
+        Path(path), resolve_context(None, 1, None, "24GiB"), None, model, seq_len=1024, grad_checkpointing=False
+    )
     assert report.fit is not None
     return planned, report.fit.gpu_peak_bytes
 
@@ -378,7 +383,9 @@ def test_config_ratio_is_cut_by_the_users_sub_group_size(capsys, tmp_path):
     assert not any("keeps nothing on the GPU" in note for note in fine["notes"])
     model = summarize(resolve_model("llama-3.2-1b", False))
     path = Path(write(tmp_path, "default.json", stage3_offload(0.6, None)))
-    report = check_config(path, resolve_context(None, 1, None, "24GiB"), None, model, 1024, False)
+    report = check_config(
+        path, resolve_context(None, 1, None, "24GiB"), None, model, seq_len=1024, grad_checkpointing=False
+    )
     said = [f.message for f in report.findings if f.message.startswith("Memory mode:")]
     assert len(said) == 1 and "keeps nothing on the GPU" in said[0]  # check says it too, as a finding
 

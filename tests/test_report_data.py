@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 from tests.fakes.launchers import CountingLauncher
-from tests.test_tune import tune_request
+from tests.fakes.reports import DATA, golden_report, golden_text
+from tests.fakes.requests import tune_request
 
 from autotune import tune
 from autotune.core.ladder import Candidate, Mode, Rung
@@ -33,30 +34,19 @@ from autotune.report.data import TuneReport
 from autotune.report.markdown import render_markdown, write_report
 from autotune.search.cache import ResultsCache, StoredAnswer
 
-DATA = Path(__file__).parent / "data" / "report"
 GOLDEN = sorted(path.name.split(".")[0] for path in DATA.glob("*.autotune-report.json"))
-
-
-def _golden(name: str) -> tuple[str, dict]:
-    text = (DATA / f"{name}.autotune-report.json").read_text()
-    return text, json.loads(text)
-
-
-def golden_report(name: str = "demo") -> TuneReport:
-    """A real report, typed: the base other tests change one part of with dataclasses.replace."""
-    return TuneReport.from_json(_golden(name)[1])
 
 
 @pytest.mark.parametrize("name", GOLDEN)
 def test_a_written_report_reads_back_and_writes_back_byte_for_byte(name: str) -> None:
-    text, data = _golden(name)
+    text, data = golden_text(name)
     report = TuneReport.from_json(data)
     assert json.dumps(report.to_json(), indent=2) + "\n" == text  # same keys, same order, same values
 
 
 @pytest.mark.parametrize("name", GOLDEN)
 def test_the_typed_report_renders_the_markdown_today_s_code_wrote(name: str) -> None:
-    report = TuneReport.from_json(_golden(name)[1])
+    report = TuneReport.from_json(golden_text(name)[1])
     assert render_markdown(report) == (DATA / f"{name}.autotune-report.md").read_text()
 
 
@@ -64,7 +54,7 @@ def test_the_typed_report_renders_the_markdown_today_s_code_wrote(name: str) -> 
 def test_write_report_writes_the_same_json_and_markdown(name: str, tmp_path: Path) -> None:
     """The writer from the typed value: a report without its picture gets it back (here: none drawn again, as
     on a cache hit), and both files equal what the untyped writer produced."""
-    text, data = _golden(name)
+    text, data = golden_text(name)
     report = TuneReport.from_json(data)
     picture = report.picture
     assert picture is not None
@@ -106,7 +96,7 @@ def _with(data: dict, value: object, *path: str | int) -> dict:
     return data
 
 
-_, DEMO = _golden("demo")
+_, DEMO = golden_text("demo")
 
 MALFORMED = {
     "missing top-level key": _without(DEMO, "stop_reason"),
@@ -151,7 +141,7 @@ def test_a_choice_outside_its_literal_is_named_with_the_choices() -> None:
 def test_parts_only_a_finished_tuning_has_are_absent_not_null() -> None:
     """batch, training and own_command are absent from a nothing-fits report, as before; the picture is added by
     the writer: a report without one writes no key."""
-    _, nofit = _golden("nofit")
+    _, nofit = golden_text("nofit")
     report = TuneReport.from_json(nofit)
     assert report.batch is None and report.training is None and report.own_command is None
     bare = replace(report, picture=None).to_json()

@@ -201,7 +201,7 @@ def test_hook_takes_the_same_command_form_and_keys_on_it(tmp_path: Path) -> None
     from autotune.hook.run import job_key
     from autotune.tuner import TuneRequest
 
-    job = JobEnv("none", None, 1, 1, 0, 0, 0, (), None)
+    job = JobEnv("none", None, 1, 1, rank=0, node_rank=0, local_rank=0, nodelist=(), master_addr=None)
     plain = TuneRequest(model="tiny-gpt2", device="cpu")
     own = replace(plain, command=("python", "train.py", "--deepspeed", "{ds_config}"))
     assert job_key(plain, job) != job_key(own, job)  # a published synthetic answer is not reused for a script
@@ -215,8 +215,18 @@ def test_hook_takes_the_same_command_form_and_keys_on_it(tmp_path: Path) -> None
 def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_reports_the_commands(
     tmp_path: Path,
 ) -> None:
+    from autotune.search.trials import request_facts
+    from autotune.trial.chooser import build_launcher, choose_launch
     from autotune.trial.script import ScriptLauncher
-    from autotune.tuner import TuneRequest, script_launcher, tune
+    from autotune.tuner import TuneRequest, tune
+
+    def script_launcher(request: TuneRequest) -> ScriptLauncher | None:
+        """The one launcher chooser's pick for `request` when it is the user's command (trial/chooser.py)."""
+        facts = request_facts(request, {})
+        choice = choose_launch(facts)
+        launcher = build_launcher(facts, choice) if choice.kind == "own_command" else None
+        assert launcher is None or isinstance(launcher, ScriptLauncher)
+        return launcher
 
     user_config = tmp_path / "ds.json"
     user_config.write_text(json.dumps({"scheduler": {"type": "WarmupLR"}, "autotuning": {"enabled": True,
@@ -244,17 +254,20 @@ def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_repor
 
 
 def test_hook_leaves_own_command_trials_to_the_tuner(tmp_path: Path) -> None:
-    """The hook's launcher choice (synthetic workers) must not replace the user's command."""
-    from tests.fakes.hook import FakeTune
-    from tests.test_hook_run import hook_request
+    """The hook's launcher choice (synthetic workers) must not replace the user's command: the facts it hands tune
+    carry the command, and the one chooser (trial/chooser.py) runs it."""
+    from tests.fakes.hook import FakeTune, hook_request
 
     from autotune.hook import run_hook
+    from autotune.trial.chooser import JobFacts, choose_launch
 
     fake = FakeTune()
     command = ("python", "train.py", "--deepspeed", "{ds_config}")
     request = hook_request(tmp_path / "c.json", tmp_path / "shared", command=command)
-    run_hook(request, environ={}, tune_fn=fake, launcher_chooser=lambda *args: "synthetic launcher")
-    assert fake.launchers == [None] and fake.requests[0].command == command
+    run_hook(request, environ={}, tune_fn=fake)
+    [facts] = fake.launchers
+    assert isinstance(facts, JobFacts) and facts.command == command and choose_launch(facts).kind == "own_command"
+    assert fake.requests[0].command == command
 
 
 def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tmp_path: Path) -> None:

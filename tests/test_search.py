@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 from tests.fakes.machines import SimulatedMachine, SimulatedPhysics
+from tests.fakes.searches import search_setup
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.stop import StopReason
-from autotune.estimate.types import EstimateSettings
-from autotune.hardware.specs import Target, generic_gpu
-from autotune.models import resolve_model, summarize
 from autotune.search.records import SearchLimits
 from autotune.search.walk import Search
 from autotune.trial.types import TrialResult
@@ -36,14 +34,6 @@ RUNGS = [Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOA
 HEAVIER_ACTIVATIONS = SimulatedPhysics(layer_activation_bytes_per_sh=68, checkpointed_layer_bytes_per_sh=4)
 
 
-def _setup(model_name: str, memory_gib: float, gpus: int, seq_len: int):
-    model = summarize(resolve_model(model_name))
-    memory = int(memory_gib * GIB)
-    target = Target(generic_gpu(memory), gpus, 1, memory, host_ram_bytes=512 * GIB, measured=True)
-    settings = EstimateSettings(seq_len=seq_len, precision="bf16")
-    return model, target, settings
-
-
 @pytest.mark.parametrize(
     ("model_name", "memory_gib", "gpus", "seq_len"),
     [
@@ -58,10 +48,12 @@ def _setup(model_name: str, memory_gib: float, gpus: int, seq_len: int):
 @pytest.mark.parametrize("physics", [SimulatedPhysics(), HEAVIER_ACTIVATIONS], ids=["textbook", "heavier"])
 def test_search_matches_exhaustive_with_fewer_trials(model_name, memory_gib, gpus, seq_len, physics) -> None:
     """The pick is the exhaustive best over the machine's true peaks and speeds, whichever way the model is wrong."""
-    model, target, settings = _setup(model_name, memory_gib, gpus, seq_len)
+    model, target, settings = search_setup(model_name, memory_gib, gpus, seq_len)
     machine = SimulatedMachine(model, target, settings, headroom=0.9, physics=physics)
     expected = machine.exhaustive_best(RUNGS, GRID)
-    outcome = Search(model, target, settings, machine.run, RUNGS, GRID, SearchLimits(max_trials=40)).run_search()
+    outcome = Search(
+        model, target, settings, machine.run, rungs=RUNGS, micro_batches=GRID, limits=SearchLimits(max_trials=40)
+    ).run_search()
     assert outcome.best is not None and expected is not None
     assert outcome.best.candidate == expected, [t.candidate.key for t in outcome.trials]
     exhaustive_trials = len(RUNGS) * 2 * len(GRID)
@@ -75,39 +67,41 @@ def test_typical_model_finds_the_best_within_the_default_trial_budget(model_name
     the default budget (SearchLimits' 12 trials, an eighth of this grid) is enough to reach the exhaustive best.
     With an open budget the search spends more here (14-17 launches on this machine): what it spends past the
     default is confirmation, not a better pick."""
-    model, target, settings = _setup(model_name, memory_gib, 8, 1024 if model_name != "t5-large" else 512)
+    model, target, settings = search_setup(model_name, memory_gib, 8, 1024 if model_name != "t5-large" else 512)
     machine = SimulatedMachine(model, target, settings, headroom=0.9, fixed_s=0.02)
-    outcome = Search(model, target, settings, machine.run, RUNGS, GRID).run_search()
+    outcome = Search(model, target, settings, machine.run, rungs=RUNGS, micro_batches=GRID).run_search()
     assert outcome.best is not None and outcome.best.candidate == machine.exhaustive_best(RUNGS, GRID)
     assert len(machine.launched) <= SearchLimits().max_trials <= len(RUNGS) * 2 * len(GRID) / 8
 
 
 def test_rungs_ruled_out_by_the_model_are_skipped_with_a_reason() -> None:
-    model, target, settings = _setup("llama-2-7b", 24, 8, 2048)
+    model, target, settings = search_setup("llama-2-7b", 24, 8, 2048)
     machine = SimulatedMachine(model, target, settings, headroom=0.9)
-    outcome = Search(model, target, settings, machine.run, RUNGS, GRID).run_search()
+    outcome = Search(model, target, settings, machine.run, rungs=RUNGS, micro_batches=GRID).run_search()
     ruled_out = {(s.rung, s.grad_checkpointing) for s in outcome.skipped if "ruled out by the memory model" in s.reason}
     assert {(Rung.Z0, False), (Rung.Z1, False)} <= ruled_out
     assert all((t.candidate.rung, t.candidate.grad_checkpointing) not in ruled_out for t in outcome.trials)
 
 
 def test_budget_stops_the_search_and_says_why() -> None:
-    model, target, settings = _setup("gpt2-xl", 24, 8, 1024)
+    model, target, settings = search_setup("gpt2-xl", 24, 8, 1024)
     machine = SimulatedMachine(model, target, settings, headroom=0.9)
-    outcome = Search(model, target, settings, machine.run, RUNGS, GRID, SearchLimits(max_trials=1)).run_search()
+    outcome = Search(
+        model, target, settings, machine.run, rungs=RUNGS, micro_batches=GRID, limits=SearchLimits(max_trials=1)
+    ).run_search()
     assert len(machine.launched) == 1 and outcome.stop_reason is StopReason.TRIAL_BUDGET
 
 
 def test_nothing_fits() -> None:
-    model, target, settings = _setup("llama-2-70b", 16, 1, 4096)
+    model, target, settings = search_setup("llama-2-70b", 16, 1, 4096)
     machine = SimulatedMachine(model, target, settings, headroom=0.9)
-    outcome = Search(model, target, settings, machine.run, RUNGS[:5], GRID).run_search()
+    outcome = Search(model, target, settings, machine.run, rungs=RUNGS[:5], micro_batches=GRID).run_search()
     assert outcome.best is None and not machine.launched
     assert len(outcome.skipped) == 10
 
 
 def test_failed_trials_are_not_mistaken_for_memory_limits() -> None:
-    model, target, settings = _setup("gpt2", 80, 1, 1024)
+    model, target, settings = search_setup("gpt2", 80, 1, 1024)
     machine = SimulatedMachine(model, target, settings, headroom=0.9)
 
     def broken_z0(candidate: Candidate):
@@ -115,7 +109,7 @@ def test_failed_trials_are_not_mistaken_for_memory_limits() -> None:
             return TrialResult(status="error", error="RuntimeError: boom"), False
         return machine.run(candidate)
 
-    outcome = Search(model, target, settings, broken_z0, RUNGS, GRID).run_search()
+    outcome = Search(model, target, settings, broken_z0, rungs=RUNGS, micro_batches=GRID).run_search()
     assert any(s.rung is Rung.Z0 and "boom" in s.reason for s in outcome.skipped)
     assert outcome.best is not None and outcome.best.candidate.rung is not Rung.Z0
     assert replace(outcome.best.candidate, rung=Rung.Z0) != outcome.best.candidate
@@ -128,10 +122,18 @@ INTEGER_SETUPS = [("gpt2-large", 24, 8, 1024), ("opt-1.3b", 12, 4, 512)]
 @functools.cache
 def _integer_grid_search(model_name: str, memory_gib: float, gpus: int, seq_len: int):
     """One search over every integer micro-batch 1..128, and the exhaustive integer best over the machine's truth."""
-    model, target, settings = _setup(model_name, memory_gib, gpus, seq_len)
+    model, target, settings = search_setup(model_name, memory_gib, gpus, seq_len)
     machine = SimulatedMachine(model, target, settings, headroom=0.9)
     expected = machine.exhaustive_best(RUNGS, INTEGER_GRID)
-    search = Search(model, target, settings, machine.run, RUNGS, INTEGER_GRID, SearchLimits(max_trials=40))
+    search = Search(
+        model,
+        target,
+        settings,
+        machine.run,
+        rungs=RUNGS,
+        micro_batches=INTEGER_GRID,
+        limits=SearchLimits(max_trials=40),
+    )
     return machine, expected, search.run_search()
 
 
@@ -164,9 +166,17 @@ def test_a_trial_that_measures_its_half_micro_batch_saves_boundary_trials() -> N
     for measures_half_batch in (False, True):
         picks, launched = [], 0
         for setup in setups:
-            model, target, settings = _setup(*setup)
+            model, target, settings = search_setup(*setup)
             machine = SimulatedMachine(model, target, settings, headroom=0.9, measures_half_batch=measures_half_batch)
-            search = Search(model, target, settings, machine.run, RUNGS, list(range(1, 65)), SearchLimits(80))
+            search = Search(
+                model,
+                target,
+                settings,
+                machine.run,
+                rungs=RUNGS,
+                micro_batches=list(range(1, 65)),
+                limits=SearchLimits(80),
+            )
             outcome = search.run_search()
             picks.append(outcome.best.candidate if outcome.best else None)
             launched += len(machine.launched)

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 from tests.fakes.machines import SimulatedMachine
-from tests.test_search import _setup
+from tests.fakes.searches import search_setup
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.search.records import LaunchPurpose, SearchEvent, SearchLimits
@@ -43,8 +43,8 @@ class FreshNeedsMore:
         return replace(warm, ranks=[replace(warm.ranks[0], device_used_bytes=peak)]), False
 
 
-def _search(extra: int, confirm: bool = True, max_trials: int = 40, observe=lambda event: None):
-    model, target, settings = _setup("gpt2-medium", 16, 4, 1024)
+def mode_search(extra: int, confirm: bool = True, max_trials: int = 40, observe=lambda event: None):
+    model, target, settings = search_setup("gpt2-medium", 16, 4, 1024)
     machine = SimulatedMachine(model, target, settings, headroom=0.9)
     runner = FreshNeedsMore(machine, extra)
     search = Search(
@@ -52,24 +52,24 @@ def _search(extra: int, confirm: bool = True, max_trials: int = 40, observe=lamb
         target,
         settings,
         machine.run,
-        RUNGS,
-        GRID,
-        SearchLimits(max_trials=max_trials),
-        observe,
+        rungs=RUNGS,
+        micro_batches=GRID,
+        limits=SearchLimits(max_trials=max_trials),
+        observe=observe,
         confirm_fresh=runner.run_fresh if confirm else None,
     )
     return search.run_search(), machine, runner
 
 
 def test_without_a_fresh_confirmer_no_trial_is_repeated_fresh() -> None:
-    outcome, _, runner = _search(extra=0, confirm=False)
+    outcome, _, runner = mode_search(extra=0, confirm=False)
     assert outcome.best is not None and outcome.fresh_confirmation is None
     assert not runner.fresh and all(t.purpose != LaunchPurpose.FRESH for t in outcome.trials)
 
 
 def test_a_pick_that_fits_fresh_costs_one_trial_and_stays_the_pick() -> None:
-    unconfirmed, _, _ = _search(extra=0, confirm=False)
-    outcome, machine, runner = _search(extra=0)
+    unconfirmed, _, _ = mode_search(extra=0, confirm=False)
+    outcome, machine, runner = mode_search(extra=0)
     assert outcome.best is not None and unconfirmed.best is not None
     assert outcome.best.candidate == unconfirmed.best.candidate
     assert runner.fresh == [outcome.best.candidate]  # one fresh trial, of the pick, last
@@ -80,7 +80,7 @@ def test_a_pick_that_fits_fresh_costs_one_trial_and_stays_the_pick() -> None:
 
 
 def test_the_confirmation_runs_even_when_the_trial_budget_is_spent() -> None:
-    outcome, machine, runner = _search(extra=0, max_trials=1)
+    outcome, machine, runner = mode_search(extra=0, max_trials=1)
     assert outcome.best is not None and runner.fresh == [outcome.best.candidate]
     assert len(machine.launched) == 2
 
@@ -89,12 +89,12 @@ def test_a_pick_that_does_not_fit_fresh_gives_way_to_one_that_does() -> None:
     """A fresh process that needs a little more than the warm worker measured: the warm pick sits at its group's
     boundary, so it does not fit fresh; the recommendation is one that fits in a fresh process, and nothing that
     needs at least the failed one's memory is picked."""
-    unconfirmed, machine0, _ = _search(extra=0, confirm=False)
+    unconfirmed, machine0, _ = mode_search(extra=0, confirm=False)
     assert unconfirmed.best is not None
     warm_pick = unconfirmed.best.candidate
     limit = int(0.9 * machine0.target.free_memory_bytes)
     extra = limit - machine0.true_peak(warm_pick) + 1  # just over the headroom, fresh, at the warm pick
-    outcome, machine, runner = _search(extra=extra)
+    outcome, machine, runner = mode_search(extra=extra)
     assert outcome.best is not None and outcome.fresh_confirmation is not None
     assert runner.fresh[0] == warm_pick and len(runner.fresh) >= 2
     pick = outcome.best.candidate
@@ -116,16 +116,16 @@ def test_a_pick_that_does_not_fit_fresh_gives_way_to_one_that_does() -> None:
 
 
 def test_nothing_fits_fresh_leaves_no_pick() -> None:
-    outcome, _, runner = _search(extra=64 * GIB)
+    outcome, _, runner = mode_search(extra=64 * GIB)
     assert outcome.best is None and outcome.fresh_confirmation is None and runner.fresh
 
 
 def test_progress_says_the_confirmation_runs_and_why_a_pick_gave_way() -> None:
-    unconfirmed, machine0, _ = _search(extra=0, confirm=False)
+    unconfirmed, machine0, _ = mode_search(extra=0, confirm=False)
     assert unconfirmed.best is not None
     extra = int(0.9 * machine0.target.free_memory_bytes) - machine0.true_peak(unconfirmed.best.candidate) + 1
     events: list[SearchEvent] = []
-    _search(extra=extra, observe=events.append)
+    mode_search(extra=extra, observe=events.append)
     lines = [e.message for e in events if e.kind == "prepare"]
     first = unconfirmed.best.candidate.key
     assert f"pick {first}: once more in a fresh process (its peak is the one reported" in lines[-3]

@@ -13,25 +13,19 @@ from dataclasses import replace
 import pytest
 from tests.fakes.launchers import RatioSpeedLauncher
 from tests.fakes.machines import GIB, LinearMachine, LinearMemory, linear_peak_gib
-from tests.test_report_data import golden_report
+from tests.fakes.reports import golden_report
+from tests.fakes.searches import RATIOS, mode_search
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.stop import StopReason
-from autotune.estimate.types import EstimateSettings
-from autotune.hardware.specs import Target, generic_gpu
-from autotune.models import resolve_model, summarize
-from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
+from autotune.modes.applies import ModeFacts, ModeOption, considered_modes
 from autotune.modes.search_view import ModeRecord, is_ratio_mode, smallest_fitting_ratio
 from autotune.report.data import Choice, ModeEntry, Skipped, TrialEntry, TuneReport
 from autotune.report.markdown import render_markdown
-from autotune.search.records import SearchLimits, TrialRecord
+from autotune.search.records import TrialRecord
 from autotune.search.relations import holds_at_least_the_memory_of
 from autotune.search.speed import BoundContext, GroupMeasurements, could_beat
-from autotune.search.walk import Search
 from autotune.trial.types import RankMetrics, TrialResult
-
-RATIOS = tuple(r for r in ratio_grid() if 0.0 < r < 1.0)
-GRID = [1, 2, 4, 8]
 
 
 def test_bisection_finds_the_smallest_fitting_ratio_in_log_steps() -> None:
@@ -49,27 +43,12 @@ def test_bisection_finds_the_smallest_fitting_ratio_in_log_steps() -> None:
 
 
 # -- the search over a fake memory model and machine (tests/fakes/machines.py) -------------------------------
-def _search(
-    machine: LinearMachine, memory: LinearMemory, options, rungs, max_trials: int = 30, headroom: float = 1.0
-) -> Search:
-    model = summarize(resolve_model("gpt2"))
-    target = Target(generic_gpu(machine.memory_bytes), 1, 1, machine.memory_bytes, 512 * GIB, None, True)
-    return Search(
-        model,
-        target,
-        EstimateSettings(seq_len=128),
-        machine.run,
-        rungs,
-        GRID,
-        SearchLimits(max_trials=max_trials, headroom=headroom),
-        modes=lambda rung: options.get(rung, []),
-        offload_ratios=RATIOS,
-        memory=memory.model(),
-    )
 
 
 def _partial(rung: Rung = Rung.Z3_OFFLOAD_OPT, verifiable: bool = True) -> ModeOption:
-    return ModeOption(Mode(offload_ratio=0.5), "partial_offload", True, "between ZeRO-3 and full offload", verifiable)
+    return ModeOption(
+        Mode(offload_ratio=0.5), "partial_offload", True, "between ZeRO-3 and full offload", trial_verifiable=verifiable
+    )
 
 
 def test_partial_offload_is_searched_and_wins_although_full_offload_was_measured_slower_first() -> None:
@@ -77,7 +56,7 @@ def test_partial_offload_is_searched_and_wins_although_full_offload_was_measured
     the smallest ratio that fits at the largest micro-batch wins. The ladder puts full offload first; its
     measurement must not bound partial offload (it does more host work, not less)."""
     machine = LinearMachine(memory_bytes=16 * GIB)
-    search = _search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3, Rung.Z3_OFFLOAD_OPT])
+    search = mode_search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3, Rung.Z3_OFFLOAD_OPT])
     outcome = search.run_search()
     classic_full = [c for c in machine.launched if c.rung is Rung.Z3_OFFLOAD_OPT and c.mode.is_classic]
     partial = [c for c in machine.launched if is_ratio_mode(c.mode)]
@@ -108,7 +87,7 @@ def test_an_oom_at_ratio_r_moves_the_next_try_up_and_calibrates() -> None:
     of memory; the next try at the same micro-batch is a larger ratio, and the OOM went to the calibration."""
     machine = LinearMachine(memory_bytes=16 * GIB, optimizer_gib=14.0)
     memory = LinearMemory(optimizer_gib=12.0)
-    search = _search(machine, memory, {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT])
+    search = mode_search(machine, memory, {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT])
     outcome = search.run_search()
     partial = [c for c in machine.launched if is_ratio_mode(c.mode)]
     first = partial[0]
@@ -126,7 +105,9 @@ def test_measured_peaks_on_both_sides_of_a_ratio_draw_its_line() -> None:
     19.2 GiB: the line between the two measured peaks lands on the smallest ratio that fits, with no trial between.
     Limit 16 GiB (80% of 20): at micro-batch 8 the truth needs 4 + 24 (1 - r) + 8 <= 16, r >= 5/6 -> 0.85."""
     machine = LinearMachine(memory_bytes=20 * GIB, optimizer_gib=24.0)
-    search = _search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT], headroom=0.8)
+    search = mode_search(
+        machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT], headroom=0.8
+    )
     outcome = search.run_search()
     at_8 = [
         t
@@ -145,7 +126,7 @@ def test_two_measured_peaks_on_one_side_of_a_ratio_extend_their_line_below_the_m
     (80% of 20) -> r >= 2/3, the smallest real setting 0.7."""
     machine = LinearMachine(memory_bytes=20 * GIB, optimizer_gib=12.0)
     memory = LinearMemory(optimizer_gib=24.0)
-    search = _search(machine, memory, {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT], headroom=0.8)
+    search = mode_search(machine, memory, {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT], headroom=0.8)
     outcome = search.run_search()
     at_8 = [
         t
@@ -163,7 +144,7 @@ def test_a_ratio_far_from_the_measured_micro_batches_is_read_off_their_memory_li
     offload at 8 (what the ratio changes), not the nearest peak plus the model's whole difference (which would carry
     the model's activation slope over four micro-batches and put it 2 GiB low)."""
     machine = LinearMachine(memory_bytes=20 * GIB, activation_gib=1.5)
-    search = _search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT])
+    search = mode_search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT])
     for micro_batch in (2, 4):
         classic = Candidate(Rung.Z3_OFFLOAD_OPT, micro_batch, False)
         result, _ = machine.run(classic)
@@ -198,7 +179,9 @@ def test_a_config_holding_no_less_device_memory_than_one_that_did_not_fit_is_nev
     runs out of memory (4 + 12 GiB > 14). A partial offload keeps more on the device than the classic one at the
     same micro-batch, so no ratio is tried at micro-batch 8 (the model alone would have said 0.85 fits there)."""
     machine = LinearMachine(memory_bytes=14 * GIB, activation_gib=1.5)
-    outcome = _search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT]).run_search()
+    outcome = mode_search(
+        machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, [Rung.Z3_OFFLOAD_OPT]
+    ).run_search()
     classic_8 = Candidate(Rung.Z3_OFFLOAD_OPT, 8, False)
     assert classic_8 in machine.launched and machine.run(classic_8)[0].status == "oom_gpu"
     partial = [c for c in machine.launched if is_ratio_mode(c.mode) and not c.grad_checkpointing]
@@ -229,17 +212,17 @@ def test_modes_that_cannot_run_here_are_planned_listed_and_never_picked() -> Non
     """A mode the backend cannot run is predicted (and would be twice as fast): it is listed as planned, never
     launched, never the pick; the same mode when verifiable is launched and wins on its measured speed."""
     fast = Mode(hpz_partition_size=2)
-    option = ModeOption(fast, "hpz", True, "secondary partition", False)
+    option = ModeOption(fast, "hpz", True, "secondary partition", trial_verifiable=False)
     machine = LinearMachine(memory_bytes=40 * GIB, fast_modes=(fast,))
-    outcome = _search(machine, LinearMemory(), {Rung.Z3: [option]}, [Rung.Z3]).run_search()
+    outcome = mode_search(machine, LinearMemory(), {Rung.Z3: [option]}, [Rung.Z3]).run_search()
     assert all(c.mode.is_classic for c in machine.launched)
     assert outcome.best is not None and outcome.best.candidate.mode.is_classic
     record = outcome.modes[0]
     assert record.status == "planned" and record.predicted_peak_bytes and record.samples_per_s is None
 
-    verifiable = ModeOption(fast, "hpz", True, "secondary partition", True)
+    verifiable = ModeOption(fast, "hpz", True, "secondary partition", trial_verifiable=True)
     machine = LinearMachine(memory_bytes=40 * GIB, fast_modes=(fast,))
-    outcome = _search(machine, LinearMemory(), {Rung.Z3: [verifiable]}, [Rung.Z3]).run_search()
+    outcome = mode_search(machine, LinearMemory(), {Rung.Z3: [verifiable]}, [Rung.Z3]).run_search()
     assert outcome.best is not None and outcome.best.candidate.mode == fast
     assert outcome.modes[0].status == "measured"
 
@@ -248,8 +231,10 @@ def test_modes_take_only_the_budget_the_classic_ladder_left() -> None:
     machine = LinearMachine(memory_bytes=16 * GIB)
     rungs = [Rung.Z3, Rung.Z3_OFFLOAD_OPT]
     alone = LinearMachine(memory_bytes=16 * GIB)
-    _search(alone, LinearMemory(), {}, rungs, max_trials=3).run_search()
-    outcome = _search(machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, rungs, max_trials=3).run_search()
+    mode_search(alone, LinearMemory(), {}, rungs, max_trials=3).run_search()
+    outcome = mode_search(
+        machine, LinearMemory(), {Rung.Z3_OFFLOAD_OPT: [_partial()]}, rungs, max_trials=3
+    ).run_search()
     assert machine.launched == alone.launched  # the classic ladder spent the budget: no mode trial displaced it
     assert len(machine.launched) == 3
     record = outcome.modes[0]
@@ -262,7 +247,7 @@ def test_report_rows_applicable_modes_and_the_json_keeps_every_reason(nodes: int
     the modes that do not apply: the default report stays short."""
     facts = ModeFacts(nodes=nodes, gpus_per_node=4, device="cuda", allow_approximate=True)
     machine = LinearMachine(memory_bytes=16 * GIB)
-    search = _search(machine, LinearMemory(), {}, [Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT])
+    search = mode_search(machine, LinearMemory(), {}, [Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT])
     search.modes = lambda rung: considered_modes(rung, facts)
     search.memory = LinearMemory().model()
     outcome = search.run_search()
@@ -320,7 +305,9 @@ def _report(outcome: dict) -> TuneReport:
 
 
 def test_mode_record_names_the_ratio_only_once_settled() -> None:
-    record = ModeRecord(Rung.Z3_OFFLOAD_OPT, Mode(offload_ratio=0.5), True, "why", True, status="not tried")
+    record = ModeRecord(
+        Rung.Z3_OFFLOAD_OPT, Mode(offload_ratio=0.5), True, "why", trial_verifiable=True, status="not tried"
+    )
     assert record.to_dict()["label"] == "partial offload (offload ratio searched)"
     record.status, record.mode = "measured", Mode(offload_ratio=0.35)
     assert record.to_dict()["label"] == "offload ratio 0.35"
@@ -449,12 +436,26 @@ def test_plan_only_lists_the_modes_as_predictions(tmp_path) -> None:
 def test_mode_summary_lists_predictions_groups_reasons_and_names_a_fit_when_nothing_classic_does() -> None:
     from autotune.modes.summary import ModeSummary
 
-    planned = ModeRecord(Rung.Z3_OFFLOAD_OPT, Mode(offload_ratio=0.7), True, "why", False, status="planned",
-                         micro_batch=2, grad_checkpointing=True, predicted_peak_bytes=3 << 30)  # fmt: skip
-    no_fit = ModeRecord(Rung.Z2_OFFLOAD_OPT, Mode(zenflow=True), True, "why", False, status="no fit")
+    planned = ModeRecord(
+        Rung.Z3_OFFLOAD_OPT,
+        Mode(offload_ratio=0.7),
+        True,
+        "why",
+        trial_verifiable=False,
+        status="planned",
+        micro_batch=2,
+        grad_checkpointing=True,
+        predicted_peak_bytes=3 << 30,
+    )
+    no_fit = ModeRecord(Rung.Z2_OFFLOAD_OPT, Mode(zenflow=True), True, "why", trial_verifiable=False, status="no fit")
     reason = "ZeRO++ cuts inter-node traffic; on one node there is none to cut"
-    hpz = [ModeRecord(r, Mode(hpz_partition_size=8), False, reason, False) for r in (Rung.Z3, Rung.Z3_OFFLOAD_OPT)]
-    quantized = ModeRecord(Rung.Z3, Mode(quantized_weights=True, quantized_gradients=True), False, reason, False)
+    hpz = [
+        ModeRecord(r, Mode(hpz_partition_size=8), False, reason, trial_verifiable=False)
+        for r in (Rung.Z3, Rung.Z3_OFFLOAD_OPT)
+    ]
+    quantized = ModeRecord(
+        Rung.Z3, Mode(quantized_weights=True, quantized_gradients=True), False, reason, trial_verifiable=False
+    )
     summary = ModeSummary.from_records([planned, no_fit, *hpz, quantized])
     lines = summary.lines()
     assert "not trial-verified" in lines[0] and "never recommended over the pick" in lines[0]

@@ -46,7 +46,9 @@ def test_zero3_is_measured_after_zero2_offload_although_the_ladder_puts_it_later
 
     scenario = next(s for s in SCENARIOS if s.name == "zero3-vs-zero2-small-batches")
     machine, target, settings = cluster(scenario)
-    Search(machine.model, target, settings, machine.run, RUNGS, grid(scenario, machine.world)).run_search()
+    Search(
+        machine.model, target, settings, machine.run, rungs=RUNGS, micro_batches=grid(scenario, machine.world)
+    ).run_search()
     rungs = [c.rung for c in machine.launched]
     assert Rung.Z2_OFFLOAD_OPT in rungs and Rung.Z3 in rungs
     assert rungs.index(Rung.Z2_OFFLOAD_OPT) < rungs.index(Rung.Z3)
@@ -76,7 +78,9 @@ def test_timeout_at_the_seed_retries_a_smaller_micro_batch_and_is_remembered() -
             return TrialResult(status="timeout", error="no result within the 900 s trial timeout"), False
         return machine.run(candidate)
 
-    outcome = Search(machine.model, target, settings, slow_above_2, rungs, micro_batches).run_search()
+    outcome = Search(
+        machine.model, target, settings, slow_above_2, rungs=rungs, micro_batches=micro_batches
+    ).run_search()
     assert outcome.best is not None and outcome.best.candidate.micro_batch <= 2
     first = calls[0]
     assert first.micro_batch > 2 and calls[1].rung is first.rung and calls[1].micro_batch < first.micro_batch
@@ -104,7 +108,9 @@ def test_oom_with_nothing_run_jumps_by_the_memory_model() -> None:
             return TrialResult(status="oom_gpu", error="torch.OutOfMemoryError: CUDA out of memory."), False
         return machine.run(candidate)
 
-    outcome = Search(machine.model, target, settings, heavy, rungs, micro_batches, SearchLimits(40)).run_search()
+    outcome = Search(
+        machine.model, target, settings, heavy, rungs=rungs, micro_batches=micro_batches, limits=SearchLimits(40)
+    ).run_search()
     assert outcome.best is not None
     statuses: dict[tuple, list[str]] = {}
     for t in outcome.trials:
@@ -130,7 +136,9 @@ def test_two_close_configs_are_remeasured_interleaved_and_a_tie_goes_to_the_simp
         step = result.step_times_s[0]
         return replace(result, step_times_s=[step * f for f in (0.7, 0.85, 1.0, 1.15, 1.3)]), False
 
-    outcome = Search(machine.model, target, settings, noisy, rungs, micro_batches, SearchLimits(40)).run_search()
+    outcome = Search(
+        machine.model, target, settings, noisy, rungs=rungs, micro_batches=micro_batches, limits=SearchLimits(40)
+    ).run_search()
     verdict = outcome.verdict
     assert outcome.remeasured and verdict is not None and verdict.tie and verdict.remeasured
     a, b = order[-4], order[-3]
@@ -143,7 +151,9 @@ def test_two_close_configs_are_remeasured_interleaved_and_a_tie_goes_to_the_simp
 
 def test_a_clear_winner_is_not_remeasured() -> None:
     machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
-    outcome = Search(machine.model, target, settings, machine.run, rungs, micro_batches).run_search()
+    outcome = Search(
+        machine.model, target, settings, machine.run, rungs=rungs, micro_batches=micro_batches
+    ).run_search()
     assert not outcome.remeasured and outcome.noise == 0.0 and outcome.margin is not None
     assert outcome.verdict is not None and not outcome.verdict.tie and outcome.margin > 0
     assert len(set(machine.launched)) == len(machine.launched)
@@ -164,9 +174,19 @@ def test_offload_rungs_over_the_host_ram_headroom_are_not_chosen() -> None:
     needed = probe.host_bytes_per_node(Candidate(Rung.Z3_OFFLOAD_OPT, 1))
     node = replace(scenario.node, host_ram_bytes=int(needed / 0.95))  # fits the RAM, not the 90% headroom
     machine = SimulatedCluster(model, node, 1, scenario.seq_len)
-    target = Target(node.gpu, node.gpus_per_node, 1, node.gpu.memory_bytes, node.host_ram_bytes, None, True)
+    target = Target(
+        node.gpu,
+        node.gpus_per_node,
+        1,
+        node.gpu.memory_bytes,
+        host_ram_bytes=node.host_ram_bytes,
+        nvme_free_bytes=None,
+        measured=True,
+    )
     settings = EstimateSettings(seq_len=scenario.seq_len, precision="bf16")
-    outcome = Search(model, target, settings, machine.run, RUNGS, grid(scenario, 4), SearchLimits(40)).run_search()
+    outcome = Search(
+        model, target, settings, machine.run, rungs=RUNGS, micro_batches=grid(scenario, 4), limits=SearchLimits(40)
+    ).run_search()
     assert outcome.best is None or outcome.best.candidate.rung.offload_optimizer is None
     assert any("host RAM peak" in s.reason for s in outcome.skipped)
 
@@ -223,7 +243,14 @@ def _confirmed_search(name: str, fresh_extra_bytes: int = 0):
     )
     limits = SearchLimits(max_trials=28, headroom=0.9)
     search = Search(
-        machine.model, target, settings, machine.run, rungs, micro_batches, limits, confirm_fresh=machine.run_fresh
+        machine.model,
+        target,
+        settings,
+        machine.run,
+        rungs=rungs,
+        micro_batches=micro_batches,
+        limits=limits,
+        confirm_fresh=machine.run_fresh,
     )
     return search.run_search(), machine, (target, settings, rungs, micro_batches, limits)
 
@@ -256,7 +283,9 @@ def test_the_gpu_default_launches_the_warm_launches_plus_one_per_fresh_confirmat
     _each_fresh_run_alone_and_followed_by_a_new_process(machine)
 
     alone = _machine("boundary-at-11")[0]
-    unconfirmed = Search(alone.model, target, settings, alone.run, rungs, micro_batches, limits).run_search()
+    unconfirmed = Search(
+        alone.model, target, settings, alone.run, rungs=rungs, micro_batches=micro_batches, limits=limits
+    ).run_search()
     assert alone.launched == [c for c, _ in machine.trials(Launcher.WARM)]
     assert unconfirmed.best is not None and unconfirmed.best.candidate == outcome.best.candidate
 
@@ -288,7 +317,9 @@ def test_every_launch_says_why_it_was_made() -> None:
     """Every trial run now carries why the search launched it; the outcome (and the tune report) counts them."""
     machine, target, settings, rungs, micro_batches = _machine("boundary-at-11")
     limits = SearchLimits(max_trials=28, headroom=0.9)
-    outcome = Search(machine.model, target, settings, machine.run, rungs, micro_batches, limits).run_search()
+    outcome = Search(
+        machine.model, target, settings, machine.run, rungs=rungs, micro_batches=micro_batches, limits=limits
+    ).run_search()
     purposes = outcome.to_dict()["launches_by_purpose"]
     assert sum(purposes.values()) == outcome.trials_launched == len(machine.launched)
     assert "" not in purposes and purposes["first of a group"] >= 1

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.fakes.hook import FakeTune
-from tests.test_hook_run import REPO, hook_request
+from tests.conftest import REPO
+from tests.fakes.hook import FakeTune, hook_request
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.hook import HookError, run_hook
@@ -73,17 +73,17 @@ def test_sigterm_before_anything_was_verified_publishes_nothing(tmp_path: Path) 
 
 HOOK_UNDER_SIGTERM = """
 import sys
-from tests.fakes.hook import FakeTune
-from tests.test_hook_run import hook_request
-from tests.test_terminate import MB4
+from tests.fakes.hook import FakeTune, hook_request
 from autotune.cli import fail_with
+from autotune.core.ladder import Candidate, Rung
 from autotune.hook import run_hook
 from autotune.infra.terminate import Terminated, sigterm_raises
 
 try:
     with sigterm_raises():
         print("started", flush=True)
-        run_hook(hook_request(sys.argv[1], sys.argv[2]), environ={}, tune_fn=FakeTune(trials=(MB4,), delay_s=60))
+        fake = FakeTune(trials=(Candidate(Rung.Z0, 4, False),), delay_s=60)
+        run_hook(hook_request(sys.argv[1], sys.argv[2]), environ={}, tune_fn=fake)
 except Terminated as error:
     fail_with(str(error), error.exit_code)
 """

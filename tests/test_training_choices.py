@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tests.conftest import run_cli
 from tests.fakes.launchers import CountingLauncher
-from tests.test_report_data import golden_report
-from tests.test_tune import tune_request
+from tests.fakes.reports import golden_report
+from tests.fakes.requests import tune_request
 
 from autotune import tune
 from autotune.core.batch import describe_global_batch, requested_global_batch

@@ -211,7 +211,7 @@ def test_own_command_mode_keeps_the_environment_and_says_what_it_saw(
 @pytest.mark.slow  # ~33 s on the shared 2-core machine; test_torchrun_trials_name_their_own_rendezvous is quick
 def test_a_real_torchrun_trial_ignores_pet_rdzv_endpoint_at_a_closed_port(monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun would otherwise join the outer job's endpoint (torch/distributed/run.py:790-793) and fail."""
-    from tests.test_trial_run import assert_measured, marked_env, survivors, tiny_spec
+    from tests.fakes.trials import assert_measured, marked_env, survivors, tiny_spec
 
     from autotune.trial import LocalLauncher, run_trial
 
@@ -236,7 +236,7 @@ def test_a_sigkilled_worker_is_retried_once_not_cached_and_not_an_oom(tmp_path: 
     import json
 
     from tests.fakes.launchers import FaultInjectingLauncher
-    from tests.test_tune import tune_request
+    from tests.fakes.requests import tune_request
 
     from autotune import tune
     from autotune.core.ladder import Rung
@@ -276,7 +276,7 @@ def test_a_host_or_inconclusive_failure_on_a_gpu_run_does_not_raise_the_device_p
     status: str, error: str
 ) -> None:
     from tests.fakes.machines import GIB, LinearMachine, LinearMemory
-    from tests.test_search_modes import _search
+    from tests.fakes.searches import mode_search
 
     from autotune.core.ladder import Rung
     from autotune.trial.types import TrialResult
@@ -289,10 +289,10 @@ def test_a_host_or_inconclusive_failure_on_a_gpu_run_does_not_raise_the_device_p
             return super().run(candidate)
 
     memory = LinearMemory()
-    _search(HostFailing(memory_bytes=80 * GIB), memory, {}, [Rung.Z3]).run_search()
+    mode_search(HostFailing(memory_bytes=80 * GIB), memory, {}, [Rung.Z3]).run_search()
     assert memory.oom_calibrations == []
     device_oom = LinearMemory(optimizer_gib=2.0)  # believes the states small; the machine's are 12 GiB: a device OOM
-    _search(LinearMachine(memory_bytes=16 * GIB), device_oom, {}, [Rung.Z3]).run_search()
+    mode_search(LinearMachine(memory_bytes=16 * GIB), device_oom, {}, [Rung.Z3]).run_search()
     assert device_oom.oom_calibrations  # still teaches the model
 
 

@@ -6,7 +6,7 @@ import ipaddress
 import threading
 
 import psutil
-from tests.test_trial_run import GENEROUS_TIMEOUT_S, cpu_ops_built, marked_env, survivors, tiny_spec  # noqa: F401
+from tests.fakes.trials import GENEROUS_TIMEOUT_S, cpu_ops_built, marked_env, survivors, tiny_spec  # noqa: F401
 
 from autotune.trial import LocalLauncher, run_trial
 

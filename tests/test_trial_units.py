@@ -222,7 +222,7 @@ def test_flops_count_recompute_as_hardware_work_only() -> None:
     assert plain.model == plain.hardware == 6 * 1_000_000 + 12 * 2 * 64 * 128
     assert ckpt.model == plain.model
     assert ckpt.hardware == pytest.approx(plain.hardware * 4 / 3)
-    assert throughput([], 4, 128, 1, plain, None) is None
+    assert throughput([], 4, 128, 1, flops=plain, peak_tflops=None) is None
 
 
 # --- launch commands -----------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def test_a_bad_choice_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def _workers() -> _Workers:
-    return _Workers((1, "cuda"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), None)
+    return _Workers((1, "cuda"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), gpus_before=None)
 
 
 def _after(host: int, device: int | None) -> dict[int, RankReport]:

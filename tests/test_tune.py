@@ -6,29 +6,18 @@ from dataclasses import replace
 import pytest
 from tests.conftest import run_cli
 from tests.fakes.launchers import CountingLauncher
+from tests.fakes.requests import tune_request
 
 from autotune import tune
 from autotune.core.ladder import Candidate, Rung
 from autotune.dsconfig.build import validate_with_deepspeed
 from autotune.errors import NothingFitsError, UserError
 from autotune.search.records import SearchEvent
-from autotune.search.trials import TrialLaunchers, _replaced_note
+from autotune.search.trials import _replaced_note
+from autotune.trial.chooser import TrialLaunchers
 from autotune.tuner import TuneRequest
 
 MIB = 2**20
-
-
-def tune_request(tmp_path, **overrides) -> TuneRequest:
-    base = dict(
-        model="tiny-gpt2",
-        device="cpu",
-        memory_budget="2GiB",
-        seq_len=64,
-        rungs=(Rung.Z0, Rung.Z3),
-        out=str(tmp_path / "ds_config.json"),
-        cache_dir=str(tmp_path / "cache.sqlite"),
-    )
-    return TuneRequest(**{**base, **overrides})
 
 
 def test_global_batch_is_kept_and_the_config_is_valid(tmp_path) -> None:

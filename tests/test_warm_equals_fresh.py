@@ -20,8 +20,9 @@ from autotune.core.units import GiB, MiB
 from autotune.request.context import TuneContext
 from autotune.search.cache import ResultsCache
 from autotune.search.records import SearchEvent
-from autotune.search.trials import TrialLaunchers, warm_only_doubt
+from autotune.search.trials import warm_only_doubt
 from autotune.trial import memory, training
+from autotune.trial.chooser import TrialLaunchers
 from autotune.trial.report import RankReport
 from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
 from autotune.trial.warm import WARM_PINNED_GROWTH_LIMIT_BYTES, _Workers
@@ -68,10 +69,10 @@ def test_a_first_trial_that_leaves_pinned_blocks_replaces_the_workers_before_the
     of sitting in the floor and in every later trial's host peak, where the search would drop the next offload rung.
     Host RSS keeps its floor from after the first trial: first-use costs a fresh process pays too are not growth."""
     floor = {"host_rss_after_bytes": 1000 * MiB, "device_after_bytes": 900 * MiB, "pinned_after_bytes": 0}
-    workers = _Workers((1, "cuda"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), None)
+    workers = _Workers((1, "cuda"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), gpus_before=None)
     pins = 512 * MiB  # an offload trial's optimizer states, one power-of-two pinned block
     assert workers.growth(_report(1000 * MiB + pins, pins, floor)) == ("pinned host memory", pins)
-    emptied = _Workers((1, "cuda"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), None)
+    emptied = _Workers((1, "cuda"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), gpus_before=None)
     assert emptied.growth(_report(1090 * MiB, 0, floor)) is None  # the cache emptied: the same worker goes on
     assert emptied.floors is not None and emptied.floors["host memory"] == {0: 1090 * MiB}  # after its first trial
     assert emptied.growth(_report(1100 * MiB, WARM_PINNED_GROWTH_LIMIT_BYTES + MiB, floor)) == (
@@ -80,7 +81,7 @@ def test_a_first_trial_that_leaves_pinned_blocks_replaces_the_workers_before_the
 
 
 def test_a_worker_that_reports_no_floor_is_judged_from_its_first_trial_as_before() -> None:
-    workers = _Workers((1, "cpu"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), None)
+    workers = _Workers((1, "cpu"), subprocess.Popen(["true"]), "tag", Path("/nonexistent"), gpus_before=None)
     first = {0: RankReport(rank=0, status="ok", host_rss_after_bytes=1000 * MiB)}
     assert workers.growth(first) is None
     assert workers.growth({0: RankReport(rank=0, status="ok", host_rss_after_bytes=1100 * MiB)}) == (

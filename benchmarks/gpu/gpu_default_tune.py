@@ -17,8 +17,8 @@ import sys
 from autotune import tune
 from autotune.core.ladder import Rung
 from autotune.search.records import SearchEvent
-from autotune.search.trials import TrialLaunchers
 from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
+from autotune.trial.chooser import TrialLaunchers
 from autotune.tuner import TuneRequest
 
 

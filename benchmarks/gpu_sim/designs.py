@@ -123,7 +123,7 @@ def predicted_largest(full: FullScale, calibration: Calibration, group: Candidat
 
     def fits(micro_batch: int) -> bool:
         candidate = replace(group, micro_batch=micro_batch)
-        predicted = estimate(full.machine.model, full.target, candidate, full.settings, calibration)
+        predicted = estimate(full.machine.model, full.target, candidate, full.settings, calibration=calibration)
         return predicted.gpu_peak_bytes <= full.limit and predicted.host_ram_bytes <= host_limit
 
     grid = full.micro_batches

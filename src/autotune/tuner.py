@@ -28,16 +28,9 @@ from autotune.search.answers import cached_answer, memory_bound
 from autotune.search.cache import ResultsCache, StoredAnswer
 from autotune.search.recommend import host_line, passed_over_line, recommend
 from autotune.search.records import SearchEvent
-from autotune.search.trials import (
-    SearchTerminated,
-    TrialLaunchers,
-    TrialOps,
-    expected_line,
-    launcher_for,
-    script_launcher,
-    search_with_trials,
-)
+from autotune.search.trials import SearchTerminated, TrialOps, expected_line, launcher_for, search_with_trials
 from autotune.search.tuning_report import finished_report, no_trial_completed, own_command_entry, report_of
+from autotune.trial.chooser import JobFacts, TrialLaunchers
 from autotune.trial.types import TrialLauncher
 
 __all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for"]
@@ -45,7 +38,7 @@ __all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for
 RESULTS_FILE = "results.sqlite"  # inside --cache-dir (a directory, as for the hook)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TuneResult:
     """What `tune()` returns; `report.to_json()` is autotune-report.json (without its picture)."""
 
@@ -75,12 +68,14 @@ def _results_cache(request: TuneRequest) -> ResultsCache | None:
 def tune(
     request: TuneRequest | None = None,
     *,
-    launcher: TrialLauncher | TrialLaunchers | None = None,
+    launcher: TrialLauncher | TrialLaunchers | JobFacts | None = None,
     observe: Callable[[SearchEvent], None] = lambda event: None,
     **options: object,
 ) -> TuneResult:
     """Find the fastest config that fits and write it; `tune(model="gpt2", gpus=8)` or `tune(TuneRequest(...))`.
 
+    `launcher`: a launcher of the caller's (every trial runs there), or the job's facts from which the one
+    launcher chooser decides (trial/chooser.py; the hook's), or None: the facts of this request and process.
     Raises UserError on bad input and NothingFitsError when no candidate fits. The caller's process is left as
     it was found: os.environ, and DeepSpeed's accelerator choice, are restored on the way out.
     """
@@ -90,7 +85,9 @@ def tune(
 
 
 def _tune(
-    request: TuneRequest, launcher: TrialLauncher | TrialLaunchers | None, observe: Callable[[SearchEvent], None]
+    request: TuneRequest,
+    launcher: TrialLauncher | TrialLaunchers | JobFacts | None,
+    observe: Callable[[SearchEvent], None],
 ) -> TuneResult:
     started = time.monotonic()
     ctx = TuneContext.build(request)
@@ -98,7 +95,7 @@ def _tune(
         check_host_capacity(request, ctx.target)
     cache = _results_cache(request)
     try:
-        return _tune_with(ctx, request, cache, launcher, observe, started)
+        return _tune_with(ctx, request, cache, launcher, observe=observe, started=started)
     except Terminated as stopped:  # SIGTERM/SIGINT: say whether a rerun finds the finished trials
         stopped.resumable = cache is not None and not cache.untrusted
         raise
@@ -108,20 +105,22 @@ def _tune_with(
     ctx: TuneContext,
     request: TuneRequest,
     cache: ResultsCache | None,
-    launcher: TrialLauncher | TrialLaunchers | None,
+    launcher: TrialLauncher | TrialLaunchers | JobFacts | None,
+    *,
     observe: Callable[[SearchEvent], None],
     started: float,
 ) -> TuneResult:
     out_path = output_path(request.out)
     report_dir = Path(request.report_dir) if request.report_dir else Path(request.out).parent
     if cache and ctx.verified and (hit := cached_answer(ctx, cache)):
-        return _from_cache(ctx, hit, out_path, report_dir, started)
+        return _from_cache(ctx, hit, out_path, report_dir, started=started)
     outcome = None
     terminated: SearchTerminated | None = None  # SIGTERM mid-search: everything is written, then it is re-raised
     plan_data = None
     plan_notes: list[str] = []  # plan-only: the pick's host need and micro-batch, beside the recommendation
     if ctx.verified:
-        ops = TrialOps(request.device, observe) if launcher is None else None
+        ours = launcher is None or isinstance(launcher, JobFacts)  # the one chooser's (trial/chooser.py)
+        ops = TrialOps(request.device, observe) if ours else None
         observe(SearchEvent("prepare", message=expected_line(ctx, ops)))
         if ops is not None:
             ops.before()  # the ops every trial loads, before the trial workers start
@@ -129,11 +128,9 @@ def _tune_with(
         # (minutes, and over 10 minutes with other builds beside them on the loaded 2-core machine: our measurement)
         budget = request.time_budget_s
         deadline = time.monotonic() + budget if budget is not None else None
-        # one selection point: the caller's launcher, else the user's command (own-command mode), else ours
-        given = launcher or script_launcher(request)
         try:
-            with launcher_for(request, given, observe) as chosen:
-                outcome = search_with_trials(ctx, cache, chosen, observe, ops, deadline)
+            with launcher_for(request, launcher, observe) as chosen:
+                outcome = search_with_trials(ctx, cache, chosen, observe, ops=ops, deadline=deadline)
                 outcome.process_starts = chosen.process_starts  # warm workers count their starts
         except SearchTerminated as stop:  # trials stopped by now (the launcher's finally)
             if stop.outcome.best is None:
@@ -141,7 +138,7 @@ def _tune_with(
             outcome, terminated = stop.outcome, stop
         candidate = outcome.best.candidate if outcome.best else None
         if candidate is None and (failed := no_trial_completed(outcome)):
-            report = report_of(ctx, None, outcome, None, None, None, None, time.monotonic() - started)
+            report = report_of(ctx, outcome=outcome, elapsed_s=time.monotonic() - started)
             write_report(report, report_dir)
             raise TrialsFailedError(failed)
     else:
@@ -150,7 +147,7 @@ def _tune_with(
         lines = (host_line(recommendation), passed_over_line(recommendation), recommendation.grid_note)
         plan_notes = [line for line in lines if line]
     if candidate is None:
-        report = report_of(ctx, None, outcome, plan_data, None, None, None, time.monotonic() - started)
+        report = report_of(ctx, outcome=outcome, plan_data=plan_data, elapsed_s=time.monotonic() - started)
         write_report(report, report_dir)
         raise NothingFitsError(f"nothing fits {ctx.target.describe()}: {report.nothing_fits_reason}")
     config = ctx.emitted_config(candidate)
@@ -160,8 +157,19 @@ def _tune_with(
     world, validate = ctx.target.world_size, terminated is None
     config_path, hf_path = write_configs(config, world, out_path, hf=True, base=ctx.hf_base(), validate=validate)
     launch = _launch(ctx, config, candidate, config_path)
-    found = report_of(ctx, candidate, outcome, plan_data, config_path, hf_path, launch, time.monotonic() - started)
-    report = finished_report(ctx, found, candidate, config, config_path, plan_notes)
+    found = report_of(
+        ctx,
+        candidate=candidate,
+        outcome=outcome,
+        plan_data=plan_data,
+        config_path=config_path,
+        hf_path=hf_path,
+        launch=launch,
+        elapsed_s=time.monotonic() - started,
+    )
+    report = finished_report(
+        ctx, found, candidate=candidate, config=config, config_path=config_path, plan_notes=plan_notes
+    )
     write_assumptions(config_path, report)
     report_md, report_json = write_report(report, report_dir)
     if terminated is not None:  # every file a finished tune writes, marked stopped; no answer stored
@@ -187,20 +195,20 @@ def _tune_with(
         )
         cache.put_recommendation(ctx.answer_key, answer)
     return TuneResult(
-        ctx.verified,
-        candidate,
-        config,
-        config_path,
-        hf_path,
-        report_md,
-        report_json,
-        launch,
-        report.choice.samples_per_s if report.choice else None,  # the one pick speed every output states
-        outcome.trials_launched if outcome else 0,
-        False,
-        time.monotonic() - started,
-        report.stop_reason,
-        report,
+        verified=ctx.verified,
+        candidate=candidate,
+        ds_config=config,
+        config_path=config_path,
+        hf_config_path=hf_path,
+        report_path=report_md,
+        report_json_path=report_json,
+        launch=launch,
+        samples_per_s=report.choice.samples_per_s if report.choice else None,  # the one pick speed every output states
+        trials_launched=outcome.trials_launched if outcome else 0,
+        from_cache=False,
+        elapsed_s=time.monotonic() - started,
+        stop_reason=report.stop_reason,
+        report=report,
     )
 
 
@@ -224,10 +232,10 @@ def _launch(ctx: TuneContext, config: dict, candidate: Candidate, config_path: P
         candidate,
         config_path,
         ctx.target.gpus_per_node,
-        ctx.target.nodes,
-        ctx.request.script or "train.py",
-        ctx.request.optimizer,
-        ctx.request.lora_rank,
+        nodes=ctx.target.nodes,
+        script=ctx.request.script or "train.py",
+        optimizer=ctx.request.optimizer,
+        lora_rank=ctx.request.lora_rank,
         kernels=ctx.request.kernels,
         device=ctx.request.device,
         precision=ctx.precision,
@@ -258,18 +266,18 @@ def _from_cache(ctx: TuneContext, hit: StoredAnswer, out_path: Path, report_dir:
     write_assumptions(config_path, report)
     report_md, report_json = write_report(report, report_dir, redraw=False)
     return TuneResult(
-        True,
-        candidate,
-        config,
-        config_path,
-        hf_path,
-        report_md,
-        report_json,
-        launch,
-        report.choice.samples_per_s if report.choice else None,
-        0,
-        True,
-        time.monotonic() - started,
-        StopReason.CACHE_HIT,
-        report,
+        verified=True,
+        candidate=candidate,
+        ds_config=config,
+        config_path=config_path,
+        hf_config_path=hf_path,
+        report_path=report_md,
+        report_json_path=report_json,
+        launch=launch,
+        samples_per_s=report.choice.samples_per_s if report.choice else None,
+        trials_launched=0,
+        from_cache=True,
+        elapsed_s=time.monotonic() - started,
+        stop_reason=StopReason.CACHE_HIT,
+        report=report,
     )

@@ -151,7 +151,15 @@ class GpuKitTrials:
         peak = (1 + micro_batch) * GIB
         sites = {"peak_bytes": peak - GIB // 2, "sites": [{"site": "x.py:1 f", "bytes": 1, "blocks": 1}]}
         sites = sites if spec.record_peak_sites else None
-        rank = RankMetrics(0, peak - GIB // 2, peak - GIB // 4, peak, peak // 2, 0, sites)
+        rank = RankMetrics(
+            0,
+            peak - GIB // 2,
+            peak - GIB // 4,
+            peak,
+            host_rss_peak_bytes=peak // 2,
+            device_used_baseline_bytes=0,
+            peak_sites=sites,
+        )
         return TrialResult(status="ok", ranks=[rank], samples_per_s=10.0 * micro_batch, wall_s=1.0)
 
 

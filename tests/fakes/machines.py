@@ -290,10 +290,10 @@ class LinearMemory:
         peak = int(linear_peak_gib(candidate, self.optimizer_gib) * GIB)
         return MemoryEstimate(candidate, peak, 0, 0)
 
-    def calibrate(self, calibration, model, target, candidate, settings, measured) -> Calibration:
+    def calibrate(self, calibration, model, target, candidate, settings, measured_peak_bytes) -> Calibration:
         return Calibration(samples=calibration.samples + 1)
 
-    def calibrate_oom(self, calibration, model, target, candidate, settings, limit) -> Calibration:
+    def calibrate_oom(self, calibration, model, target, candidate, settings, limit_bytes) -> Calibration:
         self.oom_calibrations.append(candidate)
         return Calibration(samples=calibration.samples + 1)
 

@@ -65,7 +65,7 @@ _FIX_ROUNDS = 3  # a fix can expose another (a string batch size, once a number,
 def _duplicate_findings(duplicates: list[str]) -> list[Finding]:
     message = "Duplicate key: DeepSpeed refuses to load the file; the last value is the one checked."
     fix = Fix("keep the last value")
-    return [Finding(Severity.ERROR, key, message, "duplicate-key", fix) for key in dict.fromkeys(duplicates)]
+    return [Finding(Severity.ERROR, key, message, "duplicate-key", fix=fix) for key in dict.fromkeys(duplicates)]
 
 
 def _nonfinite_findings(nonfinite: list[tuple[str, str, str]]) -> list[Finding]:
@@ -102,7 +102,7 @@ def _unfilled_auto(path: str, consumer: Consumer) -> Finding:
         (Edit("remove", keys),),
         changes_training=training,
     )
-    return Finding(Severity.ERROR, path, message, "auto", fix)
+    return Finding(Severity.ERROR, path, message, "auto", fix=fix)
 
 
 def consumer_findings(outcome: FillOutcome, consumer: Consumer, strict_json_problem: str = "") -> list[Finding]:
@@ -113,7 +113,7 @@ def consumer_findings(outcome: FillOutcome, consumer: Consumer, strict_json_prob
             f"{consumer.label} reads the file with json.load, which refuses it: {strict_json_problem} "
             "(DeepSpeed's own hjson reader would accept it)."
         )
-        findings.append(Finding(Severity.ERROR, "", message, "strict-json", Fix("write it as strict JSON")))
+        findings.append(Finding(Severity.ERROR, "", message, "strict-json", fix=Fix("write it as strict JSON")))
     if outcome.refusal:
         findings.append(
             Finding(Severity.ERROR, "", f"{consumer.label} refuses this config: {outcome.refusal}", "consumer")
@@ -276,7 +276,9 @@ def check_config(
     if model is not None:
         from autotune.check.fit import fit_findings
 
-        report.fit, fit_notes = fit_findings(loaded.config, context, model, seq_len, grad_checkpointing, assumed)
+        report.fit, fit_notes = fit_findings(
+            loaded.config, context, model, seq_len, grad_checkpointing=grad_checkpointing, assumed=assumed
+        )
         report.findings += fit_notes
     if fix_output is not None:
         report.fix = fix_config(
@@ -284,8 +286,8 @@ def check_config(
             context,
             fix_output,
             tuple(loaded.duplicate_keys),
-            allow_training_changes,
-            loaded.strict_json_problem,
-            precision,
+            allow_training_changes=allow_training_changes,
+            strict_json_problem=loaded.strict_json_problem,
+            mixed_precision=precision,
         )
     return report

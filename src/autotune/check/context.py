@@ -42,7 +42,7 @@ def resolve_context(
     target: Target | None = None
     hardware_note = ""
     try:
-        target = resolve_target(probed, gpus, nodes, gpu_type, gpu_memory)
+        target = resolve_target(probed, gpus, nodes, gpu_type, gpu_memory=gpu_memory)
     except UserError as error:
         if gpu_type or gpu_memory:
             raise  # a bad --gpu-type is the user's to fix

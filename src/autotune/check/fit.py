@@ -228,9 +228,15 @@ def predict_config(
     if accumulation is None and stage == 1:
         notes.append("gradient accumulation not known: ZeRO-1's full-gradient buffer is counted")
     return ConfigFit(
-        candidate, settings, predicted, verdict, int(headroom * target.free_memory_bytes), _pinned(zero, predicted),
-        tuple(notes), tuple(mode_notes),
-    )  # fmt: skip
+        candidate,
+        settings,
+        predicted,
+        verdict,
+        limit_bytes=int(headroom * target.free_memory_bytes),
+        pinned_host_bytes=_pinned(zero, predicted),
+        notes=tuple(notes),
+        mode_notes=tuple(mode_notes),
+    )
 
 
 def _pinned(zero: Any, predicted: MemoryEstimate) -> int:
@@ -274,7 +280,12 @@ def fit_findings(
         )
     try:
         fitted = predict_config(
-            config, model, context.target, base, grad_checkpointing, assumed.headroom if assumed else 0.9
+            config,
+            model,
+            context.target,
+            base,
+            grad_checkpointing=grad_checkpointing,
+            headroom=assumed.headroom if assumed else 0.9,
         )
     except ConfigNotModelled as why:
         return None, [Finding(Severity.INFO, "", f"Fit not checked: {why}.", "fit")]

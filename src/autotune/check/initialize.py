@@ -247,4 +247,4 @@ def client_optimizer_findings(
         changes_training=False,
     )
     severity = Severity.ERROR if fills_auto else Severity.WARNING
-    return [Finding(severity, "zero_optimization.offload_optimizer", message, "initialize", fix)]
+    return [Finding(severity, "zero_optimization.offload_optimizer", message, "initialize", fix=fix)]

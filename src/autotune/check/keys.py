@@ -47,7 +47,7 @@ def _misplaced_top_level(config: dict[str, Any], key: str, section: str) -> Find
         key,
         f"DeepSpeed ignores a top-level {key!r}: it belongs under {section!r}, where it means something.",
         "unknown-key",
-        fix,
+        fix=fix,
     )
 
 
@@ -68,7 +68,7 @@ def _comment_in_model_section(path: ConfigPath, config_siblings: dict[str, Any])
         f"move it to the top level as {destination[0]!r} (kept, and ignored there)",
         (Edit("move", path, to=destination),),
     )
-    return Finding(Severity.ERROR, dotted(path), message, "comment", fix)
+    return Finding(Severity.ERROR, dotted(path), message, "comment", fix=fix)
 
 
 def _unknown_top_level(config: dict[str, Any], key: str) -> Finding:
@@ -82,7 +82,7 @@ def _unknown_top_level(config: dict[str, Any], key: str) -> Finding:
         key,
         f"Unknown top-level key: DeepSpeed ignores it without a warning.{hint}",
         "unknown-key",
-        _rename_or_remove((key,), (guess,) if guess else None, config),
+        fix=_rename_or_remove((key,), (guess,) if guess else None, config),
     )
 
 
@@ -97,7 +97,7 @@ def _model_section(path: ConfigPath, value: dict[str, Any], model: type[BaseMode
             findings.append(_comment_in_model_section(item_path, value))
             continue
         if field is None:
-            findings.append(_unknown_model_key(item_path, item, set(accepted), removed.get(key), value))
+            findings.append(_unknown_model_key(item_path, item, set(accepted), removed.get(key), siblings=value))
             continue
         replacement = schema.deprecated_replacement(field)
         if replacement is not None:
@@ -121,7 +121,7 @@ def _unknown_model_key(
             dotted(path),
             f"{removed_reason.strip()} (refused by DeepSpeed {_version()})",
             "unknown-key",
-            Fix("remove it", (Edit("remove", path),)),
+            fix=Fix("remove it", (Edit("remove", path),)),
         )
     guess = _did_you_mean(path[-1], accepted)
     hint = f" Did you mean {guess!r}?" if guess else ""
@@ -135,7 +135,7 @@ def _unknown_model_key(
         dotted(path),
         f"Unknown key in {section}: {reaction}.{hint}",
         "unknown-key",
-        _rename_or_remove(path, target, siblings),
+        fix=_rename_or_remove(path, target, siblings),
     )
 
 
@@ -158,7 +158,7 @@ def _plain_section(section: str, value: dict[str, Any]) -> list[Finding]:
                 f"{section}.{key}",
                 f"DeepSpeed never reads this key of {section!r}; it is ignored without a warning.{hint}",
                 "unknown-key",
-                _rename_or_remove((section, key), (section, guess) if guess else None, value),
+                fix=_rename_or_remove((section, key), (section, guess) if guess else None, value),
             )
         )
     return findings
@@ -174,7 +174,7 @@ def key_findings(config: dict[str, Any]) -> list[Finding]:
         if key in removed:
             fix = Fix("remove it", (Edit("remove", (key,)),))
             message = f"{removed[key].strip()} (refused by DeepSpeed {_version()})"
-            findings.append(Finding(Severity.ERROR, key, message, "removed-key", fix))
+            findings.append(Finding(Severity.ERROR, key, message, "removed-key", fix=fix))
         elif key not in known and is_comment_key(key):
             findings.append(_comment((key,)))
         elif key not in known:

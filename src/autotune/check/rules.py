@@ -40,7 +40,7 @@ def _stage3_only_keys() -> set[str]:
 
 def _no_effect(path: str, message: str, severity: Severity = Severity.WARNING) -> Finding:
     keys = tuple(path.split("."))
-    return Finding(severity, path, message, "no-effect", Fix("remove it", (Edit("remove", keys),)))
+    return Finding(severity, path, message, "no-effect", fix=Fix("remove it", (Edit("remove", keys),)))
 
 
 def stage_findings(config: dict[str, Any]) -> list[Finding]:
@@ -84,7 +84,7 @@ def _nvme_below_stage3(stage: int, offload_optimizer: dict[str, Any]) -> Finding
         f"NVMe optimizer offload needs stage 3; at stage {stage} DeepSpeed keeps the optimizer states in CPU RAM "
         "and never touches the NVMe path. Plan host RAM for them, or use stage 3 for NVMe.",
         "no-effect",
-        Fix('write device "cpu" (what runs); use stage 3 yourself if you need NVMe', tuple(edits)),
+        fix=Fix('write device "cpu" (what runs); use stage 3 yourself if you need NVMe', tuple(edits)),
     )
 
 
@@ -172,7 +172,7 @@ def batch_findings(config: dict[str, Any], world_size: int) -> list[Finding]:
     shown = ", ".join(f"{name}={'unset' if value is None else value}" for name, value in zip(names, given, strict=True))
     message = f"Batch sizes do not add up at world size {world_size} ({shown}); DeepSpeed refuses to start: {problem}"
     fix = _batch_fix(given, micro_batch, accumulation, world_size)
-    return [Finding(Severity.ERROR, tbs_key, message, "batch", fix)]
+    return [Finding(Severity.ERROR, tbs_key, message, "batch", fix=fix)]
 
 
 def _batch_fix(
@@ -223,7 +223,7 @@ def precision_findings(config: dict[str, Any], bf16_capable: bool | None) -> lis
                 "fp16.enabled",
                 message,
                 "precision",
-                Fix("switch to bf16", edits, changes_training=True),
+                fix=Fix("switch to bf16", edits, changes_training=True),
             )
         ]
     if not bf16_capable and bf16.get("enabled") is True:
@@ -235,7 +235,7 @@ def precision_findings(config: dict[str, Any], bf16_capable: bool | None) -> lis
                 "bf16.enabled",
                 message,
                 "precision",
-                Fix("switch to fp16", edits, changes_training=True),
+                fix=Fix("switch to fp16", edits, changes_training=True),
             )
         ]
     return []

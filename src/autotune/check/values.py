@@ -169,7 +169,7 @@ def auto_findings(config: dict[str, Any]) -> list[Finding]:
         else:
             severity, reason = Severity.WARNING, 'DeepSpeed uses the string "auto" as the value'
         message = f'"auto" is only filled in by the HF Trainer (pass --hf if this config is for it): {reason}.'
-        findings.append(Finding(severity, dotted(path), message, "auto", _auto_fix(config, path, field)))
+        findings.append(Finding(severity, dotted(path), message, "auto", fix=_auto_fix(config, path, field)))
     return findings
 
 
@@ -228,5 +228,5 @@ def string_value_findings(config: dict[str, Any]) -> list[Finding]:
         # nothing that runs; where DeepSpeed uses the string as is, it may (a non-empty "false" is true).
         same_meaning = False if (field is not None or failure) else None
         fix = Fix(f"write {converted!r} (the same value, as a number)", (Edit("set", path, converted),), same_meaning)
-        findings.append(Finding(severity, dotted(path), f"{value!r} is a string: {reason}.", "string-value", fix))
+        findings.append(Finding(severity, dotted(path), f"{value!r} is a string: {reason}.", "string-value", fix=fix))
     return findings

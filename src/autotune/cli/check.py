@@ -175,7 +175,16 @@ def check_command(
     recorded = read_assumptions(config)
     hardware_given = gpus is not None or gpu_type is not None or gpu_memory is not None
     if recorded and not model and not hardware_given:
-        report = _check_as_tuned(config, recorded, seq_len, grad_checkpointing, hf, requested, options, kernel_set)
+        report = _check_as_tuned(
+            config,
+            recorded,
+            seq_len,
+            grad_checkpointing,
+            hf=hf,
+            consumer=requested,
+            options=options,
+            kernels=kernel_set,
+        )
     else:
         context = resolve_context(gpus, nodes, gpu_type, gpu_memory, for_hf_trainer=hf, consumer=requested)
         summary = None
@@ -190,9 +199,17 @@ def check_command(
 
         assumed = FitAssumptions(kernels=kernel_set) if kernel_set != D.kernels else None  # otherwise as before
         report = check_config(
-            config, context, env_file, summary, seq_len or 0, bool(grad_checkpointing), fix, fix_training, init_check,
-            assumed,
-        )  # fmt: skip
+            config,
+            context,
+            env_file,
+            summary,
+            seq_len=seq_len or 0,
+            grad_checkpointing=bool(grad_checkpointing),
+            fix_output=fix,
+            allow_training_changes=fix_training,
+            init_check=init_check,
+            assumed=assumed,
+        )
     if as_json:
         print_json(report.to_dict())
     else:
@@ -268,12 +285,12 @@ def _check_as_tuned(
         context,
         options.env_file,
         ctx.model,
-        ctx.seq_len,
-        ckpt,
-        options.fix,
-        options.fix_training,
-        options.init_check,
-        assumed,
+        seq_len=ctx.seq_len,
+        grad_checkpointing=ckpt,
+        fix_output=options.fix,
+        allow_training_changes=options.fix_training,
+        init_check=options.init_check,
+        assumed=assumed,
     )
 
 

@@ -200,9 +200,15 @@ def _config_answer(ctx: TuneContext, config: dict, grad_checkpointing: bool) -> 
     request = ctx.request
     try:
         return predict_config(
-            config, ctx.model, ctx.target, ctx.settings, grad_checkpointing, request.headroom, request.micro_batch,
-            request.global_batch,
-        )  # fmt: skip
+            config,
+            ctx.model,
+            ctx.target,
+            ctx.settings,
+            grad_checkpointing=grad_checkpointing,
+            headroom=request.headroom,
+            micro_batch=request.micro_batch,
+            global_batch=request.global_batch,
+        )
     except ConfigNotModelled as why:
         hint = "; give --micro-batch" if why.micro_batch_unknown else ""
         raise UserError(f"--config {request.config}: {why}{hint}") from None

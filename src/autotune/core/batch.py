@@ -75,4 +75,4 @@ def describe_global_batch(
             "chosen by autotune (no --global-batch): accumulation 1 and the fastest micro-batch that fits. This"
             f" sets your optimization batch; pin it with --global-batch {total} or choose yours."
         )
-    return GlobalBatch(total, micro, accumulation, world, seq_len, pinned_by or "autotune", how)
+    return GlobalBatch(total, micro, accumulation, world, seq_len=seq_len, chosen_by=pinned_by or "autotune", how=how)

@@ -226,7 +226,14 @@ def fill_like_consumer(
     outcome = FillOutcome(filled=copy.deepcopy(config))
     try:
         with mock.patch.dict(os.environ, _without_accelerate_env(), clear=True):
-            outcome = _fill(copy.deepcopy(config), consumer, world_size, mixed_precision, hf_deepspeed, DeepSpeedPlugin)
+            outcome = _fill(
+                copy.deepcopy(config),
+                consumer,
+                world_size,
+                mixed_precision,
+                hf_deepspeed=hf_deepspeed,
+                plugin_class=DeepSpeedPlugin,
+            )
     finally:
         hf_deepspeed._hf_deepspeed_config_weak_ref = saved_reference
     return outcome

@@ -284,10 +284,10 @@ def activation_breakdown(
     window = layer_backward_transient(model, settings, decoder_with_cross=encoder_decoder)
     shared = _shared_bytes(model, traits, settings)
     if not grad_checkpointing:
-        return ActivationBreakdown(all_layers + outside, shared, logits_peak, window, chunk)
+        return ActivationBreakdown(all_layers + outside, shared, logits_peak, window, loss_chunk=chunk)
     # HF checkpointing keeps each layer's input hidden state and rebuilds one layer at a time in backward.
     kept_inputs = model.total_layers * d * model.hidden_size * settings.seq_len
-    return ActivationBreakdown(kept_inputs + outside, shared, logits_peak, window + largest_layer, chunk)
+    return ActivationBreakdown(kept_inputs + outside, shared, logits_peak, window + largest_layer, loss_chunk=chunk)
 
 
 # Fused training kernels (EstimateSettings.kernels; what each keeps, with its source, in estimate/kernels.py). They

@@ -92,7 +92,7 @@ def _stage3(
     reduce = knobs.reduce_bucket_size or sizes["reduce_bucket_size"]
     persistent = PERSISTENT_ELEMENTS_PER_LAYER_PER_HIDDEN * model.hidden_size * model.total_layers
     live, prefetch = gathered_at_turn(
-        model, knobs.stage3_max_reuse_distance, grad_checkpointing, prefetch, knobs.stage3_max_live_parameters
+        model, knobs.stage3_max_reuse_distance, grad_checkpointing, prefetch, max_live=knobs.stage3_max_live_parameters
     )
     components = {
         "reduce_buckets": _reduce_buffer_bytes(reduce, 1, model, settings) if knobs.contiguous_gradients else 0,
@@ -317,7 +317,7 @@ def deepspeed_buffers(
     elif rung.stage in (1, 2):
         components = _stage12(model, settings)
     else:
-        components = _stage3(model, target, rung, settings, grad_checkpointing)
+        components = _stage3(model, target, rung, settings, grad_checkpointing=grad_checkpointing)
     transient = _weight_grad_transient(model, rung, settings)
     uncertainty: dict[str, int] = {}
     end_of_backward = end_of_backward_uncertainty = 0

@@ -111,7 +111,7 @@ def calibrate_oom(
         calibration.overhead_bytes,
         calibration.observations,
         bounds,
-        group,
+        group=group,
     )
     return Calibration(
         activation_scales=_with_scale(calibration, checkpointing_setting(candidate.grad_checkpointing), scale),
@@ -141,7 +141,7 @@ def calibrate(
     latest_group = [o for o in observations if _group(o["key"]) == _group(candidate.key)]
     offset = sum(o["measured"] - o["fixed"] - scale * o["variable"] for o in latest_group) / len(latest_group)
     bounds = [b for b in calibration.oom_bounds if b["key"] != candidate.key]  # it ran: no longer a bound
-    scale, offset = _enforce_bounds(scale, offset, observations, bounds, _group(candidate.key))
+    scale, offset = _enforce_bounds(scale, offset, observations, bounds, group=_group(candidate.key))
     return Calibration(
         activation_scales=_with_scale(calibration, setting, scale),
         overhead_bytes=round(offset),

@@ -106,9 +106,18 @@ def estimate(
         optimizer=settings.optimizer,
         pinned_rounding=pins_through_cuda(settings),
     )
-    buffers = deepspeed_buffers(model, target, candidate.rung, settings, candidate.grad_checkpointing)
+    buffers = deepspeed_buffers(
+        model, target, candidate.rung, settings, grad_checkpointing=candidate.grad_checkpointing
+    )
     # a modern memory mode's own terms on top of the classic rung (estimate/modes.py)
-    modes = mode_memory(model, target, candidate, settings.precision, settings.knobs, settings.reduce_bucket_elements)
+    modes = mode_memory(
+        model,
+        target,
+        candidate,
+        settings.precision,
+        knobs=settings.knobs,
+        bucket_elements=settings.reduce_bucket_elements,
+    )
     device = {**states.device_components, **buffers.device_components, **modes.device_components}
     raw_activations = _activation_components(model, candidate, settings)
     activations = _scaled(raw_activations, calibration, candidate.grad_checkpointing)
@@ -147,7 +156,7 @@ def estimate(
     else:
         if "unpartitioned_model_reserve" in device:  # later tensors reuse the cached blocks (buffers.py)
             device["unpartitioned_model_reserve"] = reserve_left_after_reuse(
-                device["unpartitioned_model_reserve"], device, model, candidate.micro_batch, settings
+                device["unpartitioned_model_reserve"], device, model, candidate.micro_batch, settings=settings
             )
         # from the uncalibrated allocations, so that calibration stays a linear fit (see calibration.py)
         uncalibrated = sum(device.values()) - sum(activations.values()) + sum(raw_activations.values())
@@ -159,9 +168,15 @@ def estimate(
         unknown_init = 0
         if candidate.rung.stage == 3 and settings.knobs.zero_init is None:
             whole = unpartitioned_model_bytes(model, settings)
-            unknown_init = reserve_left_after_reuse(whole, device, model, candidate.micro_batch, settings)
+            unknown_init = reserve_left_after_reuse(whole, device, model, candidate.micro_batch, settings=settings)
         margins = gpu_margins(
-            device, model, runtime, allocated, calibration, unknown_init, candidate.grad_checkpointing
+            device,
+            model,
+            runtime,
+            allocated,
+            calibration=calibration,
+            unknown_zero_init_bytes=unknown_init,
+            grad_checkpointing=candidate.grad_checkpointing,
         )
         margins.update({name: value for name, value in buffers.device_uncertainty.items() if value > 0})
         if end_of_backward_margin > 0:

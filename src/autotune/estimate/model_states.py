@@ -173,7 +173,9 @@ def model_states(
     if rung.stage in (0, 1, 2):
         offload = rung.offload_optimizer is not None
         replicated = rung.stage == 0  # stage 0 holds everything on every rank: ZeRO-2 at a single rank
-        _job_host, device = _zero2(ds, trainable, 1 if replicated else gpus, 1 if replicated else nodes, offload)
+        _job_host, device = _zero2(
+            ds, trainable, 1 if replicated else gpus, 1 if replicated else nodes, offload=offload
+        )
         components["model_states"] = device
         if rung.stage == 1 and knobs.zero1_keeps_full_gradient:
             components["zero1_unpartitioned_grads"] = BYTES_16BIT * trainable - BYTES_16BIT * trainable // world
@@ -183,7 +185,12 @@ def model_states(
             host = pinned + pageable
     else:
         _node_host, device = _zero3(
-            ds, model, trainable, target, rung.offload_optimizer is not None, rung.offload_param is not None
+            ds,
+            model,
+            trainable,
+            target,
+            offload_opt=rung.offload_optimizer is not None,
+            offload_param=rung.offload_param is not None,
         )
         components["model_states"] = device
         frozen_share = weight_bytes * frozen // world
@@ -192,14 +199,19 @@ def model_states(
         per_rank_host = 0
         if rung.offload_optimizer == "cpu":
             pinned, pageable = offloaded_stage3_host(
-                trainable, world, precision, knobs.sub_group_size, rung.offload_param == "cpu", pinned_rounding
+                trainable,
+                world,
+                precision,
+                knobs.sub_group_size,
+                offload_param=rung.offload_param == "cpu",
+                rounded=pinned_rounding,
             )
             per_rank_host = pinned + pageable
         if rung.offload_optimizer == "nvme":
             # The optimizer part of what DeepSpeed would hold in host RAM goes to NVMe: the difference
             # between its "optimizer offloaded" and "nothing offloaded" host figures.
-            with_params_host, _ = _zero3(ds, model, trainable, target, True, True)
-            optimizer_host, _ = _zero3(ds, model, trainable, target, True, False)
+            with_params_host, _ = _zero3(ds, model, trainable, target, offload_opt=True, offload_param=True)
+            optimizer_host, _ = _zero3(ds, model, trainable, target, offload_opt=True, offload_param=False)
             params_host = (with_params_host - optimizer_host) // gpus
             nvme = optimizer_host // gpus
             per_rank_host = params_host if rung.offload_param == "cpu" else 0
@@ -211,7 +223,7 @@ def model_states(
             nvme += frozen_share
     if precision == "fp32":
         components["fp32_widening"] = _fp32_widening(rung, trainable, world)
-    step_only, step_temporary = _step_phase(rung, trainable, world, precision, knobs)
+    step_only, step_temporary = _step_phase(rung, trainable, world, precision, knobs=knobs)
     flattened = not (rung.stage == 0 and precision == "fp32")  # see optimizer_memory
     chosen = optimizer_memory(
         optimizer, trainable if rung.stage == 0 else trainable // world, flattened, model.largest_layer_params

@@ -37,7 +37,9 @@ def largest_micro_batch(
     candidates = eligible_micro_batches(target.world_size, global_batch, limit)
 
     def fits(micro_batch: int) -> bool:
-        predicted = estimate(model, target, Candidate(rung, micro_batch, grad_checkpointing), settings, calibration)
+        predicted = estimate(
+            model, target, Candidate(rung, micro_batch, grad_checkpointing), settings, calibration=calibration
+        )
         return check_fit(predicted, target, headroom).fits
 
     low, high = 0, len(candidates) - 1
@@ -117,11 +119,20 @@ def plan(
     for rung in LADDER:
         for checkpointing in (False, True):
             micro_batch = largest_micro_batch(
-                model, target, rung, checkpointing, settings, headroom, calibration, global_batch
+                model,
+                target,
+                rung,
+                checkpointing,
+                settings=settings,
+                headroom=headroom,
+                calibration=calibration,
+                global_batch=global_batch,
             )
-            predicted = estimate(model, target, Candidate(rung, micro_batch or 1, checkpointing), settings, calibration)
+            predicted = estimate(
+                model, target, Candidate(rung, micro_batch or 1, checkpointing), settings, calibration=calibration
+            )
             verdict = check_fit(predicted, target, headroom)
             if micro_batch is None and verdict.fits:  # memory allows micro-batch 1, the global batch does not
                 verdict = Verdict(False, _indivisible(global_batch, target.world_size, headroom), 0, "global_batch")
-            rows.append(PlanRow(rung, checkpointing, micro_batch, predicted, verdict))
-    return Plan(model, target, settings, headroom, global_batch, rows)
+            rows.append(PlanRow(rung, checkpointing, micro_batch, predicted, verdict=verdict))
+    return Plan(model, target, settings, headroom, global_batch=global_batch, rows=rows)

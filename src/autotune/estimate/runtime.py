@@ -43,7 +43,12 @@ def local_stack(compute_capability: str | None = None) -> RuntimeStack:
             cuda = f"{int(digits[:-1])}.{digits[-1]}"
     nccl = next((version for version in map(_installed, _NCCL_PACKAGES) if version), None)
     return RuntimeStack(
-        torch_version, cuda, nccl, compute_capability, _installed("transformers"), _installed("deepspeed")
+        torch_version,
+        cuda,
+        nccl,
+        compute_capability,
+        transformers_version=_installed("transformers"),
+        deepspeed_version=_installed("deepspeed"),
     )
 
 

@@ -180,7 +180,7 @@ def _probe_nvml(visible: str | None) -> tuple[list[GpuInfo], str | None]:
         uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
         selection = visible_selection(visible, uuids)
         physical = list(range(count)) if selection is None else selection
-        gpus = [_nvml_device(pynvml, handles[p], index, p, uuids[p]) for index, p in enumerate(physical)]
+        gpus = [_nvml_device(pynvml, handles[p], index, p, uuid=uuids[p]) for index, p in enumerate(physical)]
         return gpus, driver
     finally:
         pynvml.nvmlShutdown()

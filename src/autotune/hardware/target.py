@@ -38,7 +38,9 @@ def resolve_target(
     elif gpu_memory:
         spec = generic_gpu(parse_bytes(gpu_memory, what="--gpu-memory"))
     if spec is not None:
-        return Target(spec, gpus or 1, nodes, spec.memory_bytes, host_ram, nvme, measured=False)
+        return Target(
+            spec, gpus or 1, nodes, spec.memory_bytes, host_ram_bytes=host_ram, nvme_free_bytes=nvme, measured=False
+        )
     if probed is None or not probed.gpus:
         raise UserError(
             "no GPU visible on this machine: plan for the cluster with --gpu-type (e.g. a100-80gb)"
@@ -64,4 +66,13 @@ def resolve_target(
         source="probe",
     )
     memlock = probed.host.locked.binding_bytes
-    return Target(spec, len(used), nodes, weakest.free_bytes, host_ram, nvme, measured=True, memlock_bytes=memlock)
+    return Target(
+        spec,
+        len(used),
+        nodes,
+        weakest.free_bytes,
+        host_ram_bytes=host_ram,
+        nvme_free_bytes=nvme,
+        measured=True,
+        memlock_bytes=memlock,
+    )

@@ -271,7 +271,7 @@ def detect_job_env(
     """torchrun's variables win when present (they describe the training world exactly), then SLURM's."""
     if device not in ("cuda", "cpu"):
         raise UserError(f"--device must be cuda or cpu, got {device!r}")
-    src = _Sources(environ, overrides, device, visible_gpus, scontrol)
+    src = _Sources(environ, overrides, device, visible_gpus, scontrol=scontrol)
     if any(environ.get(k) for k in TORCHRUN_KEYS):
         job = _torchrun(src)
     elif environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"):

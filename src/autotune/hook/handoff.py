@@ -70,8 +70,8 @@ def hook_handoff(result: HookResult) -> Handoff:
         config_of(result.record.config_text),
         published_report(outputs),
         candidate,
-        result.job.gpus_per_node,
-        result.job.nodes,
+        gpus_per_node=result.job.gpus_per_node,
+        nodes=result.job.nodes,
     )
 
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from autotune.core.ladder import Candidate
     from autotune.request.tune_request import TuneRequest
     from autotune.search.records import SearchEvent, TrialRecord
+    from autotune.trial.chooser import JobFacts
     from autotune.trial.types import TrialLauncher
     from autotune.tuner import TuneResult
 
@@ -99,7 +100,7 @@ class LeaderJob:
     job: JobEnv
     hardware: str
     tuning: TuneRequest
-    launcher_factory: Callable[[], TrialLauncher | None] = lambda: None  # called by the tuner only
+    launcher_factory: Callable[[], TrialLauncher | JobFacts | None] = lambda: None  # called by the tuner only
     observe: Callable[[SearchEvent], None] = lambda event: None
     tune_fn: TuneFn = real_tune
 

@@ -46,9 +46,11 @@ if TYPE_CHECKING:
     from autotune.hardware.probe import GpuInfo
     from autotune.request.tune_request import TuneRequest
     from autotune.search.records import SearchEvent
+    from autotune.trial.chooser import JobFacts
     from autotune.trial.types import TrialLauncher
 
-LauncherChooser = Callable[[JobEnv, Path, Mapping[str, str]], "TrialLauncher | None"]
+# the job, the tuning, the shared dir, the environment -> the job's facts for tune's one chooser (or a test's launcher)
+LauncherChooser = Callable[[JobEnv, "TuneRequest", Path, Mapping[str, str]], "TrialLauncher | JobFacts | None"]
 GpuProber = Callable[[], "list[GpuInfo]"]
 # TuneRequest fields that describe the job or where output goes, not what is tuned: left out of the key
 _NOT_IN_KEY = ("model", "gpus", "nodes", "out", "report_dir", "hf", "use_cache", "cache_dir", "script")
@@ -236,10 +238,10 @@ def run_hook(
     known = KnownValid(default_verdicts_path() if verdicts_path is None else verdicts_path)
 
     def produce() -> HookRecord:
-        # Own-command mode: tune() runs the user's command itself (trial/script.py), on this node.
-        choose = lambda: None if tuning.command else launcher_chooser(job, shared, environ)  # noqa: E731
+        # Own-command mode too: the chooser's facts carry the command, and tune() runs it (trial/script.py).
+        choose = lambda: launcher_chooser(job, tuning, shared, environ)  # noqa: E731
         publishing = ProgressNote(slot, tuning.max_trials, observe)
-        leader = LeaderJob(key, job, hardware, tuning, choose, publishing, tune_fn)
+        leader = LeaderJob(key, job, hardware, tuning, launcher_factory=choose, observe=publishing, tune_fn=tune_fn)
         record = tune_and_record(leader, slot.directory / "staging")
         if record.config_text is not None and not record.details.get("terminated"):  # tune() validated it
             known.add(verdict_key(record.config_text, job.world_size))
@@ -252,7 +254,9 @@ def run_hook(
         private = Path(tempfile.mkdtemp(prefix="autotune-hook-local-"))
         try:
             alone = replace(tuning, use_cache=False)
-            leader = LeaderJob(key, job, hardware, alone, lambda: None, observe, tune_fn)
+            leader = LeaderJob(
+                key, job, hardware, alone, launcher_factory=lambda: None, observe=observe, tune_fn=tune_fn
+            )
             return Coordinated(tune_and_record(leader, private), "leader", 0.0)
         finally:
             shutil.rmtree(private, ignore_errors=True)
@@ -276,7 +280,7 @@ def run_hook(
         raise HookError(f"--strict: no config written, because {record.warning}")
     try:
         path = atomic_write_text(request.tuning.out, record.config_text or "")
-        report = write_outputs(record, tuning, job, path.resolve(), Path(tuning.report_dir or path.parent))
+        report = write_outputs(record, tuning, job, path.resolve(), report_dir=Path(tuning.report_dir or path.parent))
     except OSError as error:
         why = error.strerror or error
         raise UserError(f"cannot write {request.tuning.out} or the files beside it: {why}") from None
@@ -287,9 +291,9 @@ def run_hook(
         path.resolve(),
         record,
         job,
-        key,
-        outcome.waited_s,
-        time.monotonic() - started,
-        outcome.ignored,
-        report.resolve() if report else None,
+        key=key,
+        waited_s=outcome.waited_s,
+        elapsed_s=time.monotonic() - started,
+        ignored=outcome.ignored,
+        report_path=report.resolve() if report else None,
     )

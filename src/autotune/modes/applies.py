@@ -164,7 +164,7 @@ def _same_training_only(option: ModeOption, facts: ModeFacts) -> ModeOption:
     if not option.applies or not what or facts.allow_approximate:
         return option
     reason = f"changes the training ({what}); tried only with {APPROXIMATE_FLAG}"
-    return ModeOption(option.mode, option.family, False, reason, False)
+    return ModeOption(option.mode, option.family, False, reason, trial_verifiable=False)
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ def _verifiable(family: str, facts: ModeFacts) -> bool:
 def _option(mode: Mode, family: str, facts: ModeFacts, why_not: str | None, why: str) -> ModeOption:
     applies = why_not is None
     reason = why if why_not is None else why_not
-    return ModeOption(mode, family, applies, reason, applies and _verifiable(family, facts))
+    return ModeOption(mode, family, applies, reason, trial_verifiable=applies and _verifiable(family, facts))
 
 
 def _partial_offload(rung: Rung, facts: ModeFacts) -> ModeOption:
@@ -294,7 +294,7 @@ def _partial_offload(rung: Rung, facts: ModeFacts) -> ModeOption:
     elif not facts.ds_optimizer:
         why_not = "needs DeepSpeed's own Adam (stage3.py:317: 'Hybrid Optimizer Only Supports DeepSpeedCPUAdam')"
     why = "offloads only a fraction of the optimizer states: between ZeRO-3 and ZeRO-3 + optimizer offload"
-    return _option(mode, PARTIAL_OFFLOAD, facts, why_not, why)
+    return _option(mode, PARTIAL_OFFLOAD, facts, why_not, why=why)
 
 
 def _zenflow(rung: Rung, facts: ModeFacts) -> ModeOption:
@@ -306,7 +306,7 @@ def _zenflow(rung: Rung, facts: ModeFacts) -> ModeOption:
     else:
         why_not = ZENFLOW_FLOOR.missing(facts.deepspeed_version)
     why = "updates the top-k gradient columns on the GPU, the rest asynchronously on the CPU"
-    return _option(Mode(zenflow=True), ZENFLOW, facts, why_not, why)
+    return _option(Mode(zenflow=True), ZENFLOW, facts, why_not, why=why)
 
 
 def _zero_plus_plus(rung: Rung, facts: ModeFacts) -> list[ModeOption]:
@@ -339,7 +339,13 @@ def _zero_plus_plus(rung: Rung, facts: ModeFacts) -> list[ModeOption]:
     ]
     applies = why_not is None
     return [
-        ModeOption(mode, family, applies, why if why_not is None else why_not, applies and _zpp_verifiable(mode, facts))
+        ModeOption(
+            mode,
+            family,
+            applies,
+            why if why_not is None else why_not,
+            trial_verifiable=applies and _zpp_verifiable(mode, facts),
+        )
         for mode, family, why in choices
     ]
 
@@ -362,7 +368,7 @@ def _super_offload(rung: Rung, facts: ModeFacts) -> ModeOption:
     else:
         why_not = SUPER_OFFLOAD_FLOOR.missing(facts.deepspeed_version)
     why = "stage-3 offload for superchips: CPU Adam on cpuadam_cores_perc of the cores, overlapped with backward"
-    return _option(Mode(super_offload=True), SUPER_OFFLOAD, facts, why_not, why)
+    return _option(Mode(super_offload=True), SUPER_OFFLOAD, facts, why_not, why=why)
 
 
 def considered_modes(rung: Rung, facts: ModeFacts) -> list[ModeOption]:

@@ -79,10 +79,10 @@ def _predicted(record: ModeRecord) -> PredictedMode:
         record.rung.label,
         record.label,
         fits,
-        record.micro_batch,
-        record.grad_checkpointing,
-        record.predicted_peak_bytes,
-        record.trial_verifiable,
+        micro_batch=record.micro_batch,
+        grad_checkpointing=record.grad_checkpointing,
+        predicted_peak_bytes=record.predicted_peak_bytes,
+        trial_verifiable=record.trial_verifiable,
     )
 
 

@@ -75,9 +75,15 @@ def cpu_target(request: TuneRequest) -> Target:
         source="CPU backend (DS_ACCELERATOR=cpu, gloo)",
     )
     return Target(
-        cpu, ranks, request.nodes, budget, host.usable_ram_bytes, host.nvme_free_bytes, measured=True,
+        cpu,
+        ranks,
+        request.nodes,
+        budget,
+        host_ram_bytes=host.usable_ram_bytes,
+        nvme_free_bytes=host.nvme_free_bytes,
+        measured=True,
         memlock_bytes=host.locked.binding_bytes,
-    )  # fmt: skip
+    )
 
 
 def gpu_target(request: TuneRequest) -> Target:
@@ -87,7 +93,7 @@ def gpu_target(request: TuneRequest) -> Target:
     planned = bool(request.gpu_type or request.gpu_memory)
     probed = probe(request.nvme_path) if not planned or request.nvme_path else None
     memory = f"{memory_size(request.gpu_memory, '--gpu-memory')}B" if request.gpu_memory else None
-    target = resolve_target(probed, request.gpus, request.nodes, request.gpu_type, memory)
+    target = resolve_target(probed, request.gpus, request.nodes, request.gpu_type, gpu_memory=memory)
     if planned or request.host_memory:
         # another machine: this one's RAM says nothing of its host; --host-memory does, else unknown. Here: the
         # user's figure replaces the probe's (psutil `available` at probe time, which a machine whose RAM grows

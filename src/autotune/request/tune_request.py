@@ -26,6 +26,7 @@ from autotune.core.choices import (
 from autotune.core.ladder import Rung
 from autotune.core.units import parse_bytes
 from autotune.errors import UserError
+from autotune.trial.chooser import confirms_fresh, uses_warm
 
 MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
 # Relative-position models (T5) have no position table; their pre-training length is the default.
@@ -162,16 +163,15 @@ def check_trial_workers(request: TuneRequest) -> None:
 
 
 def uses_warm_workers(request: TuneRequest) -> bool:
-    """Warm workers unless asked for fresh processes; never across nodes nor for an own command, whose trials start
-    fresh processes (see TuneRequest.trial_workers)."""
-    if request.nodes > 1 or request.command is not None:
-        return False
-    return request.trial_workers != "fresh"
+    """Warm workers unless asked for fresh processes (see TuneRequest.trial_workers); the rule is the launcher
+    chooser's (trial/chooser.py)."""
+    return uses_warm(nodes=request.nodes, own_command=request.command is not None, trial_workers=request.trial_workers)
 
 
 def confirms_pick_in_fresh_process(request: TuneRequest) -> bool:
     """By default on GPUs, where warm workers run the trials: the pick once more in a process of its own."""
-    return uses_warm_workers(request) and request.trial_workers == "auto" and request.device != "cpu"
+    own, workers = request.command is not None, request.trial_workers
+    return confirms_fresh(nodes=request.nodes, own_command=own, trial_workers=workers, device=request.device)
 
 
 def default_seq_len(max_positions: int | None) -> int:

@@ -58,20 +58,6 @@ class Verdict:
         widths = [s.stats.half_width for s in (self.speed, self.runner_up_speed) if s is not None]
         return max(widths)
 
-    def describe(self, label: Callable[[Candidate], str]) -> str:
-        """One line for people: the tie with both figures, or the margin over the runner-up."""
-        if self.runner_up is None or self.runner_up_speed is None:
-            return f"{label(self.pick)}: {self.speed.describe()}; nothing else fitted to compare with"
-        if self.tie:
-            return (
-                f"tie within noise: {label(self.pick)} {self.speed.describe()} and {label(self.runner_up)}"
-                f" {self.runner_up_speed.describe()}; picked the simpler, safer config"
-            )
-        return (
-            f"{label(self.pick)} beats {label(self.runner_up)} by {self.margin:+.1%} beyond the measured spread"
-            f" (+-{self.spread:.1%}): {self.speed.describe()} vs {self.runner_up_speed.describe()}"
-        )
-
     def to_dict(self) -> dict:
         return {
             "pick": self.pick.to_dict(),
@@ -121,4 +107,4 @@ def settle(
     final = decide(again)
     if final is None:
         return verdict
-    return Verdict(final.pick, final.speed, final.runner_up, final.runner_up_speed, final.tie, remeasured=True)
+    return Verdict(final.pick, final.speed, final.runner_up, final.runner_up_speed, tie=final.tie, remeasured=True)

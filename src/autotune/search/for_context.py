@@ -22,7 +22,9 @@ def mode_facts(ctx: TuneContext) -> ModeFacts:
     """What autotune.modes.applies needs to decide which modes apply to this tuning run."""
     request = ctx.request
     ds_optimizer = optimizer_kind(request.optimizer).ds_type is not None
-    return facts_for(ctx.target, request.device, ds_optimizer, ctx.precision, request.allow_approximate)
+    return facts_for(
+        ctx.target, request.device, ds_optimizer, ctx.precision, allow_approximate=request.allow_approximate
+    )
 
 
 def never_run(candidate: Candidate) -> tuple[TrialResult, bool]:
@@ -53,10 +55,10 @@ def context_search(
         ctx.target,
         ctx.settings,
         run,
-        ctx.rungs,
-        ctx.grid,
-        SearchLimits(request.max_trials, budget, request.headroom),
-        observe,
+        rungs=ctx.rungs,
+        micro_batches=ctx.grid,
+        limits=SearchLimits(request.max_trials, budget, request.headroom),
+        observe=observe,
         global_batch=request.global_batch,
         modes=lambda rung: considered_modes(rung, facts),
         offload_ratios=tuple(r for r in ratio_grid() if 0.0 < r < 1.0),

@@ -65,7 +65,7 @@ class ModeWalk:
             for ckpt in (False, True):
                 for choice, record in options:
                     record.trial_verifiable = False
-                    self._plan_mode(rung, ckpt, choice.mode, record, "plan only: no trials on this machine")
+                    self._plan_mode(rung, ckpt, choice.mode, record, why="plan only: no trials on this machine")
         return self.outcome.modes
 
     def _consider_modes(self) -> dict[Rung, list[tuple[ModeChoice, ModeRecord]]]:
@@ -73,7 +73,9 @@ class ModeWalk:
         options: dict[Rung, list[tuple[ModeChoice, ModeRecord]]] = {}
         for rung in self.rungs:
             for choice in self.modes(rung):
-                record = ModeRecord(rung, choice.mode, choice.applies, choice.reason, choice.trial_verifiable)
+                record = ModeRecord(
+                    rung, choice.mode, choice.applies, choice.reason, trial_verifiable=choice.trial_verifiable
+                )
                 self.outcome.modes.append(record)
                 if choice.applies:
                     record.status = "not tried"
@@ -225,7 +227,7 @@ class ModeWalk:
                 self._skip(rung, ckpt, why, Mode(offload_ratio=ratio))
                 return
             points += 1
-            fitted, speed = self._confirm_ratio(rung, ckpt, mb, ratio, ratios)
+            fitted, speed = self._confirm_ratio(rung, ckpt, mb, ratio, ratios=ratios)
             if fitted is None or speed is None:
                 continue
             if previous_speed is not None and speed < previous_speed:

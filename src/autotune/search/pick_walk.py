@@ -96,9 +96,9 @@ class PickWalk:
                 pick.grad_checkpointing,
                 above[0],
                 pick.mode,
-                pick.micro_batch,
-                min(failed, default=None),
-                LaunchPurpose.CONFIRM,
+                ok=pick.micro_batch,
+                bad=min(failed, default=None),
+                purpose=LaunchPurpose.CONFIRM,
             )
 
     def _settle_close_call(self) -> None:

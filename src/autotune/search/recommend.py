@@ -59,15 +59,15 @@ def fixed_micro_batch_plan(ctx: TuneContext, micro_batch: int) -> Plan:
         for checkpointing in (False, True):
             predicted = estimate(ctx.model, target, Candidate(rung, micro_batch, checkpointing), settings)
             verdict = check_fit(predicted, target, headroom)
-            rows.append(PlanRow(rung, checkpointing, micro_batch if verdict.fits else None, predicted, verdict))
-    return Plan(ctx.model, target, settings, headroom, ctx.request.global_batch, rows)
+            rows.append(PlanRow(rung, checkpointing, micro_batch if verdict.fits else None, predicted, verdict=verdict))
+    return Plan(ctx.model, target, settings, headroom, global_batch=ctx.request.global_batch, rows=rows)
 
 
 def plan_for(ctx: TuneContext) -> Plan:
     """The plan of `ctx`: searched micro-batches, or the request's fixed one."""
     if ctx.request.micro_batch is not None:
         return fixed_micro_batch_plan(ctx, ctx.request.micro_batch)
-    return plan(ctx.model, ctx.target, ctx.settings, ctx.request.headroom, ctx.request.global_batch)
+    return plan(ctx.model, ctx.target, ctx.settings, ctx.request.headroom, global_batch=ctx.request.global_batch)
 
 
 def recommend(ctx: TuneContext) -> Recommendation:
@@ -92,7 +92,7 @@ def recommend(ctx: TuneContext) -> Recommendation:
     if candidate.micro_batch != row.estimate.candidate.micro_batch:
         at_pick = estimate(ctx.model, ctx.target, candidate, ctx.settings)
     passed_over = fastest_row if fastest != candidate else None
-    return Recommendation(result, candidate, row, at_pick, host_unknown, passed_over)
+    return Recommendation(result, candidate, row, at_pick, host_unknown=host_unknown, passed_over=passed_over)
 
 
 def mode_summary(ctx: TuneContext) -> ModeSummary:

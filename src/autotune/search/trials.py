@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 
 from autotune.core.choices import Device
 from autotune.core.ladder import Candidate
@@ -20,10 +22,11 @@ from autotune.core.units import format_bytes
 from autotune.errors import UserError
 from autotune.infra.terminate import Terminated
 from autotune.request.context import TuneContext
-from autotune.request.tune_request import TuneRequest, confirms_pick_in_fresh_process, uses_warm_workers
+from autotune.request.tune_request import TuneRequest
 from autotune.search.cache import ResultsCache
 from autotune.search.for_context import context_search
 from autotune.search.records import TIME_BUDGET_CUT, SearchEvent, SearchOutcome, TrialRecord
+from autotune.trial.chooser import JobFacts, TrialLaunchers, open_launchers
 from autotune.trial.plausible import Bounds
 from autotune.trial.types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec
 
@@ -77,61 +80,38 @@ def ops_line(names: tuple[str, ...], built: bool, where: object) -> str:
     )
 
 
-@dataclass(frozen=True)
-class TrialLaunchers:
-    """Where the search's trials run, and where those are warm workers no fresh process has been compared with
-    (GPUs), the launcher that confirms the pick in a process of its own (Search.confirm_fresh)."""
-
-    trials: TrialLauncher
-    confirm: TrialLauncher | None = None
-
-    @property
-    def process_starts(self) -> int | None:
-        """Processes started for the trials where warm workers ran several in one; None: one per trial."""
-        starts = getattr(self.trials, "restarts", None)
-        if starts is None:
-            return None
-        return starts + getattr(self.confirm, "launches", 0)
-
-
 @contextlib.contextmanager
 def launcher_for(
     request: TuneRequest,
-    given: TrialLauncher | TrialLaunchers | None,
+    given: TrialLauncher | TrialLaunchers | JobFacts | None,
     observe: Callable[[SearchEvent], None] | None = None,
+    environ: Mapping[str, str] | None = None,
+    which: Callable[[str], str | None] = shutil.which,
 ) -> Iterator[TrialLaunchers]:
-    """The caller's launcher (with its fresh-process confirmer, if it brings one), else warm workers (start-up paid
-    once; on GPUs with the pick confirmed in a fresh process, request.confirms_pick_in_fresh_process) or a fresh
-    process per trial (`--trial-workers fresh`). Several nodes: srun inside a SLURM allocation, else one launcher
-    per node with a chosen master port."""
-    device, nodes = request.device, request.nodes
-    if given is not None:
-        yield given if isinstance(given, TrialLaunchers) else TrialLaunchers(given)
+    """The caller's launcher (with its fresh-process confirmer, if it brings one), else the one chooser's
+    (trial/chooser.py) from the job's facts: the hook's when it gives them, else this request's and this process's
+    environment."""
+    if isinstance(given, TrialLaunchers):
+        yield given
         return
-    from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
-
-    if nodes > 1:
-        from autotune.trial.nodes import LocalNodesLauncher, in_slurm_allocation
-
-        if in_slurm_allocation():
-            from autotune.trial import SlurmLauncher
-
-            yield TrialLaunchers(SlurmLauncher())
-        else:
-            yield TrialLaunchers(
-                LocalNodesLauncher(env={"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None)
-            )
+    if given is not None and not isinstance(given, JobFacts):
+        yield TrialLaunchers(given)
         return
+    facts = given or request_facts(request, os.environ if environ is None else environ)
+    with open_launchers(facts, which=which, on_replace=_replaced_note(observe)) as chosen:
+        yield chosen
 
-    # glibc keeps freed arenas; returning large frees to the OS makes peak RSS the working set the memory
-    # model predicts (about 20% lower than default glibc on CPU trials; benchmarks/results/estimate.md).
-    env = {"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else None
-    if not uses_warm_workers(request):
-        yield TrialLaunchers(LocalLauncher(env=env))
-        return
-    with WarmWorkerPool(env=env, on_replace=_replaced_note(observe)) as pool:
-        confirm = FreshAfterWarm(pool, LocalLauncher(env=env)) if confirms_pick_in_fresh_process(request) else None
-        yield TrialLaunchers(pool, confirm)
+
+def request_facts(request: TuneRequest, environ: Mapping[str, str]) -> JobFacts:
+    """The job facts `autotune tune` knows: its request, and SLURM, torchrun and MASTER_PORT from its environment."""
+    return JobFacts.of_process(
+        environ,
+        nodes=request.nodes,
+        device=request.device,
+        trial_workers=request.trial_workers,
+        command=request.command,
+        consumer=request.consumer,
+    )
 
 
 def _replaced_note(observe: Callable[[SearchEvent], None] | None) -> Callable[[int, str], None] | None:
@@ -149,16 +129,6 @@ def _replaced_note(observe: Callable[[SearchEvent], None] | None) -> Callable[[i
         )
 
     return note
-
-
-def script_launcher(request: TuneRequest) -> TrialLauncher | None:
-    """Own-command mode: every trial runs the user's launch command (trial/script.py)."""
-    if request.command is None:
-        return None
-    from autotune.trial.script import ScriptLauncher
-    from autotune.trial.script_command import parse_command
-
-    return ScriptLauncher(parse_command(request.command, consumer=request.consumer))
 
 
 def search_with_trials(
@@ -182,12 +152,12 @@ def search_with_trials(
         if ops is not None:
             ops.before(candidate)
         spec, cut = budgeted_spec(ctx.spec(candidate), deadline if budgeted else None)
-        result = run_trial(launcher, spec, observe, candidate, bounds)
+        result = retried_trial(launcher, spec, observe, candidate, bounds=bounds)
         fresh = launchers.confirm if launcher is launchers.trials else None
         if fresh is not None and (why := warm_only_doubt(ctx, candidate, result)):
             note = f"{why} in a warm worker: running it once in a fresh process before believing it"
             observe(SearchEvent("prepare", candidate, message=note))
-            result = run_trial(fresh, spec, observe, candidate, bounds)
+            result = retried_trial(fresh, spec, observe, candidate, bounds=bounds)
         if cut and result.status == "timeout":  # not the candidate's: never cached (timeouts are not)
             result = replace(result, error=f"{TIME_BUDGET_CUT} ({ctx.request.time_budget_s:.0f} s)")
         if cache and result.status in DETERMINISTIC_STATUSES:  # what a rerun would give again, nothing else
@@ -277,7 +247,9 @@ def warm_only_doubt(ctx: TuneContext, candidate: Candidate, result: TrialResult)
     if not result.ok or ctx.request.device == "cpu" or not host_ram:
         return None
     host_limit = int(ctx.request.headroom * host_ram)
-    record = TrialRecord(candidate, result, 0, 0, False, host_limit, ctx.target.gpus_per_node)
+    record = TrialRecord(
+        candidate, result, 0, 0, from_cache=False, host_limit_bytes=host_limit, gpus_per_node=ctx.target.gpus_per_node
+    )
     if record.over_host_headroom:
         return f"host RAM peak {format_bytes(record.host_peak_bytes or 0)} over {format_bytes(host_limit)}"
     return None
@@ -288,7 +260,9 @@ def run_bounds(ctx: TuneContext) -> Bounds:
     device: Device = "cpu" if ctx.request.device == "cpu" else "cuda"
     peak_tflops = ctx.target.gpu.peak_tflops(ctx.precision)
     tokens_per_sample = 1 if ctx.request.command is not None else ctx.seq_len  # the user's command: its own data
-    return Bounds.for_run(ctx.model.total_params, ctx.target.world_size, device, peak_tflops, tokens_per_sample)
+    return Bounds.for_run(
+        ctx.model.total_params, ctx.target.world_size, device, peak_tflops, tokens_per_sample=tokens_per_sample
+    )
 
 
 def believed_trials(cache: ResultsCache, key: str, bounds: Bounds) -> dict[Candidate, TrialResult]:
@@ -303,7 +277,7 @@ def believed_trials(cache: ResultsCache, key: str, bounds: Bounds) -> dict[Candi
     return kept
 
 
-def run_trial(
+def retried_trial(
     launcher: TrialLauncher,
     spec: TrialSpec,
     observe: Callable[[SearchEvent], None],

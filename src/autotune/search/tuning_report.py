@@ -148,20 +148,21 @@ def _skipped(ctx: TuneContext, outcome: SearchOutcome | None) -> tuple[Skipped, 
 
 def report_of(
     ctx: TuneContext,
-    candidate: Candidate | None,
-    outcome: SearchOutcome | None,
-    plan_data: dict | None,
-    config_path: Path | None,
-    hf_path: Path | None,
-    launch: LaunchCommands | None,
+    *,
     elapsed_s: float,
+    candidate: Candidate | None = None,
+    outcome: SearchOutcome | None = None,
+    plan_data: dict | None = None,
+    config_path: Path | None = None,
+    hf_path: Path | None = None,
+    launch: LaunchCommands | None = None,
 ) -> TuneReport:
     """The report of what was found; a finished tuning adds its batch, training and command (`finished_report`)."""
     request = ctx.request
     fresh = outcome.fresh_confirmation if outcome else None
     verdict = outcome.verdict if outcome else None
     best = outcome.best if outcome else None
-    choice, host_need = _choice(ctx, candidate, best, fresh, verdict) if candidate else (None, None)
+    choice, host_need = _choice(ctx, candidate, best, fresh, verdict=verdict) if candidate else (None, None)
     modes = outcome.modes if outcome else planned_modes(ctx)
     return TuneReport(
         model={k: v for k, v in ctx.model.to_dict().items() if k != "config"},
@@ -205,7 +206,13 @@ def report_of(
 
 
 def finished_report(
-    ctx: TuneContext, report: TuneReport, candidate: Candidate, config: dict, config_path: Path, plan_notes: list[str]
+    ctx: TuneContext,
+    report: TuneReport,
+    *,
+    candidate: Candidate,
+    config: dict,
+    config_path: Path,
+    plan_notes: list[str],
 ) -> TuneReport:
     """A tuning that emitted a config: its notes on the config, the global batch, the training and any own
     command, added once to the report `report_of` built."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.stop import StopReason
@@ -48,13 +49,55 @@ from autotune.search.speed import (
 from autotune.trial.types import TrialResult
 
 
+class EstimateFn(Protocol):
+    """autotune.estimate.estimate's signature: what a memory model the search is given must accept."""
+
+    def __call__(
+        self,
+        model: ModelSummary,
+        target: Target,
+        candidate: Candidate,
+        settings: EstimateSettings,
+        calibration: Calibration | None = None,
+    ) -> MemoryEstimate: ...
+
+
+class CalibrateFn(Protocol):
+    """autotune.estimate.calibrate's signature (a measured peak)."""
+
+    def __call__(
+        self,
+        calibration: Calibration,
+        model: ModelSummary,
+        target: Target,
+        candidate: Candidate,
+        settings: EstimateSettings,
+        measured_peak_bytes: int,
+    ) -> Calibration: ...
+
+
+class CalibrateOomFn(Protocol):
+    """autotune.estimate.calibrate_oom's signature (a lower bound: it ran out of memory)."""
+
+    def __call__(
+        self,
+        calibration: Calibration,
+        model: ModelSummary,
+        target: Target,
+        candidate: Candidate,
+        settings: EstimateSettings,
+        limit_bytes: int,
+    ) -> Calibration: ...
+
+
 @dataclass(frozen=True)
 class MemoryModel:
-    """The memory model the search predicts and learns with; the real one by default, a fake in tests."""
+    """The memory model the search predicts and learns with; the real one by default, a fake in tests. Typed by
+    the real functions' signatures, so mypy checks every call the search makes, keywords included."""
 
-    estimate: Callable[..., MemoryEstimate] = estimate
-    calibrate: Callable[..., Calibration] = calibrate
-    calibrate_oom: Callable[..., Calibration] = calibrate_oom
+    estimate: EstimateFn = estimate
+    calibrate: CalibrateFn = calibrate
+    calibrate_oom: CalibrateOomFn = calibrate_oom
 
 
 def largest_where(values: list[int], holds: Callable[[int], bool]) -> int | None:
@@ -116,7 +159,7 @@ class Search(ModeWalk, PickWalk):
 
     # -- predictions -------------------------------------------------------------------------------
     def _estimate(self, candidate: Candidate) -> MemoryEstimate:
-        return self.memory.estimate(self.model, self.target, candidate, self.settings, self.calibration)
+        return self.memory.estimate(self.model, self.target, candidate, self.settings, calibration=self.calibration)
 
     def _predicted_max(self, rung: Rung, ckpt: bool, margin: float, mode: Mode = Mode()) -> int | None:
         """Largest eligible micro-batch whose predicted peak is within (1 + margin) of the limit (with no margin,
@@ -203,23 +246,23 @@ class Search(ModeWalk, PickWalk):
             result,
             predicted.gpu_peak_bytes,
             self.limit_bytes,
-            cached,
-            self.host_limit_bytes,
-            self.target.gpus_per_node,
-            purpose,
+            from_cache=cached,
+            host_limit_bytes=self.host_limit_bytes,
+            gpus_per_node=self.target.gpus_per_node,
+            purpose=purpose,
         )
         self.outcome.trials.append(record)
         peak = result.peak_memory_bytes
         if peak and (result.ok or result.status == "over_budget"):
             self.calibration = self.memory.calibrate(
-                self.calibration, self.model, self.target, candidate, self.settings, peak
+                self.calibration, self.model, self.target, candidate, settings=self.settings, measured_peak_bytes=peak
             )
             self.outcome.calibration = self.calibration
         elif result.status in MEMORY_FAILURES and self._modelled_memory_failed(result):
             # no peak, but a lower bound: it needed more than the memory it had
             limit = self.target.free_memory_bytes
             self.calibration = self.memory.calibrate_oom(
-                self.calibration, self.model, self.target, candidate, self.settings, limit
+                self.calibration, self.model, self.target, candidate, settings=self.settings, limit_bytes=limit
             )
             self.outcome.calibration = self.calibration
         self.observe(SearchEvent("trial_end", candidate, result.status, record))
@@ -236,7 +279,7 @@ class Search(ModeWalk, PickWalk):
         self.observe(SearchEvent("skip", Candidate(rung, self.micro_batches[0], ckpt, mode), reason))
 
     def _fits_with(self, candidate: Candidate, calibration: Calibration, margin: float = TRY_MARGIN) -> bool:
-        predicted = self.memory.estimate(self.model, self.target, candidate, self.settings, calibration)
+        predicted = self.memory.estimate(self.model, self.target, candidate, self.settings, calibration=calibration)
         return predicted.gpu_peak_bytes <= self.limit_bytes * (1 + margin)
 
     def _next_micro_batch(
@@ -259,7 +302,7 @@ class Search(ModeWalk, PickWalk):
         if not between:
             return None
         if ok is None and bad is not None:
-            return self._after_first_failure(rung, ckpt, bad, between, mode)
+            return self._after_first_failure(rung, ckpt, bad, between, mode=mode)
         line = self._peak_line(Candidate(rung, between[0], ckpt, mode))
         if line is not None:  # the group's own measured peaks: memory is linear in the micro-batch
             top = largest_where(between, lambda m: line.seconds(m) <= self.limit_bytes)
@@ -301,7 +344,12 @@ class Search(ModeWalk, PickWalk):
         peak = failed.result.peak_memory_bytes if failed and failed.result.ok else None
         at_least = peak or max(self.target.free_memory_bytes, (failed and failed.result.peak_memory_bytes) or 0)
         pessimistic = self.memory.calibrate(
-            self.calibration, self.model, self.target, failed_candidate, self.settings, at_least
+            self.calibration,
+            self.model,
+            self.target,
+            failed_candidate,
+            settings=self.settings,
+            measured_peak_bytes=at_least,
         )
         # within the limit itself: the calibrated model has this group's evidence; a margin over it would step
         # down one integer micro-batch per trial
@@ -371,7 +419,7 @@ class Search(ModeWalk, PickWalk):
                     why = f"trial failed: {record.result.status}: {record.result.error or ''}".strip()
                     self._skip(rung, ckpt, why, mode)
                 return
-            mb = self._next_micro_batch(rung, ckpt, ok, bad, guided, mode)
+            mb = self._next_micro_batch(rung, ckpt, ok, bad, guided=guided, mode=mode)
 
     def _consider_best(self, record: TrialRecord) -> None:
         best = self.outcome.best

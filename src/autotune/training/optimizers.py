@@ -40,9 +40,30 @@ class OptimizerKind:
 
 # AdamW keeps exp_avg and exp_avg_sq in fp32 (torch/optim/adamw.py; DeepSpeed's CPU Adam likewise).
 OPTIMIZERS: dict[str, OptimizerKind] = {
-    "adamw": OptimizerKind("adamw", "AdamW", False, None, 8, "DeepSpeed AdamW (FusedAdam; DeepSpeedCPUAdam offloaded)"),
-    "torch-adamw": OptimizerKind("torch-adamw", "AdamW", True, None, 8, "torch.optim.AdamW (DeepSpeed torch_adam)"),
-    "adafactor": OptimizerKind("adafactor", None, False, "adafactor", 0, "Adafactor (transformers, factored states)"),
+    "adamw": OptimizerKind(
+        "adamw",
+        "AdamW",
+        False,
+        None,
+        state_bytes_per_param=8,
+        description="DeepSpeed AdamW (FusedAdam; DeepSpeedCPUAdam offloaded)",
+    ),
+    "torch-adamw": OptimizerKind(
+        "torch-adamw",
+        "AdamW",
+        True,
+        None,
+        state_bytes_per_param=8,
+        description="torch.optim.AdamW (DeepSpeed torch_adam)",
+    ),
+    "adafactor": OptimizerKind(
+        "adafactor",
+        None,
+        False,
+        "adafactor",
+        state_bytes_per_param=0,
+        description="Adafactor (transformers, factored states)",
+    ),
 }
 DEFAULT_OPTIMIZER = "adamw"
 

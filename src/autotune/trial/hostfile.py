@@ -129,4 +129,4 @@ class HostfileLauncher:
         from autotune.trial.launch import launch_trial, trial_directory
 
         with trial_directory(self.workdir) as trial_dir:
-            return launch_trial(spec, self.plan(spec), trial_dir, self.poll_interval_s, self.kill_grace_s)
+            return launch_trial(spec, self.plan(spec), trial_dir, self.poll_interval_s, kill_grace_s=self.kill_grace_s)

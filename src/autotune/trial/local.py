@@ -76,7 +76,7 @@ class LocalLauncher:
 
     def run(self, spec: TrialSpec) -> TrialResult:
         with trial_directory(self.workdir) as trial_dir:
-            return launch_trial(spec, self.plan(spec), trial_dir, self.poll_interval_s, self.kill_grace_s)
+            return launch_trial(spec, self.plan(spec), trial_dir, self.poll_interval_s, kill_grace_s=self.kill_grace_s)
 
     def plan(self, spec: TrialSpec) -> LaunchPlan:
         if spec.nodes > 1 and self.master_port is None:
@@ -92,7 +92,12 @@ class LocalLauncher:
         if torchrun:
             return LaunchPlan(
                 command=lambda spec_path, out, at: torchrun_command(
-                    self.python, spec, self.node_rank, self.master_addr, port, worker_args(spec_path, out, at, owner)
+                    self.python,
+                    spec,
+                    self.node_rank,
+                    self.master_addr,
+                    master_port=port,
+                    worker=worker_args(spec_path, out, at, owner),
                 ),
                 ranks=ranks,
                 env=env,

@@ -9,7 +9,6 @@ that runs the launcher there (e.g. ssh), which is not wired yet.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -67,7 +66,3 @@ class LocalNodesLauncher:
         with ThreadPoolExecutor(max_workers=len(launchers)) as pool:
             results = list(pool.map(lambda launcher: launcher.run(spec), launchers))
         return merge_node_results(results)
-
-
-def in_slurm_allocation() -> bool:
-    return "SLURM_JOB_ID" in os.environ

@@ -136,7 +136,7 @@ def ensure_ops_ready(
     if held:
         report(f"waiting for a torch-extensions build in progress (lock {held[0]})")
     try:
-        return prebuild_ops(device, python, timeout_s, env, report, names)
+        return prebuild_ops(device, python, timeout_s, env, report=report, names=names)
     except subprocess.TimeoutExpired:
         locks = build_locks(device, env)
         why = f"; build lock {locks[0]} is still held (remove it if no build is running)" if locks else ""

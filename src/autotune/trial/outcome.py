@@ -404,7 +404,12 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
     if first.hardware_flops_per_token and first.model_flops_per_token:
         flops = FlopsPerToken(hardware=first.hardware_flops_per_token, model=first.model_flops_per_token)
     rates = throughput(
-        first.step_times_s, first.train_batch_size or 0, spec.seq_len, spec.world_size, flops, spec.peak_tflops
+        first.step_times_s,
+        first.train_batch_size or 0,
+        spec.seq_len,
+        spec.world_size,
+        flops=flops,
+        peak_tflops=spec.peak_tflops,
     )
     if rates is None:
         return result(status="error", error="the trial measured no step")

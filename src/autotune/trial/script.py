@@ -296,7 +296,9 @@ class ScriptLauncher:
         process = spawn(argv, trial_env(env, tag, spec.device, spec.nprocs_per_node), log, self.cwd)
         timed_out, breach, measured = False, None, False
         try:
-            timed_out, breach, measured = self._watch(process, spec, sampler, started + spec.timeout_s, steps_stem)
+            timed_out, breach, measured = self._watch(
+                process, spec, sampler, started + spec.timeout_s, steps_stem=steps_stem
+            )
         finally:
             stop_processes(process, tag, self.kill_grace_s)
             wait_for_release(gpus_before, read_used=self.read_gpus)
@@ -316,9 +318,11 @@ class ScriptLauncher:
         ranks = sampler.metrics(range(spec.world_size))
         status, error = classify(outcome, spec.timeout_s, self.end_profile_step)
         if status == "ok" and len(outcome.step_times_s) >= min(MIN_STEPS, spec.max_steps):
-            return wall_clock_result(list(outcome.step_times_s), outcome.metric, spec, ranks, outcome.wall_s, argv)
+            return wall_clock_result(
+                list(outcome.step_times_s), outcome.metric, spec, ranks, wall_s=outcome.wall_s, command=argv
+            )
         if status == "ok" and outcome.metric is not None:  # the job ended by itself before enough whole steps
-            return metric_result(outcome.metric, spec, ranks, outcome.wall_s, argv)
+            return metric_result(outcome.metric, spec, ranks, outcome.wall_s, command=argv)
         return TrialResult(status=status, error=error, ranks=ranks, wall_s=outcome.wall_s, command=argv)
 
     def _step_times(self, steps_stem: Path, spec: TrialSpec) -> list[float]:

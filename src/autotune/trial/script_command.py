@@ -145,7 +145,7 @@ def parse_command(argv: Sequence[str], read_config: bool = True, consumer: str |
             f" known: {', '.join('{' + k + '}' for k in PLACEHOLDERS)} ({{{{ and }}}} for literal braces)"
         )
     if any("{ds_config}" in a for a in argv):
-        return CommandTemplate(argv, None, None, {}, consumer)
+        return CommandTemplate(argv, None, None, {}, forced_consumer=consumer)
     index = _config_flag_index(argv)
     if index is None:
         raise UserError(
@@ -154,7 +154,7 @@ def parse_command(argv: Sequence[str], read_config: bool = True, consumer: str |
         )
     base = _read_user_config(_flag_value(argv, index)) if read_config else None
     mappings = _arg_mappings(base or {})
-    return CommandTemplate(argv, index, base, mappings, consumer)
+    return CommandTemplate(argv, index, base, mappings, forced_consumer=consumer)
 
 
 def find_value(config: Mapping[str, Any], key: str) -> Any:

@@ -101,7 +101,9 @@ class SlurmLauncher:
 
     def run(self, spec: TrialSpec) -> TrialResult:
         with trial_directory(self.workdir) as trial_dir:
-            result = launch_trial(spec, self.plan(spec), trial_dir, self.poll_interval_s, self.kill_grace_s)
+            result = launch_trial(
+                spec, self.plan(spec), trial_dir, self.poll_interval_s, kill_grace_s=self.kill_grace_s
+            )
             refused = step_refusal((trial_dir / "launcher.log").read_text(errors="replace"))
         if refused:
             # not this config's fault: every trial would fail the same way, so stop with one clear error

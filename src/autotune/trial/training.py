@@ -340,7 +340,7 @@ def _timed_until_enough(
     sees the same all-reduced times, so all stop at the same step."""
     times: list[float] = []
     while not enough_steps(times, spec.max_steps, spec.max_measure_s, min(MIN_STEPS, spec.max_steps)):
-        times += _timed(run, placement, device, memory, 1)
+        times += _timed(run, placement, device, memory, steps=1)
     return times
 
 
@@ -386,7 +386,7 @@ def timed_steps(
     accelerator.synchronize()
     clock.mark("warmup")
     steps = _timed_until_enough(
-        lambda: _optimizer_step(engine, batch, accumulation), spec, placement, engine.device, memory
+        lambda: _optimizer_step(engine, batch, accumulation), spec, placement, engine.device, memory=memory
     )
     if spec.warmup_steps == 0:
         maybe_inject_fault("step", placement.rank)
@@ -397,14 +397,14 @@ def timed_steps(
     # Each set of plain micro-steps also measures its own peak: two micro-batches' peaks from one launch
     # (TrialResult.smaller_peak_point), so a group's memory line is known after its first trial.
     with memory.phase("micro"):
-        plain = _timed(lambda: _micro_step(engine, batch, False), placement, engine.device, memory, parts)
+        plain = _timed(lambda: _micro_step(engine, batch, False), placement, engine.device, memory, steps=parts)
     micro = statistics.median(plain)
     optimizer = max(0.0, statistics.median(steps) - accumulation * micro)
     smaller_mb = smaller_s = None
     if smaller_batch is not None:
         with memory.phase("smaller_micro"):
             smaller = _timed(
-                lambda: _micro_step(engine, smaller_batch, False), placement, engine.device, memory, parts
+                lambda: _micro_step(engine, smaller_batch, False), placement, engine.device, memory, steps=parts
             )
         smaller_mb = int(next(iter(smaller_batch.values())).shape[0])
         smaller_s = statistics.median(smaller)
@@ -477,16 +477,27 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
         clock.mark("engine_init")
         micro_batch = engine.train_micro_batch_size_per_gpu()
         batch = synthetic_batch(
-            model, spec.family, micro_batch, spec.seq_len, device, placement.rank, spec.decoder_seq_len
+            model,
+            spec.family,
+            micro_batch,
+            spec.seq_len,
+            device=device,
+            seed=placement.rank,
+            decoder_seq_len=spec.decoder_seq_len,
         )
         smaller = None
         if spec.smaller_micro_batch and spec.smaller_micro_batch < micro_batch:
             smaller = synthetic_batch(
-                model, spec.family, spec.smaller_micro_batch, spec.seq_len, device, placement.rank,
-                spec.decoder_seq_len,
+                model,
+                spec.family,
+                spec.smaller_micro_batch,
+                spec.seq_len,
+                device=device,
+                seed=placement.rank,
+                decoder_seq_len=spec.decoder_seq_len,
             )
-        times = timed_steps(engine, batch, spec, placement, memory, clock, smaller)
-        flops = flops_per_token(parameters, layers, width, spec.seq_len, spec.grad_checkpointing)
+        times = timed_steps(engine, batch, spec, placement, memory=memory, clock=clock, smaller_batch=smaller)
+        flops = flops_per_token(parameters, layers, width, spec.seq_len, grad_checkpointing=spec.grad_checkpointing)
         return RankReport(
             rank=placement.rank,
             status="ok",

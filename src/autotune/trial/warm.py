@@ -225,7 +225,7 @@ class WarmWorkerPool:
         port = free_port()
         env = own_trial_env({**os.environ, **self.env})
         if spec.world_size > 1:
-            command = torchrun_command(self.python, spec, 0, self.master_addr, port, serve)
+            command = torchrun_command(self.python, spec, 0, self.master_addr, master_port=port, worker=serve)
         else:
             command = [self.python, "-m", WORKER_MODULE, *serve]
             env.update(one_rank_env(self.master_addr, port))
@@ -235,7 +235,7 @@ class WarmWorkerPool:
             command, trial_env(env, tag, spec.device, spec.nprocs_per_node), pool_dir / "launcher.log", pool_dir
         )
         self.restarts += 1
-        return _Workers((spec.world_size, spec.device), process, tag, pool_dir, gpus_before)
+        return _Workers((spec.world_size, spec.device), process, tag, pool_dir, gpus_before=gpus_before)
 
     def _stop(self, graceful: bool = False) -> _Workers | None:
         """Graceful: ask idle workers to exit (they close their process group); else just kill them."""
