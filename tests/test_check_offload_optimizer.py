@@ -103,7 +103,7 @@ def test_accelerates_swap_keeps_the_users_betas_and_eps() -> None:
         "mapped = map_pytorch_optim_to_deepspeed(user)\n"
         "g = mapped.param_groups[0]\n"
         "print('MAPPED ' + json.dumps({'cls': type(mapped).__name__, 'lr': g['lr'], 'betas': list(g['betas']),"
-        " 'eps': g['eps'], 'weight_decay': g['weight_decay'], 'adamw': mapped.adamw_mode}))\n"
+        " 'eps': g['eps'], 'weight_decay': g['weight_decay'], 'adamw': mapped.adam_w_mode}))\n"
     )
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)

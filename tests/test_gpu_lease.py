@@ -141,7 +141,9 @@ def test_the_dry_run_lease_at_cold_h200_walls_runs_every_warm_item_and_the_fresh
     assert results["smoke"]["status"] == "ok"
     warm = results["warm"]
     assert warm["complete"] and [row["status"] for row in warm["rows"]] == ["ok"] * 3, warm
-    assert set(results["sampler"]["rows"]) == {"0.01s", "1s"}
+    # the sampler at 10 ms always runs; its 1 s twin only where the kit judges it fits the time left (kit.py
+    # stage_sampler's can_start), which a loaded CPU's walls may not leave: measured so on 2026-11-29 at load ~4
+    assert "0.01s" in results["sampler"]["rows"] and set(results["sampler"]["rows"]) <= {"0.01s", "1s"}
     assert results["tune"]["fresh_confirmation"]["fresh_peak_bytes"], results["tune"]
     _assert_out_comes_back(out)
     assert (out / "trial-stream.txt").stat().st_size > 0
