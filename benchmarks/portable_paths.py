@@ -18,11 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _rules(repo: Path) -> list[tuple[re.Pattern[str], str]]:
-    """Longest first: a worktree under a temporary directory becomes relative, not `<tmp>/...`."""
+    """Longest first: an interpreter whole (a virtualenv inside the repository too), then the repository, so that
+    a worktree under a temporary directory becomes relative, not `<tmp>/...`."""
     temp = re.escape(tempfile.gettempdir().rstrip("/"))
     return [
-        (re.compile(re.escape(str(repo)) + r"/?"), ""),
         (re.compile(r"(?:/[\w.+-]+)*/bin/python3?(?:\.\d+)?\b"), "python3"),  # an interpreter, wherever installed
+        (re.compile(re.escape(str(repo)) + r"/?"), ""),
         (re.compile(re.escape(sys.prefix) + r"/"), "<python>/"),
         (re.compile(temp + r"/[\w.+-]+"), "<tmp>"),
         (re.compile(re.escape(str(Path.home())) + r"(?=/|\b)"), "~"),

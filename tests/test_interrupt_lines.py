@@ -68,7 +68,9 @@ def test_a_stopped_tuning_says_whether_a_rerun_resumes(tmp_path: Path, cache_mod
 def test_ctrl_c_outside_a_tuning_prints_one_line(tmp_path: Path) -> None:
     """`plan` has no trials to stop: typer turned Ctrl-C into a silent exit 130; now it says so."""
     probe = (
-        "import os, signal, sys\nfrom autotune.cli import main\nimport autotune.search.recommend as plan\n"
+        # Ctrl-C as at a terminal, also where this test runs in the background (which ignores SIGINT: POSIX)
+        "import os, signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from autotune.cli import main\nimport autotune.search.recommend as plan\n"
         "def interrupted(*a, **k):\n    os.kill(os.getpid(), signal.SIGINT)\n    import time; time.sleep(5)\n"
         "plan.recommend = interrupted\nmain(sys.argv[1:])\n"
     )
