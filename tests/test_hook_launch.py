@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from tests.fakes.hook import job_env
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.dsconfig.build import TrainSettings, build_ds_config
@@ -22,18 +23,7 @@ from autotune.trial.types import TrialResult, TrialSpec
 
 
 def job(nodes: int, nodelist: tuple[str, ...] = (), scheduler: str = "none", port: int | None = None) -> JobEnv:
-    return JobEnv(
-        scheduler,
-        "9",
-        nodes,
-        4,
-        rank=0,
-        node_rank=0,
-        local_rank=0,
-        nodelist=nodelist,
-        master_addr=nodelist[0] if nodelist else None,
-        master_port=port,
-    )  # type: ignore[arg-type]
+    return job_env(nodes, nodelist=nodelist, scheduler=scheduler, port=port)
 
 
 def json_documents(text: str) -> list[dict]:

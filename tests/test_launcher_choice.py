@@ -9,6 +9,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+from tests.fakes.hook import job_env
 
 from autotune.errors import UserError
 from autotune.hook.env import JobEnv
@@ -36,19 +37,7 @@ def environment(*, slurm: bool, torchrun: bool) -> dict[str, str]:
 
 
 def job(nodes: int, *, slurm: bool, nodelist: tuple[str, ...] = ()) -> JobEnv:
-    scheduler = "slurm" if slurm else "none"
-    return JobEnv(
-        scheduler,
-        "9",
-        nodes,
-        4,
-        rank=0,
-        node_rank=0,
-        local_rank=0,
-        nodelist=nodelist,
-        master_addr=nodelist[0] if nodelist else None,
-        master_port=None,
-    )
+    return job_env(nodes, nodelist=nodelist, scheduler="slurm" if slurm else "none")
 
 
 def expected(nodes: int, slurm: bool, torchrun: bool, workers: str, device: str) -> tuple | str:

@@ -15,6 +15,7 @@ from tests.fakes.reports import golden_report
 from autotune.core.ladder import Candidate
 from autotune.core.stop import StopReason
 from autotune.hook import HookRequest
+from autotune.hook.env import JobEnv
 from autotune.hook.launch import choose_launcher
 from autotune.infra.atomic import atomic_write_json
 from autotune.report.assumptions import write_assumptions
@@ -166,3 +167,19 @@ def one_node_job(job_id: str, rank: int) -> dict[str, str]:
     """8 hook tasks on one node whose training world is one CPU rank (a real trial on 2 cores is slow)."""
     return {**slurm_env(job_id, rank), "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node1",
             "SLURM_GPUS_ON_NODE": "1", "SLURM_NODEID": "0", "SLURM_LOCALID": str(rank)}  # fmt: skip
+
+
+def job_env(nodes: int, *, nodelist: tuple[str, ...] = (), scheduler: str = "none", port: int | None = None) -> JobEnv:
+    """A job of `nodes` nodes x 4 ranks seen from rank 0 (job id 9), its master the first of `nodelist`."""
+    return JobEnv(
+        scheduler,  # type: ignore[arg-type]
+        "9",
+        nodes,
+        4,
+        rank=0,
+        node_rank=0,
+        local_rank=0,
+        nodelist=nodelist,
+        master_addr=nodelist[0] if nodelist else None,
+        master_port=port,
+    )
