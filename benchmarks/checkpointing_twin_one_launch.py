@@ -35,7 +35,7 @@ from autotune.infra.atomic import atomic_write_json
 from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest
 from autotune.trial import LocalLauncher, run_trial
-from autotune.trial.ops import prebuild_ops
+from autotune.trial.launch.ops import prebuild_ops
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "checkpointing_twin_one_launch_cpu.json"
@@ -55,9 +55,9 @@ def twin_worker(spec_path: Path, twin_micro_batch: int, out: Path) -> None:
     """One process: the trial as run_rank runs it, then the twin point in the same engine."""
     import torch
 
-    from autotune.trial import training
-    from autotune.trial.memory import MemoryTracker
-    from autotune.trial.types import TrialSpec
+    from autotune.trial.trial_types import TrialSpec
+    from autotune.trial.worker import train_steps as training
+    from autotune.trial.worker.memory import MemoryTracker
 
     spec = TrialSpec(**json.loads(spec_path.read_text()))
     placement = training.Placement(0, 0, 1)

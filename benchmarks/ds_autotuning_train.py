@@ -54,7 +54,7 @@ def main() -> None:
     import torch
 
     from autotune.models import resolve_model
-    from autotune.models.build import build_model
+    from autotune.models.architecture import build_model
 
     if args.device == "cuda":
         torch.cuda.set_device(args.local_rank)

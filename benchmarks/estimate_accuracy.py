@@ -30,15 +30,15 @@ from pathlib import Path
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.units import GiB
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.estimate import EstimateSettings, estimate
 from autotune.estimate.ds_estimators import deepspeed_estimators
+from autotune.estimate.estimate_types import MemoryEstimate
 from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.runtime import RuntimeStack
-from autotune.estimate.types import MemoryEstimate
 from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import ModelSummary, resolve_model, summarize
-from autotune.models.build import build_model
+from autotune.models.architecture import build_model
 from autotune.models.profiles import find_profile
 from autotune.modes.applies import ratio_mode
 from autotune.trial import LocalLauncher, TrialSpec, run_trial

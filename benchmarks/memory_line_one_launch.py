@@ -3,7 +3,7 @@
     python benchmarks/memory_line_one_launch.py [--out FILE.json]
 
 Every trial also times half its micro-batch in the same process, and measures each set of plain micro-steps'
-own peak (trial/memory.py MemoryTracker.phase). The trial's peak less the difference between the two is the
+own peak (trial/worker/memory.py MemoryTracker.phase). The trial's peak less the difference between the two is the
 peak it implies at the half micro-batch (TrialResult.smaller_peak_point): what the search draws its group's line
 through after one trial instead of two. This runs micro-batch m and 2m of the same rung, each in a fresh process,
 and puts the point implied by the 2m trial beside the peak the m trial measured.
@@ -20,7 +20,7 @@ from autotune.infra.atomic import atomic_write_json
 from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest
 from autotune.trial import LocalLauncher, run_trial
-from autotune.trial.ops import prebuild_ops
+from autotune.trial.launch.ops import prebuild_ops
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "memory_line_one_launch_cpu.json"

@@ -1,6 +1,7 @@
 """Which modern DeepSpeed modes run on the CPU backend (DS_ACCELERATOR=cpu, gloo): one real trial per mode.
 
-Each mode's config comes from autotune.dsconfig.build (the config autotune emits), runs through autotune.trial.run_trial
+Each mode's config comes from autotune.dsconfig.build_config (the config autotune emits), runs through
+autotune.trial.run_trial
 on a tiny GPT-2, and the outcome (ok, or DeepSpeed's first error line) goes to
 benchmarks/results/modes_cpu_backend.json. autotune.modes.applies.CPU_BACKEND restates the outcome; the slow test
 tests/test_modes_cpu.py re-runs it and fails when they disagree.
@@ -21,11 +22,11 @@ from pathlib import Path
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from autotune.core.ladder import Candidate, Mode, Rung
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.infra.atomic import atomic_write_text
 from autotune.modes.applies import HPZ, PARTIAL_OFFLOAD, QUANTIZED_GRADIENTS, QUANTIZED_WEIGHTS, SUPER_OFFLOAD, ZENFLOW
 from autotune.trial import LocalLauncher, TrialSpec, run_trial
-from autotune.trial.ops import prebuild_ops
+from autotune.trial.launch.ops import prebuild_ops
 
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1024, "n_positions": 256}
 TINY_GPT2_PARAMS = 182_400  # counted by the trial worker (count_parameters) for TINY_GPT2; sizes sub_group_size
@@ -70,7 +71,8 @@ def run_case(family: str, rung: Rung, mode: Mode, ranks: int) -> dict:
         "error": result.error or "",
         "step_times_s": result.step_times_s,
         "peak_host_rss_bytes": result.peak_memory_bytes,
-        "engine_facts": result.engine_facts,  # what the engine really ran (trial/training.py engine_mode_facts)
+        # what the engine really ran (trial/worker/train_steps.py engine_mode_facts)
+        "engine_facts": result.engine_facts,
     }
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.units import GiB
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.estimate import EstimateSettings, estimate
 from autotune.hardware.specs import Target, generic_gpu
 from autotune.infra.atomic import atomic_write_json

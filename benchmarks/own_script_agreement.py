@@ -37,8 +37,8 @@ from autotune.infra.atomic import atomic_write_json
 from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest
 from autotune.search.close_call import decide
-from autotune.trial.processes import one_rank_env, trial_env
-from autotune.trial.script import ScriptLauncher
+from autotune.trial.launch.processes import one_rank_env, trial_env
+from autotune.trial.own_command.script import ScriptLauncher
 from portable_paths import portable  # benchmarks/ is the script's directory
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ tests/scripts/user_jobs/plain_deepspeed.py (a plain DeepSpeed loop on random tok
 tests/scripts/user_jobs/tiny-gpt2 unless --model-dir says otherwise. Recorded per mode: the choice, its
 measured speed and peak, every trial (status, peak, prediction, samples/s, metric source), trials launched
 and wall time. Speed figures are not the same measurement: synthetic trials report the median wall-clock
-step of our worker, own-script trials DeepSpeed's engine metric (see src/autotune/trial/script.py).
+step of our worker, own-script trials DeepSpeed's engine metric (see src/autotune/trial/own_command/script.py).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ FULLY_SPECIFIED_SETTINGS = ("seq_len", "micro_batch", "stage_offload", "precisio
 # Measurement kinds and what each counts: the device (nvidia-smi), torch's tensors (allocated), torch's cache.
 FIGURE_KINDS = ("nvidia-smi", "max_memory_allocated", "max_memory_reserved")
 MEASUREMENT_KINDS = (*FIGURE_KINDS, "oom", "ran")
-# Components torch.cuda.max_memory_allocated() does not see (estimate/core.py names them).
+# Components torch.cuda.max_memory_allocated() does not see (estimate/peak.py names them).
 OUTSIDE_TORCH = ("cuda_context", "nccl_buffers", "nccl_nvls_buffers")
 NOT_ALLOCATED = (*OUTSIDE_TORCH, "allocator_slack", "calibration_offset")
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.versions import library_versions
-from autotune.estimate.types import EstimateSettings
+from autotune.estimate.estimate_types import EstimateSettings
 from autotune.hardware.specs import Target
 from autotune.infra.atomic import atomic_write_text
 from autotune.models import resolve_model, summarize

@@ -37,11 +37,28 @@ LLAMA = {
     "num_key_value_heads": 4,
     "max_position_embeddings": 64,
 }
-GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4, "n_positions": 64,
-        "bos_token_id": 0, "eos_token_id": 0}
-T5 = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 64, "d_kv": 16, "d_ff": 128,
-      "num_heads": 4, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False, "decoder_start_token_id": 0,
-      "pad_token_id": 0, "eos_token_id": 1}
+GPT2 = {
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_embd": 64,
+    "n_head": 4,
+    "n_positions": 64,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+T5 = {
+    "model_type": "t5",
+    "architectures": ["T5ForConditionalGeneration"],
+    "d_model": 64,
+    "d_kv": 16,
+    "d_ff": 128,
+    "num_heads": 4,
+    "feed_forward_proj": "gated-gelu",
+    "tie_word_embeddings": False,
+    "decoder_start_token_id": 0,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+}
 
 
 def _llama(vocab: int, blocks: int, tied: bool) -> dict:
@@ -62,10 +79,20 @@ CASES = [
     ("llama small-vocab, 3 blocks' distance, default prefetch", _llama(256, 8, False), False, 130_000, 50_000_000),
     ("gpt2 tied, 3 blocks' distance", {**GPT2, "vocab_size": 512, "n_layer": 8}, False, 150_000, 0),
     ("gpt2 tied, 3 blocks' distance, checkpointing", {**GPT2, "vocab_size": 512, "n_layer": 8}, True, 150_000, 0),
-    ("t5 untied, 2 blocks' distance", {**T5, "vocab_size": 512, "num_layers": 4, "num_decoder_layers": 4}, False,
-     120_000, 0),
-    ("t5 untied, default distance", {**T5, "vocab_size": 512, "num_layers": 4, "num_decoder_layers": 4}, False,
-     1_000_000_000, 0),
+    (
+        "t5 untied, 2 blocks' distance",
+        {**T5, "vocab_size": 512, "num_layers": 4, "num_decoder_layers": 4},
+        False,
+        120_000,
+        0,
+    ),
+    (
+        "t5 untied, default distance",
+        {**T5, "vocab_size": 512, "num_layers": 4, "num_decoder_layers": 4},
+        False,
+        1_000_000_000,
+        0,
+    ),
 ]
 
 
@@ -77,8 +104,10 @@ def worker(cases_file: Path, out_file: Path) -> None:
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     deepspeed.init_distributed(dist_backend="gloo")
-    classes = {name: getattr(transformers, name) for name in ("LlamaForCausalLM", "GPT2LMHeadModel",
-                                                              "T5ForConditionalGeneration")}  # before zero.Init
+    classes = {
+        name: getattr(transformers, name)
+        for name in ("LlamaForCausalLM", "GPT2LMHeadModel", "T5ForConditionalGeneration")
+    }  # before zero.Init
     rows = []
     for name, config, checkpointing, reuse, prefetch in json.loads(cases_file.read_text()):
         ds_config = {
@@ -112,21 +141,33 @@ def worker(cases_file: Path, out_file: Path) -> None:
         rows.append({"case": name, "deepspeed_gathered_elements": gathered})
         engine.destroy()
     if torch.distributed.get_rank() == 0:
-        out_file.write_text(json.dumps({"rows": rows, "deepspeed": deepspeed.__version__, "torch": torch.__version__,
-                                        "transformers": transformers.__version__}))
+        out_file.write_text(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "deepspeed": deepspeed.__version__,
+                    "torch": torch.__version__,
+                    "transformers": transformers.__version__,
+                }
+            )
+        )
 
 
 def _predict(config: dict, checkpointing: bool, reuse: int, prefetch: int) -> dict:
     from autotune.estimate.stage3_retention import gathered_at_turn
+    from autotune.models.model_summary import summarize
     from autotune.models.resolve import resolve_model
-    from autotune.models.summary import summarize
 
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(json.dumps(config))
         model = summarize(resolve_model(folder), use_cache=False)
     retained, prefetched = gathered_at_turn(model, reuse, checkpointing, prefetch, max_live=MAX_LIVE)
-    return {"total_params": model.total_params, "predicted_retained": retained, "predicted_prefetched": prefetched,
-            "predicted_elements": retained + prefetched}
+    return {
+        "total_params": model.total_params,
+        "predicted_retained": retained,
+        "predicted_prefetched": prefetched,
+        "predicted_elements": retained + prefetched,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,20 +184,41 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [case for case in CASES if args.only in case[0]]
         cases.write_text(json.dumps(chosen))
         env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                   __file__, "--worker", str(cases), str(measured)]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            __file__,
+            "--worker",
+            str(cases),
+            str(measured),
+        ]
         subprocess.run(command, env=env, check=True)
         result = json.loads(measured.read_text())
     sys.path.insert(0, str(HERE.parent / "src"))  # the model's side runs from this checkout
     for row, (_, config, checkpointing, reuse, prefetch) in zip(result["rows"], chosen, strict=True):
-        row.update(config=config, checkpointing=checkpointing, reuse_distance=reuse, prefetch_bucket=prefetch,
-                   **_predict(config, checkpointing, reuse, prefetch))
+        row.update(
+            config=config,
+            checkpointing=checkpointing,
+            reuse_distance=reuse,
+            prefetch_bucket=prefetch,
+            **_predict(config, checkpointing, reuse, prefetch),
+        )
         measured = row["deepspeed_gathered_elements"]
         row["error"] = (row["predicted_elements"] - measured) / measured if measured else 0.0
-        print(f"{row['case']:<62} deepspeed {measured:>9,}  model {row['predicted_elements']:>9,} "
-              f"({row['error']:+.1%})  of {row['total_params']:,}")
-    result.update(python=platform.python_version(), machine=platform.machine(),
-                  date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), ranks=2)
+        print(
+            f"{row['case']:<62} deepspeed {measured:>9,}  model {row['predicted_elements']:>9,} "
+            f"({row['error']:+.1%})  of {row['total_params']:,}"
+        )
+    result.update(
+        python=platform.python_version(),
+        machine=platform.machine(),
+        date=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        ranks=2,
+    )
     from autotune.infra.atomic import atomic_write_json
 
     atomic_write_json(args.out, result)

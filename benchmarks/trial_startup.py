@@ -25,9 +25,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.trial import LocalLauncher, TrialResult, TrialSpec, WarmWorkerPool, run_trial
-from autotune.trial.ops import prebuild_ops
+from autotune.trial.launch.ops import prebuild_ops
 
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1024, "n_positions": 256}
 GPT2_SMALL = {
@@ -41,7 +41,7 @@ GPT2_SMALL = {
 
 MATERIALISE = """
 import json, sys, time, torch, transformers
-from autotune.models.build import build_model
+from autotune.models.architecture import build_model
 config = json.loads(sys.argv[1])
 transformers.GPT2LMHeadModel  # import outside the timed region
 started = time.perf_counter()
@@ -110,7 +110,7 @@ def op_builds() -> dict:
     with tempfile.TemporaryDirectory(prefix="torch-ext-") as scratch:
         env = {**os.environ, "TORCH_EXTENSIONS_DIR": scratch, "DS_ACCELERATOR": "cpu"}
         completed = subprocess.run(
-            [sys.executable, "-m", "autotune.trial.ops", "--device", "cpu"],
+            [sys.executable, "-m", "autotune.trial.worker.ops_build", "--device", "cpu"],
             capture_output=True,
             text=True,
             check=True,

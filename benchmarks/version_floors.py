@@ -55,9 +55,26 @@ def commands(tmp: Path) -> list[tuple[str, list[str]]]:
         ("check plain", ["autotune", "check", str(check / "clean.json"), "--gpus", "8"]),
         ("check hf auto", ["autotune", "check", str(check / "blog_post.json"), "--gpus", "8"]),
         ("check json", ["autotune", "check", str(check / "clean.json"), "--gpus", "8", "--json"]),
-        ("tune cpu", ["autotune", "--model", "tiny-gpt2", "--device", "cpu", "--memory-budget", "1GiB",
-                      "--seq-len", "32", "--micro-batches", "1,2", "--rungs", "z0,z2", "--out",
-                      str(tmp / "tune" / "ds_config.json")]),
+        (
+            "tune cpu",
+            [
+                "autotune",
+                "--model",
+                "tiny-gpt2",
+                "--device",
+                "cpu",
+                "--memory-budget",
+                "1GiB",
+                "--seq-len",
+                "32",
+                "--micro-batches",
+                "1,2",
+                "--rungs",
+                "z0,z2",
+                "--out",
+                str(tmp / "tune" / "ds_config.json"),
+            ],
+        ),
     ]
 
 
@@ -65,8 +82,9 @@ def run(argv: list[str], env: dict[str, str], timeout: float) -> dict:
     """One command: exit code, seconds, and the last lines (a traceback's last line names its cause)."""
     start = time.monotonic()
     # its own session: on a timeout the whole group goes (a timed-out tune left its op builds running, orphaned)
-    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                          start_new_session=True) as process:
+    with subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True
+    ) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
             code, out = process.returncode, stdout + stderr
@@ -75,8 +93,13 @@ def run(argv: list[str], env: dict[str, str], timeout: float) -> dict:
             stdout, stderr = process.communicate()
             code, out, stdout = "timeout", stdout + stderr, ""
     lines = [line for line in out.splitlines() if line.strip()]
-    result = {"argv": argv, "rc": code, "seconds": round(time.monotonic() - start, 1),
-              "traceback": "Traceback (most recent call last)" in out, "tail": lines[-4:]}
+    result = {
+        "argv": argv,
+        "rc": code,
+        "seconds": round(time.monotonic() - start, 1),
+        "traceback": "Traceback (most recent call last)" in out,
+        "tail": lines[-4:],
+    }
     if "--json" in argv and code in (0, 1):
         result["stdout_is_json"] = stdout_is_json(stdout)
     return result
@@ -101,8 +124,13 @@ def relative(argv: list[str], tmp: Path) -> list[str]:
     """argv as recorded: the repository is `.`, the cell's scratch folder `<work>`, the folder of the cells
     (--venvs, where --ext-cache usually is) `<venvs>` and the home folder `~`, so no path of the machine that
     measured lands in the committed results."""
-    return [arg.replace(str(tmp), "<work>").replace(str(tmp.parent), "<venvs>").replace(str(REPO) + "/", "")
-            .replace(str(Path.home()), "~") for arg in argv]
+    return [
+        arg.replace(str(tmp), "<work>")
+        .replace(str(tmp.parent), "<venvs>")
+        .replace(str(REPO) + "/", "")
+        .replace(str(Path.home()), "~")
+        for arg in argv
+    ]
 
 
 def pytest_summary(out: str) -> dict:
@@ -120,8 +148,10 @@ def pytest_summary(out: str) -> dict:
 
 def installed(python: Path) -> dict[str, str]:
     """The versions the cell really ran, read by importlib.metadata in the cell's own interpreter."""
-    code = ("import importlib.metadata as m, json, sys\nout={}\nfor n in sys.argv[1:]:\n"
-            "    try: out[n]=m.version(n)\n    except m.PackageNotFoundError: out[n]=None\nprint(json.dumps(out))")
+    code = (
+        "import importlib.metadata as m, json, sys\nout={}\nfor n in sys.argv[1:]:\n"
+        "    try: out[n]=m.version(n)\n    except m.PackageNotFoundError: out[n]=None\nprint(json.dumps(out))"
+    )
     done = subprocess.run([str(python), "-c", code, *REPORTED], capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
@@ -157,16 +187,20 @@ def build(venv: Path, specs: list[str], env: dict[str, str], log: Path) -> float
     torch, others = split_torch(specs)
     stack = [*others, *declared_rest(others)]
     with log.open("a") as sink:
-        for step in ([torch, "setuptools<80", "wheel", "hatchling", "editables"], [*stack, *unfloored(stack)],
-                     ["--no-deps", "-e", str(REPO)]):
+        for step in (
+            [torch, "setuptools<80", "wheel", "hatchling", "editables"],
+            [*stack, *unfloored(stack)],
+            ["--no-deps", "-e", str(REPO)],
+        ):
             subprocess.run([*pip, "--no-build-isolation", *step], check=True, env=env, stdout=sink, stderr=sink)
     return round(time.monotonic() - start, 1)
 
 
 def pip_list(python: Path) -> dict[str, str]:
     """Every distribution installed in the cell, name (normalised) to version, as pip reports it."""
-    done = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format", "json"], capture_output=True, text=True, check=True
+    )
     return {item["name"].lower().replace("_", "-"): item["version"] for item in json.loads(done.stdout)}
 
 
@@ -177,14 +211,22 @@ def install_check(python: Path, env: dict[str, str], log: Path) -> dict:
     before = pip_list(python)
     start = time.monotonic()
     with log.open("a") as sink:
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", str(REPO)], env=env, stdout=sink,
-                              stderr=sink, cwd=REPO)
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", str(REPO)], env=env, stdout=sink, stderr=sink, cwd=REPO
+        )
     after = pip_list(python)
-    changed = {name: [before.get(name), after.get(name)] for name in sorted(set(before) | set(after))
-               if before.get(name) != after.get(name) and name != "autotune"}
-    return {"rc": done.returncode, "seconds": round(time.monotonic() - start, 1), "changed": changed,
-            "untouched_changed": [name for name in UNTOUCHED if name in changed],
-            "ok": done.returncode == 0 and not any(name in changed for name in UNTOUCHED)}
+    changed = {
+        name: [before.get(name), after.get(name)]
+        for name in sorted(set(before) | set(after))
+        if before.get(name) != after.get(name) and name != "autotune"
+    }
+    return {
+        "rc": done.returncode,
+        "seconds": round(time.monotonic() - start, 1),
+        "changed": changed,
+        "untouched_changed": [name for name in UNTOUCHED if name in changed],
+        "ok": done.returncode == 0 and not any(name in changed for name in UNTOUCHED),
+    }
 
 
 def record(cell: dict, results: Path) -> None:
@@ -200,26 +242,40 @@ def record(cell: dict, results: Path) -> None:
 
 def table(results: Path) -> str:
     """docs/tested-versions.md's table: one row per measured cell, its stack, what passed and why not."""
-    rows = ["| cell | date (UTC) | load | torch | DeepSpeed | transformers | accelerate | commands | tune | pytest |"
-            " failure causes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| cell | date (UTC) | load | torch | DeepSpeed | transformers | accelerate | commands | tune | pytest |"
+        " failure causes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for cell in json.loads(results.read_text())["cells"]:
         versions, commands = cell.get("versions", {}), cell.get("commands", {})
         failed = [label for label, result in commands.items() if not result["ok"]]
         tune = commands.get("tune cpu")
         tests = cell.get("pytest", {})
         counts = ", ".join(f"{n} {kind}" for kind, n in tests.get("counts", {}).items()) or "not run"
-        causes = [*(f"{label}: {' '.join(commands[label].get('tail', [])[-1:])[:120]}" for label in failed),
-                  *(f"{len(tests_)} x {cause[:120]}" for cause, tests_ in tests.get("causes", {}).items()),
-                  *([cell["note"]] if cell.get("note") else [])]
+        causes = [
+            *(f"{label}: {' '.join(commands[label].get('tail', [])[-1:])[:120]}" for label in failed),
+            *(f"{len(tests_)} x {cause[:120]}" for cause, tests_ in tests.get("causes", {}).items()),
+            *([cell["note"]] if cell.get("note") else []),
+        ]
         before, after = cell.get("load_before", [None])[0], cell.get("load_after", [None])[0]
         load = f"{before:.0f}-{after:.0f}" if before is not None and after is not None else "not recorded"
-        rows.append(" | ".join([
-            f"| {cell['name']}", cell["date"][:16], load,
-            *(str(versions.get(name, "?")) for name in ("torch", "deepspeed", "transformers", "accelerate")),
-            f"{len(commands) - len(failed)}/{len(commands)} ok" + (f" ({', '.join(failed)} failed)" if failed else ""),
-            ("ok" if tune["ok"] else "failed") + f", {tune['seconds']:.0f} s" if tune else "not run",
-            f"`{tests.get('argv', '')}`: {counts}" if tests else "not run",
-            "<br>".join(causes).replace("|", "\\|") or "-"]) + " |")
+        rows.append(
+            " | ".join(
+                [
+                    f"| {cell['name']}",
+                    cell["date"][:16],
+                    load,
+                    *(str(versions.get(name, "?")) for name in ("torch", "deepspeed", "transformers", "accelerate")),
+                    f"{len(commands) - len(failed)}/{len(commands)} ok"
+                    + (f" ({', '.join(failed)} failed)" if failed else ""),
+                    ("ok" if tune["ok"] else "failed") + f", {tune['seconds']:.0f} s" if tune else "not run",
+                    f"`{tests.get('argv', '')}`: {counts}" if tests else "not run",
+                    "<br>".join(causes).replace("|", "\\|") or "-",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(rows)
 
 
@@ -250,9 +306,14 @@ def measure(args: argparse.Namespace, specs: list[str]) -> dict:
     cache = tmp / f"autotune-cache-{time.time_ns()}"  # a fresh results cache: the tune must run its trials
     env["AUTOTUNE_CACHE_DIR"] = str(cache)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
-    cell = {"name": args.name, "specs": specs, "date": now, "load_before": os.getloadavg(),
-            "machine": f"{os.cpu_count()} cores, CPU only, Python {sys.version.split()[0]}",
-            **({"note": args.note} if args.note else {})}
+    cell = {
+        "name": args.name,
+        "specs": specs,
+        "date": now,
+        "load_before": os.getloadavg(),
+        "machine": f"{os.cpu_count()} cores, CPU only, Python {sys.version.split()[0]}",
+        **({"note": args.note} if args.note else {}),
+    }
     build_seconds = tmp / "build_seconds"
     if not args.reuse:
         build_seconds.write_text(str(build(venv, specs, env, tmp / "pip.log")))
@@ -277,15 +338,20 @@ def measure(args: argparse.Namespace, specs: list[str]) -> dict:
         argv = [str(venv / "bin" / "python"), "-m", "pytest", *args.pytest.split(), "-p", "no:cacheprovider"]
         done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO)
         (tmp / "pytest.log").write_text(done.stdout + done.stderr)
-        cell["pytest"] = {"argv": args.pytest, "rc": done.returncode, "seconds": round(time.monotonic() - start, 1),
-                          **pytest_summary(done.stdout)}
+        cell["pytest"] = {
+            "argv": args.pytest,
+            "rc": done.returncode,
+            "seconds": round(time.monotonic() - start, 1),
+            **pytest_summary(done.stdout),
+        }
         print("\n".join(done.stdout.splitlines()[-25:]), flush=True)
     if args.install_check:
         cell["install_check"] = install_check(venv / "bin" / "python", env, tmp / "pip.log")
         print(f"{args.name}: pip install . changed {cell['install_check']['changed']}", flush=True)
     cell["load_after"] = os.getloadavg()
-    cell["ext_dir_mib"] = round(sum(f.stat().st_size for f in ext.rglob("*") if f.is_file()) / 2**20, 1) \
-        if ext.exists() else 0
+    cell["ext_dir_mib"] = (
+        round(sum(f.stat().st_size for f in ext.rglob("*") if f.is_file()) / 2**20, 1) if ext.exists() else 0
+    )
     cell["ext_reused"] = bool(args.ext_cache)
     return cell
 
@@ -293,8 +359,12 @@ def measure(args: argparse.Namespace, specs: list[str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", default="")
-    parser.add_argument("--venvs", type=Path, default=Path(tempfile.gettempdir()) / "autotune-venvs",
-                        help="where the cell's virtualenv and scratch folder go (outside the repository)")
+    parser.add_argument(
+        "--venvs",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "autotune-venvs",
+        help="where the cell's virtualenv and scratch folder go (outside the repository)",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--pytest", default="", help="pytest arguments, e.g. '-q' (default suite); empty: none")
     parser.add_argument("--floors", action="store_true", help="pin pyproject's declared lower bounds")
@@ -302,11 +372,18 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the virtualenv afterwards")
     parser.add_argument("--build-only", action="store_true", help="build the virtualenv (kept), measure nothing")
     parser.add_argument("--reuse", action="store_true", help="measure in the virtualenv --build-only left")
-    parser.add_argument("--install-check", action="store_true",
-                        help="last, `pip install .` over the cell: torch, DeepSpeed, transformers must not change")
+    parser.add_argument(
+        "--install-check",
+        action="store_true",
+        help="last, `pip install .` over the cell: torch, DeepSpeed, transformers must not change",
+    )
     parser.add_argument("specs", nargs="*")
-    parser.add_argument("--ext-cache", type=Path, default=None,
-                        help="keep DeepSpeed's built ops here, one folder per torch spec (default: fresh per cell)")
+    parser.add_argument(
+        "--ext-cache",
+        type=Path,
+        default=None,
+        help="keep DeepSpeed's built ops here, one folder per torch spec (default: fresh per cell)",
+    )
     parser.add_argument("--note", default="", help="a line recorded with the cell (how it was built, if unusual)")
     parser.add_argument("--table", action="store_true", help="print --results as docs/tested-versions.md's table")
     args = parser.parse_args()

@@ -2,7 +2,8 @@
 
     python benchmarks/warm_workers.py [--out FILE.json] [--label TEXT]
 
-`autotune` runs its CPU trials in warm workers (trial/warm.py): one process serves trial after trial. What a trial
+`autotune` runs its CPU trials in warm workers (trial/launch/warm.py): one process serves trial after trial. What a
+trial
 measures must be what the user's job, a fresh process, would peak at; whatever an earlier trial left in the worker
 is counted on top. This runs the trial order of the README demo (`autotune --model gpt2-small-demo --device cpu
 --memory-budget 2GiB --seq-len 128 --precision fp32`) in one warm pool, as the tuner does (host-memory cap and
@@ -25,7 +26,7 @@ from autotune.infra.atomic import atomic_write_json
 from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest
 from autotune.trial import LocalLauncher, TrialResult, WarmWorkerPool, run_trial
-from autotune.trial.ops import prebuild_ops
+from autotune.trial.launch.ops import prebuild_ops
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "warm_workers_cpu.json"
@@ -56,7 +57,7 @@ def _worker_rss(pool: WarmWorkerPool) -> list[int]:
     rss = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if "autotune.trial.worker" in " ".join(child.cmdline()):
+            if "autotune.trial.worker.main" in " ".join(child.cmdline()):
                 rss.append(int(child.memory_info().rss))
         except psutil.Error:
             continue

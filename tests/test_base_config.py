@@ -12,7 +12,7 @@ from tests.fakes.launchers import CountingLauncher
 
 from autotune.cli import main
 from autotune.core.ladder import Rung
-from autotune.dsconfig.base import TUNED_KEYS
+from autotune.dsconfig.base_config import TUNED_KEYS
 
 BASE_TEXT = """{
   "train_batch_size": 16,

@@ -25,7 +25,7 @@ from autotune.hook.coordinate import HookRecord, SharedSlot, coordinate, publish
 from autotune.infra.atomic import atomic_write_text
 from autotune.infra.sharing import distrust_reason
 from autotune.search.cache import ResultsCache
-from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
+from autotune.trial.trial_types import RankMetrics, TrialResult, TrialSpec
 
 OTHER = 65534  # nobody / nogroup
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's file needs root (os.chown)")
@@ -483,8 +483,8 @@ def test_a_published_hook_record_signed_with_another_key_is_not_believed(tmp_pat
 
 
 def _summary_file(name: str) -> tuple[Path, dict]:
+    from autotune.models.model_summary import _cache_path, summarize
     from autotune.models.resolve import resolve_model
-    from autotune.models.summary import _cache_path, summarize
 
     source = resolve_model(name)
     built = summarize(source)
@@ -501,8 +501,8 @@ def _summary_file(name: str) -> tuple[Path, dict]:
     ids=["zero-params", "part-above-whole", "other-config", "no-layers"],
 )  # fmt: skip
 def test_a_forged_cached_model_summary_is_rebuilt(forgery: dict, caplog) -> None:
+    from autotune.models.model_summary import summarize
     from autotune.models.resolve import resolve_model
-    from autotune.models.summary import summarize
 
     path, genuine = _summary_file("tiny-gpt2")
     atomic_write_text(path, json.dumps({**genuine, **forgery}))
@@ -514,8 +514,8 @@ def test_a_forged_cached_model_summary_is_rebuilt(forgery: dict, caplog) -> None
 
 @as_root
 def test_a_cached_model_summary_owned_by_another_user_is_not_believed(caplog) -> None:
+    from autotune.models.model_summary import summarize
     from autotune.models.resolve import resolve_model
-    from autotune.models.summary import summarize
 
     path, genuine = _summary_file("tiny-gpt2")
     atomic_write_text(path, json.dumps({**genuine, "total_params": genuine["total_params"] * 1000}))

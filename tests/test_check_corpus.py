@@ -17,7 +17,7 @@ from tests.conftest import needs
 
 from autotune.check import CheckContext, Severity, check_config, load_config
 from autotune.check.findings import TRAINING_KEYS
-from autotune.dsconfig.build import validate_with_deepspeed
+from autotune.dsconfig.build_config import validate_with_deepspeed
 from autotune.dsconfig.consumer import Consumer, fill_like_consumer
 
 CORPUS = Path(__file__).parent / "data" / "check" / "corpus"

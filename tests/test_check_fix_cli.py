@@ -12,7 +12,7 @@ from autotune.check.envvars import env_findings, parse_env_file
 from autotune.check.fit import effective_rung
 from autotune.cli import main
 from autotune.core.ladder import Rung
-from autotune.dsconfig.build import validate_with_deepspeed
+from autotune.dsconfig.build_config import validate_with_deepspeed
 
 DATA = Path(__file__).parent / "data" / "check"
 

@@ -11,7 +11,7 @@ from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.measurement import MIN_STEPS, StepStats, enough_steps, median_rank_bound, speed_of
 from autotune.report.data import Choice, HostNeed, TrialEntry, TuneReport, VerdictEntry
 from autotune.search.close_call import decide, settle, simplicity
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 Z0 = Candidate(Rung.Z0, 8, False)
 Z2 = Candidate(Rung.Z2, 8, False)

@@ -15,18 +15,18 @@ from tests.fakes.trials import GENEROUS_TIMEOUT_S, cpu_ops_built, marked_env  # 
 
 from autotune.cli import main
 from autotune.core.ladder import Candidate, Rung
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.models import resolve_model
 from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest
 from autotune.trial import LocalLauncher, TrialSpec, run_trial
-from autotune.trial.training import synthetic_batch
+from autotune.trial.worker.train_steps import synthetic_batch
 
 
 def test_the_trial_batch_gives_the_decoder_its_own_length() -> None:
     import torch
 
-    from autotune.models.build import build_model
+    from autotune.models.architecture import build_model
 
     source = resolve_model("tiny-t5")
     model, _ = build_model(source.config, source.architecture, "cpu")

@@ -1,5 +1,6 @@
 """DeepSpeed's module-level references to a finished ZeRO-3 engine, and the NVMe parameter swapper's page-locked
-buffers, are dropped after a trial (trial/deepspeed_globals.py), so a warm worker's next trial does not start on top
+buffers, are dropped after a trial (trial/worker/deepspeed_globals.py), so a warm worker's next trial does not start on
+top
 of the last one's leftovers."""
 
 from __future__ import annotations
@@ -17,21 +18,21 @@ from tests.fakes.devices import FakeAioHandle
 from tests.fakes.trials import tiny_spec
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.dsconfig.build import TrainSettings, build_ds_config
-from autotune.trial.deepspeed_globals import lru_caches, release_nvme_param_buffers
-from autotune.trial.processes import one_rank_env
-from autotune.trial.types import TrialSpec
-from autotune.trial.warm import WARM_GROWTH_LIMIT_BYTES
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
+from autotune.trial.launch.processes import one_rank_env
+from autotune.trial.launch.warm import WARM_GROWTH_LIMIT_BYTES
+from autotune.trial.trial_types import TrialSpec
+from autotune.trial.worker.deepspeed_globals import lru_caches, release_nvme_param_buffers
 
 # Runs a trial `count` times in one process the way a warm worker does; after each, what of it is still alive
 # and the process's RSS.
 _TRIALS_IN_ONE_PROCESS = """
 import gc, json, os, sys, time
-from autotune.trial.memory import MemoryTracker, host_rss_bytes
-from autotune.trial.training import PhaseClock, import_runtime, init_distributed, run_rank
-from autotune.trial.types import TrialSpec
-from autotune.trial.warm import WARM_GROWTH_LIMIT_BYTES
-from autotune.trial.worker import placement_from_env
+from autotune.trial.worker.memory import MemoryTracker, host_rss_bytes
+from autotune.trial.worker.train_steps import PhaseClock, import_runtime, init_distributed, run_rank
+from autotune.trial.trial_types import TrialSpec
+from autotune.trial.launch.warm import WARM_GROWTH_LIMIT_BYTES
+from autotune.trial.worker.main import placement_from_env
 spec, count = TrialSpec(**json.loads(sys.argv[1])), int(sys.argv[2])
 placement = placement_from_env(os.environ)
 import_runtime("cpu")

@@ -22,8 +22,8 @@ from tests.fakes.devices import (
 )
 
 from autotune.core.units import GiB, MiB
-from autotune.trial.memory import MemoryTracker, PeakSampler, allocator_fraction
-from autotune.trial.types import RankMetrics, TrialResult
+from autotune.trial.trial_types import RankMetrics, TrialResult
+from autotune.trial.worker.memory import MemoryTracker, PeakSampler, allocator_fraction
 
 
 def _tracker(card: FakeCard) -> tuple[MemoryTracker, FakeAllocator]:

@@ -18,10 +18,10 @@ from tests.fakes.activations import activation_peak
 
 from autotune.estimate.activations import activation_breakdown
 from autotune.estimate.constants import CPU_MATH_SDPA_BYTES_WITH_DROPOUT
+from autotune.estimate.estimate_types import EstimateSettings
 from autotune.estimate.runtime import RuntimeStack
-from autotune.estimate.types import EstimateSettings
 from autotune.models import resolve_model, summarize
-from autotune.models.build import build_model
+from autotune.models.architecture import build_model
 
 # torch's MemTracker ships from torch 2.5 (torch/distributed/_tools/mem_tracker.py); on an older torch the module,
 # and the modules that import its helpers, are skipped with this reason instead of failing the run at collection.

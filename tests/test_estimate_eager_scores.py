@@ -20,11 +20,11 @@ from tests.fakes.models import summary
 
 from autotune.estimate.activations import activation_breakdown, layer_backward_transient, layer_bytes
 from autotune.estimate.eager_scores import eager_scores_bytes, eager_softmax
+from autotune.estimate.estimate_types import EstimateSettings
 from autotune.estimate.runtime import RuntimeStack
 from autotune.estimate.traits import traits_of
-from autotune.estimate.types import EstimateSettings
 from autotune.models import resolve_model, summarize
-from autotune.models.build import build_model
+from autotune.models.architecture import build_model
 
 # 2 layers, 4 heads, hidden 64, no dropout (CPU dropout keeps a d-byte noise tensor where CUDA keeps a bool mask).
 TINY_OPT = str(Path(__file__).parent / "data" / "models" / "tiny-opt.json")

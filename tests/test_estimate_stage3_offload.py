@@ -17,8 +17,8 @@ from autotune.estimate.buffers import (
     offload_gradient_check_bytes,
     stage3_offload_grad_transient,
 )
+from autotune.estimate.estimate_types import EstimateSettings
 from autotune.estimate.runtime import RuntimeStack
-from autotune.estimate.types import EstimateSettings
 
 LARGEST = 525_336_576  # Llama-3-8B's embedding: 128256 x 4096
 

@@ -30,9 +30,18 @@ def llama(vocab: int, layers: int, tied: bool = False, decoder_layers: int = 0) 
     embedding = vocab * HIDDEN
     total = embedding * (1 if tied else 2) + (layers + decoder_layers) * BLOCK
     return summary(
-        total_params=total, trainable_params=total, embedding_params=embedding, vocab_size=vocab, hidden_size=HIDDEN,
-        num_layers=layers, num_decoder_layers=decoder_layers, num_heads=16, num_kv_heads=16, head_dim=64,
-        intermediate_size=INTERMEDIATE, tied_embeddings=tied,
+        total_params=total,
+        trainable_params=total,
+        embedding_params=embedding,
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        num_layers=layers,
+        num_decoder_layers=decoder_layers,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=64,
+        intermediate_size=INTERMEDIATE,
+        tied_embeddings=tied,
         family="encoder-decoder" if decoder_layers else "decoder-only",
     )
 
@@ -95,7 +104,9 @@ def test_the_replay_matches_deepspeeds_gathered_state(tmp_path: Path):
     out = tmp_path / "retention.json"
     subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "stage3_retention_cpu.py"), "--only", "distance", "--out", str(out)],
-        check=True, capture_output=True, timeout=900,
+        check=True,
+        capture_output=True,
+        timeout=900,
     )
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) >= 8
@@ -107,8 +118,9 @@ def test_the_replay_matches_deepspeeds_gathered_state(tmp_path: Path):
 
 def test_a_prefetch_bucket_of_zero_in_a_users_config_prefetches_nothing():
     model, where = llama(vocab=32_000, layers=40), target(8)
-    knobs = ZeroKnobs.from_ds_config({"stage": 3, "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0},
-                                     HIDDEN, stage=3)
+    knobs = ZeroKnobs.from_ds_config(
+        {"stage": 3, "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0}, HIDDEN, stage=3
+    )
     parts = estimate(model, where, Candidate(Rung.Z3, 1), EstimateSettings(seq_len=512, knobs=knobs)).gpu_components
     assert "prefetched_params" not in parts and "live_params" not in parts
     default = estimate(model, where, Candidate(Rung.Z3, 1), EstimateSettings(seq_len=512)).gpu_components

@@ -27,6 +27,7 @@ TRAIN_ARGS = {
 }
 SCRIPTS = {"hf": "examples/training/train_hf.py", "deepspeed": "examples/training/train_deepspeed.py"}
 
+
 def _env(tmp_path: Path, kind: str, **extra: str) -> dict[str, str]:
     report = tmp_path / f"{kind}.json"
     out_dir = f" --output_dir {tmp_path / 'hf-out'}" if kind == "hf" else ""

@@ -93,7 +93,7 @@ def test_gpu_errors_subtract_what_lives_outside_torch(kit_module) -> None:
     row = {
         "predicted_bytes": 10 * GiB,
         "predicted_components": {"cuda_context": GiB, "nccl_buffers": GiB, "allocator_slack": GiB},
-        "nvml_peak_bytes": 10 * GiB,  # the trial process's own (trial/memory.py): other tenants are not in it
+        "nvml_peak_bytes": 10 * GiB,  # the trial process's own (trial/worker/memory.py): other tenants are not in it
         "nvml_baseline_bytes": 11 * GiB,
         "max_reserved_bytes": 8 * GiB,
         "max_allocated_bytes": 7 * GiB,
@@ -286,7 +286,7 @@ def test_the_tune_stage_puts_the_picks_warm_peak_beside_its_fresh_confirmation(k
 
     from autotune.core.ladder import Candidate, Rung
     from autotune.report.data import Choice, TrialEntry
-    from autotune.trial.types import RankMetrics, TrialResult
+    from autotune.trial.trial_types import RankMetrics, TrialResult
 
     def entry(candidate: Candidate, peak: int, purpose: str, fits: bool = True) -> TrialEntry:
         result = TrialResult("ok", ranks=[RankMetrics(0, device_used_bytes=peak)], samples_per_s=1.0)

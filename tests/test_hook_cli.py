@@ -103,7 +103,10 @@ def test_the_hook_asks_the_question_tune_asks(tmp_path: Path, monkeypatch) -> No
         main(["hook", *OPTIONS, "--cache-dir", str(tmp_path), *args])
     (tuning,) = seen
     assert (tuning.optimizer, tuning.lora_rank, tuning.lora_targets, tuning.kernels) == (
-        "adafactor", 8, ("c_attn",), "stock"
+        "adafactor",
+        8,
+        ("c_attn",),
+        "stock",
     )
     bad = run_cli("hook", *OPTIONS, "--cache-dir", str(tmp_path), "--lora-rank", "-1")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr

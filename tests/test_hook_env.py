@@ -7,7 +7,7 @@ import pytest
 from autotune.errors import UserError
 from autotune.hook.env import JobOverrides, detect_job_env, parse_gpu_count
 from autotune.hook.hostlist import expand_hostlist, parse_hostlist
-from autotune.trial.hostfile import hostfile_text, read_hostfile, write_hostfile
+from autotune.trial.launch.hostfile import hostfile_text, read_hostfile, write_hostfile
 
 
 def no_scontrol(text: str) -> None:

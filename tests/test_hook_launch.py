@@ -14,12 +14,12 @@ import pytest
 from tests.fakes.hook import job_env
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.hook.env import JobEnv
 from autotune.models import resolve_model
-from autotune.trial.hostfile import HostfileLauncher, write_hostfile
-from autotune.trial.processes import free_port
-from autotune.trial.types import TrialResult, TrialSpec
+from autotune.trial.launch.hostfile import HostfileLauncher, write_hostfile
+from autotune.trial.launch.processes import free_port
+from autotune.trial.trial_types import TrialResult, TrialSpec
 
 
 def job(nodes: int, nodelist: tuple[str, ...] = (), scheduler: str = "none", port: int | None = None) -> JobEnv:

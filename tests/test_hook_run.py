@@ -31,7 +31,7 @@ from autotune.errors import NothingFitsError, UserError
 from autotune.hook import HookError, HookRequest, HookResult, JobOverrides, run_hook
 from autotune.hook.coordinate import SharedSlot
 from autotune.report.assumptions import assumptions_path, read_assumptions
-from autotune.trial.chooser import JobFacts, choose_launch
+from autotune.trial.launch.chooser import JobFacts, choose_launch
 from autotune.tuner import ds_config_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,9 +59,10 @@ def test_one_tunes_then_every_later_call_is_a_hit_with_identical_bytes(tmp_path:
         record = read_assumptions(tmp_path / out / "ds_config.json")
         assert record is not None
         assert (record["model"], record["seq_len"], record["verified"]) == ("tiny-gpt2", 32, True)
-    assert assumptions_path(tmp_path / "a/ds_config.json").read_bytes() == assumptions_path(
-        tmp_path / "b/ds_config.json"
-    ).read_bytes()
+    assert (
+        assumptions_path(tmp_path / "a/ds_config.json").read_bytes()
+        == assumptions_path(tmp_path / "b/ds_config.json").read_bytes()
+    )
 
 
 def test_the_job_shape_comes_from_slurm_and_changes_the_key(tmp_path: Path) -> None:

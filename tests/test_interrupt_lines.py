@@ -16,7 +16,7 @@ from autotune.cli.tune import _on_terminated
 from autotune.core.ladder import Rung
 from autotune.hook.leader import BestVerified
 from autotune.infra.terminate import INTERRUPTED_EXIT, TERMINATED_EXIT, Terminated, sigterm_raises
-from autotune.trial.types import TrialResult, TrialSpec
+from autotune.trial.trial_types import TrialResult, TrialSpec
 from autotune.tuner import TuneRequest, tune
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_ctrl_c_outside_a_tuning_prints_one_line(tmp_path: Path) -> None:
     probe = (
         # Ctrl-C as at a terminal, also where this test runs in the background (which ignores SIGINT: POSIX)
         "import os, signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "from autotune.cli import main\nimport autotune.search.recommend as plan\n"
+        "from autotune.cli import main\nimport autotune.tuning.recommend as plan\n"
         "def interrupted(*a, **k):\n    os.kill(os.getpid(), signal.SIGINT)\n    import time; time.sleep(5)\n"
         "plan.recommend = interrupted\nmain(sys.argv[1:])\n"
     )

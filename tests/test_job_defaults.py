@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 
 from autotune.check import CheckContext, config_findings
-from autotune.dsconfig.base import placeholder_notes
+from autotune.dsconfig.base_config import placeholder_notes
 from autotune.training.job_defaults import job_defaults
 
 PLACEHOLDER = {"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {}}}

@@ -43,4 +43,3 @@ def test_check_json_stdout_is_json_when_deepspeed_logs_at_import() -> None:
     report = json.loads(done.stdout)  # nothing before or after the JSON
     assert "findings" in report or report  # a report, not an empty document
     assert "Setting ds_accelerator" not in done.stdout + done.stderr  # the import-time line is dropped
-

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.dsconfig.emit import emit_launchers, write_configs
 from autotune.dsconfig.launchers import LaunchCommands
-from autotune.trial.shm import remove_segments
+from autotune.trial.launch.shm import remove_segments
 
 REPO = Path(__file__).resolve().parents[1]
 PLAIN = "examples/training/train_deepspeed.py"
@@ -79,7 +79,7 @@ def run_path(command: str, tmp_path: Path) -> dict:
             ["bash", "-c", command + extra], cwd=REPO, capture_output=True, text=True, env=env, timeout=900
         )
     finally:
-        remove_segments([int(port)], since=started)  # what DeepSpeed's CPU all-reduce leaves (trial/shm.py)
+        remove_segments([int(port)], since=started)  # what DeepSpeed's CPU all-reduce leaves (trial/launch/shm.py)
     assert done.returncode == 0, (command, (done.stdout + done.stderr)[-4000:])
     lines = [line for line in done.stdout.splitlines() if line.startswith("ENGINE ")]
     assert lines, done.stdout[-2000:]

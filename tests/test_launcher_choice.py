@@ -1,4 +1,5 @@
-"""One launcher chooser (trial/chooser.py): every combination of nodes x SLURM x torchrun x --trial-workers x device,
+"""One launcher chooser (trial/launch/chooser.py): every combination of nodes x SLURM x torchrun x --trial-workers x
+device,
 decided by `autotune tune` from its own request and environment and by the hook from the job's facts, gives the same
 launchers; the table's rows are spelled out here, apart from the code. No process starts: the warm pool starts its
 workers at its first trial, and the srun/pdsh launchers are only built."""
@@ -13,14 +14,14 @@ from tests.fakes.hook import job_env
 
 from autotune.errors import UserError
 from autotune.hook.env import JobEnv
-from autotune.hook.launch import choose_launcher
+from autotune.hook.trial_facts import choose_launcher
 from autotune.request.tune_request import TuneRequest
-from autotune.search.trials import launcher_for
 from autotune.trial import FreshAfterWarm, HostfileLauncher, LocalLauncher, SlurmLauncher, WarmWorkerPool
-from autotune.trial.chooser import TrialLaunchers
-from autotune.trial.hostfile import TRIAL_MASTER_PORT
-from autotune.trial.nodes import LocalNodesLauncher
-from autotune.trial.script import ScriptLauncher
+from autotune.trial.launch.chooser import TrialLaunchers
+from autotune.trial.launch.hostfile import TRIAL_MASTER_PORT
+from autotune.trial.launch.nodes import LocalNodesLauncher
+from autotune.trial.own_command.script import ScriptLauncher
+from autotune.tuning.trials import launcher_for
 
 CPU_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 NO_AGENT_STORE = {"TORCHELASTIC_USE_AGENT_STORE": "False"}
@@ -41,7 +42,7 @@ def job(nodes: int, *, slurm: bool, nodelist: tuple[str, ...] = ()) -> JobEnv:
 
 
 def expected(nodes: int, slurm: bool, torchrun: bool, workers: str, device: str) -> tuple | str:
-    """The table of trial/chooser.py's docstring, row by row: (trials, confirm, env), or the refusal's words."""
+    """The table of trial/launch/chooser.py's docstring, row by row: (trials, confirm, env), or the refusal's words."""
     env = {**(CPU_ENV if device == "cpu" else {}), **(NO_AGENT_STORE if torchrun else {})}
     if nodes > 1:
         if workers == "warm":

@@ -27,6 +27,7 @@ LAYERS = (
     "report",  # the typed report and its renderings
     "request",  # one request, one context
     "search",  # 4. search over trials, the cache, the plan-only recommendation
+    "tuning",  # one tuning around the search: needs a TuneContext
     "tuner",  # tune(): orchestration
     "check",  # autotune check
     "hook",  # autotune hook

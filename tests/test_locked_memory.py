@@ -23,7 +23,7 @@ from tests.fakes.launchers import CountingLauncher
 from autotune import tune
 from autotune.core.ladder import Rung
 from autotune.errors import NothingFitsError
-from autotune.hardware.probe import LockedMemory, _cgroup_limit, probe_locked_memory
+from autotune.hardware.machine_probe import LockedMemory, _cgroup_limit, probe_locked_memory
 from autotune.tuner import TuneRequest
 
 LIMIT = 65536  # `ulimit -l 64`, the limit the shared-machine session tried
@@ -44,7 +44,8 @@ def _limited() -> None:
 
 def test_the_probe_reads_ulimit_and_cap_ipc_lock_of_a_real_process() -> None:
     code = (
-        "from autotune.hardware.probe import probe_locked_memory as p; m = p(); print(m.rlimit_bytes, m.binding_bytes)"
+        "from autotune.hardware.machine_probe import probe_locked_memory as p; "
+        "m = p(); print(m.rlimit_bytes, m.binding_bytes)"
     )
     done = subprocess.run(
         _unprivileged([sys.executable, "-c", code]), preexec_fn=_limited, capture_output=True, text=True, check=True
@@ -80,7 +81,9 @@ def test_an_offload_rung_that_would_mlock_past_the_limit_is_ruled_out_not_tried(
 ) -> None:
     """Native pinning under `ulimit -l 64` without CAP_IPC_LOCK: no offload trial is launched, the report says why."""
     monkeypatch.setenv("DS_PIN_MEMORY_BACKEND", "native")
-    monkeypatch.setattr("autotune.hardware.probe.probe_locked_memory", lambda: LockedMemory(LIMIT, cap_ipc_lock=False))
+    monkeypatch.setattr(
+        "autotune.hardware.machine_probe.probe_locked_memory", lambda: LockedMemory(LIMIT, cap_ipc_lock=False)
+    )
     launcher = CountingLauncher()
     request = TuneRequest(
         model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=64, rungs=(Rung.Z2_OFFLOAD_OPT, Rung.Z0),

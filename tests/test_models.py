@@ -4,7 +4,7 @@ import pytest
 
 from autotune.errors import UserError
 from autotune.models import resolve_model, summarize
-from autotune.models.build import build_model
+from autotune.models.architecture import build_model
 
 
 def test_profile_counts_match_published_figures() -> None:

@@ -13,9 +13,9 @@ from tests.fakes.models import summary as hand_summary
 from autotune.core.ladder import LADDER, Candidate, Mode, Rung
 from autotune.core.units import GiB
 from autotune.core.versions import ZENFLOW, installed
-from autotune.dsconfig.build import TrainSettings, build_ds_config, validate_with_deepspeed
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config, validate_with_deepspeed
 from autotune.estimate import EstimateSettings, estimate
-from autotune.estimate.modes import mode_memory, partial_offload_device_elements, partial_offload_device_share
+from autotune.estimate.mode_terms import mode_memory, partial_offload_device_elements, partial_offload_device_share
 from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import ModelSummary
 from autotune.modes.applies import (

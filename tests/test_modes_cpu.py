@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.estimate.modes import partial_offload_device_elements
+from autotune.estimate.mode_terms import partial_offload_device_elements
 from autotune.models import resolve_model, summarize
 from autotune.modes.applies import CPU_BACKEND, RATIO_STEPS
-from autotune.trial.ops import prebuild_ops
+from autotune.trial.launch.ops import prebuild_ops
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 # The CPU memory model's usual error on real trials with the mmap64k malloc setting: median 3.7%, worst 13.4%
@@ -57,9 +57,7 @@ def test_partial_offload_rss_matches_the_model_and_the_engine_runs_the_ratio(rat
     import estimate_accuracy
 
     point = next(
-        p
-        for p in estimate_accuracy.PARTIAL_OFFLOAD_POINTS
-        if p.model == "gpt2-small-demo" and p.offload_ratio == ratio
+        p for p in estimate_accuracy.PARTIAL_OFFLOAD_POINTS if p.model == "gpt2-small-demo" and p.offload_ratio == ratio
     )
     row = estimate_accuracy.run_point(point, "cpu", "bf16")
     assert row["status"] == "ok", row["error"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune.core.ladder import Candidate, Mode, Rung
-from autotune.estimate.types import Calibration
+from autotune.estimate.estimate_types import Calibration
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))

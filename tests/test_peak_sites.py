@@ -1,4 +1,4 @@
-"""Whose memory a trial's peak is (trial/peak_sites.py): the replay on hand-made traces in both frame formats
+"""Whose memory a trial's peak is (trial/worker/peak_sites.py): the replay on hand-made traces in both frame formats
 and on one torch itself wrote, the recorder without CUDA, and the request's way through a real trial."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from tests.fakes.trials import tiny_spec
 
 from autotune.core.ladder import Rung
 from autotune.trial import LocalLauncher
-from autotune.trial.peak_sites import (
+from autotune.trial.worker.peak_sites import (
     BEFORE_TRIAL,
     NO_PYTHON_FRAME,
     PeakSiteRecorder,

@@ -142,7 +142,7 @@ def test_config_without_a_micro_batch_is_asked_for_one(capsys, tmp_path):
 
 @pytest.mark.parametrize("native_bf16,precision", [(False, "fp32"), (True, "bf16")])
 def test_plan_on_the_cpu_backend_and_its_precision_default(capsys, monkeypatch, native_bf16, precision):
-    monkeypatch.setattr("autotune.hardware.probe.cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr("autotune.hardware.machine_probe.cpu_has_native_bf16", lambda: native_bf16)
     args = ("--model", "tiny-gpt2", "--device", "cpu", "--memory-budget", "2GiB", "--seq-len", "64")
     code, out, _ = run_in_process(capsys, *args, "--json")
     assert code == 0
@@ -184,7 +184,7 @@ def test_plan_config_on_the_cpu_backend_says_host_ram_not_gpu(capsys, tmp_path):
 
 
 def test_a_plan_only_note_does_not_say_the_tuning_measured():
-    from autotune.dsconfig.base import placeholder_notes
+    from autotune.dsconfig.base_config import placeholder_notes
 
     config = {"optimizer": {"type": "AdamW", "params": {}}}
     assert "the tuning measured" in placeholder_notes(config, None)[0]

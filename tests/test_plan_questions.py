@@ -15,13 +15,13 @@ from autotune.cli import main
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.estimate import check_fit, estimate
 from autotune.estimate.activations import _encoder_decoder_breakdown, activation_breakdown
+from autotune.estimate.estimate_types import EstimateSettings
 from autotune.estimate.runtime import RuntimeStack, local_stack
-from autotune.estimate.types import EstimateSettings
 from autotune.hardware.specs import Target, resolve_gpu_type
 from autotune.models import resolve_model, summarize
 from autotune.request.context import TuneContext, known_accumulation
 from autotune.request.tune_request import TuneRequest
-from autotune.search.recommend import recommend
+from autotune.tuning.recommend import recommend
 
 GIB = 1 << 30
 
@@ -309,7 +309,7 @@ def test_split_lengths_match_autograd_on_tiny_t5(encoder_len, decoder_len):
     import torch
     from tests.fakes.activations import activation_peak
 
-    from autotune.models.build import build_model
+    from autotune.models.architecture import build_model
 
     source = resolve_model("tiny-t5")
     torch.manual_seed(0)

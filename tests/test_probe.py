@@ -4,8 +4,8 @@ import pytest
 from tests.fakes.devices import FakeCard, FakeNvml
 
 from autotune.errors import UserError
-from autotune.hardware import probe as probe_module
-from autotune.hardware.probe import probe, probe_host, visible_selection
+from autotune.hardware import machine_probe as probe_module
+from autotune.hardware.machine_probe import probe, probe_host, visible_selection
 from autotune.hardware.target import resolve_target
 
 
@@ -85,7 +85,7 @@ def test_planned_target_from_profile_or_memory() -> None:
 
 
 def test_native_bf16_read_from_cpu_flags() -> None:
-    from autotune.hardware.probe import cpu_has_native_bf16
+    from autotune.hardware.machine_probe import cpu_has_native_bf16
 
     assert cpu_has_native_bf16("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n")
     assert cpu_has_native_bf16("flags\t\t: fpu sse2 amx_bf16 amx_tile\n")
@@ -95,7 +95,7 @@ def test_native_bf16_read_from_cpu_flags() -> None:
 
 
 def test_cpu_tune_defaults_to_fp32_without_native_bf16(monkeypatch) -> None:
-    from autotune.hardware import probe
+    from autotune.hardware import machine_probe as probe
     from autotune.request import context
     from autotune.request.tune_request import TuneRequest
 

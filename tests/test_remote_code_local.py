@@ -14,14 +14,14 @@ import pytest
 from autotune.errors import UserError
 from autotune.models import resolve_model, summarize
 
-CONFIGURATION = '''
+CONFIGURATION = """
 from transformers import GPT2Config
 
 
 class TinyRemoteConfig(GPT2Config):
     model_type = "tiny_remote"
-'''
-MODELING = '''
+"""
+MODELING = """
 from transformers import GPT2LMHeadModel
 
 from .configuration_tiny_remote import TinyRemoteConfig
@@ -29,7 +29,7 @@ from .configuration_tiny_remote import TinyRemoteConfig
 
 class TinyRemoteForCausalLM(GPT2LMHeadModel):
     config_class = TinyRemoteConfig
-'''
+"""
 
 
 def _remote_code_dir(tmp_path: Path) -> Path:

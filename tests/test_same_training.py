@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import needs
 
 from autotune.core.ladder import Candidate, Mode, Rung
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.modes.applies import (
     APPROXIMATE_FLAG,
     ModeFacts,
@@ -22,7 +22,7 @@ from autotune.modes.applies import (
     mode_applies,
     ratio_mode,
 )
-from autotune.trial.processes import one_rank_env
+from autotune.trial.launch.processes import one_rank_env
 
 # A layout where every family applies somewhere: two nodes of two GPUs (ZeRO++), a GH200 (SuperOffload).
 WIDE = {"nodes": 2, "gpus_per_node": 2, "superchip": True}

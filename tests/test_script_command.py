@@ -16,12 +16,12 @@ from tests.fakes.launchers import OwnCommandLauncher
 from autotune.core.ladder import Rung
 from autotune.dsconfig.launchers import FREE_PORT
 from autotune.errors import UserError
+from autotune.trial.launch.processes import TRIAL_TAG_ENV, new_tag, stop_processes
 from autotune.trial.outcome import BudgetBreach
-from autotune.trial.processes import TRIAL_TAG_ENV, new_tag, stop_processes
-from autotune.trial.script import ScriptOutcome, classify, placeholder_values
-from autotune.trial.script_command import parse_command
-from autotune.trial.script_memory import TreeMemorySampler, visible_gpu_indices
-from autotune.trial.types import TrialSpec
+from autotune.trial.own_command.script import ScriptOutcome, classify, placeholder_values
+from autotune.trial.own_command.script_command import parse_command
+from autotune.trial.own_command.script_memory import TreeMemorySampler, visible_gpu_indices
+from autotune.trial.trial_types import TrialSpec
 
 CONFIG = {
     "train_batch_size": 16,
@@ -215,13 +215,13 @@ def test_hook_takes_the_same_command_form_and_keys_on_it(tmp_path: Path) -> None
 def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_reports_the_commands(
     tmp_path: Path,
 ) -> None:
-    from autotune.search.trials import request_facts
-    from autotune.trial.chooser import build_launcher, choose_launch
-    from autotune.trial.script import ScriptLauncher
+    from autotune.trial.launch.chooser import build_launcher, choose_launch
+    from autotune.trial.own_command.script import ScriptLauncher
     from autotune.tuner import TuneRequest, tune
+    from autotune.tuning.trials import request_facts
 
     def script_launcher(request: TuneRequest) -> ScriptLauncher | None:
-        """The one launcher chooser's pick for `request` when it is the user's command (trial/chooser.py)."""
+        """The one launcher chooser's pick for `request` when it is the user's command (trial/launch/chooser.py)."""
         facts = request_facts(request, {})
         choice = choose_launch(facts)
         launcher = build_launcher(facts, choice) if choice.kind == "own_command" else None
@@ -255,11 +255,11 @@ def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_repor
 
 def test_hook_leaves_own_command_trials_to_the_tuner(tmp_path: Path) -> None:
     """The hook's launcher choice (synthetic workers) must not replace the user's command: the facts it hands tune
-    carry the command, and the one chooser (trial/chooser.py) runs it."""
+    carry the command, and the one chooser (trial/launch/chooser.py) runs it."""
     from tests.fakes.hook import FakeTune, hook_request
 
     from autotune.hook import run_hook
-    from autotune.trial.chooser import JobFacts, choose_launch
+    from autotune.trial.launch.chooser import JobFacts, choose_launch
 
     fake = FakeTune()
     command = ("python", "train.py", "--deepspeed", "{ds_config}")
@@ -300,7 +300,7 @@ def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tm
 def test_the_printed_command_carries_the_environment_its_trials_had(tmp_path: Path) -> None:
     """Without a launcher the trials set the one-rank variables; printed without them, `python3 train.py`
     made DeepSpeed look for MPI ("No module named 'mpi4py'"). The end-to-end run is in test_script_mode.py."""
-    from autotune.request.own_command import train_command
+    from autotune.request.own_command_mode import train_command
 
     bare = parse_command(["python3", "train.py", "--deepspeed_config", "{ds_config}", "--mb", "{micro_batch}"])
     line = train_command(bare, _spec(nprocs_per_node=1), tmp_path / "ds config.json")

@@ -19,12 +19,12 @@ from tests.conftest import run_cli
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.measurement import MIN_STEPS
-from autotune.dsconfig.build import TrainSettings, build_ds_config
-from autotune.trial.processes import one_rank_env
-from autotune.trial.script import ScriptLauncher
-from autotune.trial.script_steps import step_times
-from autotune.trial.shm import SEGMENT_PREFIX, SHM_DIRECTORY, segment_port
-from autotune.trial.types import TrialSpec
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
+from autotune.trial.launch.processes import one_rank_env
+from autotune.trial.launch.shm import SEGMENT_PREFIX, SHM_DIRECTORY, segment_port
+from autotune.trial.own_command.script import ScriptLauncher
+from autotune.trial.own_command.script_steps import step_times
+from autotune.trial.trial_types import TrialSpec
 
 JOBS = Path(__file__).parent / "scripts" / "user_jobs"
 RANK_VARIABLES = set(one_rank_env(port=0))
@@ -194,7 +194,7 @@ def test_misbehaving_scripts_are_classified_and_leave_nothing(
 @pytest.mark.skipif(not SHM_DIRECTORY.is_dir(), reason="no /dev/shm")
 def test_a_deepspeed_launcher_trial_leaves_no_shared_memory_segment(model_dir: Path) -> None:
     """The user's command through `deepspeed` on the CPU backend: the launcher sets LOCAL_SIZE, so each rank makes
-    a 66 MiB segment that DeepSpeed never unlinks (trial/shm.py); after the trial none with its port is left."""
+    a 66 MiB segment that DeepSpeed never unlinks (trial/launch/shm.py); after the trial none with its port is left."""
     launcher = ScriptLauncher([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1",
                                "--master_port", "{master_port}", str(JOBS / "plain_deepspeed.py"),
                                "--deepspeed_config", "{ds_config}", "--model-config", str(model_dir),

@@ -20,7 +20,7 @@ from autotune.core.ladder import Candidate, Rung
 from autotune.core.stop import StopReason
 from autotune.search.records import SearchLimits
 from autotune.search.walk import Search
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 GIB = 2**30
 GRID = [1, 2, 4, 8, 16, 32, 64]
@@ -201,7 +201,7 @@ def test_the_simulated_machine_holds_no_belief_of_the_search() -> None:
         name
         for name in imported
         if name.startswith(("autotune.estimate", "autotune.search"))
-        and not name.startswith("autotune.estimate.types.")
+        and not name.startswith("autotune.estimate.estimate_types.")
         and name != "autotune.search.walk.MemoryModel"
     ]
     assert not beliefs, beliefs

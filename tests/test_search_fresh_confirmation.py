@@ -19,7 +19,7 @@ from autotune.core.ladder import Candidate, Rung
 from autotune.search.records import LaunchPurpose, SearchEvent, SearchLimits
 from autotune.search.relations import holds_at_least_the_memory_of
 from autotune.search.walk import Search
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 GIB = 2**30
 GRID = list(range(1, 65))

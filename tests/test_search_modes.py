@@ -25,7 +25,7 @@ from autotune.report.markdown import render_markdown
 from autotune.search.records import TrialRecord
 from autotune.search.relations import holds_at_least_the_memory_of
 from autotune.search.speed import BoundContext, GroupMeasurements, could_beat
-from autotune.trial.types import RankMetrics, TrialResult
+from autotune.trial.trial_types import RankMetrics, TrialResult
 
 
 def test_bisection_finds_the_smallest_fitting_ratio_in_log_steps() -> None:
@@ -434,7 +434,7 @@ def test_plan_only_lists_the_modes_as_predictions(tmp_path) -> None:
 
 
 def test_mode_summary_lists_predictions_groups_reasons_and_names_a_fit_when_nothing_classic_does() -> None:
-    from autotune.modes.summary import ModeSummary
+    from autotune.modes.mode_summary import ModeSummary
 
     planned = ModeRecord(
         Rung.Z3_OFFLOAD_OPT,

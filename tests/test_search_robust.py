@@ -11,7 +11,7 @@ import pytest
 from autotune.core.ladder import Candidate, Rung
 from autotune.search.records import SearchLimits
 from autotune.search.walk import Search
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -161,7 +161,7 @@ def test_a_clear_winner_is_not_remeasured() -> None:
 
 def test_offload_rungs_over_the_host_ram_headroom_are_not_chosen() -> None:
     """GPU trials: the node's host RSS peak is held to the headroom too (offload pins host buffers)."""
-    from autotune.estimate.types import EstimateSettings
+    from autotune.estimate.estimate_types import EstimateSettings
     from autotune.hardware.specs import Target
     from autotune.models import resolve_model, summarize
     from gpu_sim.machine import SimulatedCluster
@@ -193,7 +193,8 @@ def test_offload_rungs_over_the_host_ram_headroom_are_not_chosen() -> None:
 
 def test_a_warm_worker_launch_ends_only_at_a_failure_and_pays_its_start_once() -> None:
     """The simulator's launch model: a fresh process per trial (`--trial-workers fresh`) launches once per trial; a
-    warm worker (trial/warm.py: the CPU default, `--trial-workers warm`) keeps its process until a trial fails. The
+    warm worker (trial/launch/warm.py: the CPU default, `--trial-workers warm`) keeps its process until a trial fails.
+    The
     start-up is charged once per launch, the build and steps per trial. With no trial run fresh, the GPU default's
     launches are the warm ones."""
     from gpu_sim.machine import STARTUP, Launcher

@@ -11,7 +11,7 @@ from tests.fakes.launchers import CountingLauncher, SigtermLauncher
 
 from autotune import tune
 from autotune.core.ladder import Rung
-from autotune.dsconfig.build import hf_variant
+from autotune.dsconfig.build_config import hf_variant
 from autotune.infra.terminate import Terminated, sigterm_raises
 from autotune.tuner import TuneRequest
 

@@ -141,7 +141,7 @@ def test_leftovers_of_a_dead_owner_are_swept_and_nothing_else(tmp_path: Path) ->
 
 SIGKILLED_TUNER = """
 import os, sys, time
-from autotune.trial.launch import trial_directory
+from autotune.trial.launch.spawn import trial_directory
 from autotune.infra.leftovers import owned_tempdir
 from pathlib import Path
 

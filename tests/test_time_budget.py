@@ -17,9 +17,9 @@ from autotune.core.stop import StopReason
 from autotune.errors import TrialsFailedError
 from autotune.request.tune_request import TUNE_TIME_BUDGET_S
 from autotune.search.records import SearchEvent
-from autotune.search.trials import budgeted_spec
-from autotune.trial.types import TrialSpec
+from autotune.trial.trial_types import TrialSpec
 from autotune.tuner import TuneRequest
+from autotune.tuning.trials import budgeted_spec
 
 
 def test_tune_has_a_stated_default_time_budget() -> None:

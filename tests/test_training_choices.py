@@ -15,7 +15,7 @@ from autotune import tune
 from autotune.core.batch import describe_global_batch, requested_global_batch
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.units import GiB
-from autotune.dsconfig.build import TrainSettings, build_ds_config, validate_with_deepspeed
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config, validate_with_deepspeed
 from autotune.errors import UserError
 from autotune.estimate import EstimateSettings, estimate
 from autotune.hardware.specs import Target, generic_gpu

@@ -18,7 +18,7 @@ from autotune import tune
 from autotune.core.ladder import Rung
 from autotune.errors import TrialsFailedError
 from autotune.trial.outcome import LaunchOutcome, build_result, classify_line
-from autotune.trial.types import TrialSpec
+from autotune.trial.trial_types import TrialSpec
 from autotune.tuner import TuneRequest
 
 SPEC = TrialSpec(model_config={"model_type": "gpt2"}, architecture="GPT2LMHeadModel", family="decoder-only",

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from tests.fakes.torch_errors import DistNetworkError
 
-from autotune.trial.oom_evidence import OomKillWatch, kernel_oom_record, oom_kill_files
+from autotune.trial.launch.oom_evidence import OomKillWatch, kernel_oom_record, oom_kill_files
+from autotune.trial.launch.processes import launcher_variables, own_trial_env
 from autotune.trial.outcome import LaunchOutcome, build_result, classify_exception, classify_line
-from autotune.trial.processes import launcher_variables, own_trial_env
-from autotune.trial.types import TrialSpec
+from autotune.trial.trial_types import TrialSpec
 
 CUDA_DRIVER_OOM = "CUDA driver error: out of memory"
 NCCL_CALLOC = "node01:1234:1300 [0] include/alloc.h:103 NCCL WARN Failed to CUDA calloc 536870912 bytes"
@@ -87,7 +87,7 @@ def test_pinned_failure_is_told_apart_in_a_log_by_its_traceback_not_by_the_confi
 
 
 def test_own_command_logs_use_the_same_matcher() -> None:
-    from autotune.trial.script import ScriptOutcome, classify
+    from autotune.trial.own_command.script import ScriptOutcome, classify
 
     for log, expected in ((PINNED_TRACEBACK, "oom_host"), (NCCL_CALLOC, "oom_gpu"), (CUDA_DRIVER_OOM, "oom_gpu")):
         outcome = ScriptOutcome(exit_code=1, log_text=log, metric=None, wall_s=1.0)
@@ -182,7 +182,7 @@ def test_own_trials_drop_an_outer_jobs_launcher_variables() -> None:
 
 
 def test_torchrun_trials_name_their_own_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune.trial.local import LocalLauncher
+    from autotune.trial.launch.local import LocalLauncher
 
     monkeypatch.setenv("PET_RDZV_ENDPOINT", f"127.0.0.1:{_closed_loopback_port()}")
     monkeypatch.setenv("PET_RDZV_BACKEND", "c10d")
@@ -196,7 +196,7 @@ def test_torchrun_trials_name_their_own_rendezvous(monkeypatch: pytest.MonkeyPat
 def test_own_command_mode_keeps_the_environment_and_says_what_it_saw(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from autotune.trial.script import ScriptLauncher
+    from autotune.trial.own_command.script import ScriptLauncher
 
     monkeypatch.setenv("PET_RDZV_ENDPOINT", "127.0.0.1:9")
     launcher = ScriptLauncher(["python", "train.py", "--deepspeed", "{ds_config}"])
@@ -246,6 +246,7 @@ def test_a_sigkilled_worker_is_retried_once_not_cached_and_not_an_oom(tmp_path: 
     killed = FaultInjectingLauncher()  # SIGKILLed at the worker's entry, as `kill -9` would
     with pytest.raises(TrialsFailedError, match="inconclusive"):
         tune(request, launcher=killed)
+
     def tried(specs: list[TrialSpec]) -> list[str]:
         return [json.dumps([s.ds_config["zero_optimization"], s.ds_config["train_micro_batch_size_per_gpu"],
                             s.grad_checkpointing], sort_keys=True) for s in specs]  # fmt: skip
@@ -279,7 +280,7 @@ def test_a_host_or_inconclusive_failure_on_a_gpu_run_does_not_raise_the_device_p
     from tests.fakes.searches import mode_search
 
     from autotune.core.ladder import Rung
-    from autotune.trial.types import TrialResult
+    from autotune.trial.trial_types import TrialResult
 
     class HostFailing(LinearMachine):
         def run(self, candidate):  # the device would fit everything; the host side fails once
@@ -308,7 +309,7 @@ def _two_ranks(tmp_path: Path, codes: dict[int, int]) -> LaunchOutcome:
 def test_the_rank_that_died_is_named_not_the_peer_torchrun_stopped(tmp_path: Path) -> None:
     """torch 2.13's torchrun lists the SIGTERMed survivor (rank 0) first and the root cause (rank 1, SIGKILL) after
     it; both read as inconclusive, and the error must name rank 1."""
-    from autotune.trial.local import torchrun_exit_codes
+    from autotune.trial.launch.local import torchrun_exit_codes
 
     table = (
         "Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 1167)  (SIGTERM)\n"
@@ -322,7 +323,7 @@ def test_the_rank_that_died_is_named_not_the_peer_torchrun_stopped(tmp_path: Pat
 
 
 def test_a_peers_lost_connection_does_not_hide_the_rank_that_died(tmp_path: Path) -> None:
-    from autotune.trial.report import RankReport
+    from autotune.trial.rank_report import RankReport
 
     lost = RankReport(0, "inconclusive", "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer")
     result = build_result(spec(), {0: lost}, _two_ranks(tmp_path, {1: -9}))
@@ -330,7 +331,7 @@ def test_a_peers_lost_connection_does_not_hide_the_rank_that_died(tmp_path: Path
 
 
 def test_a_ranks_own_error_is_not_hidden_by_the_peer_the_launcher_stopped(tmp_path: Path) -> None:
-    from autotune.trial.report import RankReport
+    from autotune.trial.rank_report import RankReport
 
     failed = RankReport(0, "error", "ValueError: bad batch shape")
     result = build_result(spec(), {0: failed}, _two_ranks(tmp_path, {1: -15}))

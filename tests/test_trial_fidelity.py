@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.models import resolve_model, summarize
-from autotune.trial.processes import cpu_threads_per_rank, trial_env
-from autotune.trial.types import TrialSpec
+from autotune.trial.launch.processes import cpu_threads_per_rank, trial_env
+from autotune.trial.trial_types import TrialSpec
 
 
 def _spec(precision: dict) -> TrialSpec:
@@ -28,7 +28,7 @@ def _spec(precision: dict) -> TrialSpec:
 )
 def test_weights_reach_the_device_in_the_training_dtype(precision: dict, expected: str) -> None:
     torch = pytest.importorskip("torch")
-    from autotune.trial.training import build_trial_model
+    from autotune.trial.worker.train_steps import build_trial_model
 
     model = build_trial_model(_spec(precision), torch.device("cpu"))
     assert {str(p.dtype) for p in model.parameters()} == {f"torch.{expected}"}

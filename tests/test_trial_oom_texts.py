@@ -14,7 +14,7 @@ import pytest
 from tests.fakes.torch_errors import DistBackendError
 
 from autotune.trial.outcome import LaunchOutcome, build_result, classify_exception, classify_line, is_gpu_oom_text
-from autotune.trial.types import TrialSpec
+from autotune.trial.trial_types import TrialSpec
 
 NCCL_OOM = (
     "NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with"

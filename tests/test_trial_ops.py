@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.trial.ops import STALE_LOCK_S, build_locks, clear_stale_locks, ensure_ops_ready
+from autotune.trial.launch.ops import STALE_LOCK_S, build_locks, clear_stale_locks, ensure_ops_ready
 
 
 def _lock(base: Path, op: str, age_s: float) -> Path:
@@ -42,7 +42,7 @@ def _fake_python(tmp_path: Path, body: str) -> str:
 
 
 def test_ops_load_in_the_trials_environment(tmp_path: Path) -> None:
-    python = _fake_python(tmp_path, 'echo \'{"CPUAdamBuilder": 0.5}\'')
+    python = _fake_python(tmp_path, "echo '{\"CPUAdamBuilder\": 0.5}'")
     env = {"PATH": os.environ["PATH"], "TORCH_EXTENSIONS_DIR": str(tmp_path), "TRIAL_MARK": "1"}
     assert ensure_ops_ready("cpu", env=env, python=python) == {"CPUAdamBuilder": 0.5}
     seen = (tmp_path / "env.txt").read_text()
@@ -67,7 +67,7 @@ def test_a_failed_load_says_why(tmp_path: Path) -> None:
 
 
 def test_each_op_builds_in_its_own_process_at_once_with_a_line_when_ready(tmp_path: Path) -> None:
-    # the stand-in interpreter gets `-m autotune.trial.ops --device cpu --op NAME`: CPU Adam takes longest
+    # the stand-in interpreter gets `-m autotune.trial.worker.ops_build --device cpu --op NAME`: CPU Adam takes longest
     python = _fake_python(tmp_path, '[ "$6" = CPUAdamBuilder ] && sleep 2; echo "{\\"$6\\": 1.0}"')
     env = {"PATH": os.environ["PATH"], "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     reports: list[str] = []
@@ -82,7 +82,7 @@ def test_each_op_builds_in_its_own_process_at_once_with_a_line_when_ready(tmp_pa
 def test_cpu_adam_waits_for_the_first_optimizer_offload_trial(monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune import tuner
     from autotune.core.ladder import Candidate, Rung
-    from autotune.trial import ops
+    from autotune.trial.launch import ops
 
     loaded: list[tuple[str, ...]] = []
     monkeypatch.setattr(ops, "ensure_ops_ready", lambda device, report, names: loaded.append(names) or {})
@@ -107,7 +107,7 @@ def test_the_ops_directory_is_the_one_torch_uses(tmp_path: Path, monkeypatch: py
     `_get_build_directory`, torch/_appdirs.py `user_cache_dir`), checked against torch's own answer."""
     from torch.utils import cpp_extension
 
-    from autotune.trial.ops import extensions_dir
+    from autotune.trial.launch.ops import extensions_dir
 
     assert extensions_dir({"TORCH_EXTENSIONS_DIR": str(tmp_path / "given")}) == tmp_path / "given"
     moved = tmp_path / "xdg"
@@ -121,7 +121,7 @@ def test_every_op_load_is_announced_built_or_not(monkeypatch: pytest.MonkeyPatch
     """torch may rebuild ops whose .so files exist (other sources, flags or torch version): a line before every
     load, never silent minutes."""
     from autotune import tuner
-    from autotune.trial import ops
+    from autotune.trial.launch import ops
 
     lines: list[str] = []
     monkeypatch.setattr(ops, "ensure_ops_ready", lambda device, report, names: {})

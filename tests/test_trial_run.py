@@ -30,9 +30,9 @@ from autotune.trial import (
     WarmWorkerPool,
     run_trial,
 )
-from autotune.trial.faults import FAULT_ENV, LEAK_BYTES, fault_value
-from autotune.trial.processes import free_port
-from autotune.trial.warm import WARM_GROWTH_LIMIT_BYTES
+from autotune.trial.launch.processes import free_port
+from autotune.trial.launch.warm import WARM_GROWTH_LIMIT_BYTES
+from autotune.trial.worker.faults import FAULT_ENV, LEAK_BYTES, fault_value
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
@@ -161,7 +161,7 @@ def test_warm_pool_runs_every_rung_and_restarts_after_model_code_raises() -> Non
 
 
 def test_a_fresh_confirmation_beside_the_pool_runs_after_the_warm_workers_have_stopped() -> None:
-    """The GPU default's fresh-process confirmation (search/trials.py launcher_for): the warm workers hold memory
+    """The GPU default's fresh-process confirmation (tuning/trials.py launcher_for): the warm workers hold memory
     while idle, so they stop before the fresh trial starts; the next warm trial would start new ones."""
     mark, env = marked_env()
     with WarmWorkerPool(env=env) as pool:

@@ -1,5 +1,5 @@
 """DeepSpeed's CPU all-reduce segments in /dev/shm: a trial removes the ones its rendezvous made, and only
-those (trial/shm.py). The real launcher trial is in tests/test_script_mode.py, beside the user's scripts."""
+those (trial/launch/shm.py). The real launcher trial is in tests/test_script_mode.py, beside the user's scripts."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from autotune.trial.shm import SEGMENT_PREFIX, command_ports, remove_segments, segment_port
+from autotune.trial.launch.shm import SEGMENT_PREFIX, command_ports, remove_segments, segment_port
 
 UID = os.getuid()
 

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.trial import LocalLauncher, TrialSpec, WarmWorkerPool, run_trial
-from autotune.trial.ops import prebuild_ops
-from autotune.trial.warm import WARM_GROWTH_LIMIT_BYTES
+from autotune.trial.launch.ops import prebuild_ops
+from autotune.trial.launch.warm import WARM_GROWTH_LIMIT_BYTES
 
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1024, "n_positions": 256}
 
@@ -69,7 +69,7 @@ def _group_spec(micro_batch: int) -> TrialSpec:
 @pytest.mark.slow  # about 60-90 s on the shared 2-core machine (one warm launch of two points, one cold trial)
 def test_one_warm_launch_measures_two_micro_batches_of_a_group_each_with_its_own_peak() -> None:
     """Two points of one (rung, checkpointing) in one process: the warm worker builds a fresh model and engine per
-    point and resets the RSS high-water mark between them (/proc/self/clear_refs, trial/memory.py). The larger
+    point and resets the RSS high-water mark between them (/proc/self/clear_refs, trial/worker/memory.py). The larger
     micro-batch goes first, so a peak that was not reset would show up as the smaller one's: it must not; and the
     smaller one's warm peak must be what a fresh process measures, within the growth the pool tolerates."""
     env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}  # the tuner's CPU pool environment

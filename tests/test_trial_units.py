@@ -11,13 +11,13 @@ from tests.fakes.torch_errors import OutOfMemoryError
 
 from autotune.errors import UserError
 from autotune.trial import LocalLauncher, SlurmLauncher, TrialSpec
-from autotune.trial.gpus import nvml_used_bytes, wait_for_release
-from autotune.trial.local import torchrun_exit_codes
+from autotune.trial.launch.gpus import nvml_used_bytes, wait_for_release
+from autotune.trial.launch.local import torchrun_exit_codes
+from autotune.trial.launch.slurm import first_hostname, srun_exit_codes
 from autotune.trial.outcome import BudgetBreach, LaunchOutcome, build_result, classify_exception, first_error_line
-from autotune.trial.report import RankReport
-from autotune.trial.slurm import first_hostname, srun_exit_codes
+from autotune.trial.rank_report import RankReport
 from autotune.trial.throughput import flops_per_token, throughput
-from autotune.trial.types import RankMetrics, TrialResult
+from autotune.trial.trial_types import RankMetrics, TrialResult
 
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 1024, "n_positions": 256}
 
@@ -163,7 +163,7 @@ class _ZenFlowAutoEngine:
 
 
 def test_job_accumulation_comes_from_the_batch_arithmetic_not_zenflows_rewrite() -> None:
-    from autotune.trial.training import job_accumulation
+    from autotune.trial.worker.train_steps import job_accumulation
 
     assert job_accumulation(_ZenFlowAutoEngine(), world_size=2) == 4  # 64 = 8 x 4 x 2
     assert job_accumulation(_ZenFlowAutoEngine(), world_size=8) == 1
@@ -231,7 +231,7 @@ def test_flops_count_recompute_as_hardware_work_only() -> None:
 def test_local_launcher_runs_world_size_one_directly_and_more_under_torchrun(tmp_path: Path) -> None:
     direct = LocalLauncher().plan(make_spec())
     argv = direct.command(tmp_path / "spec.json", tmp_path, 0.0)
-    assert argv[1:3] == ["-m", "autotune.trial.worker"]
+    assert argv[1:3] == ["-m", "autotune.trial.worker.main"]
     assert direct.env["RANK"] == "0" and direct.env["WORLD_SIZE"] == "1"
     two_nodes = make_spec(nprocs_per_node=2, nodes=2)
     plan = LocalLauncher(node_rank=1, master_addr="10.0.0.1", master_port=29555).plan(two_nodes)
@@ -267,7 +267,7 @@ def test_slurm_launcher_builds_one_srun_step(tmp_path: Path, monkeypatch: pytest
         "--kill-on-bad-exit=1",
         "--export=ALL",
     ]
-    assert argv[7:9] == ["-m", "autotune.trial.worker"]
+    assert argv[7:9] == ["-m", "autotune.trial.worker.main"]
     assert plan.env["MASTER_ADDR"] == "gpu01" and "RANK" not in plan.env
     assert list(plan.ranks) == list(range(8))
     assert first_hostname("gpu[01-02]", run=lambda *cmd: "gpu01\ngpu02\n") == "gpu01"
@@ -280,7 +280,7 @@ def test_slurm_launcher_needs_an_allocation(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_the_trial_package_never_imports_torch() -> None:
-    code = "import sys, autotune.trial, autotune.trial.warm; print('torch' in sys.modules)"
+    code = "import sys, autotune.trial, autotune.trial.launch.warm; print('torch' in sys.modules)"
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert completed.stdout.strip() == "False"
 

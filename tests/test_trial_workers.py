@@ -14,10 +14,10 @@ from autotune.core.units import MiB
 from autotune.errors import UserError
 from autotune.request.tune_request import TuneRequest, confirms_pick_in_fresh_process, uses_warm_workers
 from autotune.request.validation import validate
-from autotune.search.trials import launcher_for
 from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
-from autotune.trial.report import RankReport
-from autotune.trial.warm import WARM_DEVICE_GROWTH_LIMIT_BYTES, WARM_GROWTH_LIMIT_BYTES, _Workers
+from autotune.trial.launch.warm import WARM_DEVICE_GROWTH_LIMIT_BYTES, WARM_GROWTH_LIMIT_BYTES, _Workers
+from autotune.trial.rank_report import RankReport
+from autotune.tuning.trials import launcher_for
 
 
 @pytest.mark.parametrize(

@@ -10,12 +10,12 @@ from tests.fakes.requests import tune_request
 
 from autotune import tune
 from autotune.core.ladder import Candidate, Rung
-from autotune.dsconfig.build import validate_with_deepspeed
+from autotune.dsconfig.build_config import validate_with_deepspeed
 from autotune.errors import NothingFitsError, UserError
 from autotune.search.records import SearchEvent
-from autotune.search.trials import _replaced_note
-from autotune.trial.chooser import TrialLaunchers
+from autotune.trial.launch.chooser import TrialLaunchers
 from autotune.tuner import TuneRequest
+from autotune.tuning.trials import _replaced_note
 
 MIB = 2**20
 
@@ -36,7 +36,7 @@ def test_global_batch_is_kept_and_the_config_is_valid(tmp_path) -> None:
 
 
 def test_the_pick_confirmed_in_a_fresh_process_is_the_memory_the_report_states(tmp_path) -> None:
-    """The GPU default's shape (warm trials, the pick once more fresh: search/trials.py launcher_for) through the
+    """The GPU default's shape (warm trials, the pick once more fresh: tuning/trials.py launcher_for) through the
     whole tuner: the fresh trial runs last, of the pick, and its peak (here 30 MiB over the warm ones) is the
     report's; a fresh peak over the limit would have moved the pick (tests/test_search_fresh_confirmation.py)."""
     warm, fresh = CountingLauncher(), CountingLauncher(base_mib=430)
@@ -180,10 +180,10 @@ def test_real_tune_ends_between_powers_of_two_on_a_boundary_a_trial_confirmed(tm
 
 def test_real_tune_with_the_gpu_defaults_launchers_confirms_its_pick_in_a_fresh_process(tmp_path) -> None:
     """The GPU default's launchers (warm workers, then the pick once more in a process of its own after they stop:
-    search/trials.py launcher_for) driving real DeepSpeed trials on the CPU backend, where `auto` confirms nothing
+    tuning/trials.py launcher_for) driving real DeepSpeed trials on the CPU backend, where `auto` confirms nothing
     (warm and fresh measured equal there): the pieces a GPU tune runs, end to end."""
     from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
-    from autotune.trial.ops import prebuild_ops
+    from autotune.trial.launch.ops import prebuild_ops
 
     prebuild_ops("cpu")  # an injected launcher gets no op preparation from the tuner
     env = {"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}

@@ -7,8 +7,8 @@ import pytest
 
 from autotune import tune
 from autotune.core.ladder import Rung
-from autotune.trial.nodes import LocalNodesLauncher, merge_node_results
-from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
+from autotune.trial.launch.nodes import LocalNodesLauncher, merge_node_results
+from autotune.trial.trial_types import RankMetrics, TrialResult, TrialSpec
 from autotune.tuner import TuneRequest
 
 SPEC = TrialSpec(model_config={}, architecture="X", family="decoder-only", ds_config={}, seq_len=8, nodes=2)

@@ -2,7 +2,7 @@ import pytest
 
 from autotune.core.ladder import Candidate, Rung, parse_rung
 from autotune.core.units import format_bytes, parse_bytes
-from autotune.dsconfig.build import (
+from autotune.dsconfig.build_config import (
     ConfigRejected,
     TrainSettings,
     build_ds_config,

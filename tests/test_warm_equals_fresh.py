@@ -20,13 +20,13 @@ from autotune.core.units import GiB, MiB
 from autotune.request.context import TuneContext
 from autotune.search.cache import ResultsCache
 from autotune.search.records import SearchEvent
-from autotune.search.trials import warm_only_doubt
-from autotune.trial import memory, training
-from autotune.trial.chooser import TrialLaunchers
-from autotune.trial.report import RankReport
-from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
-from autotune.trial.warm import WARM_PINNED_GROWTH_LIMIT_BYTES, _Workers
+from autotune.trial.launch.chooser import TrialLaunchers
+from autotune.trial.launch.warm import WARM_PINNED_GROWTH_LIMIT_BYTES, _Workers
+from autotune.trial.rank_report import RankReport
+from autotune.trial.trial_types import RankMetrics, TrialResult, TrialSpec
+from autotune.trial.worker import memory, training
 from autotune.tuner import RESULTS_FILE, TuneRequest
+from autotune.tuning.trials import warm_only_doubt
 
 # --- the host pinned cache and the pool's floor ----------------------------------------------------------------
 
@@ -154,7 +154,7 @@ def test_a_gpu_peak_without_nvml_adds_the_predicted_context_and_nccl_buffers() -
 
 
 def test_every_gpu_trial_spec_carries_the_predicted_context_and_nccl(tmp_path: Path) -> None:
-    from autotune.estimate.core import runtime_overheads
+    from autotune.estimate.peak import runtime_overheads
 
     ctx = TuneContext.build(
         TuneRequest(model="tiny-gpt2", gpu_type="a100-80gb", gpus=2, seq_len=64, out=str(tmp_path / "c.json"))

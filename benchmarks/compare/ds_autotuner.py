@@ -22,7 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from autotune.trial.processes import free_port
+from autotune.trial.launch.processes import free_port
 from compare.records import ChosenConfig, MethodRun
 from compare.settings import SHARED_RUNGS, BenchSettings
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from autotune.trial import LocalLauncher, WarmWorkerPool
-from autotune.trial.types import TrialLauncher
+from autotune.trial.trial_types import TrialLauncher
 
 
 @contextmanager

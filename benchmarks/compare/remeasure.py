@@ -19,7 +19,7 @@ from dataclasses import replace
 from autotune.core.ladder import Candidate, Rung
 from autotune.request.context import TuneContext  # the context tune() itself uses
 from autotune.trial import LocalLauncher, WarmWorkerPool, run_trial
-from autotune.trial.types import TrialLauncher, TrialSpec
+from autotune.trial.trial_types import TrialLauncher, TrialSpec
 from autotune.tuner import TuneRequest
 from compare.records import ChosenConfig, Remeasured
 from compare.settings import BenchSettings

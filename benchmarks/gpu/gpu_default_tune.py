@@ -1,5 +1,5 @@
 """The dry run's tune driven by the GPU default's launchers on the CPU backend: trials in warm workers, then the
-pick in a fresh process once they stop (search/trials.py launcher_for does this on GPUs only), so the lease's dry
+pick in a fresh process once they stop (tuning/trials.py launcher_for does this on GPUs only), so the lease's dry
 run exercises the tune's fresh confirmation and its time, as the GPU lease will.
 
     python3 benchmarks/gpu/gpu_default_tune.py --model tiny-llama --seq-len 64 --memory-budget 3GiB \
@@ -18,7 +18,7 @@ from autotune import tune
 from autotune.core.ladder import Rung
 from autotune.search.records import SearchEvent
 from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
-from autotune.trial.chooser import TrialLaunchers
+from autotune.trial.launch.chooser import TrialLaunchers
 from autotune.tuner import TuneRequest
 
 

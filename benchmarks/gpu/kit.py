@@ -70,8 +70,8 @@ from autotune.infra.atomic import atomic_write_json, atomic_write_text  # noqa: 
 from autotune.models import resolve_model, summarize  # noqa: E402
 from autotune.modes.applies import ratio_grid, ratio_mode  # noqa: E402
 from autotune.trial import LocalLauncher, TrialLauncher, TrialResult, TrialSpec, WarmWorkerPool  # noqa: E402
-from autotune.trial.faults import FAULT_ENV  # noqa: E402
-from autotune.trial.ops import ensure_ops_ready  # noqa: E402
+from autotune.trial.launch.ops import ensure_ops_ready  # noqa: E402
+from autotune.trial.worker.faults import FAULT_ENV  # noqa: E402
 from estimate_accuracy import environment as machine_and_versions  # noqa: E402
 from estimate_accuracy import predicted_trial  # noqa: E402
 
@@ -102,7 +102,7 @@ class Kit:
     data: dict = field(default_factory=dict)
     lease: bool = False  # the one-command lease's shorter lists (points.py LEASE_*)
     trials_dir: Path | None = None  # default: beside results_path (lease.sh puts it outside $OUT)
-    plant_fault: str | None = None  # test seam: the trial whose key contains this fails (trial/faults.py)
+    plant_fault: str | None = None  # test seam: the trial whose key contains this fails (trial/worker/faults.py)
     memory_set: str = "all"  # which memory points the memory stage runs (MEMORY_SETS)
     emulate_h200: bool = False  # dry run: each item sleeps up to its cold-H200 wall (points.py H200_WALL_S)
 
@@ -359,7 +359,7 @@ def trial_for(
 
     fraction emulates a smaller card on the GPU; budget caps each rank's RSS on the CPU backend; with
     neither, the limit is unbounded (the point is measured, not judged). record_sites: also say whose
-    memory the peak was (trial/peak_sites.py). sample_period_s: the NVML sampler's period (default the trial's).
+    memory the peak was (trial/worker/peak_sites.py). sample_period_s: the NVML sampler's period (default the trial's).
     kind: the item's H200_WALL_S entry, for the dry run's --emulate-h200 (default: by the point's rung).
     """
     if budget:
@@ -434,7 +434,7 @@ def trial_for(
         row.update(
             max_allocated_bytes=rank.max_allocated_bytes,
             max_reserved_bytes=rank.max_reserved_bytes,
-            nvml_peak_bytes=rank.device_used_bytes,  # this process's own (trial/memory.py), not the card's used
+            nvml_peak_bytes=rank.device_used_bytes,  # this process's own (trial/worker/memory.py), not the card's used
             nvml_baseline_bytes=rank.device_used_baseline_bytes,
             nvml_source=rank.device_memory_source,
             outside_allocator_bytes=rank.device_outside_allocator_bytes,
@@ -456,7 +456,7 @@ def _errors(row: dict, device: str) -> dict:
     """Signed error of the prediction against each measured figure, like for like.
 
     The prediction's total is what the device loses (it includes the CUDA context and NCCL buffers), so it is
-    compared with the trial process's own device peak (NVML per process, trial/memory.py). Without the context
+    compared with the trial process's own device peak (NVML per process, trial/worker/memory.py). Without the context
     and NCCL terms it is compared with torch's max_memory_reserved; without the allocator slack too, with
     max_memory_allocated. On the CPU backend the prediction is one rank's peak RSS.
 
@@ -600,14 +600,18 @@ def _sampler_summary(rows: dict) -> dict:
     fast, slow = out.get(f"{SAMPLER_PERIODS_S[0]:g}s"), out.get(f"{SAMPLER_PERIODS_S[-1]:g}s")
     if fast and slow:
         overlap = fast["min_s"] <= slow["max_s"] and slow["min_s"] <= fast["max_s"]
-        out["verdict"] = "tie (the step ranges overlap)" if overlap else (
-            "the 10 ms sampler costs step time" if fast["median_step_s"] > slow["median_step_s"] else "10 ms faster"
+        out["verdict"] = (
+            "tie (the step ranges overlap)"
+            if overlap
+            else (
+                "the 10 ms sampler costs step time" if fast["median_step_s"] > slow["median_step_s"] else "10 ms faster"
+            )
         )
     return out
 
 
 def stage_sites(kit: Kit) -> None:
-    """Whose memory each peak is: memory points again with every allocation recorded (trial/peak_sites.py).
+    """Whose memory each peak is: memory points again with every allocation recorded (trial/worker/peak_sites.py).
 
     The rows sit beside the prediction's components (`predicted_components`), so a reader sees which component
     the model has wrong. The recording must not change GPU memory: each row's allocated peak is compared with

@@ -112,10 +112,10 @@ say "device $device, budget ${budget}s, out $OUT, extensions ${TORCH_EXTENSIONS_
 
 # ---------------------------------------------------------------- ops (background) + smoke + preflight
 # No build runs at the start of this command: any lock is a leftover of a machine taken away mid-build
-# (torch's FileBaton would wait on it forever). trial/ops.py finds them where torch puts them.
-python3 -c "from autotune.trial.ops import build_locks
+# (torch's FileBaton would wait on it forever). trial/launch/ops.py finds them where torch puts them.
+python3 -c "from autotune.trial.launch.ops import build_locks
 for lock in build_locks('$device'): lock.unlink(missing_ok=True); print('removed leftover build lock', lock)"
-builders=$(python3 -c "from autotune.trial.ops import TRIAL_OPS; print(*TRIAL_OPS['$device'])")
+builders=$(python3 -c "from autotune.trial.launch.ops import TRIAL_OPS; print(*TRIAL_OPS['$device'])")
 ops_end=$(( budget * 45 / 100 ))
 njobs=$(( $(nproc) / $(echo "$builders" | wc -w) ))
 pids=()
@@ -149,7 +149,7 @@ if [ "$help_rc" != 0 ] || [ "$smoke_rc" != 0 ]; then
     say "smoke holds its row, trial-stream.txt its logs); the builds and the later stages would fail the same way"
     head -c 3000 "$SCRATCH/help.txt"
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
-    python3 -c "from autotune.trial.ops import build_locks
+    python3 -c "from autotune.trial.launch.ops import build_locks
 for lock in build_locks('$device'): lock.unlink(missing_ok=True); print('removed the lock of a build stopped', lock)"
     exit 1
 fi
@@ -170,7 +170,7 @@ for builder in $builders; do  # a build cut off leaves its output's tail and its
     [ -f "$SCRATCH/op-$builder.json" ] || tail -c 1500 "$SCRATCH/op-$builder.log" \
         | python3 -c "import json,sys; json.dump({'builder': '$builder', 'error': 'cut off or failed: ' + sys.stdin.read()}, open('$SCRATCH/op-$builder.json', 'w'))"
 done
-python3 -c "from autotune.trial.ops import build_locks
+python3 -c "from autotune.trial.launch.ops import build_locks
 for lock in build_locks('$device'): lock.unlink(missing_ok=True); print('removed the lock of a build cut off', lock)"
 record merge ops "$SCRATCH"/op-*.json
 say "ops: $(python3 -c "import json; print(json.load(open('$OUT/lease.json'))['ops'])")"

@@ -82,7 +82,7 @@ LEASE_WARM_POINTS = [
     MemoryPoint("llama-3.2-1b", Rung.Z0, 4, 1024, False, optimizer="torch-adamw"),
     MemoryPoint("llama-3.2-1b", Rung.Z3, 4, 1024, True, optimizer="torch-adamw"),
 ]
-SAMPLER_PERIODS_S = (0.01, 1.0)  # the default (trial/types.py SAMPLE_PERIOD_S) and one 100x longer
+SAMPLER_PERIODS_S = (0.01, 1.0)  # the default (trial/trial_types.py SAMPLE_PERIOD_S) and one 100x longer
 # The remaining memory points, last in the lease, cheapest first (1B without offload, then 1B offload, then the
 # 3B offload point and the zero.Init twin): ZeRO 0-3, optimizer and parameter offload, checkpointing on and off,
 # one without zero.Init. Each is predicted (+ the unpressured extra + its margin) at most ~60 GiB, well inside an
@@ -127,7 +127,7 @@ H200_WALL_S = {
 }
 
 
-# Whose memory the peak is (trial/peak_sites.py): a few memory points again, now recording every allocation with
+# Whose memory the peak is (trial/worker/peak_sites.py): a few memory points again, now recording every allocation with
 # its Python stack. Separate trials because the recording costs host RAM (the trace), which would spoil the memory
 # stage's host-RAM figures; GPU memory is not touched by it, so each site row also checks its allocated peak
 # against its memory-stage twin. ZeRO-3 with full offload first: the published set's worst points (LlamaFactory

@@ -92,7 +92,7 @@ def versions() -> dict:
                 "name": torch.cuda.get_device_name(0),
                 "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
                 "cuda_free_bytes": free,
-                "cuda_total_bytes": total,  # the base of set_per_process_memory_fraction (trial/memory.py)
+                "cuda_total_bytes": total,  # the base of set_per_process_memory_fraction (trial/worker/memory.py)
                 "nccl": ".".join(map(str, torch.cuda.nccl.version())),
             }
     except Exception as error:  # recorded: the rest of the lease says what it can

@@ -23,9 +23,9 @@ if [ "$dry" = 0 ]; then
     mkdir -p "$TORCH_EXTENSIONS_DIR"
     # Ops built on an earlier machine: newer than the freshly unpacked sources, so ninja keeps them.
     find "$TORCH_EXTENSIONS_DIR" -type f -exec touch {} + 2>/dev/null
-    # A lock left by a machine taken away mid-build, where torch puts it (trial/ops.py build_locks: directly
+    # A lock left by a machine taken away mid-build, where torch puts it (trial/launch/ops.py build_locks: directly
     # under TORCH_EXTENSIONS_DIR when it is set, under a py*_cu* folder of the default cache otherwise).
-    python3 -c "from autotune.trial.ops import build_locks
+    python3 -c "from autotune.trial.launch.ops import build_locks
 for lock in build_locks('cuda'): lock.unlink(missing_ok=True)"
 fi
 results=()

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from autotune.core.ladder import Candidate, Mode, Rung
-from autotune.estimate.core import estimate
-from autotune.estimate.types import Calibration, EstimateSettings
+from autotune.estimate.estimate_types import Calibration, EstimateSettings
+from autotune.estimate.peak import estimate
 from autotune.hardware.specs import Target
 from autotune.request.tune_request import TuneRequest, confirms_pick_in_fresh_process, uses_warm_workers
 from autotune.search.records import SearchOutcome

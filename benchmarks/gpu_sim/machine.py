@@ -29,7 +29,7 @@ from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.hardware.specs import GpuSpec, resolve_gpu_type
 from autotune.models import ModelSummary
 from autotune.modes.applies import device_sub_groups
-from autotune.trial.types import RankMetrics, TrialResult
+from autotune.trial.trial_types import RankMetrics, TrialResult
 
 GB = 1e9
 GIB = 2**30
@@ -235,7 +235,7 @@ WORKSTATION_4090 = NodeType(
 
 
 class Launcher(str, Enum):
-    """autotune's three ways of running a search's trials (autotune.search.trials.launcher_for)."""
+    """autotune's three ways of running a search's trials (autotune.tuning.trials.launcher_for)."""
 
     FRESH = "fresh"  # a new process per trial: --trial-workers fresh (and several nodes, an own command)
     WARM = "warm"  # warm workers, the pick not confirmed: the CPU default and --trial-workers warm
@@ -509,8 +509,9 @@ class SimulatedCluster(RecordingMachine):
 
     def launches(self, launcher: Launcher) -> list[list[Candidate]]:
         """The trials `launcher` runs, grouped by process. A trial run fresh is a process of its own, and the next
-        warm trial starts a new process (trial/warm.py FreshAfterWarm stops the pool first). A warm worker
-        (trial/warm.py) runs trial after trial, a fresh model and engine each, until one fails (an OOM, a timeout, a
+        warm trial starts a new process (trial/launch/warm.py FreshAfterWarm stops the pool first). A warm worker
+        (trial/launch/warm.py) runs trial after trial, a fresh model and engine each, until one fails (an OOM, a
+        timeout, a
         killed rank); the next trial starts a new one. The pool's other restart, after a worker's memory grew past
         WARM_GROWTH_LIMIT_BYTES, is not simulated."""
         groups: list[list[Candidate]] = []

@@ -20,7 +20,7 @@ def load_model(name: str) -> Any:
         config = transformers.AutoConfig.from_pretrained(path.parent if path.is_file() else path)
         return transformers.AutoModelForCausalLM.from_config(config)
     from autotune.models import resolve_model
-    from autotune.models.build import build_model
+    from autotune.models.architecture import build_model
 
     source = resolve_model(name)
     model, _ = build_model(source.config, source.architecture, device="cpu")

@@ -1,8 +1,8 @@
 """`tune()`: probe -> model -> estimate -> search with real trials -> emit ds_config.json and a report.
 
 Orchestration only, readable top to bottom in `_tune`: the context (`request/`), a stored answer that still holds
-(`search/answers.py`), else the search with its trials (`search/trials.py`) or the plan-only recommendation, then
-the config (`dsconfig/`) and the report (`search/tuning_report.py`, written by `report/`).
+(`tuning/answers.py`), else the search with its trials (`tuning/trials.py`) or the plan-only recommendation, then
+the config (`dsconfig/`) and the report (`tuning/tuning_report.py`, written by `report/`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from autotune.report.data import TuneReport
 from autotune.report.markdown import write_report
 from autotune.request.context import TuneContext, check_host_capacity
 from autotune.request.tune_request import TuneRequest, output_path
-from autotune.search.answers import cached_answer, memory_bound
 from autotune.search.cache import ResultsCache, StoredAnswer
-from autotune.search.recommend import host_line, passed_over_line, recommend
 from autotune.search.records import SearchEvent
-from autotune.search.trials import SearchTerminated, TrialOps, expected_line, launcher_for, search_with_trials
-from autotune.search.tuning_report import finished_report, no_trial_completed, own_command_entry, report_of
-from autotune.trial.chooser import JobFacts, TrialLaunchers
-from autotune.trial.types import TrialLauncher
+from autotune.trial.launch.chooser import JobFacts, TrialLaunchers
+from autotune.trial.trial_types import TrialLauncher
+from autotune.tuning.answers import cached_answer, memory_bound
+from autotune.tuning.recommend import host_line, passed_over_line, recommend
+from autotune.tuning.trials import SearchTerminated, TrialOps, expected_line, launcher_for, search_with_trials
+from autotune.tuning.tuning_report import finished_report, no_trial_completed, own_command_entry, report_of
 
 __all__ = ["TuneRequest", "TuneResult", "ds_config_for", "tune", "world_size_for"]
 
@@ -75,7 +75,7 @@ def tune(
     """Find the fastest config that fits and write it; `tune(model="gpt2", gpus=8)` or `tune(TuneRequest(...))`.
 
     `launcher`: a launcher of the caller's (every trial runs there), or the job's facts from which the one
-    launcher chooser decides (trial/chooser.py; the hook's), or None: the facts of this request and process.
+    launcher chooser decides (trial/launch/chooser.py; the hook's), or None: the facts of this request and process.
     Raises UserError on bad input and NothingFitsError when no candidate fits. The caller's process is left as
     it was found: os.environ, and DeepSpeed's accelerator choice, are restored on the way out.
     """
@@ -119,7 +119,7 @@ def _tune_with(
     plan_data = None
     plan_notes: list[str] = []  # plan-only: the pick's host need and micro-batch, beside the recommendation
     if ctx.verified:
-        ours = launcher is None or isinstance(launcher, JobFacts)  # the one chooser's (trial/chooser.py)
+        ours = launcher is None or isinstance(launcher, JobFacts)  # the one chooser's (trial/launch/chooser.py)
         ops = TrialOps(request.device, observe) if ours else None
         observe(SearchEvent("prepare", message=expected_line(ctx, ops)))
         if ops is not None:

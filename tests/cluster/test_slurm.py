@@ -63,7 +63,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     env.update(PYTHONPATH=str(REPO / "src"), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     # DeepSpeed's CPU ops are built once, outside any job's timing (tune() prebuilds them too, but a
     # launcher given to tune() skips that, as a tuner handed a launcher is expected to have them).
-    subprocess.run([sys.executable, "-m", "autotune.trial.ops", "--device", "cpu"], env=env, check=True, timeout=900)
+    build = [sys.executable, "-m", "autotune.trial.worker.ops_build", "--device", "cpu"]
+    subprocess.run(build, env=env, check=True, timeout=900)
     try:
         yield env
     finally:

@@ -1,5 +1,6 @@
 """Stand-ins for what a GPU's driver and runtime report, for tests that run without a GPU: NVML (`pynvml`, read by
-autotune.hardware.probe and the trial's MemoryTracker), torch.cuda's caching allocator, and DeepNVMe's aio handle.
+autotune.hardware.machine_probe and the trial's MemoryTracker), torch.cuda's caching allocator, and DeepNVMe's aio
+handle.
 
 They hold only what the real part would report (totals, used bytes, processes, reserved bytes); what autotune makes
 of it is what the tests check. None of them models the real part's timing or its errors beyond what is said below.

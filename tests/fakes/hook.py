@@ -16,12 +16,12 @@ from autotune.core.ladder import Candidate
 from autotune.core.stop import StopReason
 from autotune.hook import HookRequest
 from autotune.hook.env import JobEnv
-from autotune.hook.launch import choose_launcher
+from autotune.hook.trial_facts import choose_launcher
 from autotune.infra.atomic import atomic_write_json
 from autotune.report.assumptions import write_assumptions
 from autotune.search.records import SearchEvent, TrialRecord
-from autotune.trial.chooser import JobFacts
-from autotune.trial.types import RankMetrics, TrialLauncher, TrialResult
+from autotune.trial.launch.chooser import JobFacts
+from autotune.trial.trial_types import RankMetrics, TrialLauncher, TrialResult
 from autotune.tuner import TuneRequest, TuneResult
 
 # Valid at any world size: every config read back from the shared dir is re-validated by DeepSpeed.

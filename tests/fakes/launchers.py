@@ -1,4 +1,5 @@
-"""Stand-ins for a trial launcher (`autotune.trial.types.TrialLauncher`: `run(spec) -> TrialResult`), the part that
+"""Stand-ins for a trial launcher (`autotune.trial.trial_types.TrialLauncher`: `run(spec) -> TrialResult`), the part
+that
 starts DeepSpeed for one candidate, for tests of the tuner's logic around it (caching, reports, retries, emitted
 configs). Each records the specs it was given, in order.
 
@@ -8,7 +9,7 @@ against tests/fakes/machines.py and benchmarks/gpu_sim; these answer with simple
 
 from __future__ import annotations
 
-from autotune.trial.types import RankMetrics, TrialResult, TrialSpec
+from autotune.trial.trial_types import RankMetrics, TrialResult, TrialSpec
 
 MIB = 2**20
 GIB = 2**30
@@ -118,13 +119,14 @@ class FailingLauncher(RecordingLauncher):
 
 class FaultInjectingLauncher(RecordingLauncher):
     """Real trials (LocalLauncher, real DeepSpeed on this machine) with a fault injected into the worker
-    (autotune.trial.faults): by default SIGKILLed at its entry, as `kill -9` from outside would, with no allocator
+    (autotune.trial.worker.faults): by default SIGKILLed at its entry, as `kill -9` from outside would, with no
+    allocator
     message, no budget breach and no OOM-killer record. Only the fault is staged; the launch is real."""
 
     def __init__(self, action: str = "sigkill", point: str = "entry") -> None:
         super().__init__()
         from autotune.trial import LocalLauncher
-        from autotune.trial.faults import FAULT_ENV, fault_value
+        from autotune.trial.worker.faults import FAULT_ENV, fault_value
 
         self.inner = LocalLauncher(env={FAULT_ENV: fault_value(action, point), "OMP_NUM_THREADS": "1"})
 

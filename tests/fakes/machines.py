@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from autotune.core.ladder import Candidate, Mode, Rung
-from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
+from autotune.estimate.estimate_types import Calibration, EstimateSettings, MemoryEstimate
 from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 from autotune.search.walk import MemoryModel
-from autotune.trial.types import RankMetrics, TrialResult
+from autotune.trial.trial_types import RankMetrics, TrialResult
 
 GIB = 2**30
 
@@ -61,7 +61,8 @@ CHECKPOINTED_LAYER_BYTES_PER_SH = 2
 LOGIT_BYTES_PER_VOCAB = 10
 # ZeRO-1/2 reduce gradients through contiguous buckets of reduce_bucket_size 16-bit elements, two of them with
 # overlap_comm (deepspeed runtime/zero/stage_1_and_2.py `backward`: ipg_buffer buf_0, and buf_1 when overlap_comm);
-# the configs autotune emits set 2e8 elements and overlap_comm at stages 1-2 (autotune.dsconfig.build zero_section).
+# the configs autotune emits set 2e8 elements and overlap_comm at stages 1-2 (autotune.dsconfig.build_config
+# zero_section).
 STAGE12_BUCKETS, BUCKET_ELEMENTS = 2, 200_000_000
 # ZeRO-3 gathers one module's 16-bit weights while it runs and prefetches the next: two of the largest layer live
 # (deepspeed runtime/zero/partitioned_param_coordinator.py fetches ahead of use). A simplification of the prefetch
@@ -129,7 +130,7 @@ class SimulatedMachine(RecordingMachine):
       training FLOPs per sample (Narayanan et al.) over the achieved FLOP/s, times the micro-batch. So a larger
       micro-batch amortises the per-step costs, and the rungs' order comes from their own work, not from a prior.
     With `measures_half_batch`, each trial also reports its half micro-batch's own peak, as the real worker's timed
-    steps do (trial/training.py timed_steps), with this machine's peak in those steps.
+    steps do (trial/worker/train_steps.py timed_steps), with this machine's peak in those steps.
     Not modelled: overlap of communication with compute (every step pays its collectives in full), the optimizer
     step's own moment as a separate peak (the peak is the sum of everything), encoder-decoder cross-attention (every
     layer is a decoder layer of the same width), host memory and NVMe, timeouts, failed launches, accumulation,

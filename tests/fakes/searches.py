@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tests.fakes.machines import GIB, LinearMachine, LinearMemory
 
-from autotune.estimate.types import EstimateSettings
+from autotune.estimate.estimate_types import EstimateSettings
 from autotune.hardware.specs import Target, generic_gpu
 from autotune.models import ModelSummary, resolve_model, summarize
 from autotune.modes.applies import ratio_grid

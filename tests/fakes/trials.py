@@ -10,13 +10,13 @@ import psutil
 import pytest
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.trial import (
     TrialResult,
     TrialSpec,
     tagged_processes,
 )
-from autotune.trial.ops import prebuild_ops
+from autotune.trial.launch.ops import prebuild_ops
 
 GENEROUS_TIMEOUT_S = 600.0  # other engineers share the 2 cores: only the hang test relies on a short timeout
 MARK_ENV = "AUTOTUNE_TEST_MARK"

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.check.context import CheckContext, resolve_context
+from autotune.check.checked_against import CheckContext, resolve_context
 from autotune.check.envvars import env_findings, parse_env_file
 from autotune.check.findings import CheckReport, Edit, Finding, FitResult, Fix, FixResult, Severity, touches_training
 from autotune.check.fix import apply_fixes
@@ -22,7 +22,6 @@ from autotune.check.initialize import (
     optimizer_findings,
     scheduler_findings,
 )
-from autotune.check.keys import key_findings
 from autotune.check.rules import (
     activation_checkpointing_findings,
     batch_findings,
@@ -30,6 +29,7 @@ from autotune.check.rules import (
     precision_findings,
     stage_findings,
 )
+from autotune.check.unknown_keys import key_findings
 from autotune.check.values import auto_findings, string_value_findings
 from autotune.check.verdict import deepspeed_findings, deepspeed_rejection
 from autotune.dsconfig.consumer import Consumer, FillOutcome, detect_consumer, fill_like_consumer, has_auto

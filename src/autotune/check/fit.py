@@ -10,18 +10,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.check import schema
-from autotune.check.context import CheckContext
+from autotune.check.checked_against import CheckContext
 from autotune.check.findings import Finding, FitResult, Severity
 from autotune.check.rules import ZERO, batch_arithmetic, resolve_batch, zero_stage
 from autotune.check.values import batch_keys
 from autotune.core.choices import Attention, Device, Kernels, Precision
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.units import format_bytes
-from autotune.dsconfig.base import config_optimizer
+from autotune.dsconfig.base_config import config_optimizer
 from autotune.dsconfig.loading import section_of
+from autotune.estimate.estimate_types import EstimateSettings, MemoryEstimate, Verdict
 from autotune.estimate.kernels import kernels_note
 from autotune.estimate.pinned import native_pinning
-from autotune.estimate.types import EstimateSettings, MemoryEstimate, Verdict
 from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 from autotune.modes.from_config import config_mode, moot_ratio_note
@@ -190,7 +190,7 @@ def predict_config(
 
     zero = _validated_zero(config)
     if target.memlock_bytes is None:  # the config runs where it is checked: this process's ulimit -l binds it
-        from autotune.hardware.probe import probe_locked_memory
+        from autotune.hardware.machine_probe import probe_locked_memory
 
         target = replace(target, memlock_bytes=probe_locked_memory().binding_bytes)
     rung, note = effective_rung(config)

@@ -26,7 +26,7 @@ from autotune.check.rules import resolve_batch, stated_batch
 from autotune.check.values import batch_keys
 from autotune.dsconfig.consumer import PLACEHOLDER_TRAINING_STEPS, accelerate_mixed_precision
 from autotune.dsconfig.loading import section_of
-from autotune.trial.processes import one_rank_env
+from autotune.trial.launch.processes import one_rank_env
 
 # Failures that say the CPU backend lacks something a GPU has, not that the config is wrong.
 _BACKEND_LIMITS = (

@@ -204,7 +204,7 @@ def _mapped_by_accelerate() -> Finding:
 
     defaults = job_defaults().adam_text().split(" (offloaded")[0]
     message = (
-        'Optimizer offload without an "optimizer" section: accelerate\'s prepare() (the HF Trainer\'s too) '
+        "Optimizer offload without an \"optimizer\" section: accelerate's prepare() (the HF Trainer's too) "
         "replaces the script's torch optimizer by DeepSpeedCPUAdam built on its param groups"
         " (map_pytorch_optim_to_deepspeed): each group's lr, betas, eps and weight_decay carry over, and AdamW vs"
         " Adam; Adagrad runs as DeepSpeedCPUAdagrad; other optimizers (SGD, Adafactor) run as Adam, with"

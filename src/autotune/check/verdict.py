@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from autotune.check.findings import Finding, Severity
 from autotune.check.schema import deepspeed_log_captured
-from autotune.dsconfig.build import ConfigRejected, validate_with_deepspeed
+from autotune.dsconfig.build_config import ConfigRejected, validate_with_deepspeed
 
 # Deprecated fields are reported by the key checks, with their path; DeepSpeed's own line adds nothing.
 _ALREADY_REPORTED = ("_process_deprecated_field",)

@@ -37,7 +37,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _group() -> None:
     """Always a group of subcommands, even when only the invoked one is registered."""

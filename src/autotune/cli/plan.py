@@ -51,9 +51,9 @@ from autotune.estimate import PlanRow
 if TYPE_CHECKING:
     from autotune.check.fit import ConfigFit
     from autotune.estimate import EstimateSettings
-    from autotune.modes.summary import ModeSummary
+    from autotune.modes.mode_summary import ModeSummary
     from autotune.request.context import TuneContext
-    from autotune.search.recommend import Recommendation
+    from autotune.tuning.recommend import Recommendation
 
 _SHORT_LIMITS = {
     "gpu": "over GPU by",
@@ -152,7 +152,7 @@ def _print_table(recommendation: Recommendation, modes: ModeSummary, verbose: bo
             out.print(f"No classic rung fits, but {hint}.", highlight=False)
         _print_modes(modes, picked=False)
         return
-    from autotune.search.recommend import host_line, passed_over_line
+    from autotune.tuning.recommend import host_line, passed_over_line
 
     picked = recommendation.estimate or best.estimate
     out.print(
@@ -304,7 +304,7 @@ def plan_command(
     """
     request = request_from_options("plan", locals())
     from autotune.request.context import TuneContext
-    from autotune.search.recommend import mode_summary, recommend
+    from autotune.tuning.recommend import mode_summary, recommend
 
     say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget, host_memory=host_memory)
     if grad_checkpointing is not None and not config:

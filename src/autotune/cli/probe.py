@@ -8,7 +8,7 @@ from rich.table import Table
 from autotune.cli.options import JsonOpt, NvmePathOpt
 from autotune.cli.output import console, print_json
 from autotune.core.units import format_bytes
-from autotune.hardware.probe import probe
+from autotune.hardware.machine_probe import probe
 
 
 def probe_command(nvme_path: NvmePathOpt = None, as_json: JsonOpt = False) -> None:

@@ -131,7 +131,6 @@ class TrialProgress:
         elif event.kind == "skip":
             self.line(f"skip {_group_label(event.candidate)}: {event.message}")
 
-
     def eta(self) -> str:
         """What the trials so far say about this one and the rest: nothing before one has run."""
         if not self.durations:

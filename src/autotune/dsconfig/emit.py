@@ -9,8 +9,8 @@ from typing import Any
 
 from autotune.core.choices import Device, Kernels, Precision
 from autotune.core.ladder import Candidate
-from autotune.dsconfig.base import runnable
-from autotune.dsconfig.build import ConfigRejected, hf_variant, validate_with_deepspeed
+from autotune.dsconfig.base_config import runnable
+from autotune.dsconfig.build_config import ConfigRejected, hf_variant, validate_with_deepspeed
 from autotune.dsconfig.launchers import LaunchCommands, TunedRun, launch_commands, write_accelerate_config
 from autotune.errors import UserError
 from autotune.infra.atomic import atomic_write_json
@@ -83,7 +83,7 @@ def write_configs(
     With hf=True a second file `<stem>.hf.json` holds the "auto" variant for HF Trainer / Accelerate.
     validate=False is for configs already validated at this world size by this DeepSpeed version (a
     cache hit), which spares importing DeepSpeed. `base`: the user's config the tuned one was built on
-    (autotune.dsconfig.base); its "auto" values are validated as HF Trainer fills them, and written as they are.
+    (autotune.dsconfig.base_config); its "auto" values are validated as HF Trainer fills them, and written as they are.
     """
     if validate:
         try:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from autotune.core.versions import version_tuple
 from autotune.estimate.constants import CPU_MATH_SDPA_BYTES_NO_DROPOUT, CPU_MATH_SDPA_BYTES_WITH_DROPOUT
 from autotune.estimate.eager_scores import eager_scores_bytes, eager_softmax
+from autotune.estimate.estimate_types import EstimateSettings
 from autotune.estimate.kernels import LOSS_PER_TOKEN_BYTES, RSTD_BYTES, FusedKernels, LossChunk, fused_kernels
 from autotune.estimate.traits import ArchTraits, traits_of
-from autotune.estimate.types import EstimateSettings
 from autotune.models import ModelSummary
 
 MASK_BYTES = 1  # dropout keeps a bool mask

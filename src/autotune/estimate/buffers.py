@@ -1,4 +1,4 @@
-"""DeepSpeed's working buffers, sized from the config autotune.dsconfig.build emits.
+"""DeepSpeed's working buffers, sized from the config autotune.dsconfig.build_config emits.
 
 Buckets are element counts (bytes = elements x the element size of what they hold), read per stage from deepspeed
 0.19.8: reduce and prefetch buffers, the parameters ZeRO-3 keeps gathered (stage3_retention.py), NVMe swap buffers,
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from autotune.core.ladder import Rung
 from autotune.core.versions import version_tuple
-from autotune.dsconfig.build import stage3_buckets
+from autotune.dsconfig.build_config import stage3_buckets
+from autotune.estimate.estimate_types import EstimateSettings
 from autotune.estimate.pinned import pinned_bytes, pins_through_cuda
 from autotune.estimate.runtime import RuntimeStack
 from autotune.estimate.stage3_retention import gathered_at_turn, weight_matrices
-from autotune.estimate.types import EstimateSettings
 from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 

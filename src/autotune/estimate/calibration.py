@@ -25,8 +25,8 @@ The next guess then moves by what the model now says, not by one step of a grid.
 from __future__ import annotations
 
 from autotune.core.ladder import Candidate
-from autotune.estimate.core import VARIABLE_COMPONENTS, estimate
-from autotune.estimate.types import Calibration, EstimateSettings, checkpointing_setting, setting_of_key
+from autotune.estimate.estimate_types import Calibration, EstimateSettings, checkpointing_setting, setting_of_key
+from autotune.estimate.peak import VARIABLE_COMPONENTS, estimate
 from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.core.versions import version_tuple
+from autotune.estimate.estimate_types import EstimateSettings
 from autotune.estimate.traits import ArchTraits
-from autotune.estimate.types import EstimateSettings
 
 MASK_BYTES = 1  # CUDA's fused dropout keeps a bool mask
 FP32 = 4

@@ -1,6 +1,6 @@
 """The ds_config values that size DeepSpeed's buffers, and the optimizer the run steps with.
 
-`ZeroKnobs()` is what autotune.dsconfig.build emits; `ZeroKnobs.from_ds_config` reads a user's (or a published
+`ZeroKnobs()` is what autotune.dsconfig.build_config emits; `ZeroKnobs.from_ds_config` reads a user's (or a published
 run's) `zero_optimization` section, filling "auto" the way HF Trainer does
 (transformers/integrations/deepspeed.py, `trainer_config_finalize`: reduce_bucket_size = hidden^2,
 stage3_prefetch_bucket_size = 0.9 hidden^2, stage3_param_persistence_threshold = 10 hidden) and absent keys
@@ -19,7 +19,8 @@ DS_DEFAULT_PERSISTENCE = 100_000  # stage3_param_persistence_threshold
 DS_DEFAULT_LIVE = 1_000_000_000  # stage3_max_live_parameters, stage3_max_reuse_distance, sub_group_size
 
 # How the optimizer step allocates on the device, per trainable element of the rank's fp32 partition:
-# - "fused" (DeepSpeed FusedAdam, what autotune.dsconfig.build emits; ops/adam/fused_adam.py): one multi-tensor kernel
+# - "fused" (DeepSpeed FusedAdam, what autotune.dsconfig.build_config emits; ops/adam/fused_adam.py): one multi-tensor
+# kernel
 #   updating in place, no temporaries;
 # - "torch_foreach" (torch.optim.AdamW's default on CUDA, foreach=True): torch 2.13 torch/optim/adam.py:790,
 #   `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`, one fp32 temporary per element for the whole
@@ -59,7 +60,8 @@ class ZeroKnobs:
     # autotune's own configs (dsconfig emits modes.ratio_sub_group_size with every ratio < 1), True for a user's
     # config read by from_ds_config, where DeepSpeed cuts by the value written (or its default 1e9).
     sub_group_size_as_written: bool = False
-    # Offloaded states in page-locked memory: what dsconfig writes (dsconfig/build.py) and DeepSpeed 0.19.8's default
+    # Offloaded states in page-locked memory: what dsconfig writes (dsconfig/build_config.py) and DeepSpeed 0.19.8's
+    # default
     # (runtime/zero/offload_config.py:45, 75). Pinned tensors cost a power of two on CUDA (estimate/pinned.py).
     pin_memory: bool = True
 
@@ -134,4 +136,3 @@ def as_deepspeed_runs(knobs: ZeroKnobs, stage: int, deepspeed_version: tuple[int
     if stage == 1 and deepspeed_version is not None and first <= deepspeed_version < released:
         return replace(knobs, overlap_comm=False, contiguous_gradients=False)
     return knobs
-

@@ -9,9 +9,9 @@ benchmarks/published_accuracy.py reports what this margin costs in true fits on 
 
 from __future__ import annotations
 
-from autotune.estimate.modes import MODE_MARGINS
+from autotune.estimate.estimate_types import Calibration
+from autotune.estimate.mode_terms import MODE_MARGINS
 from autotune.estimate.runtime import Overhead, allocator_reserve_margin_fraction
-from autotune.estimate.types import Calibration
 from autotune.models import ModelSummary
 
 # Model states are arithmetic on parameter counts (exact counts from the meta-device build); what remains is
@@ -70,7 +70,7 @@ def gpu_margins(
     relative.update(dict.fromkeys(_BUFFER_COMPONENTS, BUFFER_RELATIVE))
     relative.update(dict.fromkeys(_ACTIVATION_COMPONENTS, activation_relative))
     relative["live_params"] = LIVE_PARAMS_RELATIVE
-    relative.update(MODE_MARGINS)  # the modern memory modes' terms (estimate/modes.py)
+    relative.update(MODE_MARGINS)  # the modern memory modes' terms (estimate/mode_terms.py)
     calibrated = calibration is not None and calibration.samples > 0
     relative["unpartitioned_model_reserve"] = BUFFER_RELATIVE
     shrink = CALIBRATED_SHRINK if calibrated else 1.0

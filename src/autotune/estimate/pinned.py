@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from autotune.estimate.types import EstimateSettings
+    from autotune.estimate.estimate_types import EstimateSettings
 
 
 def power_of_two_ceil(nbytes: int) -> int:
@@ -40,7 +40,7 @@ def pinned_bytes(nbytes: int, rounded: bool) -> int:
 # Host components (estimate.MemoryEstimate.host_components) that DeepSpeed page-locks when the offload section
 # sets pin_memory: the offloaded fp32 master/gradient/16-bit buffers (model_states.py; at stage 3 the whole
 # offloaded figure, as DeepSpeed's estimator gives it), the 16-bit gradient staging buffer
-# (stage_1_and_2.py:656-658), a partial-offload ratio's share (negative: kept on the GPU, estimate/modes.py) and
+# (stage_1_and_2.py:656-658), a partial-offload ratio's share (negative: kept on the GPU, estimate/mode_terms.py) and
 # zero.Init's per-parameter partitions that torch's host allocator keeps cached.
 PINNED_WITH_PIN_MEMORY = (
     "offloaded_states",

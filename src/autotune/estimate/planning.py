@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from autotune.core.ladder import LADDER, Candidate, Rung
-from autotune.estimate.core import check_fit, estimate
-from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate, Verdict
+from autotune.estimate.estimate_types import Calibration, EstimateSettings, MemoryEstimate, Verdict
+from autotune.estimate.peak import check_fit, estimate
 from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 

@@ -32,8 +32,12 @@ def _attention(model: ModelSummary, prefix: str = "") -> list[tuple[str, int]]:
     """q, k, v, o projections (grouped-query k and v are narrower)."""
     width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
-    return [(f"{prefix}q", model.hidden_size * width), (f"{prefix}k", model.hidden_size * kv_width),
-            (f"{prefix}v", model.hidden_size * kv_width), (f"{prefix}o", width * model.hidden_size)]
+    return [
+        (f"{prefix}q", model.hidden_size * width),
+        (f"{prefix}k", model.hidden_size * kv_width),
+        (f"{prefix}v", model.hidden_size * kv_width),
+        (f"{prefix}o", width * model.hidden_size),
+    ]
 
 
 def _block_modules(model: ModelSummary) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
@@ -78,8 +82,10 @@ def step_trace(model: ModelSummary, grad_checkpointing: bool) -> tuple[list[Use]
     """
     encoder_modules, decoder_modules = _block_modules(model)
     embedding = Use("embedding", model.embedding_params)
-    output = Use("embedding", model.embedding_params) if model.tied_embeddings else Use(
-        "output", output_layer_elements(model)
+    output = (
+        Use("embedding", model.embedding_params)
+        if model.tied_embeddings
+        else Use("output", output_layer_elements(model))
     )
 
     def blocks(prefix: str, count: int, modules: list[tuple[str, int]]) -> list[list[Use]]:

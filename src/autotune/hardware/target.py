@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autotune.core.units import parse_bytes
 from autotune.errors import UserError
-from autotune.hardware.probe import ProbeResult
+from autotune.hardware.machine_probe import ProbeResult
 from autotune.hardware.specs import GpuSpec, Target, generic_gpu, match_probed_gpu, resolve_gpu_type
 
 

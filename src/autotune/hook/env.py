@@ -254,7 +254,7 @@ def _standalone(src: _Sources) -> JobEnv:
 
 def count_visible_gpus() -> int:
     """GPUs this process may use, honouring CUDA_VISIBLE_DEVICES (NVML, no CUDA context)."""
-    from autotune.hardware.probe import probe_gpus
+    from autotune.hardware.machine_probe import probe_gpus
 
     gpus, _, _ = probe_gpus()
     return len(gpus)

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from autotune.core.ladder import Candidate
     from autotune.request.tune_request import TuneRequest
     from autotune.search.records import SearchEvent, TrialRecord
-    from autotune.trial.chooser import JobFacts
-    from autotune.trial.types import TrialLauncher
+    from autotune.trial.launch.chooser import JobFacts
+    from autotune.trial.trial_types import TrialLauncher
     from autotune.tuner import TuneResult
 
 TuneFn = Callable[..., "TuneResult"]  # tune(request, launcher=..., observe=...)
@@ -72,7 +72,7 @@ def probed_plan_memory(tuning: TuneRequest) -> tuple[int, bool] | None:
         budget = tuning.memory_budget
         per_rank = memory_size(budget, "--memory-budget") if budget else psutil.virtual_memory().available // ranks
         return per_rank, True
-    from autotune.hardware.probe import probe_gpus
+    from autotune.hardware.machine_probe import probe_gpus
 
     gpus, _, _ = probe_gpus()
     if not gpus:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.ladder import Candidate
-from autotune.dsconfig.build import hf_variant
+from autotune.dsconfig.build_config import hf_variant
 from autotune.dsconfig.emit import emit_launchers
 from autotune.errors import MalformedReportError
 from autotune.hook.env import JobEnv
@@ -95,12 +95,12 @@ def write_outputs(
 def _user_base(tuning: TuneRequest) -> dict[str, Any] | None:
     """The user's own config (--config, or the file an own command names): the .hf.json keeps its clipping and
     optimizer values as written, as `tune` writes it (dsconfig.build.hf_variant)."""
-    from autotune.dsconfig.base import load_base
+    from autotune.dsconfig.base_config import load_base
 
     if tuning.base_config is not None:
         return load_base(tuning.base_config)
     if tuning.command:
-        from autotune.request.own_command import command_base
+        from autotune.request.own_command_mode import command_base
 
         return command_base(tuning)
     return None

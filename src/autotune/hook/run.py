@@ -32,22 +32,22 @@ from autotune.hook.coordinate import (
     coordinate,
 )
 from autotune.hook.env import JobEnv, JobOverrides, detect_job_env
-from autotune.hook.launch import choose_launcher
 from autotune.hook.leader import LeaderJob, TuneFn, real_tune, tune_and_record
 from autotune.hook.outputs import write_outputs
 from autotune.hook.progress import ProgressNote, waiting_line
+from autotune.hook.trial_facts import choose_launcher
 from autotune.hook.verdicts import KnownValid, default_verdicts_path, verdict_key
 from autotune.infra.atomic import atomic_write_text
 from autotune.infra.paths import cache_dir
 from autotune.infra.terminate import Terminated
-from autotune.request.keys import run_key
+from autotune.request.cache_keys import run_key
 
 if TYPE_CHECKING:
-    from autotune.hardware.probe import GpuInfo
+    from autotune.hardware.machine_probe import GpuInfo
     from autotune.request.tune_request import TuneRequest
     from autotune.search.records import SearchEvent
-    from autotune.trial.chooser import JobFacts
-    from autotune.trial.types import TrialLauncher
+    from autotune.trial.launch.chooser import JobFacts
+    from autotune.trial.trial_types import TrialLauncher
 
 # the job, the tuning, the shared dir, the environment -> the job's facts for tune's one chooser (or a test's launcher)
 LauncherChooser = Callable[[JobEnv, "TuneRequest", Path, Mapping[str, str]], "TrialLauncher | JobFacts | None"]
@@ -111,7 +111,7 @@ class HookResult:
 
 
 def _default_gpus() -> list[GpuInfo]:
-    from autotune.hardware.probe import probe_gpus
+    from autotune.hardware.machine_probe import probe_gpus
 
     return probe_gpus()[0]
 
@@ -182,8 +182,8 @@ def config_vetter(world_size: int, known: KnownValid) -> Callable[[HookRecord], 
 
 
 def _deepspeed_verdict(config_text: str, world_size: int) -> str | None:
-    from autotune.dsconfig.base import runnable
-    from autotune.dsconfig.build import ConfigRejected, validate_with_deepspeed
+    from autotune.dsconfig.base_config import runnable
+    from autotune.dsconfig.build_config import ConfigRejected, validate_with_deepspeed
 
     try:
         config = json.loads(config_text)
@@ -238,7 +238,7 @@ def run_hook(
     known = KnownValid(default_verdicts_path() if verdicts_path is None else verdicts_path)
 
     def produce() -> HookRecord:
-        # Own-command mode too: the chooser's facts carry the command, and tune() runs it (trial/script.py).
+        # Own-command mode too: the chooser's facts carry the command, and tune() runs it (trial/own_command/script.py).
         choose = lambda: launcher_chooser(job, tuning, shared, environ)  # noqa: E731
         publishing = ProgressNote(slot, tuning.max_trials, observe)
         leader = LeaderJob(key, job, hardware, tuning, launcher_factory=choose, observe=publishing, tune_fn=tune_fn)

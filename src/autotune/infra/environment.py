@@ -6,7 +6,7 @@ in `deepspeed.accelerator.real_accelerator.ds_accelerator` (deepspeed/accelerato
 never touches CUDA in the tuner's process. A user who calls `autotune.tune()` and then
 `deepspeed.initialize` in the same process must still get their own accelerator: so the variable and
 DeepSpeed's cached choice are both restored on the way out. Trial subprocesses get DS_ACCELERATOR in
-their environment instead (trial/processes.py).
+their environment instead (trial/launch/processes.py).
 """
 
 from __future__ import annotations

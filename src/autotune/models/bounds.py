@@ -17,7 +17,7 @@ milliseconds. Each bound is far above any published model, with its reason besid
 
 The parameter count here is an upper-side estimate from the config alone (per layer 4h^2 attention plus
 3*h*ff for a gated MLP, the larger of the two MLP kinds, plus vocabulary and learned positions times h); it only
-has to tell absurd from possible, the real count comes from the meta build (models/summary.py).
+has to tell absurd from possible, the real count comes from the meta build (models/model_summary.py).
 """
 
 from __future__ import annotations

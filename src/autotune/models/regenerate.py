@@ -10,10 +10,10 @@ from importlib import metadata
 from pathlib import Path
 
 from autotune.infra.atomic import atomic_write_json
+from autotune.models.model_summary import summarize
 from autotune.models.profiles import model_profiles
 from autotune.models.resolve import resolve_model
 from autotune.models.shipped import shipped_path
-from autotune.models.summary import summarize
 
 
 def write_shipped() -> Path:

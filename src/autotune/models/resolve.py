@@ -72,7 +72,7 @@ def check_sizes(config: dict, where: str) -> None:
 def _with_code_dir(config: dict, config_path: Path, trust_remote_code: bool) -> dict:
     """A remote-code config (`auto_map`, --trust-remote-code) records the directory its code is in, as
     transformers' `_name_or_path`, so the meta build and the trial workers load the classes from there
-    (models/build.py); other configs are returned as read."""
+    (models/architecture.py); other configs are returned as read."""
     if not (trust_remote_code and "auto_map" in config):
         return config
     return {**config, "_name_or_path": str(config_path.resolve().parent)}

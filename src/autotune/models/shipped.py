@@ -12,8 +12,8 @@ from functools import cache
 from pathlib import Path
 
 from autotune.infra.paths import profiles_dir
+from autotune.models.model_types import ModelSummary, fingerprint
 from autotune.models.resolve import ModelSource
-from autotune.models.types import ModelSummary, fingerprint
 
 
 def shipped_path() -> Path:

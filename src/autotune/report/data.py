@@ -28,7 +28,7 @@ from autotune.core.ladder import Candidate, Mode, parse_rung
 from autotune.core.stop import StopReason
 from autotune.dsconfig.launchers import LaunchCommands
 from autotune.errors import MalformedReportError
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 __all__ = [
     "Assumptions",
@@ -256,7 +256,7 @@ class Choice(JsonRecord):
     # (search.walk.Search.confirm_fresh); None: the pick's peak was measured the way every trial was
     peak_in_fresh_process: bool | None = field(default=None, metadata=OMITTED_WHEN_NONE)
     # The pick's fastest single trial, where it differs from samples_per_s (the speed its verdict was decided on,
-    # search/tuning_report.py pick_speed): kept under its own name, never quoted as the pick's speed
+    # tuning/tuning_report.py pick_speed): kept under its own name, never quoted as the pick's speed
     fastest_trial_samples_per_s: float | None = field(default=None, metadata=OMITTED_WHEN_NONE)
 
     def to_json(self) -> dict[str, Any]:
@@ -418,7 +418,7 @@ class TuneReport(JsonRecord):
     micro_batch_grid: tuple[int, ...]
     choice: Choice | None
     config_path: str | None
-    base_config: str | None  # the user's config the tuned one was built on (autotune.dsconfig.base)
+    base_config: str | None  # the user's config the tuned one was built on (autotune.dsconfig.base_config)
     hf_config_path: str | None
     launch: LaunchCommands | None
     trials: tuple[TrialEntry, ...]

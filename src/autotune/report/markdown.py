@@ -13,7 +13,7 @@ from autotune.infra.atomic import atomic_write_json, atomic_write_text
 from autotune.report.data import Batch, ModeEntry, OwnCommand, Picture, TrialEntry, TuneReport
 from autotune.report.pick import lead_lines
 from autotune.report.plot import embed_line, write_report_plot
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 
 def _speed(value: float | None) -> str:

@@ -10,7 +10,7 @@ from autotune.core.measurement import speed_of
 from autotune.core.stop import StopReason
 from autotune.core.units import format_bytes
 from autotune.report.data import SpeedEntry, TuneReport
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 
 def _speed(speed: SpeedEntry) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.core.measurement import speed_of
 from autotune.infra.atomic import atomic_write_bytes
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 if TYPE_CHECKING:
     from autotune.report.data import TuneReport

@@ -16,19 +16,19 @@ from autotune.core.batch import requested_global_batch
 from autotune.core.choices import Precision
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.versions import deepspeed_note, library_versions
-from autotune.dsconfig.base import load_base, on_base, runnable
-from autotune.dsconfig.build import TrainSettings, build_ds_config
+from autotune.dsconfig.base_config import load_base, on_base, runnable
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
 from autotune.errors import UserError
+from autotune.estimate.estimate_types import EstimateSettings
 from autotune.estimate.knobs import ZeroKnobs
 from autotune.estimate.pinned import native_pinning
 from autotune.estimate.runtime import RuntimeStack, local_stack
-from autotune.estimate.types import EstimateSettings
 from autotune.hardware.specs import GpuSpec, Target
 from autotune.infra.allocator_env import allocator_settings
 from autotune.models import ModelSummary, resolve_model, summarize
 from autotune.report.data import Assumptions
-from autotune.request.base import request_on_base
-from autotune.request.keys import run_key
+from autotune.request.base_say import request_on_base
+from autotune.request.cache_keys import run_key
 from autotune.request.tune_request import (
     TuneRequest,
     chosen_rungs,
@@ -38,7 +38,7 @@ from autotune.request.tune_request import (
 )
 from autotune.request.validation import validate
 from autotune.training.lora import LoraSettings, lora_summary
-from autotune.trial.types import TrialSpec
+from autotune.trial.trial_types import TrialSpec
 
 # Trial results depend on the memory limit (a CPU trial over its budget is stopped), so the trials' key holds
 # the limit in buckets 5% wide on a log scale: a few percent of jitter in free memory keeps the key. The final
@@ -58,7 +58,7 @@ def uses_relative_positions(model: ModelSummary) -> bool:
 
 def cpu_target(request: TuneRequest) -> Target:
     """The CPU backend: each rank is a process; its memory budget plays the role of GPU free memory."""
-    from autotune.hardware.probe import cpu_has_native_bf16, probe
+    from autotune.hardware.machine_probe import cpu_has_native_bf16, probe
 
     host = probe(request.nvme_path).host
     ranks = request.gpus or 1
@@ -87,7 +87,7 @@ def cpu_target(request: TuneRequest) -> Target:
 
 
 def gpu_target(request: TuneRequest) -> Target:
-    from autotune.hardware.probe import probe
+    from autotune.hardware.machine_probe import probe
     from autotune.hardware.target import resolve_target
 
     planned = bool(request.gpu_type or request.gpu_memory)
@@ -235,9 +235,7 @@ class TuneContext:
         notes += host_memory_note(request, target)
         notes += [note] if (note := deepspeed_note()) else []  # the one place tune and hook say it (core/versions.py)
         chosen_by = "tokens_per_step" if request.tokens_per_step else "user" if request.global_batch else None
-        global_batch = requested_global_batch(
-            request.global_batch, request.tokens_per_step, seq_len, target.world_size
-        )
+        global_batch = requested_global_batch(request.global_batch, request.tokens_per_step, seq_len, target.world_size)
         request = replace(request, global_batch=global_batch)
         rungs, unavailable = chosen_rungs(request)
         grid = micro_batch_grid(request, target.world_size)
@@ -367,7 +365,7 @@ class TuneContext:
         return runnable(self.tuned_config(candidate), self.target.world_size)
 
     def tuned_config(self, candidate: Candidate) -> dict:
-        """The candidate's keys on the user's base config (autotune.dsconfig.base), "auto" values as written."""
+        """The candidate's keys on the user's base config (autotune.dsconfig.base_config), "auto" values as written."""
         return on_base(build_ds_config(candidate, self.train), self.base)
 
     def emitted_config(self, candidate: Candidate) -> dict:
@@ -376,7 +374,7 @@ class TuneContext:
         config = self.tuned_config(candidate)
         if self.request.command is None:
             return config
-        from autotune.request.own_command import emitted_config
+        from autotune.request.own_command_mode import emitted_config
 
         return emitted_config(self.request, config)
 
@@ -385,7 +383,7 @@ class TuneContext:
         names (DeepSpeed Autotuning's convention), whose clipping and optimizer values are the user's."""
         if self.request.command is None or self.base is not None:
             return self.base
-        from autotune.request.own_command import command_base
+        from autotune.request.own_command_mode import command_base
 
         return command_base(self.request)
 
@@ -416,10 +414,10 @@ class TuneContext:
 
     def _outside_allocator_bytes(self) -> int | None:
         """The CUDA context and NCCL buffers per GPU rank as the memory model predicts them: a trial without an
-        NVML figure adds them to its max reserved (trial/types.py TrialResult.peak_memory_bytes)."""
+        NVML figure adds them to its max reserved (trial/trial_types.py TrialResult.peak_memory_bytes)."""
         if self.request.device == "cpu":
             return None
-        from autotune.estimate.core import runtime_overheads
+        from autotune.estimate.peak import runtime_overheads
 
         return sum(overhead.central for overhead in runtime_overheads(self.target, self.settings).values())
 

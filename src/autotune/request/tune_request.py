@@ -26,7 +26,7 @@ from autotune.core.choices import (
 from autotune.core.ladder import Rung
 from autotune.core.units import parse_bytes
 from autotune.errors import UserError
-from autotune.trial.chooser import confirms_fresh, uses_warm
+from autotune.trial.launch.chooser import confirms_fresh, uses_warm
 
 MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
 # Relative-position models (T5) have no position table; their pre-training length is the default.
@@ -34,7 +34,7 @@ RELATIVE_POSITION_DEFAULT_SEQ_LEN = 512  # T5 paper, section 3.1.2: "sequence le
 # `autotune tune`'s default --time-budget: a first tune without options must end in a sensible time (issue 45: the
 # whole default ladder on tiny-gpt2 was on course for ~25 minutes of trials on a 2-core machine). It counts from the
 # first op load (a fresh machine's op builds are said apart, tuner.py); the search launches no trial after it and
-# stops one still running at it (search/trials.py), then writes the best verified config and what it did not try.
+# stops one still running at it (tuning/trials.py), then writes the best verified config and what it did not try.
 # The API (`TuneRequest`) and the hook keep no budget unless given one: a cluster job's own time limit is the hook's,
 # and a budget-cut hook tuning is a fallback `--strict` refuses.
 TUNE_TIME_BUDGET_S = 600.0
@@ -82,21 +82,22 @@ class TuneRequest:
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (default: seq_len)
     config: str | None = None  # a user's ds_config (JSON/hjson) whose fit `plan` answers (autotune.config_question)
     # tune/hook: the user's ds_config the tuned one is built on; every key outside the tuned set is kept
-    # (autotune.dsconfig.base), and its global batch, precision and optimizer are the job's
+    # (autotune.dsconfig.base_config), and its global batch, precision and optimizer are the job's
     base_config: str | None = None
     kernels: Kernels = "stock"  # fused training kernels the user's training runs (Liger, flash-attn's): activations
     # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
     # substituted in (trial/script_mode.py); None: our synthetic worker.
     command: tuple[str, ...] | None = None
     # What the own command runs: "hf" (an HF Trainer script: it gets the .hf.json) or "deepspeed" (a plain script: the
-    # plain ds_config.json); None: told from the command (trial/script_command.py, CommandTemplate.consumer).
+    # plain ds_config.json); None: told from the command (trial/own_command/script_command.py,
+    # CommandTemplate.consumer).
     consumer: str | None = None
     # Modes that change the update rule or the numerics (ZenFlow, ZeRO++ quantization, partial offload ratio;
     # modes.applies.approximation) join the search only when the user opts in: by default the tuned config trains
     # the same model the same way (same optimizer math, global batch and precision).
     allow_approximate: bool = False
     # How trials are run: "warm" workers serve trial after trial (start-up paid once, a new process after a failure or
-    # when memory an earlier trial left grows past the pool's limit, trial/warm.py); "fresh" starts a process per
+    # when memory an earlier trial left grows past the pool's limit, trial/launch/warm.py); "fresh" starts a process per
     # trial, as the user's job is. "auto": warm workers, and on GPUs the pick confirmed in a fresh process before it
     # is recommended (Search.confirm_fresh): on the CPU backend warm and fresh peaks were measured equal
     # (benchmarks/README.md, "Warm workers and DeepSpeed's leftovers"); on GPUs nobody has compared them yet (the GPU
@@ -164,7 +165,7 @@ def check_trial_workers(request: TuneRequest) -> None:
 
 def uses_warm_workers(request: TuneRequest) -> bool:
     """Warm workers unless asked for fresh processes (see TuneRequest.trial_workers); the rule is the launcher
-    chooser's (trial/chooser.py)."""
+    chooser's (trial/launch/chooser.py)."""
     return uses_warm(nodes=request.nodes, own_command=request.command is not None, trial_workers=request.trial_workers)
 
 

@@ -98,7 +98,7 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
     if request.base_config is not None and request.config is not None:
         raise UserError("give the config to tune on (tune/hook --config) or the config to answer for (plan), not both")
     if request.base_config is not None:  # read now: an unreadable base is one line before any coordination or trial
-        from autotune.dsconfig.base import load_base
+        from autotune.dsconfig.base_config import load_base
 
         load_base(request.base_config)
     if request.tokens_per_step is not None and request.global_batch is not None:
@@ -119,7 +119,7 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
     if request.consumer is not None and request.command is None:
         raise UserError("--consumer names what your own command runs; give the command after `--`")
     if request.command is not None:
-        from autotune.request.own_command import check_command  # imported only in own-command mode
+        from autotune.request.own_command_mode import check_command  # imported only in own-command mode
 
         check_command(request)
     if outputs:

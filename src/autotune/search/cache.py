@@ -31,7 +31,7 @@ from autotune.errors import MalformedReportError
 from autotune.infra.integrity import KeyRefused, sign, signing_key, verify
 from autotune.infra.sharing import file_mode_for, group_shared, make_dirs, path_distrust_reason, share_file
 from autotune.report.data import JsonRecord, TuneReport
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from autotune.modes.search_view import ModeChoice, ModeRecord, ModesFor, is_rati
 from autotune.search.records import TRY_MARGIN, LaunchPurpose, SearchLimits, SearchOutcome, TrialRecord
 
 if TYPE_CHECKING:
-    from autotune.estimate.types import MemoryEstimate
+    from autotune.estimate.estimate_types import MemoryEstimate
     from autotune.hardware.specs import Target
     from autotune.search.speed import StepLine
 

@@ -121,7 +121,7 @@ class PickWalk:
     def _confirm_fresh(self) -> None:
         """The pick's memory, measured once more in a process of its own, as the user's job will start; only where
         the other trials ran in warm workers that no fresh process has been compared with (`confirm_fresh`). A warm
-        worker starts each trial from the memory the last one gave back (trial/warm.py replaces one whose memory
+        worker starts each trial from the memory the last one gave back (trial/launch/warm.py replaces one whose memory
         grew), which a fresh process may not match exactly; the recommendation is what the job runs, so its peak is
         a fresh one. A pick that does not fit there is dropped, with everything that needs at least its memory, and
         the next pick among the measured is confirmed the same way. The trial budget does not skip it: a

@@ -10,13 +10,13 @@ from typing import Any, Literal
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.stop import StopReason
-from autotune.estimate.types import Calibration
+from autotune.estimate.estimate_types import Calibration
 from autotune.modes.search_view import ModeRecord
 from autotune.search.close_call import Verdict
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
-TIME_BUDGET_CUT = "stopped at the time budget"  # a trial's error when --time-budget ended it (search/trials.py)
+TIME_BUDGET_CUT = "stopped at the time budget"  # a trial's error when --time-budget ended it (tuning/trials.py)
 RULED_OUT_MARGIN = 0.15  # skip without a trial only when the prediction is this far over the limit
 TRY_MARGIN = 0.10  # a micro-batch predicted within this much over the limit is still worth a trial
 
@@ -121,7 +121,7 @@ class SearchOutcome:
     verdict: Verdict | None = None  # the pick, runner-up, speeds with spreads, tie or not
     modes: list[ModeRecord] = field(default_factory=list)  # every mode considered on every rung, and its fate
     # processes the launcher started for the trials: warm workers run trial after trial in one until one fails
-    # (trial/warm.py); None where every trial had its own process (then it equals trials_launched)
+    # (trial/launch/warm.py); None where every trial had its own process (then it equals trials_launched)
     process_starts: int | None = None
     # the pick's trial in a fresh process of its own, where the other trials ran in warm workers whose device memory
     # no fresh process had confirmed (GPUs): its peak is what the report states for the pick

@@ -16,8 +16,8 @@ from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.stop import StopReason
 from autotune.core.units import format_bytes
 from autotune.estimate import calibrate, calibrate_oom, check_fit, estimate
-from autotune.estimate.core import memlock_problem
-from autotune.estimate.types import Calibration, EstimateSettings, MemoryEstimate
+from autotune.estimate.estimate_types import Calibration, EstimateSettings, MemoryEstimate
+from autotune.estimate.peak import memlock_problem
 from autotune.hardware.specs import Target
 from autotune.models import ModelSummary
 from autotune.modes.search_view import ModesFor, no_modes
@@ -46,7 +46,7 @@ from autotune.search.speed import (
     fit_step_line,
     optimizer_saving_s,
 )
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 
 class EstimateFn(Protocol):

@@ -94,7 +94,7 @@ def lora_summary(summary: Any, settings: LoraSettings) -> Any:
     """
     from dataclasses import replace
 
-    from autotune.models.build import build_model
+    from autotune.models.architecture import build_model
 
     model, _ = build_model(
         summary.config, summary.architecture, device="meta", trust_remote_code=summary.trust_remote_code

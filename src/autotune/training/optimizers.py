@@ -79,7 +79,7 @@ def optimizer_kind(name: str | None) -> OptimizerKind:
 def ds_optimizer_section(kind: OptimizerKind) -> dict[str, Any] | None:
     """The ds_config "optimizer" entry, or None for a client-side optimizer. Its type only: lr, betas, eps and
     weight_decay are the user's training, which autotune never chooses (DeepSpeed's defaults apply where the user
-    gives none; autotune.dsconfig.base.placeholder_notes says so)."""
+    gives none; autotune.dsconfig.base_config.placeholder_notes says so)."""
     if kind.ds_type is None:
         return None
     params: dict[str, Any] = {}

@@ -1,7 +1,7 @@
 """Real trials: does this ds_config run on this hardware, and how fast?
 
 Nothing here imports torch: workers do, in their own processes, so the tuner never holds GPU memory.
-The launchers are imported on first use (module __getattr__), so `autotune.trial.types` alone stays
+The launchers are imported on first use (module __getattr__), so `autotune.trial.trial_types` alone stays
 cheap for callers that only need the types (the cache, a cache hit).
 """
 
@@ -11,25 +11,25 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from autotune.trial.hostfile import HostfileLauncher
-    from autotune.trial.local import LocalLauncher
-    from autotune.trial.processes import tagged_processes
-    from autotune.trial.slurm import SlurmLauncher
-    from autotune.trial.types import RankMetrics, TrialLauncher, TrialResult, TrialSpec, TrialStatus
-    from autotune.trial.warm import FreshAfterWarm, WarmWorkerPool
+    from autotune.trial.launch.hostfile import HostfileLauncher
+    from autotune.trial.launch.local import LocalLauncher
+    from autotune.trial.launch.processes import tagged_processes
+    from autotune.trial.launch.slurm import SlurmLauncher
+    from autotune.trial.launch.warm import FreshAfterWarm, WarmWorkerPool
+    from autotune.trial.trial_types import RankMetrics, TrialLauncher, TrialResult, TrialSpec, TrialStatus
 
 _WHERE = {
-    "FreshAfterWarm": "autotune.trial.warm",
-    "HostfileLauncher": "autotune.trial.hostfile",
-    "LocalLauncher": "autotune.trial.local",
-    "RankMetrics": "autotune.trial.types",
-    "SlurmLauncher": "autotune.trial.slurm",
-    "TrialLauncher": "autotune.trial.types",
-    "TrialResult": "autotune.trial.types",
-    "TrialSpec": "autotune.trial.types",
-    "TrialStatus": "autotune.trial.types",
-    "WarmWorkerPool": "autotune.trial.warm",
-    "tagged_processes": "autotune.trial.processes",
+    "FreshAfterWarm": "autotune.trial.launch.warm",
+    "HostfileLauncher": "autotune.trial.launch.hostfile",
+    "LocalLauncher": "autotune.trial.launch.local",
+    "RankMetrics": "autotune.trial.trial_types",
+    "SlurmLauncher": "autotune.trial.launch.slurm",
+    "TrialLauncher": "autotune.trial.trial_types",
+    "TrialResult": "autotune.trial.trial_types",
+    "TrialSpec": "autotune.trial.trial_types",
+    "TrialStatus": "autotune.trial.trial_types",
+    "WarmWorkerPool": "autotune.trial.launch.warm",
+    "tagged_processes": "autotune.trial.launch.processes",
 }
 
 
@@ -42,7 +42,7 @@ def __getattr__(name: str) -> Any:
 def run_trial(spec: TrialSpec, launcher: TrialLauncher | None = None) -> TrialResult:
     """Run one trial to completion; every process it started is gone when this returns."""
     if launcher is None:
-        from autotune.trial.local import LocalLauncher
+        from autotune.trial.launch.local import LocalLauncher
 
         launcher = LocalLauncher()
     return launcher.run(spec)

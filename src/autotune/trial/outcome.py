@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TypeGuard
 
 from autotune.core.units import format_bytes
-from autotune.trial.report import RankReport
+from autotune.trial.rank_report import RankReport
 from autotune.trial.throughput import FlopsPerToken, throughput
-from autotune.trial.types import RankMetrics, TrialResult, TrialSpec, TrialStatus
+from autotune.trial.trial_types import RankMetrics, TrialResult, TrialSpec, TrialStatus
 
 # Every allocation failure on the GPU side is an OOM, whichever library hit it. Texts and where they come from:
 _GPU_OOM_MESSAGES = (
@@ -258,7 +258,7 @@ class LaunchOutcome:
     exit_codes: dict[int, int] = field(default_factory=dict)  # per rank where known; negative = signal
     logs: dict[int, Path] = field(default_factory=dict)  # per-rank logs
     launcher_log: Path | None = None
-    oom_evidence: str | None = None  # trial/oom_evidence.py: why a SIGKILL would be the OOM killer's
+    oom_evidence: str | None = None  # trial/launch/oom_evidence.py: why a SIGKILL would be the OOM killer's
 
 
 def _read(path: Path | None) -> str:
@@ -295,7 +295,7 @@ MIN_FREE_BYTES = 1 << 20  # below a MiB free, a rank cannot write its report (a 
 
 
 def _disk_note(outcome: LaunchOutcome) -> str:
-    """Our worker writes a report for every failure it can see (trial/worker.py), so a rank that left neither a
+    """Our worker writes a report for every failure it can see (trial/worker/main.py), so a rank that left neither a
     report nor an error line met something outside the candidate (issue 46: TMPDIR filled 6 s into the trial,
     both trials were called errors and cached, and the rerun never measured them): inconclusive, retried once,
     never cached. Where the trial's directory is (nearly) full, say so."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from autotune.core.choices import Device
 from autotune.core.ladder import Candidate, Mode
 from autotune.core.units import format_bytes
-from autotune.trial.types import TrialResult
+from autotune.trial.trial_types import TrialResult
 
 FORWARD_FLOPS_PER_PARAM_TOKEN = 2  # Kaplan et al. 2020, sec. 2.1
 MIN_BYTES_PER_PARAM = 2  # 16-bit weights
