@@ -24,7 +24,7 @@ from autotune.trial.launch.chooser import TrialLaunchers
 from autotune.trial.launch.warm import WARM_PINNED_GROWTH_LIMIT_BYTES, _Workers
 from autotune.trial.rank_report import RankReport
 from autotune.trial.trial_types import RankMetrics, TrialResult, TrialSpec
-from autotune.trial.worker import memory, training
+from autotune.trial.worker import memory, train_steps
 from autotune.tuner import RESULTS_FILE, TuneRequest
 from autotune.tuning.trials import warm_only_doubt
 
@@ -37,10 +37,10 @@ def test_freeing_a_gpu_trial_empties_torchs_pinned_host_cache_too(monkeypatch: p
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("device"))
     monkeypatch.setattr(torch.accelerator, "empty_host_cache", lambda: calls.append("host"), raising=False)
-    training.free_memory("cuda")
+    train_steps.free_memory("cuda")
     assert calls == ["device", "host"]
     calls.clear()
-    training.free_memory("cpu")  # the CPU backend pins nothing
+    train_steps.free_memory("cpu")  # the CPU backend pins nothing
     assert calls == []
 
 
