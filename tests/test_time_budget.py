@@ -92,3 +92,32 @@ def test_a_budget_spent_without_a_verified_trial_is_not_nothing_fits(tmp_path) -
     verified_none = r"ran out before a trial verified a config .*tried z0/mb4/nockpt timeout"
     with pytest.raises(TrialsFailedError, match=verified_none):
         tune(_request(tmp_path, 3.0), launcher=SlowLauncher(wall_s=30.0))
+
+
+def test_the_progress_says_when_the_budget_ends_the_search_before_the_trials_left_would(capsys) -> None:
+    """Trials of ~1 s under a 1.5 s budget: after the first, the estimate of the 11 left (~11 s) comes with the
+    budget's end, which stops the search sooner; without a budget, the estimate alone."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.cli.tune import TrialProgress
+    from autotune.core.ladder import Candidate
+    from autotune.search.records import TrialRecord
+    from autotune.trial.trial_types import TrialResult
+
+    first = Candidate(Rung.Z0, 8, False)
+    record = TrialRecord(first, TrialResult(status="ok", samples_per_s=10.0), 1, 2, from_cache=False)
+
+    def two_trials(progress: TrialProgress) -> str:
+        progress(SearchEvent("trial_start", first))
+        time.sleep(1.0)
+        progress(SearchEvent("trial_end", first, "ok", record))
+        progress(SearchEvent("trial_start", Candidate(Rung.Z1, 8, False)))
+        return capsys.readouterr().err.splitlines()[-1]
+
+    console = Console(file=io.StringIO(), stderr=True)
+    budgeted = two_trials(TrialProgress(console, max_trials=12, enabled=True, time_budget_s=1.5))
+    assert "at most 10 more after it (~" in budgeted and "the time budget stops the search in ~" in budgeted
+    unbudgeted = two_trials(TrialProgress(console, max_trials=12, enabled=True))
+    assert "at most 10 more after it (~" in unbudgeted and "time budget" not in unbudgeted

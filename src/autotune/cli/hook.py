@@ -192,7 +192,8 @@ def hook_command(
     # SIGTERM (scancel, time limit): trials stopped, best verified config published, exit 143 (infra/terminate.py);
     # a HookError (exit 4) reaches the CLI's one handler like every other AutotuneError
     with sigterm_raises():
-        progress = TrialProgress(err_console(), max_trials, enabled=True, verbose=verbose)  # as `tune` prints
+        budget = tuning.time_budget_s
+        progress = TrialProgress(err_console(), max_trials, enabled=True, verbose=verbose, time_budget_s=budget)
         result = run_hook(request, observe=progress, say=_say)
     if result.ignored:
         print(f"autotune hook: did not trust a published result ({result.ignored})", file=sys.stderr)

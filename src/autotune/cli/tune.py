@@ -72,9 +72,15 @@ class TrialProgress:
     """Progress on stderr: a live status on a terminal; plain timestamped lines in a log (SLURM, CI), with a
     line when each trial starts, so a hung trial is visible as one."""
 
-    def __init__(self, err: Console, max_trials: int, enabled: bool, verbose: bool = False) -> None:
+    def __init__(
+        self, err: Console, max_trials: int, enabled: bool, verbose: bool = False, time_budget_s: float | None = None
+    ) -> None:
         self.err = err
         self.max_trials = max_trials
+        # --time-budget: it starts when the op builds are done, right before the first trial (tuner.py), so the
+        # first trial's start stands for it here, within the seconds a warm pool takes to start
+        self.time_budget_s = time_budget_s
+        self.budget_started: float | None = None
         self.enabled = enabled
         self.verbose = verbose  # each trial's interval, step count and single-step spread (pick_summary)
         self.live = err.is_terminal
@@ -98,6 +104,7 @@ class TrialProgress:
         if event.kind == "trial_start" and event.candidate:
             self.count += 1
             self.trial_started = now
+            self.budget_started = now if self.budget_started is None else self.budget_started
             text = (
                 f"trial {self.count} (budget {self.max_trials}): {event.candidate.describe()}  [{elapsed:.0f} s]"
                 f"{self.eta()}"
@@ -141,8 +148,17 @@ class TrialProgress:
         return (
             f"; expect ~{format_duration(typical)}, the median of {len(self.durations)} trial(s) so far"
             f"{spread if len(self.durations) > 1 else ''}; at most {left} more after it"
-            f" (~{format_duration(left * typical)})"
+            f" (~{format_duration(left * typical)}{self._budget_end(left * typical)})"
         )
+
+    def _budget_end(self, rest_s: float) -> str:
+        """Where the time budget ends the search before the trials left would: said beside their estimate."""
+        if self.time_budget_s is None or self.budget_started is None:
+            return ""
+        budget_left = max(0.0, self.time_budget_s - (time.monotonic() - self.budget_started))
+        if budget_left >= rest_s:
+            return ""
+        return f"; the time budget stops the search in ~{format_duration(budget_left)}"
 
 
 def _group_label(candidate: Candidate | None) -> str:
@@ -259,7 +275,9 @@ def tune_command(
     from autotune.tuner import tune
 
     say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget, host_memory=host_memory)
-    progress = TrialProgress(err_console(), max_trials, enabled=not as_json, verbose=verbose)
+    progress = TrialProgress(
+        err_console(), max_trials, enabled=not as_json, verbose=verbose, time_budget_s=request.time_budget_s
+    )
     best = BestVerified(progress)
     try:
         with sigterm_raises():

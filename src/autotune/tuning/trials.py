@@ -203,10 +203,10 @@ def budgeted_spec(spec: TrialSpec, deadline: float | None) -> tuple[TrialSpec, b
 
 
 def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
-    """Before the first trial: how many trials at most, what each is made of, the op builds ahead, and the time
-    budget that bounds it all. No trial's time is predicted here: nothing in this machine's step time is known
-    before one runs (the memory model predicts bytes, not seconds); the progress line gives the measured
-    estimate from the first trial on (cli/tune.py TrialProgress.eta)."""
+    """Before the first trial, the expected total: how many trials at most and the time budget that bounds them, the
+    op builds ahead of them, and what each trial is made of. No trial's time is predicted here: nothing in this
+    machine's step time is known before one runs (the memory model predicts bytes, not seconds); the progress line
+    gives the measured estimate from the first trial on (cli/tune.py TrialProgress.eta)."""
     from autotune.core.measurement import MAX_MEASURE_S, MAX_STEPS, MIN_STEPS
 
     request = ctx.request
@@ -217,18 +217,23 @@ def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
         else f"{len(ctx.rungs)} rung(s)"
     )
     pending = ops.pending() if ops is not None else ()
-    builds = f"; first builds DeepSpeed ops {', '.join(pending)} (minutes, once per machine)" if pending else ""
+    builds = (
+        f"; before them DeepSpeed's one-time op builds {', '.join(pending)} (minutes, once per machine; outside the"
+        " budget)"
+        if pending
+        else ""
+    )
     budget = request.time_budget_s
     bound = (
-        f"the time budget, {budget / 60:.0f} min (--time-budget), bounds the search after the first op load: no"
-        " trial starts after it and one still running then is stopped"
+        f"in at most {budget / 60:.0f} min (the time budget, --time-budget: no trial starts after it and one still"
+        " running then is stopped)"
         if budget is not None
-        else "no time budget (--time-budget)"
+        else "with no time budget (--time-budget): each trial's start line gives the expected time of the rest"
     )
     return (
-        f"expect at most {trials} trials (--max-trials {request.max_trials}) over {space}; each a"
-        f" process start, warm-up steps and {MIN_STEPS}-{MAX_STEPS} measured steps (at most {MAX_MEASURE_S:.0f} s"
-        f" of them){builds}; {bound}"
+        f"expect at most {trials} trials (--max-trials {request.max_trials}) over {space}, {bound}{builds}; each"
+        f" trial a process start, warm-up steps and {MIN_STEPS}-{MAX_STEPS} measured steps (at most"
+        f" {MAX_MEASURE_S:.0f} s of them)"
     )
 
 
