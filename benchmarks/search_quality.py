@@ -29,7 +29,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,10 +43,20 @@ from autotune.infra.atomic import atomic_write_text
 from autotune.models import resolve_model, summarize
 from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.modes.search_view import is_ratio_mode
-from autotune.search.records import LaunchPurpose, SearchLimits, SearchOutcome
+from autotune.search.records import LaunchPurpose, RunTrial, SearchLimits, SearchOutcome
 from autotune.search.walk import Search, same_group
+from gpu_sim.budget import ClockedTrials, SimClock
+from gpu_sim.budget_report import (
+    CODE_CHOOSER,
+    WARM_CHOOSER,
+    command_defaults,
+    default_summary,
+    default_table,
+    proposals,
+    under_default,
+)
 from gpu_sim.design_report import designs_medians, designs_table, multi_node_designs
-from gpu_sim.designs import FullScale, default_launcher
+from gpu_sim.designs import FullScale, default_launcher, warm_across_nodes_chooser
 from gpu_sim.ds_autotuning import ds_autotuning
 from gpu_sim.machine import Launcher, SimulatedCluster, models_mode
 from gpu_sim.scenarios import SCENARIOS, Scenario
@@ -204,23 +214,54 @@ def trial_budget(micro_batches: list[int]) -> SearchLimits:
 def search(scenario: Scenario, confirm: bool) -> tuple[SimulatedCluster, SearchOutcome]:
     """autotune's search on a fresh simulated cluster; `confirm`: the pick confirmed in a fresh process, as the GPU
     default does (Search.confirm_fresh), else as `--trial-workers fresh` and `warm` search."""
-    machine, target, settings = cluster(scenario)
-    micro_batches = grid(scenario, machine.world)
+    machine, _, _ = cluster(scenario)
+    limits = trial_budget(grid(scenario, machine.world))
+    outcome = new_search(scenario, machine, limits, run=machine.run, confirm=machine.run_fresh if confirm else None)
+    return machine, outcome.run_search()
+
+
+def new_search(
+    scenario: Scenario,
+    machine: SimulatedCluster,
+    limits: SearchLimits,
+    *,
+    run: RunTrial,
+    confirm: RunTrial | None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Search:
+    """autotune's Search for `scenario` on `machine`, its trials run by `run` and the pick confirmed by `confirm`."""
+    _, target, settings = cluster(scenario)
     options = mode_options(scenario)
-    outcome = Search(
+    return Search(
         machine.model,
         target,
         settings,
-        machine.run,
+        run,
         rungs=RUNGS,
-        micro_batches=micro_batches,
-        limits=trial_budget(micro_batches),
+        micro_batches=grid(scenario, machine.world),
+        limits=limits,
         global_batch=scenario.global_batch,
         modes=lambda rung: options[rung],
         offload_ratios=offload_ratios(),
-        confirm_fresh=machine.run_fresh if confirm else None,
-    ).run_search()
-    return machine, outcome
+        confirm_fresh=confirm,
+        clock=clock,
+    )
+
+
+def clocked_search(
+    scenario: Scenario, launcher: Launcher, time_budget_s: float | None, max_trials: int | None = None
+) -> tuple[ClockedTrials, SearchOutcome]:
+    """The search under `launcher` against the simulated clock (gpu_sim/budget.py), with `time_budget_s` as
+    --time-budget and `max_trials` as --max-trials (None: the simulator's trial budget)."""
+    machine, _, _ = cluster(scenario)
+    limits = replace(trial_budget(grid(scenario, machine.world)), time_budget_s=time_budget_s)
+    if max_trials is not None:
+        limits = replace(limits, max_trials=max_trials)
+    clock = SimClock()
+    trials = ClockedTrials(machine, launcher, clock, deadline_s=time_budget_s)
+    confirm = trials.run_fresh if launcher is Launcher.WARM_CONFIRMED else None
+    found = new_search(scenario, machine, limits, run=trials.run, confirm=confirm, clock=clock).run_search()
+    return trials, found
 
 
 def unconfirmed_pick(scenario: Scenario, machine: SimulatedCluster) -> str | None:
@@ -281,6 +322,28 @@ def run_scenario(scenario: Scenario) -> dict:
         multi = multi_node_designs(
             scenario, machine, outcome, pick_alone, full, lambda small: search(small, confirm=False)
         )
+    # DeepSpeed Autotuning's pick to beat: on several nodes the better of the user's checkpointing off and on
+    ds_reference = multi["ds_autotuning"]["samples_per_s"] if multi else ds_speed
+    defaults = under_default(
+        scenario,
+        best_speed=best_speed,
+        ds_speed=ds_reference,
+        search=clocked_search,
+        speed_of=machine.samples_per_s,
+        defaults=command_defaults(),
+    )
+    launchers = {default_launcher(scenario.nodes), default_launcher(scenario.nodes, choose=warm_across_nodes_chooser)}
+    proposed = [
+        proposals(
+            scenario,
+            launcher,
+            best_speed=best_speed,
+            search=clocked_search,
+            speed_of=machine.samples_per_s,
+            defaults=command_defaults(),
+        )
+        for launcher in sorted(launchers, key=lambda launcher: launcher.value)
+    ]
     return {
         "scenario": scenario.name,
         "what": scenario.what,
@@ -329,6 +392,10 @@ def run_scenario(scenario: Scenario) -> dict:
             "simulated_wall_s": round(machine.tune_seconds(default), 1),
         },
         "multi_node": multi,
+        # the search as the default runs it, against the simulated clock, per chooser answer and limits
+        "under_default": defaults,
+        # per launcher the default gives it (today's chooser, warm across nodes): what default would keep 0.99
+        "default_proposals": proposed,
         "ds_autotuning": {
             "pick": ds_pick.key if ds_pick else None,
             "samples_per_s": ds_speed,
@@ -432,12 +499,17 @@ def main() -> None:
         "headroom": HEADROOM,
         "default_launches": headline(rows).strip(),
         "multi_node_full_launch_medians": designs_medians(rows),
+        "command_defaults": asdict(command_defaults()),
+        "under_default_summary": {name: default_summary(rows, name) for name in (CODE_CHOOSER, WARM_CHOOSER)},
         "scenarios": rows,
     }
     atomic_write_text(args.out, json.dumps(data, indent=2) + "\n")
     print(table(rows))
     print()
     print(breakdown_table(rows))
+    for name in (CODE_CHOOSER, WARM_CHOOSER):
+        print()
+        print(default_table(rows, name))
     if any(r["multi_node"] for r in rows):
         print()
         print(designs_table(rows))
