@@ -8,15 +8,20 @@ GPU default does on one node: trials in warm workers, the pick confirmed once mo
 (`confirm_fresh`). Reports pick throughput / exhaustive best, measured points (trials) and launches (process starts)
 apart, under each of autotune's three launchers (`gpu_sim.machine.Launcher`: a fresh process per trial, warm workers,
 warm workers with the fresh confirmation), each with its simulated wall time, and under the one autotune's default
-really uses for it today (`default`: warm workers with the fresh confirmation on one node; a fresh process per trial
-on several nodes, whose trials never run warm: request/tune_request.py uses_warm_workers); the pick the search makes
-without the confirmation (what the other two recommend); and the trials counted by why the search launched them (and,
-finer, `launch_breakdown`, over the fresh launcher's launches: the walk's direction and which launches another could
-have carried in its process). The search gets the same trial budget as before the modes existed (a quarter of the
-classic grid), so the modes have to pay for themselves in it; the confirmation is not held to it
-(Search._confirm_fresh). For each multi-node scenario, `multi_node`: today's launches against issue 44's two designs
-(gpu_sim/designs.py) and DeepSpeed Autotuning, with full-allocation launches, wall and GPU-hours (gpu_sim/scale.py:
-start-up figures are lower bounds).
+really uses for it (`default`: the launcher chooser's answer for the scenario's job, trial/launch/chooser.py, read
+through gpu_sim/designs.py default_launcher); the pick the search makes without the confirmation (what the other two
+recommend); and the trials counted by why the search launched them (and, finer, `launch_breakdown`, over the fresh
+launcher's launches: the walk's direction and which launches another could have carried in its process). The
+search gets the same trial budget as before the modes existed (a quarter of the classic grid), so the modes have to
+pay for themselves in it; the confirmation is not held to it (Search._confirm_fresh). For each multi-node scenario,
+`multi_node`: today's launches against issue 44's two designs (gpu_sim/designs.py) and DeepSpeed Autotuning, with
+full-allocation launches, wall and GPU-hours (gpu_sim/scale.py: start-up figures are lower bounds).
+
+`under_default` (gpu_sim/budget_report.py): the search as the default runs it against the simulated clock
+(gpu_sim/budget.py), under the chooser's launcher and under an injected "warm across nodes + fresh confirmation"
+answer, without a time budget (the hook's default), with `autotune tune`'s default --time-budget, and with that and
+its default --max-trials; `default_proposals`: the smallest budget and --max-trials that keep 0.99 of the exhaustive
+best; `shorter_trials` (several nodes): fewer warm-up and measured steps per trial.
 
     python benchmarks/search_quality.py            # writes results/search_quality.json, prints a table
 """
@@ -53,12 +58,13 @@ from gpu_sim.budget_report import (
     default_summary,
     default_table,
     proposals,
+    shorter_trials,
     under_default,
 )
 from gpu_sim.design_report import designs_medians, designs_table, multi_node_designs
 from gpu_sim.designs import FullScale, default_launcher, warm_across_nodes_chooser
 from gpu_sim.ds_autotuning import ds_autotuning
-from gpu_sim.machine import Launcher, SimulatedCluster, models_mode
+from gpu_sim.machine import WORKER_TRIAL, Launcher, SimulatedCluster, TrialShape, models_mode
 from gpu_sim.scenarios import SCENARIOS, Scenario
 
 RUNGS = [Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT, Rung.Z3_OFFLOAD_ALL]
@@ -76,9 +82,11 @@ def grid(scenario: Scenario, world: int) -> list[int]:
     return [m for m in range(1, min(per_rank, MAX_MICRO_BATCH) + 1) if per_rank % m == 0]
 
 
-def cluster(scenario: Scenario) -> tuple[SimulatedCluster, Target, EstimateSettings]:
+def cluster(scenario: Scenario, shape: TrialShape = WORKER_TRIAL) -> tuple[SimulatedCluster, Target, EstimateSettings]:
     model = summarize(resolve_model(scenario.model))
-    machine = SimulatedCluster(model, scenario.node, scenario.nodes, scenario.seq_len, scenario.global_batch)
+    machine = SimulatedCluster(
+        model, scenario.node, scenario.nodes, scenario.seq_len, scenario.global_batch, shape=shape
+    )
     gpu = scenario.node.gpu
     target = Target(
         gpu,
@@ -249,11 +257,16 @@ def new_search(
 
 
 def clocked_search(
-    scenario: Scenario, launcher: Launcher, time_budget_s: float | None, max_trials: int | None = None
+    scenario: Scenario,
+    launcher: Launcher,
+    time_budget_s: float | None,
+    max_trials: int | None = None,
+    shape: TrialShape = WORKER_TRIAL,
 ) -> tuple[ClockedTrials, SearchOutcome]:
     """The search under `launcher` against the simulated clock (gpu_sim/budget.py), with `time_budget_s` as
-    --time-budget and `max_trials` as --max-trials (None: the simulator's trial budget)."""
-    machine, _, _ = cluster(scenario)
+    --time-budget and `max_trials` as --max-trials (None: the simulator's trial budget); `shape`: the steps of a
+    trial (the worker's unless a proposal is measured)."""
+    machine, _, _ = cluster(scenario, shape)
     limits = replace(trial_budget(grid(scenario, machine.world)), time_budget_s=time_budget_s)
     if max_trials is not None:
         limits = replace(limits, max_trials=max_trials)
@@ -344,6 +357,16 @@ def run_scenario(scenario: Scenario) -> dict:
         )
         for launcher in sorted(launchers, key=lambda launcher: launcher.value)
     ]
+    shorter = None
+    if multi:
+        shorter = shorter_trials(
+            scenario,
+            best_speed=best_speed,
+            ds_speed=ds_reference,
+            search=clocked_search,
+            speed_of=machine.samples_per_s,
+            defaults=command_defaults(),
+        )
     return {
         "scenario": scenario.name,
         "what": scenario.what,
@@ -396,6 +419,8 @@ def run_scenario(scenario: Scenario) -> dict:
         "under_default": defaults,
         # per launcher the default gives it (today's chooser, warm across nodes): what default would keep 0.99
         "default_proposals": proposed,
+        # several nodes: the proposal of fewer steps per trial, under the warm-across-nodes answer
+        "shorter_trials": shorter,
         "ds_autotuning": {
             "pick": ds_pick.key if ds_pick else None,
             "samples_per_s": ds_speed,
@@ -450,19 +475,20 @@ def table(rows: list[dict]) -> str:
 
 
 def headline(rows: list[dict]) -> str:
-    """Launches under the launcher the default really uses for each scenario (`default`), single- and multi-node
-    apart: no multi-node scenario runs warm today."""
-    single = [r["default"]["launches"] for r in rows if not r.get("multi_node")]
-    multi = [r["default"]["launches"] for r in rows if r.get("multi_node")]
+    """Launches under the launcher the default really uses for each scenario (`default`, the chooser's answer),
+    single- and multi-node apart, each part naming the launchers it counts."""
     parts = [f"\nthe default's launches per tune ({len(rows)} scenarios, each under the launcher it really uses):"]
-    if single:
-        parts.append(f"one node (warm workers + fresh confirmation): median {median(single):g} over {len(single)};")
-    if multi:
+    for where, group in (("one node", False), ("several nodes", True)):
+        chosen = [r["default"] for r in rows if bool(r.get("multi_node")) is group]
+        if not chosen:
+            continue
+        launchers = " or ".join(sorted({d["launcher"] for d in chosen}))
+        full = " full-allocation" if group else ""
         parts.append(
-            f"several nodes (a fresh process per trial: never warm across nodes today): median {median(multi):g}"
-            f" full-allocation launches over {len(multi)}"
+            f"{where} ({launchers}): median {median([d['launches'] for d in chosen]):g}{full} launches over"
+            f" {len(chosen)};"
         )
-    return " ".join(parts)
+    return " ".join(parts).rstrip(";")
 
 
 def breakdown_table(rows: list[dict]) -> str:
@@ -510,6 +536,8 @@ def main() -> None:
     for name in (CODE_CHOOSER, WARM_CHOOSER):
         print()
         print(default_table(rows, name))
+        for setting, figures in default_summary(rows, name).items():
+            print(f"{setting}: {json.dumps(figures)}")
     if any(r["multi_node"] for r in rows):
         print()
         print(designs_table(rows))

@@ -110,17 +110,19 @@ def test_a_single_node_scenario_keeps_the_gpu_default_and_has_no_designs() -> No
     assert row["multi_node"] is None
 
 
-def test_the_headline_counts_multi_node_scenarios_apart_and_fresh() -> None:
+def test_the_headline_counts_multi_node_scenarios_apart_under_their_launchers() -> None:
     from search_quality import headline
 
     rows = [
-        {"default": {"launches": 2}, "multi_node": None},
-        {"default": {"launches": 4}, "multi_node": None},
-        {"default": {"launches": 27}, "multi_node": {"designs": {}}},
+        {"default": {"launches": 2, "launcher": "warm + fresh confirmation"}, "multi_node": None},
+        {"default": {"launches": 4, "launcher": "warm + fresh confirmation"}, "multi_node": None},
+        {"default": {"launches": 27, "launcher": "fresh"}, "multi_node": {"designs": {}}},
     ]
     line = headline(rows)
-    assert "one node (warm workers + fresh confirmation): median 3 over 2" in line
-    assert "never warm across nodes today): median 27 full-allocation launches over 1" in line
+    assert "one node (warm + fresh confirmation): median 3 launches over 2" in line
+    assert "several nodes (fresh): median 27 full-allocation launches over 1" in line
+    rows[2]["default"] = {"launches": 2, "launcher": "warm + fresh confirmation"}  # the chooser runs warm across nodes
+    assert "several nodes (warm + fresh confirmation): median 2 full-allocation launches" in headline(rows)
 
 
 def test_zeropp_trials_end_a_warm_worker_unless_their_groups_are_released() -> None:

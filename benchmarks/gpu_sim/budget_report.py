@@ -13,23 +13,24 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import partial
 
 from autotune.core.ladder import Candidate
+from autotune.core.measurement import MIN_SLOW_STEPS
 from autotune.search.records import SearchOutcome
+from autotune.trial.launch.chooser import choose_launch
 from gpu_sim.budget import ClockedTrials
 from gpu_sim.designs import default_launcher, warm_across_nodes_chooser
-from gpu_sim.machine import Launcher
+from gpu_sim.machine import Launcher, TrialShape
 from gpu_sim.scale import gpu_hours
 from gpu_sim.scenarios import Scenario
 
 ClockedSearch = Callable[[Scenario, Launcher, float | None, int | None], tuple[ClockedTrials, SearchOutcome]]
 CODE_CHOOSER, WARM_CHOOSER = "chooser in the code", "chooser answering warm across nodes + fresh confirmation"
-UNLIMITED, TUNE_BUDGET, TUNE_DEFAULTS = (
-    "no time budget (the hook's default)",
-    "tune's default time budget",
-    ("tune's default time budget and --max-trials"),
-)
+UNLIMITED = "no time budget (the hook's default)"
+TUNE_BUDGET = "tune's default time budget"
+TUNE_DEFAULTS = "tune's default time budget and --max-trials"
 
 
 @dataclass(frozen=True)
@@ -75,33 +76,56 @@ def under_default(
     """Per chooser (the code's, the injected warm-across-nodes one; one node: the same answer, run once) and per
     limit setting: the pick, its quality against the exhaustive best and DeepSpeed Autotuning's, launches, wall,
     GPU-hours (every launch holds the whole allocation) and why the search stopped."""
-    world = scenario.nodes * scenario.node.gpus_per_node
     rows: dict[str, dict] = {}
     for name, chooser in ((CODE_CHOOSER, None), (WARM_CHOOSER, warm_across_nodes_chooser)):
-        launcher = (
-            default_launcher(scenario.nodes) if chooser is None else default_launcher(scenario.nodes, choose=chooser)
-        )
+        launcher = default_launcher(scenario.nodes, choose=chooser or choose_launch)
         if rows and launcher.value == rows[CODE_CHOOSER]["launcher"]:
             rows[name] = {"same_as": CODE_CHOOSER, "launcher": launcher.value}
             continue
-        settings = {}
-        for setting, (budget, max_trials) in limit_settings(defaults).items():
-            trials, outcome = search(scenario, launcher, budget, max_trials)
-            pick = outcome.best.candidate if outcome.best else None
-            speed = speed_of(pick) if pick else 0.0
-            figures = trials.figures()
-            settings[setting] = {
-                "time_budget_s": budget,
-                "max_trials": max_trials,
-                "pick": pick.key if pick else None,
-                "quality": speed / best_speed if best_speed else 0.0,
-                "vs_ds_autotuning": speed / ds_speed if ds_speed else None,
-                **figures,
-                "gpu_hours": round(gpu_hours(figures["simulated_wall_s"], world), 1),
-                "stop_reason": getattr(outcome.stop_reason, "value", outcome.stop_reason),
-            }
+        limits = limit_settings(defaults)
+        settings = {
+            setting: limits_row(
+                scenario,
+                launcher,
+                limits[setting],
+                best_speed=best_speed,
+                ds_speed=ds_speed,
+                search=search,
+                speed_of=speed_of,
+            )
+            for setting in limits
+        }
         rows[name] = {"launcher": launcher.value, "limits": settings}
     return rows
+
+
+def limits_row(
+    scenario: Scenario,
+    launcher: Launcher,
+    limits: tuple[float | None, int | None],
+    *,
+    best_speed: float,
+    ds_speed: float,
+    search: ClockedSearch,
+    speed_of: Callable[[Candidate], float],
+) -> dict:
+    """One search under `launcher` and `limits` (time budget, --max-trials), against the simulated clock."""
+    budget, max_trials = limits
+    trials, outcome = search(scenario, launcher, budget, max_trials)
+    pick = outcome.best.candidate if outcome.best else None
+    speed = speed_of(pick) if pick else 0.0
+    figures = trials.figures()
+    world = scenario.nodes * scenario.node.gpus_per_node
+    return {
+        "time_budget_s": budget,
+        "max_trials": max_trials,
+        "pick": pick.key if pick else None,
+        "quality": speed / best_speed if best_speed else 0.0,
+        "vs_ds_autotuning": speed / ds_speed if ds_speed else None,
+        **figures,
+        "gpu_hours": round(gpu_hours(figures["simulated_wall_s"], world), 1),
+        "stop_reason": getattr(outcome.stop_reason, "value", outcome.stop_reason),
+    }
 
 
 def _settings_of(row: dict, chooser: str) -> dict[str, dict]:
@@ -165,7 +189,22 @@ def _median(values: list[int]) -> float:
 
 # Budgets probed for the smallest that keeps the pick within 0.99 of the exhaustive best (issue 45's bar), and the
 # --max-trials values probed likewise; a probe grid, not a claim (the answer is "at most the next probe").
-PROBE_BUDGETS_S = (600.0, 900.0, 1200.0, 1800.0, 2400.0, 3600.0, 4800.0, 7200.0)
+PROBE_BUDGETS_S = (
+    60.0,
+    120.0,
+    180.0,
+    240.0,
+    300.0,
+    420.0,
+    600.0,
+    900.0,
+    1200.0,
+    1800.0,
+    2400.0,
+    3600.0,
+    4800.0,
+    7200.0,
+)
 PROBE_MAX_TRIALS = tuple(range(6, 41, 2))
 QUALITY_BAR = 0.99
 
@@ -180,8 +219,9 @@ def proposals(
     defaults: CommandDefaults,
 ) -> dict:
     """What default would keep the pick within QUALITY_BAR here, measured on the simulated clock:
-    - `budget_needed_s`: the smallest probed --time-budget that does (the simulator's trial budget);
-    - `max_trials_needed`: the smallest probed --max-trials that does (no time budget);
+    - `budget_needed_s`: the smallest probed --time-budget from which every larger probe does (the simulator's
+      trial budget);
+    - `max_trials_needed`: the smallest probed --max-trials from which every larger probe does (no time budget);
     - `scaled_budget`: the proposal "the budget never binds before --max-trials trials as long as the first would":
       max(tune's default budget, tune's default --max-trials x the first trial's wall). The search decides nothing
       on the budget before its first trial ends, so this is the budget the tuner could set then.
@@ -194,16 +234,21 @@ def proposals(
 
     _, unlimited = quality(None, None)
     first = unlimited.events[0].seconds if unlimited.events else 0.0
-    needed = next((b for b in PROBE_BUDGETS_S if quality(b, None)[0] >= QUALITY_BAR), None)
-    trials_needed = next((n for n in PROBE_MAX_TRIALS if quality(None, n)[0] >= QUALITY_BAR), None)
+    probes = {budget: quality(budget, None) for budget in PROBE_BUDGETS_S}
+    by_budget = {budget: found for budget, (found, _) in probes.items()}
+    by_trials = {n: quality(None, n)[0] for n in PROBE_MAX_TRIALS}
     scaled = max(defaults.tune_time_budget_s or 0.0, defaults.tune_max_trials * first)
     scaled_quality, scaled_trials = quality(scaled, None)
     with_trials_quality, with_trials = quality(scaled, defaults.tune_max_trials)
     return {
         "launcher": launcher.value,
         "first_trial_s": round(first, 1),
-        "budget_needed_s": needed,
-        "max_trials_needed": trials_needed,
+        # the smallest probe from which every larger probe keeps QUALITY_BAR, and each probe's quality
+        "budget_needed_s": holds_from(by_budget),
+        "max_trials_needed": holds_from(by_trials),
+        "quality_by_budget_s": {str(int(b)): round(q, 4) for b, q in by_budget.items()},
+        "wall_s_by_budget_s": {str(int(b)): trials.figures()["simulated_wall_s"] for b, (_, trials) in probes.items()},
+        "quality_by_max_trials": {str(n): round(q, 4) for n, q in by_trials.items()},
         "scaled_budget": {
             "time_budget_s": round(scaled, 1),
             "quality": scaled_quality,
@@ -212,3 +257,52 @@ def proposals(
             "simulated_wall_s_with_default_max_trials": with_trials.figures()["simulated_wall_s"],
         },
     }
+
+
+# The proposal "fewer steps per trial at scale": one warm-up step instead of TrialSpec's two, and the measured steps
+# stopped at MIN_SLOW_STEPS instead of MIN_STEPS (what enough_steps already allows slow steps). The parts stay: the
+# search's step-time line reads them. The simulator's steps have no spread, so it shows only what this saves; on a
+# real machine three steps give the median's interval [min, max] at 75% coverage (core/measurement.py), so more
+# ties, and a tie costs interleaved re-measurements the simulator never needs.
+SHORTER_TRIAL = TrialShape(warmup_steps=1, min_steps=MIN_SLOW_STEPS)
+
+
+def shorter_trials(
+    scenario: Scenario,
+    *,
+    best_speed: float,
+    ds_speed: float,
+    search: Callable[..., tuple[ClockedTrials, SearchOutcome]],
+    speed_of: Callable[[Candidate], float],
+    defaults: CommandDefaults,
+) -> dict:
+    """SHORTER_TRIAL under the warm-across-nodes answer, without a budget and with tune's default budget."""
+    launcher = default_launcher(scenario.nodes, choose=warm_across_nodes_chooser)
+    shaped = partial(search, shape=SHORTER_TRIAL)
+    limits = limit_settings(defaults)
+    return {
+        "shape": asdict(SHORTER_TRIAL),
+        "launcher": launcher.value,
+        "limits": {
+            setting: limits_row(
+                scenario,
+                launcher,
+                limits[setting],
+                best_speed=best_speed,
+                ds_speed=ds_speed,
+                search=shaped,
+                speed_of=speed_of,
+            )
+            for setting in (UNLIMITED, TUNE_BUDGET)
+        },
+    }
+
+
+def holds_from(quality_by_probe: dict) -> float | int | None:
+    """The smallest probe from which every larger probe keeps QUALITY_BAR (probes in ascending order)."""
+    found = None
+    for probe, quality in reversed(list(quality_by_probe.items())):
+        if quality < QUALITY_BAR:
+            break
+        found = probe
+    return found

@@ -26,7 +26,7 @@ from pathlib import Path
 from tests.fakes.machines import RecordingMachine
 
 from autotune.core.ladder import Candidate, Mode, Rung
-from autotune.core.measurement import enough_steps
+from autotune.core.measurement import MIN_STEPS, enough_steps
 from autotune.hardware.specs import GpuSpec, resolve_gpu_type
 from autotune.models import ModelSummary
 from autotune.modes.applies import device_sub_groups
@@ -86,6 +86,19 @@ STARTUP_MEASUREMENT = Path(__file__).resolve().parents[1] / "results" / "trial_s
 # micro-batch (TrialSpec.smaller_micro_batch = micro-batch // 2, request/context.py spec), PART_STEPS plain
 # micro-steps at its micro-batch and PART_STEPS at the smaller one.
 WARMUP_STEPS = next(f.default for f in fields(TrialSpec) if f.name == "warmup_steps")
+
+
+@dataclass(frozen=True)
+class TrialShape:
+    """How many steps a trial runs, by part: the worker's own (above) unless a variant is being measured (a
+    proposal for shorter trials at scale: gpu_sim/budget_report.py)."""
+
+    warmup_steps: int = WARMUP_STEPS
+    min_steps: int = MIN_STEPS
+    part_steps: int = PART_STEPS
+
+
+WORKER_TRIAL = TrialShape()
 # A trial that runs out of memory fails in its first warm-up step, where the peak (a boundary step, optimizer
 # included) is first reached: it is charged that one step, not a whole measurement.
 FAILED_TRIAL_STEPS = 1
@@ -285,10 +298,12 @@ class SimulatedCluster(RecordingMachine):
         global_batch: int | None = None,
         trial_timeout_s: float = 900.0,
         fresh_extra_bytes: int = 0,
+        shape: TrialShape = WORKER_TRIAL,
     ) -> None:
         self.model, self.node, self.nodes, self.seq_len = model, node, nodes, seq_len
         self.global_batch, self.trial_timeout_s = global_batch, trial_timeout_s
         self.fresh_extra_bytes = fresh_extra_bytes
+        self.shape = shape
         self.world = node.gpus_per_node * nodes
         self.gpu = node.gpu
         self.launched: list[Candidate] = []
@@ -477,7 +492,7 @@ class SimulatedCluster(RecordingMachine):
         spread: MIN_STEPS, fewer once MAX_MEASURE_S of them are in)."""
         cycle = self.cycle_seconds(candidate)
         steps = [cycle]
-        while not enough_steps(steps):
+        while not enough_steps(steps, min_steps=self.shape.min_steps):
             steps.append(cycle)
         return len(steps)
 
@@ -497,11 +512,11 @@ class SimulatedCluster(RecordingMachine):
         parts = 0.0
         smaller = candidate.micro_batch // 2
         if self.accumulation(candidate) > 1 or smaller:
-            parts += PART_STEPS * cost.micro_s
+            parts += self.shape.part_steps * cost.micro_s
         if smaller:
-            parts += PART_STEPS * self.step_cost(replace(candidate, micro_batch=smaller)).micro_s
+            parts += self.shape.part_steps * self.step_cost(replace(candidate, micro_batch=smaller)).micro_s
         return {
-            "warmup": WARMUP_STEPS * (cost.micro_s + cost.optimizer_s),
+            "warmup": self.shape.warmup_steps * (cost.micro_s + cost.optimizer_s),
             "measured": self.measured_steps(candidate) * self.cycle_seconds(candidate),
             "parts": parts,
         }
