@@ -22,7 +22,7 @@ from autotune.search.records import SearchOutcome
 from autotune.trial.launch.chooser import choose_launch
 from gpu_sim.budget import ClockedTrials
 from gpu_sim.designs import default_launcher, warm_across_nodes_chooser
-from gpu_sim.machine import Launcher, TrialShape
+from gpu_sim.machine import WORKER_TRIAL, Launcher, TrialShape
 from gpu_sim.scale import gpu_hours
 from gpu_sim.scenarios import Scenario
 
@@ -265,6 +265,7 @@ def proposals(
 # real machine three steps give the median's interval [min, max] at 75% coverage (core/measurement.py), so more
 # ties, and a tie costs interleaved re-measurements the simulator never needs.
 SHORTER_TRIAL = TrialShape(warmup_steps=1, min_steps=MIN_SLOW_STEPS)
+SHORTER_PROBE_BUDGETS_S = (600.0, 660.0, 720.0, 780.0, 840.0, 900.0, 1200.0)
 
 
 def shorter_trials(
@@ -280,9 +281,19 @@ def shorter_trials(
     launcher = default_launcher(scenario.nodes, choose=warm_across_nodes_chooser)
     shaped = partial(search, shape=SHORTER_TRIAL)
     limits = limit_settings(defaults)
+    probes = {}
+    for name, shape in (("worker", WORKER_TRIAL), ("shorter", SHORTER_TRIAL)):
+        probes[name] = {}
+        for budget in SHORTER_PROBE_BUDGETS_S:
+            trials, outcome = search(scenario, launcher, budget, None, shape=shape)
+            pick = outcome.best.candidate if outcome.best else None
+            quality = speed_of(pick) / best_speed if pick and best_speed else 0.0
+            probes[name][str(int(budget))] = [round(quality, 4), trials.figures()["simulated_wall_s"]]
     return {
         "shape": asdict(SHORTER_TRIAL),
         "launcher": launcher.value,
+        # per trial shape and budget: [quality, simulated wall s], the budgets around tune's default
+        "quality_and_wall_by_budget_s": probes,
         "limits": {
             setting: limits_row(
                 scenario,
