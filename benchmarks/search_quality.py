@@ -8,15 +8,20 @@ GPU default does on one node: trials in warm workers, the pick confirmed once mo
 (`confirm_fresh`). Reports pick throughput / exhaustive best, measured points (trials) and launches (process starts)
 apart, under each of autotune's three launchers (`gpu_sim.machine.Launcher`: a fresh process per trial, warm workers,
 warm workers with the fresh confirmation), each with its simulated wall time, and under the one autotune's default
-really uses for it today (`default`: warm workers with the fresh confirmation on one node; a fresh process per trial
-on several nodes, whose trials never run warm: request/tune_request.py uses_warm_workers); the pick the search makes
-without the confirmation (what the other two recommend); and the trials counted by why the search launched them (and,
-finer, `launch_breakdown`, over the fresh launcher's launches: the walk's direction and which launches another could
-have carried in its process). The search gets the same trial budget as before the modes existed (a quarter of the
-classic grid), so the modes have to pay for themselves in it; the confirmation is not held to it
-(Search._confirm_fresh). For each multi-node scenario, `multi_node`: today's launches against issue 44's two designs
-(gpu_sim/designs.py) and DeepSpeed Autotuning, with full-allocation launches, wall and GPU-hours (gpu_sim/scale.py:
-start-up figures are lower bounds).
+really uses for it (`default`: the launcher chooser's answer for the scenario's job, trial/launch/chooser.py, read
+through gpu_sim/designs.py default_launcher); the pick the search makes without the confirmation (what the other two
+recommend); and the trials counted by why the search launched them (and, finer, `launch_breakdown`, over the fresh
+launcher's launches: the walk's direction and which launches another could have carried in its process). The
+search gets the same trial budget as before the modes existed (a quarter of the classic grid), so the modes have to
+pay for themselves in it; the confirmation is not held to it (Search._confirm_fresh). For each multi-node scenario,
+`multi_node`: today's launches against issue 44's two designs (gpu_sim/designs.py) and DeepSpeed Autotuning, with
+full-allocation launches, wall and GPU-hours (gpu_sim/scale.py: start-up figures are lower bounds).
+
+`under_default` (gpu_sim/budget_report.py): the search as the default runs it against the simulated clock
+(gpu_sim/budget.py), under the chooser's launcher and under an injected "warm across nodes + fresh confirmation"
+answer, without a time budget (the hook's default), with `autotune tune`'s default --time-budget, and with that and
+its default --max-trials; `default_proposals`: the smallest budget and --max-trials that keep 0.99 of the exhaustive
+best; `shorter_trials` (several nodes): fewer warm-up and measured steps per trial.
 
     python benchmarks/search_quality.py            # writes results/search_quality.json, prints a table
 """
@@ -29,7 +34,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,12 +48,23 @@ from autotune.infra.atomic import atomic_write_text
 from autotune.models import resolve_model, summarize
 from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.modes.search_view import is_ratio_mode
-from autotune.search.records import LaunchPurpose, SearchLimits, SearchOutcome
+from autotune.search.records import LaunchPurpose, RunTrial, SearchLimits, SearchOutcome
 from autotune.search.walk import Search, same_group
+from gpu_sim.budget import ClockedTrials, SimClock
+from gpu_sim.budget_report import (
+    CODE_CHOOSER,
+    WARM_CHOOSER,
+    command_defaults,
+    default_summary,
+    default_table,
+    proposals,
+    shorter_trials,
+    under_default,
+)
 from gpu_sim.design_report import designs_medians, designs_table, multi_node_designs
-from gpu_sim.designs import FullScale, default_launcher
+from gpu_sim.designs import FullScale, default_launcher, warm_across_nodes_chooser
 from gpu_sim.ds_autotuning import ds_autotuning
-from gpu_sim.machine import Launcher, SimulatedCluster, models_mode
+from gpu_sim.machine import WORKER_TRIAL, Launcher, SimulatedCluster, TrialShape, models_mode
 from gpu_sim.scenarios import SCENARIOS, Scenario
 
 RUNGS = [Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT, Rung.Z3_OFFLOAD_ALL]
@@ -66,9 +82,11 @@ def grid(scenario: Scenario, world: int) -> list[int]:
     return [m for m in range(1, min(per_rank, MAX_MICRO_BATCH) + 1) if per_rank % m == 0]
 
 
-def cluster(scenario: Scenario) -> tuple[SimulatedCluster, Target, EstimateSettings]:
+def cluster(scenario: Scenario, shape: TrialShape = WORKER_TRIAL) -> tuple[SimulatedCluster, Target, EstimateSettings]:
     model = summarize(resolve_model(scenario.model))
-    machine = SimulatedCluster(model, scenario.node, scenario.nodes, scenario.seq_len, scenario.global_batch)
+    machine = SimulatedCluster(
+        model, scenario.node, scenario.nodes, scenario.seq_len, scenario.global_batch, shape=shape
+    )
     gpu = scenario.node.gpu
     target = Target(
         gpu,
@@ -204,23 +222,59 @@ def trial_budget(micro_batches: list[int]) -> SearchLimits:
 def search(scenario: Scenario, confirm: bool) -> tuple[SimulatedCluster, SearchOutcome]:
     """autotune's search on a fresh simulated cluster; `confirm`: the pick confirmed in a fresh process, as the GPU
     default does (Search.confirm_fresh), else as `--trial-workers fresh` and `warm` search."""
-    machine, target, settings = cluster(scenario)
-    micro_batches = grid(scenario, machine.world)
+    machine, _, _ = cluster(scenario)
+    limits = trial_budget(grid(scenario, machine.world))
+    outcome = new_search(scenario, machine, limits, run=machine.run, confirm=machine.run_fresh if confirm else None)
+    return machine, outcome.run_search()
+
+
+def new_search(
+    scenario: Scenario,
+    machine: SimulatedCluster,
+    limits: SearchLimits,
+    *,
+    run: RunTrial,
+    confirm: RunTrial | None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Search:
+    """autotune's Search for `scenario` on `machine`, its trials run by `run` and the pick confirmed by `confirm`."""
+    _, target, settings = cluster(scenario)
     options = mode_options(scenario)
-    outcome = Search(
+    return Search(
         machine.model,
         target,
         settings,
-        machine.run,
+        run,
         rungs=RUNGS,
-        micro_batches=micro_batches,
-        limits=trial_budget(micro_batches),
+        micro_batches=grid(scenario, machine.world),
+        limits=limits,
         global_batch=scenario.global_batch,
         modes=lambda rung: options[rung],
         offload_ratios=offload_ratios(),
-        confirm_fresh=machine.run_fresh if confirm else None,
-    ).run_search()
-    return machine, outcome
+        confirm_fresh=confirm,
+        clock=clock,
+    )
+
+
+def clocked_search(
+    scenario: Scenario,
+    launcher: Launcher,
+    time_budget_s: float | None,
+    max_trials: int | None = None,
+    shape: TrialShape = WORKER_TRIAL,
+) -> tuple[ClockedTrials, SearchOutcome]:
+    """The search under `launcher` against the simulated clock (gpu_sim/budget.py), with `time_budget_s` as
+    --time-budget and `max_trials` as --max-trials (None: the simulator's trial budget); `shape`: the steps of a
+    trial (the worker's unless a proposal is measured)."""
+    machine, _, _ = cluster(scenario, shape)
+    limits = replace(trial_budget(grid(scenario, machine.world)), time_budget_s=time_budget_s)
+    if max_trials is not None:
+        limits = replace(limits, max_trials=max_trials)
+    clock = SimClock()
+    trials = ClockedTrials(machine, launcher, clock, deadline_s=time_budget_s)
+    confirm = trials.run_fresh if launcher is Launcher.WARM_CONFIRMED else None
+    found = new_search(scenario, machine, limits, run=trials.run, confirm=confirm, clock=clock).run_search()
+    return trials, found
 
 
 def unconfirmed_pick(scenario: Scenario, machine: SimulatedCluster) -> str | None:
@@ -281,6 +335,38 @@ def run_scenario(scenario: Scenario) -> dict:
         multi = multi_node_designs(
             scenario, machine, outcome, pick_alone, full, lambda small: search(small, confirm=False)
         )
+    # DeepSpeed Autotuning's pick to beat: on several nodes the better of the user's checkpointing off and on
+    ds_reference = multi["ds_autotuning"]["samples_per_s"] if multi else ds_speed
+    defaults = under_default(
+        scenario,
+        best_speed=best_speed,
+        ds_speed=ds_reference,
+        search=clocked_search,
+        speed_of=machine.samples_per_s,
+        defaults=command_defaults(),
+    )
+    launchers = {default_launcher(scenario.nodes), default_launcher(scenario.nodes, choose=warm_across_nodes_chooser)}
+    proposed = [
+        proposals(
+            scenario,
+            launcher,
+            best_speed=best_speed,
+            search=clocked_search,
+            speed_of=machine.samples_per_s,
+            defaults=command_defaults(),
+        )
+        for launcher in sorted(launchers, key=lambda launcher: launcher.value)
+    ]
+    shorter = None
+    if multi:
+        shorter = shorter_trials(
+            scenario,
+            best_speed=best_speed,
+            ds_speed=ds_reference,
+            search=clocked_search,
+            speed_of=machine.samples_per_s,
+            defaults=command_defaults(),
+        )
     return {
         "scenario": scenario.name,
         "what": scenario.what,
@@ -329,6 +415,12 @@ def run_scenario(scenario: Scenario) -> dict:
             "simulated_wall_s": round(machine.tune_seconds(default), 1),
         },
         "multi_node": multi,
+        # the search as the default runs it, against the simulated clock, per chooser answer and limits
+        "under_default": defaults,
+        # per launcher the default gives it (today's chooser, warm across nodes): what default would keep 0.99
+        "default_proposals": proposed,
+        # several nodes: the proposal of fewer steps per trial, under the warm-across-nodes answer
+        "shorter_trials": shorter,
         "ds_autotuning": {
             "pick": ds_pick.key if ds_pick else None,
             "samples_per_s": ds_speed,
@@ -383,19 +475,20 @@ def table(rows: list[dict]) -> str:
 
 
 def headline(rows: list[dict]) -> str:
-    """Launches under the launcher the default really uses for each scenario (`default`), single- and multi-node
-    apart: no multi-node scenario runs warm today."""
-    single = [r["default"]["launches"] for r in rows if not r.get("multi_node")]
-    multi = [r["default"]["launches"] for r in rows if r.get("multi_node")]
+    """Launches under the launcher the default really uses for each scenario (`default`, the chooser's answer),
+    single- and multi-node apart, each part naming the launchers it counts."""
     parts = [f"\nthe default's launches per tune ({len(rows)} scenarios, each under the launcher it really uses):"]
-    if single:
-        parts.append(f"one node (warm workers + fresh confirmation): median {median(single):g} over {len(single)};")
-    if multi:
+    for where, group in (("one node", False), ("several nodes", True)):
+        chosen = [r["default"] for r in rows if bool(r.get("multi_node")) is group]
+        if not chosen:
+            continue
+        launchers = " or ".join(sorted({d["launcher"] for d in chosen}))
+        full = " full-allocation" if group else ""
         parts.append(
-            f"several nodes (a fresh process per trial: never warm across nodes today): median {median(multi):g}"
-            f" full-allocation launches over {len(multi)}"
+            f"{where} ({launchers}): median {median([d['launches'] for d in chosen]):g}{full} launches over"
+            f" {len(chosen)};"
         )
-    return " ".join(parts)
+    return " ".join(parts).rstrip(";")
 
 
 def breakdown_table(rows: list[dict]) -> str:
@@ -432,12 +525,19 @@ def main() -> None:
         "headroom": HEADROOM,
         "default_launches": headline(rows).strip(),
         "multi_node_full_launch_medians": designs_medians(rows),
+        "command_defaults": asdict(command_defaults()),
+        "under_default_summary": {name: default_summary(rows, name) for name in (CODE_CHOOSER, WARM_CHOOSER)},
         "scenarios": rows,
     }
     atomic_write_text(args.out, json.dumps(data, indent=2) + "\n")
     print(table(rows))
     print()
     print(breakdown_table(rows))
+    for name in (CODE_CHOOSER, WARM_CHOOSER):
+        print()
+        print(default_table(rows, name))
+        for setting, figures in default_summary(rows, name).items():
+            print(f"{setting}: {json.dumps(figures)}")
     if any(r["multi_node"] for r in rows):
         print()
         print(designs_table(rows))

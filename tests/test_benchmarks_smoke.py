@@ -1,8 +1,10 @@
 """Fast checks of benchmarks/compare_tuners.py: it parses, builds DeepSpeed's autotuning config, picks the
-memory-bound budget, and renders its chart and markdown from a JSON, all without launching a trial."""
+memory-bound budget, and renders its chart and markdown from a JSON, all without launching a trial; and one scenario
+of benchmarks/search_quality.py (simulated) end to end."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +146,25 @@ def test_quick_start_benchmark_runs_the_readme_one_liner() -> None:
     assert [step.split()[:4] for step in installs] == [["python3", "-m", "pip", "install"]] * 2
     assert "'.[plot]'" in installs[-1]  # the demo's picture needs matplotlib
     assert demo.startswith("autotune --model gpt2-small-demo --device cpu ")
+
+
+def test_search_quality_reports_each_scenario_under_the_default(tmp_path: Path) -> None:
+    """One scenario end to end: the default's launcher from the chooser, the search under each limit setting, the
+    proposals (benchmarks/search_quality.py, gpu_sim/budget_report.py)."""
+    out = tmp_path / "sq.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "search_quality.py"), "--scenario", "memory-not-binding", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    (row,) = data["scenarios"]
+    assert row["default"]["launcher"] == "warm + fresh confirmation"
+    limits = row["under_default"]["chooser in the code"]["limits"]
+    budget = data["command_defaults"]["tune_time_budget_s"]
+    assert limits["tune's default time budget"]["time_budget_s"] == budget
+    assert limits["no time budget (the hook's default)"]["quality"] == row["autotune"]["quality"]
+    assert row["default_proposals"][0]["budget_needed_s"] is not None
+    assert "under the default (chooser in the code)" in done.stdout

@@ -7,11 +7,13 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.estimate.estimate_types import Calibration
+from autotune.trial.launch.chooser import JobFacts, LaunchChoice
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -31,13 +33,55 @@ def _machine(name: str):
     return cluster(_scenario(name))[0]
 
 
-def test_the_default_launcher_is_read_from_the_request_rules() -> None:
-    """Several nodes never run warm today (request/tune_request.py uses_warm_workers); one GPU node runs warm workers
-    and confirms the pick fresh; the CPU backend runs warm without the confirmation."""
+def test_the_default_launcher_is_read_from_the_launcher_chooser() -> None:
+    """Several nodes run a fresh process per trial today (trial/launch/chooser.py choose_launch: srun inside SLURM);
+    one GPU node runs warm workers and confirms the pick fresh; the CPU backend runs warm without the confirmation."""
     assert designs.default_launcher(1) is Launcher.WARM_CONFIRMED
     assert designs.default_launcher(2) is Launcher.FRESH
     assert designs.default_launcher(64) is Launcher.FRESH
     assert designs.default_launcher(1, device="cpu") is Launcher.WARM
+
+
+def test_the_chooser_is_asked_about_the_scenarios_job() -> None:
+    asked: list[JobFacts] = []
+
+    def chooser(facts: JobFacts) -> LaunchChoice:
+        asked.append(facts)
+        return LaunchChoice("srun")
+
+    assert designs.default_launcher(8, choose=chooser) is Launcher.FRESH
+    (facts,) = asked
+    assert (facts.nodes, facts.device, facts.trial_workers) == (8, "cuda", "auto")
+    assert facts.in_slurm and facts.command is None
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        (LaunchChoice("warm", confirm_fresh=True), Launcher.WARM_CONFIRMED),
+        (LaunchChoice("warm"), Launcher.WARM),
+        (LaunchChoice("fresh"), Launcher.FRESH),
+        (LaunchChoice("srun"), Launcher.FRESH),
+        (LaunchChoice("hostfile"), Launcher.FRESH),
+        (LaunchChoice("local_nodes"), Launcher.FRESH),
+        (LaunchChoice("own_command"), Launcher.FRESH),
+        # a multi-node pool with a kind of its own, or a srun choice that says it is warm (nodes2's chooser may
+        # answer either way): warm workers, and the fresh full-scale confirmation when it says so
+        (SimpleNamespace(kind="warm_srun", confirm_fresh=True), Launcher.WARM_CONFIRMED),
+        (SimpleNamespace(kind="srun", warm=True, confirm_fresh=True), Launcher.WARM_CONFIRMED),
+        (SimpleNamespace(kind="srun", warm=False, confirm_fresh=False), Launcher.FRESH),
+    ],
+)
+def test_a_chooser_answer_maps_to_the_simulators_launcher(choice: LaunchChoice, expected: Launcher) -> None:
+    assert designs.default_launcher(2, choose=lambda facts: choice) is expected
+
+
+def test_warm_across_nodes_is_the_injected_answer_for_several_nodes_only() -> None:
+    injected = designs.warm_across_nodes_chooser
+    assert designs.default_launcher(2, choose=injected) is Launcher.WARM_CONFIRMED
+    assert designs.default_launcher(64, choose=injected) is Launcher.WARM_CONFIRMED
+    assert designs.default_launcher(1, choose=injected) is designs.default_launcher(1)
+    assert designs.default_launcher(2, device="cpu", choose=injected) is Launcher.WARM
 
 
 def test_a_multi_node_scenario_is_counted_fresh_and_gets_the_designs() -> None:
@@ -66,17 +110,19 @@ def test_a_single_node_scenario_keeps_the_gpu_default_and_has_no_designs() -> No
     assert row["multi_node"] is None
 
 
-def test_the_headline_counts_multi_node_scenarios_apart_and_fresh() -> None:
+def test_the_headline_counts_multi_node_scenarios_apart_under_their_launchers() -> None:
     from search_quality import headline
 
     rows = [
-        {"default": {"launches": 2}, "multi_node": None},
-        {"default": {"launches": 4}, "multi_node": None},
-        {"default": {"launches": 27}, "multi_node": {"designs": {}}},
+        {"default": {"launches": 2, "launcher": "warm + fresh confirmation"}, "multi_node": None},
+        {"default": {"launches": 4, "launcher": "warm + fresh confirmation"}, "multi_node": None},
+        {"default": {"launches": 27, "launcher": "fresh"}, "multi_node": {"designs": {}}},
     ]
     line = headline(rows)
-    assert "one node (warm workers + fresh confirmation): median 3 over 2" in line
-    assert "never warm across nodes today): median 27 full-allocation launches over 1" in line
+    assert "one node (warm + fresh confirmation): median 3 launches over 2" in line
+    assert "several nodes (fresh): median 27 full-allocation launches over 1" in line
+    rows[2]["default"] = {"launches": 2, "launcher": "warm + fresh confirmation"}  # the chooser runs warm across nodes
+    assert "several nodes (warm + fresh confirmation): median 2 full-allocation launches" in headline(rows)
 
 
 def test_zeropp_trials_end_a_warm_worker_unless_their_groups_are_released() -> None:

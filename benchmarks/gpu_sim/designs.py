@@ -1,8 +1,8 @@
 """How a multi-node tune could run its trials (issue 44), replayed on the simulated cluster.
 
 - today: the default runs every trial of a multi-node tune as a fresh launch of the whole job
-  (autotune.request.tune_request.uses_warm_workers: never warm across nodes), so each trial pays the allocation's
-  start-up and nothing is confirmed apart (every trial already ran fresh);
+  (autotune.trial.launch.chooser.choose_launch: several nodes run srun or hostfile trials), so each trial pays the
+  allocation's start-up and nothing is confirmed apart (every trial already ran fresh);
 - (a) warm workers across nodes: one launch of persistent workers on every node runs trial after trial, the pick
   confirmed in a fresh full launch (the single-node GPU default's accounting, `Launcher.WARM_CONFIRMED`), a new
   launch after a failure; either the worker releases the ZeRO++ process groups DeepSpeed keeps in its globals
@@ -22,24 +22,52 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from autotune.core.choices import Device
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.estimate.estimate_types import Calibration, EstimateSettings
 from autotune.estimate.peak import estimate
 from autotune.hardware.specs import Target
-from autotune.request.tune_request import TuneRequest, confirms_pick_in_fresh_process, uses_warm_workers
 from autotune.search.records import SearchOutcome
+from autotune.trial.launch.chooser import JobFacts, LaunchChoice, choose_launch
 from gpu_sim.machine import Launcher, SimulatedCluster
 from gpu_sim.scale import gpu_hours, launches_seconds
 from gpu_sim.scenarios import Scenario
 
+Chooser = Callable[[JobFacts], LaunchChoice]
 
-def default_launcher(nodes: int, device: str = "cuda") -> Launcher:
-    """The launcher autotune's default gives a GPU tune of `nodes` nodes today, read from the request's own rules
-    (uses_warm_workers, confirms_pick_in_fresh_process), not restated here."""
-    request = TuneRequest(model="gpt2", nodes=nodes, device=device)  # type: ignore[arg-type]
-    if not uses_warm_workers(request):
+
+def scenario_job(nodes: int, device: Device = "cuda") -> JobFacts:
+    """The job a scenario stands for, as the chooser sees it: `autotune tune` with `--trial-workers auto` (the
+    default); several GPU nodes inside a SLURM allocation (the chooser refuses several GPU nodes outside SLURM
+    without a node list: trial/launch/chooser.py choose_launch)."""
+    return JobFacts(nodes=nodes, device=device, trial_workers="auto", in_slurm=nodes > 1)
+
+
+def launcher_of(choice: LaunchChoice) -> Launcher:
+    """The simulator's launcher for the chooser's answer. Warm workers: a kind that names them ("warm" today; a
+    multi-node pool may get a kind of its own, e.g. "warm_srun") or a choice that says so (a truthy `warm`
+    attribute); then `confirm_fresh` adds the pick's fresh full-scale confirmation. Every other kind (fresh, srun,
+    hostfile, local_nodes, own_command) starts a process per trial."""
+    warm = "warm" in choice.kind or bool(getattr(choice, "warm", False))
+    if not warm:
         return Launcher.FRESH
-    return Launcher.WARM_CONFIRMED if confirms_pick_in_fresh_process(request) else Launcher.WARM
+    return Launcher.WARM_CONFIRMED if choice.confirm_fresh else Launcher.WARM
+
+
+def default_launcher(nodes: int, device: Device = "cuda", choose: Chooser = choose_launch) -> Launcher:
+    """The launcher autotune's default gives a tune of `nodes` nodes, read from the one launcher chooser
+    (trial/launch/chooser.py choose_launch), not restated here: when the chooser runs warm workers across nodes,
+    the benchmark follows. `choose`: another chooser's answer (tests; the record's "warm across nodes" run)."""
+    return launcher_of(choose(scenario_job(nodes, device)))
+
+
+def warm_across_nodes_chooser(facts: JobFacts) -> LaunchChoice:
+    """The answer issue 44's design (a) gives (records/multinode_design_sim_2026-11-29.md): several nodes run
+    warm workers across nodes with the pick confirmed in a fresh full-scale launch; one node as the real chooser
+    says. Injected to show what the new default will report before the chooser gives it."""
+    if facts.nodes > 1 and facts.trial_workers == "auto" and facts.command is None:
+        return LaunchChoice("warm", confirm_fresh=facts.device != "cpu")
+    return choose_launch(facts)
 
 
 def keeps_process_groups(candidate: Candidate) -> bool:

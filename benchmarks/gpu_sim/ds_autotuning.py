@@ -22,6 +22,10 @@ METRIC_PERCENT_DIFF_CONST = 0.05  # deepspeed/autotuning/constants.py:21
 MAX_MICRO_BATCH = 1024  # autotuning config default max_train_micro_batch_size_per_gpu
 NUM_TUNING_MICRO_BATCH_SIZES = 3  # autotuning config default
 STAGE_RUNGS = (Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z3)
+# An experiment runs whole optimizer steps until DeepSpeed's engine exits it: `global_steps == end_profile_step + 1`
+# (runtime/engine.py:3657-3658), end_profile_step 5 by default (autotuning/constants.py:62): 6 steps. An experiment
+# that runs out of memory fails in its first step (as autotune's trials: SimulatedCluster.failed_steps_seconds).
+EXPERIMENT_STEPS = 5 + 1
 
 
 @dataclass
@@ -160,5 +164,12 @@ def ds_autotuning(
     tuned, kept in every experiment)."""
     run = DsRun(machine, memory_limit, max_train_batch_size, checkpointing=checkpointing)
     pick = run.tune()
-    wall = TRIAL_STARTUP_S + sum(machine.trial_seconds(c) for c in run.records)
+    wall = TRIAL_STARTUP_S + sum(experiment_seconds(machine, c) for c in run.records)
     return pick, run.launches, wall
+
+
+def experiment_seconds(machine: SimulatedCluster, candidate: Candidate) -> float:
+    """One experiment in its own process: start-up, build, EXPERIMENT_STEPS whole steps (one when it fails)."""
+    if not machine.result(candidate).ok:
+        return TRIAL_STARTUP_S + machine.failed_steps_seconds(candidate)
+    return TRIAL_STARTUP_S + EXPERIMENT_STEPS * machine.cycle_seconds(candidate)

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from pathlib import Path
 
 from tests.fakes.machines import RecordingMachine
 
 from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.core.measurement import MIN_STEPS, enough_steps
 from autotune.hardware.specs import GpuSpec, resolve_gpu_type
 from autotune.models import ModelSummary
 from autotune.modes.applies import device_sub_groups
-from autotune.trial.trial_types import RankMetrics, TrialResult
+from autotune.trial.trial_types import RankMetrics, TrialResult, TrialSpec
+from autotune.trial.worker.train_steps import PART_STEPS
 
 GB = 1e9
 GIB = 2**30
@@ -77,7 +79,29 @@ CPU_ADAM_PARAMS_PER_CORE_S = 3.5e8
 # and process group once (phases launch + imports + dist_init); each trial pays its model build and DeepSpeed engine
 # init (model_build + engine_init), in a fresh process with the op loading, in a warm worker without it.
 STARTUP_MEASUREMENT = Path(__file__).resolve().parents[1] / "results" / "trial_startup_cpu.json"
-TRIAL_STEPS = 2 + 5  # warm-up + measured optimizer steps of one trial (autotune.trial defaults, min stable)
+# What a trial's steps are, read from the worker (trial/worker/train_steps.py timed_steps), not restated: its
+# warm-up steps (TrialSpec.warmup_steps), each one boundary micro-step; whole optimizer steps until
+# autotune.core.measurement.enough_steps says stop (the simulator's steps have no spread, so MIN_STEPS of them, or
+# MIN_SLOW_STEPS once MAX_MEASURE_S of them are measured); then, where the trial accumulates or has a smaller
+# micro-batch (TrialSpec.smaller_micro_batch = micro-batch // 2, request/context.py spec), PART_STEPS plain
+# micro-steps at its micro-batch and PART_STEPS at the smaller one.
+WARMUP_STEPS = next(f.default for f in fields(TrialSpec) if f.name == "warmup_steps")
+
+
+@dataclass(frozen=True)
+class TrialShape:
+    """How many steps a trial runs, by part: the worker's own (above) unless a variant is being measured (a
+    proposal for shorter trials at scale: gpu_sim/budget_report.py)."""
+
+    warmup_steps: int = WARMUP_STEPS
+    min_steps: int = MIN_STEPS
+    part_steps: int = PART_STEPS
+
+
+WORKER_TRIAL = TrialShape()
+# A trial that runs out of memory fails in its first warm-up step, where the peak (a boundary step, optimizer
+# included) is first reached: it is charged that one step, not a whole measurement.
+FAILED_TRIAL_STEPS = 1
 
 
 @dataclass(frozen=True)
@@ -274,10 +298,12 @@ class SimulatedCluster(RecordingMachine):
         global_batch: int | None = None,
         trial_timeout_s: float = 900.0,
         fresh_extra_bytes: int = 0,
+        shape: TrialShape = WORKER_TRIAL,
     ) -> None:
         self.model, self.node, self.nodes, self.seq_len = model, node, nodes, seq_len
         self.global_batch, self.trial_timeout_s = global_batch, trial_timeout_s
         self.fresh_extra_bytes = fresh_extra_bytes
+        self.shape = shape
         self.world = node.gpus_per_node * nodes
         self.gpu = node.gpu
         self.launched: list[Candidate] = []
@@ -461,14 +487,58 @@ class SimulatedCluster(RecordingMachine):
         return int(per_rank * self.node.gpus_per_node + 8 * GIB * self.node.gpus_per_node)  # + processes
 
     # -- a trial -----------------------------------------------------------------------------------
-    def steps_seconds(self, candidate: Candidate) -> float:
-        """The measured part of a trial: warm-up and measured optimizer steps."""
+    def measured_steps(self, candidate: Candidate) -> int:
+        """Whole optimizer steps the worker times for `candidate`: enough_steps' rule on this machine's steps (no
+        spread: MIN_STEPS, fewer once MAX_MEASURE_S of them are in)."""
+        cycle = self.cycle_seconds(candidate)
+        steps = [cycle]
+        while not enough_steps(steps, min_steps=self.shape.min_steps):
+            steps.append(cycle)
+        return len(steps)
+
+    def cycle_seconds(self, candidate: Candidate) -> float:
+        """One whole optimizer step: its accumulation's micro-steps and the optimizer step."""
         cost = self.step_cost(candidate)
-        return TRIAL_STEPS * (self.accumulation(candidate) * cost.micro_s + cost.optimizer_s)
+        return self.accumulation(candidate) * cost.micro_s + cost.optimizer_s
+
+    def ok_steps_seconds(self, candidate: Candidate) -> float:
+        """The steps of a trial that runs to its end (see WARMUP_STEPS): warm-up, measured steps, the parts."""
+        return sum(self.steps_breakdown(candidate).values())
+
+    def steps_breakdown(self, candidate: Candidate) -> dict[str, float]:
+        """Seconds of a trial that runs to its end, by part: warm-up, measured optimizer steps, and the plain
+        micro-steps at its micro-batch and half of it (the search's step-time line)."""
+        cost = self.step_cost(candidate)
+        parts = 0.0
+        smaller = candidate.micro_batch // 2
+        if self.accumulation(candidate) > 1 or smaller:
+            parts += self.shape.part_steps * cost.micro_s
+        if smaller:
+            parts += self.shape.part_steps * self.step_cost(replace(candidate, micro_batch=smaller)).micro_s
+        return {
+            "warmup": self.shape.warmup_steps * (cost.micro_s + cost.optimizer_s),
+            "measured": self.measured_steps(candidate) * self.cycle_seconds(candidate),
+            "parts": parts,
+        }
+
+    def steps_seconds(self, candidate: Candidate) -> float:
+        """A trial's time after its build: the whole measurement when it runs; its first warm-up step when it runs
+        out of memory (FAILED_TRIAL_STEPS); up to the trial timeout when it times out."""
+        status = self.result(candidate).status
+        if status == "ok":
+            return self.ok_steps_seconds(candidate)
+        if status == "timeout":
+            return self.trial_timeout_s - TRIAL_STARTUP_S
+        return self.failed_steps_seconds(candidate)
+
+    def failed_steps_seconds(self, candidate: Candidate) -> float:
+        """A trial that runs out of memory: its first warm-up step (FAILED_TRIAL_STEPS)."""
+        cost = self.step_cost(candidate)
+        return FAILED_TRIAL_STEPS * (cost.micro_s + cost.optimizer_s)
 
     def trial_seconds(self, candidate: Candidate) -> float:
-        """One trial in its own process: start-up, build, steps."""
-        return TRIAL_STARTUP_S + self.steps_seconds(candidate)
+        """One trial in its own process run to its end: start-up, build, steps (what the trial timeout bounds)."""
+        return TRIAL_STARTUP_S + self.ok_steps_seconds(candidate)
 
     def run_fresh(self, candidate: Candidate) -> tuple[TrialResult, bool]:
         """A trial in a process of its own (Search.confirm_fresh's RunTrial): recorded as a fresh launch."""
