@@ -152,7 +152,7 @@ def test_a_ratio_far_from_the_measured_micro_batches_is_read_off_their_memory_li
     ratio_at_8 = Candidate(Rung.Z3_OFFLOAD_OPT, 8, False, Mode(offload_ratio=0.95))
     truth = machine.run(ratio_at_8)[0].peak_memory_bytes
     assert truth == int(linear_peak_gib(ratio_at_8, 12.0, 1.5) * GIB)
-    assert abs(search._anchored_peak(ratio_at_8) - truth) <= 1
+    assert abs(search.mode_walk.anchored_peak(ratio_at_8) - truth) <= 1
 
 
 def test_the_simulated_fixed_batch_scenario_reaches_the_integer_best_partial_offload(monkeypatch) -> None:
