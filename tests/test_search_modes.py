@@ -330,7 +330,7 @@ def test_simulated_cluster_where_a_mode_is_the_answer_and_the_search_finds_it(mo
     assert exhaustive["samples_per_s"] > 1.05 * exhaustive["classic_best"]["samples_per_s"]
     assert mode_part in exhaustive["pick"] and mode_part in ours["pick"]
     assert ours["quality"] >= 0.999, ours["tried"]
-    # the budget holds the search's own trials; the pick's fresh confirmation is outside it (Search._confirm_fresh)
+    # the budget holds the search's own trials; the pick's fresh confirmation is outside it (Pick.confirm_fresh)
     assert ours["points"]["warm"] <= ours["budget"]
     assert ours["trials"] == ours["points"]["warm"] + len(ours["fresh_confirmations"])
 
