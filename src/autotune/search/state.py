@@ -67,6 +67,7 @@ def largest_where(values: list[int], holds: Callable[[int], bool]) -> int | None
 class SearchState:
     """What one search was given and what it has learnt so far (see the module docstring)."""
 
+    # what it was given (autotune.search.walk.Search's fields)
     model: ModelSummary
     target: Target
     settings: EstimateSettings
@@ -75,13 +76,14 @@ class SearchState:
     micro_batches: list[int]  # eligible micro-batches, ascending (global-batch divisibility already applied)
     limits: SearchLimits
     observe: Callable[[SearchEvent], None]
-    calibration: Calibration
+    calibration: Calibration  # where it starts; each measured peak or OOM refines it (`trial`)
     clock: Callable[[], float] = time.monotonic
     global_batch: int | None = None  # fixed global batch: accumulation scales with 1 / micro-batch
     modes: ModesFor = no_modes
     offload_ratios: tuple[float, ...] = ()
     memory: MemoryModel = field(default_factory=MemoryModel)
     confirm_fresh: RunTrial | None = None  # the pick's fresh-process run (autotune.search.walk.Search)
+    # what follows from it, and what the walk learns
     limit_bytes: int = field(init=False)
     host_limit_bytes: int | None = field(init=False)
     outcome: SearchOutcome = field(init=False)
