@@ -14,7 +14,8 @@ measures the two candidates, order alternating between rounds (A, B then B, A) s
   (TuneContext.emitted_config) for `--steps` optimizer steps, each printing its own wall time (`wall_s`); the
   median after the first 5 steps (warm-up, the same count autotune skips before its profiled step).
 
-Per round the faster candidate both ways, and overall the verdict autotune.search.close_call gives on the pooled trials.
+Per round the faster candidate both ways, and overall the verdict autotune.search.pick_decision gives on the pooled
+trials.
 Every round records the load average (`uptime`). Written after every round (temp file + rename).
 """
 
@@ -36,7 +37,7 @@ from autotune.core.measurement import pooled
 from autotune.infra.atomic import atomic_write_json
 from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest
-from autotune.search.close_call import decide
+from autotune.search.pick_decision import decide
 from autotune.trial.launch.processes import one_rank_env, trial_env
 from autotune.trial.own_command.script import ScriptLauncher
 from portable_paths import portable  # benchmarks/ is the script's directory

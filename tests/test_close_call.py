@@ -10,7 +10,7 @@ from tests.fakes.reports import golden_report
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.core.measurement import MIN_STEPS, StepStats, enough_steps, median_rank_bound, speed_of
 from autotune.report.data import Choice, HostNeed, TrialEntry, TuneReport, VerdictEntry
-from autotune.search.close_call import decide, settle, simplicity
+from autotune.search.pick_decision import decide, settle, simplicity
 from autotune.trial.trial_types import TrialResult
 
 Z0 = Candidate(Rung.Z0, 8, False)

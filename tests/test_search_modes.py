@@ -152,7 +152,7 @@ def test_a_ratio_far_from_the_measured_micro_batches_is_read_off_their_memory_li
     ratio_at_8 = Candidate(Rung.Z3_OFFLOAD_OPT, 8, False, Mode(offload_ratio=0.95))
     truth = machine.run(ratio_at_8)[0].peak_memory_bytes
     assert truth == int(linear_peak_gib(ratio_at_8, 12.0, 1.5) * GIB)
-    assert abs(search._anchored_peak(ratio_at_8) - truth) <= 1
+    assert abs(search.mode_walk.anchored_peak(ratio_at_8) - truth) <= 1
 
 
 def test_the_simulated_fixed_batch_scenario_reaches_the_integer_best_partial_offload(monkeypatch) -> None:
@@ -330,7 +330,7 @@ def test_simulated_cluster_where_a_mode_is_the_answer_and_the_search_finds_it(mo
     assert exhaustive["samples_per_s"] > 1.05 * exhaustive["classic_best"]["samples_per_s"]
     assert mode_part in exhaustive["pick"] and mode_part in ours["pick"]
     assert ours["quality"] >= 0.999, ours["tried"]
-    # the budget holds the search's own trials; the pick's fresh confirmation is outside it (Search._confirm_fresh)
+    # the budget holds the search's own trials; the pick's fresh confirmation is outside it (Pick.confirm_fresh)
     assert ours["points"]["warm"] <= ours["budget"]
     assert ours["trials"] == ours["points"]["warm"] + len(ours["fresh_confirmations"])
 

@@ -123,7 +123,7 @@ def test_oom_with_nothing_run_jumps_by_the_memory_model() -> None:
 def test_two_close_configs_are_remeasured_interleaved_and_a_tie_goes_to_the_simpler() -> None:
     """Candidates within each other's noise (steps spread +-10%): re-measured interleaved (A, B, A, B), and
     with the spread still wider than the margin the pick is the simpler config, said to be a tie."""
-    from autotune.search.close_call import simplicity
+    from autotune.search.pick_decision import simplicity
 
     machine, target, settings, rungs, micro_batches = _machine("memory-not-binding")
     order: list[Candidate] = []

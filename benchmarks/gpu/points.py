@@ -219,7 +219,7 @@ class TuneSetting:
     min_tune_s: float = 300.0  # start the tune only with this much budget left (estimates until measured)
     rerun_s: float = 240.0  # kept back from the tune's --time-budget for the re-run
     # kept back too: the search checks its budget only before a trial, and the pick's fresh confirmation runs
-    # after it (search/walk.py, search/pick_walk.py), so one trial and one fresh process may overrun it
+    # after it (search/ladder_walk.py, search/pick_decision.py), so one trial and one fresh process may overrun it
     reserve_s: float = 0.0
 
     @property

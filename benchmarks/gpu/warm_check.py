@@ -44,7 +44,7 @@ def summary(rows: list[dict], restarts: int, recycled: list[int]) -> dict:
 
 def pick_confirmation(report_json: dict) -> dict | None:
     """The tune stage's pick: its peak in warm workers beside its fresh-process confirmation (the GPU default,
-    search/pick_walk.py), and every pick the confirmation dropped because it did not fit fresh; None when the tune
+    search/pick_decision.py), and every pick the confirmation dropped because it did not fit fresh; None when the tune
     wrote no report or confirmed nothing (warm and fresh alike, or the CPU backend)."""
     from autotune.errors import MalformedReportError
     from autotune.report.data import TuneReport

@@ -29,7 +29,7 @@ GIB = 2**30
 
 
 class RecordingMachine:
-    """A trial runner for `Search` (`search.walk.RunTrial`): answers each candidate with `result` and records it
+    """A trial runner for `Search` (`search.records.RunTrial`): answers each candidate with `result` and records it
     in `launched`, in order. No answer comes from a cache (`run`'s second value is always False); a machine that
     must fail a trial apart from its `result` overrides `run`."""
 
@@ -257,7 +257,7 @@ class SimulatedMachine(RecordingMachine):
 
         Exactly equal speeds go to the first in ladder order (the earlier rung, then without checkpointing): the
         simpler config, which the search's tie rule also picks between rungs without offload
-        (autotune.search.close_call). Here ZeRO-1 and ZeRO-2 tie at every micro-batch: they move the same volume and
+        (autotune.search.pick_decision). Here ZeRO-1 and ZeRO-2 tie at every micro-batch: they move the same volume and
         step the same partition (ZeRO paper, section 7.2.1)."""
         fitting = [
             Candidate(rung, mb, ckpt)

@@ -342,7 +342,7 @@ class SpeedEntry(JsonRecord):
 
 @dataclass(frozen=True, kw_only=True)
 class VerdictEntry(JsonRecord):
-    """The pick against its runner-up: margin, spread, tie or not (close_call.Verdict.to_dict)."""
+    """The pick against its runner-up: margin, spread, tie or not (search.records.Verdict.to_dict)."""
 
     pick: Candidate
     speed: SpeedEntry

@@ -3,26 +3,21 @@ trial budget. Partial optimizer offload searches its smallest fitting `offload_o
 the memory model anchored on this run's measured peaks, confirmed by trials; other modes walk their rung like a
 classic group. A mode wins only by measured speed, and one this backend cannot run is predicted, never picked.
 
-`ModeWalk` is a mixin of `autotune.search.walk.Search`: the two halves share one search's state (its trials,
-calibration, budget), so the mode half reads the walk's predictions and launches through it; what it uses is
-declared below for the type checker.
+`ModeWalk` holds the search's one state (`state.py`) and the ladder walk (`ladder_walk.py`), through which a mode
+other than the offload ratio walks its rung; it acts on the state only through its public methods.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.estimate import check_fit
-from autotune.modes.search_view import ModeChoice, ModeRecord, ModesFor, is_ratio_mode, smallest_fitting_ratio
-from autotune.search.records import TRY_MARGIN, LaunchPurpose, SearchLimits, SearchOutcome, TrialRecord
-
-if TYPE_CHECKING:
-    from autotune.estimate.estimate_types import MemoryEstimate
-    from autotune.hardware.specs import Target
-    from autotune.search.speed import StepLine
+from autotune.modes.search_view import ModeChoice, ModeRecord, is_ratio_mode, smallest_fitting_ratio
+from autotune.search.ladder_walk import LadderWalk
+from autotune.search.records import TRY_MARGIN, LaunchPurpose, TrialRecord
+from autotune.search.state import SearchState
 
 # Offload-ratio knob (a modern memory mode), a budget choice, not a claim about speed: at most this many micro-batches
 # per (rung, checkpointing), each with at most this many trials (the predicted smallest fitting ratio; after a miss, the
@@ -33,69 +28,60 @@ RATIO_MICRO_BATCHES = 2
 RATIO_TRIES = 3
 
 
+ModeOptions = dict[Rung, list[tuple[ModeChoice, ModeRecord]]]  # per rung, each applicable mode and its record
+
+
+@dataclass
 class ModeWalk:
     """The modern modes' part of one search (see the module docstring)."""
 
-    if TYPE_CHECKING:  # provided by Search (autotune.search.walk)
-        rungs: list[Rung]
-        micro_batches: list[int]
-        modes: ModesFor
-        offload_ratios: tuple[float, ...]
-        target: Target
-        limits: SearchLimits
-        limit_bytes: int
-        outcome: SearchOutcome
-        _launched: int
-
-        def _estimate(self, candidate: Candidate) -> MemoryEstimate: ...
-        def _predicted_max(self, rung: Rung, ckpt: bool, margin: float, mode: Mode = ...) -> int | None: ...
-        def _measured_over(self, candidate: Candidate) -> Candidate | None: ...
-        def _stop_if_spent(self) -> str: ...
-        def _skip(self, rung: Rung, ckpt: bool, reason: str, mode: Mode = ...) -> None: ...
-        def _trial(self, candidate: Candidate, purpose: str = ...) -> TrialRecord: ...
-        def _consider_best(self, record: TrialRecord) -> None: ...
-        def _peak_line(self, candidate: Candidate) -> StepLine | None: ...
-        def _bounded(self, candidate: Candidate) -> str: ...
-        def _rung_group(self, rung: Rung, ckpt: bool, mode: Mode = ...) -> None: ...
+    state: SearchState
+    ladder: LadderWalk
 
     def plan_modes(self) -> list[ModeRecord]:
         """Plan-only (no trials on this machine): every mode considered on every rung, each applicable one
         predicted as a not-trial-verified mode would be in a search; nothing is launched."""
-        for rung, options in self._consider_modes().items():
+        for rung, options in self.consider_modes().items():
             for ckpt in (False, True):
                 for choice, record in options:
                     record.trial_verifiable = False
                     self._plan_mode(rung, ckpt, choice.mode, record, why="plan only: no trials on this machine")
-        return self.outcome.modes
+        return self.state.outcome.modes
 
-    def _consider_modes(self) -> dict[Rung, list[tuple[ModeChoice, ModeRecord]]]:
+    def consider_modes(self) -> ModeOptions:
         """Ask, once per rung, which modes apply; every one considered gets a record in the outcome."""
-        options: dict[Rung, list[tuple[ModeChoice, ModeRecord]]] = {}
-        for rung in self.rungs:
-            for choice in self.modes(rung):
+        options: ModeOptions = {}
+        for rung in self.state.rungs:
+            for choice in self.state.modes(rung):
                 record = ModeRecord(
                     rung, choice.mode, choice.applies, choice.reason, trial_verifiable=choice.trial_verifiable
                 )
-                self.outcome.modes.append(record)
+                self.state.outcome.modes.append(record)
                 if choice.applies:
                     record.status = "not tried"
                     options.setdefault(rung, []).append((choice, record))
         return options
 
-    def _mode_group(self, rung: Rung, ckpt: bool, choice: ModeChoice, record: ModeRecord) -> None:
+    def walk(self, groups: list[tuple[Rung, bool]], options: ModeOptions) -> None:
+        """After the classic ladder, each applicable mode on its rung, for each checkpointing setting in turn."""
+        for rung, ckpt in groups:
+            for choice, record in options.get(rung, []):
+                self.mode_group(rung, ckpt, choice, record)
+
+    def mode_group(self, rung: Rung, ckpt: bool, choice: ModeChoice, record: ModeRecord) -> None:
         """One applicable mode on one (rung, checkpointing): planned when no trial can run it, else searched."""
         if not choice.trial_verifiable:
             self._plan_mode(rung, ckpt, choice.mode, record)
             return
-        if reason := self._stop_if_spent():
+        if reason := self.state.stop_if_spent():
             record.detail = record.detail or f"not tried: {reason}"
             return
-        launched = self._launched
+        launched = self.state.launched
         if is_ratio_mode(choice.mode):
-            self._search_ratio(rung, ckpt, record)
+            self.search_ratio(rung, ckpt, record)
         else:
-            self._rung_group(rung, ckpt, choice.mode)
-        record.trials += self._launched - launched
+            self.ladder.rung_group(rung, ckpt, choice.mode)
+        record.trials += self.state.launched - launched
 
     def _plan_mode(self, rung: Rung, ckpt: bool, mode: Mode, record: ModeRecord, why: str = "") -> None:
         """Predicted only: the largest micro-batch the memory model says fits with the mode (for the offload
@@ -107,19 +93,23 @@ class ModeWalk:
             # GPU memory falls as the ratio rises but host RAM grows: where the largest ratio is over a host
             # limit, a smaller one may still fit both (the host need falls with it), so walk down to it
             top = next(
-                (mb for r in reversed(ratios) if (mb := self._predicted_max(rung, ckpt, 0.0, Mode(offload_ratio=r)))),
+                (
+                    mb
+                    for r in reversed(ratios)
+                    if (mb := self.state.predicted_max(rung, ckpt, 0.0, Mode(offload_ratio=r)))
+                ),
                 None,
             )
             ratio = self._planned_ratio(rung, ckpt, top, ratios) if top else None
             mode = Mode(offload_ratio=ratio) if ratio else mode
         else:
-            top = self._predicted_max(rung, ckpt, 0.0, mode)
+            top = self.state.predicted_max(rung, ckpt, 0.0, mode)
         if top is None:
             record.status = record.status if record.status == "planned" else "no fit"
             record.detail = record.detail or "the memory model says nothing of it fits"
             return
         record.status, record.mode, record.micro_batch, record.grad_checkpointing = "planned", mode, top, ckpt
-        record.predicted_peak_bytes = self._estimate(Candidate(rung, top, ckpt, mode)).gpu_peak_bytes
+        record.predicted_peak_bytes = self.state.estimate(Candidate(rung, top, ckpt, mode)).gpu_peak_bytes
         record.detail = why or "this backend cannot run it: predicted only"
 
     def _planned_ratio(self, rung: Rung, ckpt: bool, micro_batch: int, ratios: list[float]) -> float | None:
@@ -128,35 +118,35 @@ class ModeWalk:
         prediction a search's trials then confirm. Bisect on the GPU alone (monotone in the ratio); the host need
         grows with the ratio, so the smallest GPU fit is the best for the host."""
         ratio = smallest_fitting_ratio(ratios, lambda r: self._fits_with_margin(rung, micro_batch, ckpt, r))
-        if ratio and not check_fit(self._estimate(Candidate(rung, micro_batch, ckpt, Mode(offload_ratio=ratio))),
-                                   self.target, self.limits.headroom).fits:  # fmt: skip
+        if ratio and not check_fit(self.state.estimate(Candidate(rung, micro_batch, ckpt, Mode(offload_ratio=ratio))),
+                                   self.state.target, self.state.limits.headroom).fits:  # fmt: skip
             return None
         return ratio
 
     def _ratio_settings(self, mode: Mode) -> list[float]:
         """The offload ratio's real settings strictly between 0 (ZeRO-3's neighbour) and 1 (full offload)."""
-        ratios = sorted({r for r in self.offload_ratios if 0.0 < r < 1.0})
+        ratios = sorted({r for r in self.state.offload_ratios if 0.0 < r < 1.0})
         return ratios or [mode.offload_ratio]
 
     def _fits(self, candidate: Candidate) -> bool:
         """The calibrated point prediction within the limit: a trial confirms it (an OOM moves the ratio up), so
         the spread a plan-only answer must allow for (check_fit's margin) would only buy a slower ratio."""
-        if self._measured_over(candidate):
+        if self.state.measured_over(candidate):
             return False
-        return self._anchored_peak(candidate) <= self.limit_bytes
+        return self.anchored_peak(candidate) <= self.state.limit_bytes
 
-    def _anchored_peak(self, candidate: Candidate) -> int:
+    def anchored_peak(self, candidate: Candidate) -> int:
         """The candidate's peak from measured peaks of its rung and checkpointing among the classic and partial-offload
         settings, where there are any. Two measured at its micro-batch: the line through them
         (`_on_measured_ratio_line`). Else the nearest measured setting's peak plus the model's difference between the
         two: the model's error in what they share (weights, buffers, activations) cancels, only what differs stays
-        predicted; where that setting's own memory line is measured (`_peak_line`), its peak is read off the line at
-        this micro-batch, so the model's difference is the ratio's alone, not its activation slope. Nothing measured:
-        the point prediction."""
-        predicted = self._estimate(candidate).gpu_peak_bytes
+        predicted; where that setting's own memory line is measured (`SearchState.peak_line`), its peak is read off
+        the line at this micro-batch, so the model's difference is the ratio's alone, not its activation slope.
+        Nothing measured: the point prediction."""
+        predicted = self.state.estimate(candidate).gpu_peak_bytes
         anchors = [
             t
-            for t in self.outcome.trials
+            for t in self.state.outcome.trials
             if t.candidate.rung is candidate.rung
             and t.candidate.grad_checkpointing == candidate.grad_checkpointing
             and (t.candidate.mode.is_classic or is_ratio_mode(t.candidate.mode))
@@ -178,44 +168,44 @@ class ModeWalk:
             ),
         )
         at_micro_batch = replace(nearest.candidate, micro_batch=candidate.micro_batch)
-        line = self._peak_line(at_micro_batch)
+        line = self.state.peak_line(at_micro_batch)
         if line is not None:  # the nearest setting's own measured memory line, read at this micro-batch
-            difference = predicted - self._estimate(at_micro_batch).gpu_peak_bytes
+            difference = predicted - self.state.estimate(at_micro_batch).gpu_peak_bytes
             return int(line.seconds(candidate.micro_batch)) + difference
-        difference = predicted - self._estimate(nearest.candidate).gpu_peak_bytes
+        difference = predicted - self.state.estimate(nearest.candidate).gpu_peak_bytes
         return (nearest.result.peak_memory_bytes or 0) + difference
 
     def _within_try_margin(self, candidate: Candidate) -> bool:
-        """Whether the peak anchored on this run's measurements (`_anchored_peak`) is within TRY_MARGIN of the limit:
+        """Whether the peak anchored on this run's measurements (`anchored_peak`) is within TRY_MARGIN of the limit:
         the model alone put it there, but a measured peak of the rung may already say it is further over."""
-        if self._measured_over(candidate):
+        if self.state.measured_over(candidate):
             return False
-        return self._anchored_peak(candidate) <= self.limit_bytes * (1 + TRY_MARGIN)
+        return self.anchored_peak(candidate) <= self.state.limit_bytes * (1 + TRY_MARGIN)
 
     def _fits_with_margin(self, rung: Rung, mb: int, ckpt: bool, ratio: float) -> bool:
         """GPU peak plus the model's margin within the limit at `ratio` (check_fit's GPU test, without host)."""
-        predicted = self._estimate(Candidate(rung, mb, ckpt, Mode(offload_ratio=ratio)))
-        return predicted.gpu_peak_bytes + predicted.gpu_margin_bytes <= self.limit_bytes
+        predicted = self.state.estimate(Candidate(rung, mb, ckpt, Mode(offload_ratio=ratio)))
+        return predicted.gpu_peak_bytes + predicted.gpu_margin_bytes <= self.state.limit_bytes
 
     def _ratio_fits(self, rung: Rung, mb: int, ckpt: bool) -> Callable[[float], bool]:
         """Whether the calibrated memory model says partial offload at ratio r fits (for the bisection)."""
         return lambda r: self._fits(Candidate(rung, mb, ckpt, Mode(offload_ratio=r)))
 
-    def _search_ratio(self, rung: Rung, ckpt: bool, record: ModeRecord) -> None:
+    def search_ratio(self, rung: Rung, ckpt: bool, record: ModeRecord) -> None:
         """Partial optimizer offload: at the largest micro-batches some ratio below 1 reaches, the smallest ratio
         the memory model says fits (bisection), confirmed by trials; compared with everything else by measured
         speed only. Walks down the micro-batches while each step lowers the ratio and the speed has not fallen:
         the same ratio at a smaller micro-batch is no faster (A3 in autotune.search.speed), a lower one may be."""
         ratios = self._ratio_settings(record.mode)
-        top = self._predicted_max(rung, ckpt, TRY_MARGIN, Mode(offload_ratio=ratios[-1]))
+        top = self.state.predicted_max(rung, ckpt, TRY_MARGIN, Mode(offload_ratio=ratios[-1]))
         if top is None:
-            self._skip(rung, ckpt, "ruled out by the memory model at every offload ratio", record.mode)
+            self.state.skip(rung, ckpt, "ruled out by the memory model at every offload ratio", record.mode)
             return
         previous_ratio: float | None = None
         previous_speed: float | None = None
         points = 0
-        for mb in reversed([m for m in self.micro_batches if m <= top]):
-            if points >= RATIO_MICRO_BATCHES or self._stop_if_spent():
+        for mb in reversed([m for m in self.state.micro_batches if m <= top]):
+            if points >= RATIO_MICRO_BATCHES or self.state.stop_if_spent():
                 return
             ratio = smallest_fitting_ratio(ratios, self._ratio_fits(rung, mb, ckpt))
             largest = Candidate(rung, mb, ckpt, Mode(offload_ratio=ratios[-1]))
@@ -223,18 +213,18 @@ class ModeWalk:
                 ratio = ratios[-1]  # within TRY_MARGIN of fitting at the largest ratio: worth one trial
             if ratio is None or (previous_ratio is not None and ratio >= previous_ratio):
                 continue
-            if why := self._bounded(Candidate(rung, mb, ckpt, Mode(offload_ratio=ratio))):
-                self._skip(rung, ckpt, why, Mode(offload_ratio=ratio))
+            if why := self.state.bounded(Candidate(rung, mb, ckpt, Mode(offload_ratio=ratio))):
+                self.state.skip(rung, ckpt, why, Mode(offload_ratio=ratio))
                 return
             points += 1
-            fitted, speed = self._confirm_ratio(rung, ckpt, mb, ratio, ratios=ratios)
+            fitted, speed = self.confirm_ratio(rung, ckpt, mb, ratio, ratios=ratios)
             if fitted is None or speed is None:
                 continue
             if previous_speed is not None and speed < previous_speed:
                 return
             previous_ratio, previous_speed = fitted, speed
 
-    def _confirm_ratio(
+    def confirm_ratio(
         self, rung: Rung, ckpt: bool, mb: int, ratio: float, ratios: list[float]
     ) -> tuple[float | None, float | None]:
         """Up to RATIO_TRIES trials at one micro-batch: an OOM at ratio r moves the next try up (the smallest
@@ -247,13 +237,13 @@ class ModeWalk:
         current: float | None = ratio
         peaks: dict[float, int] = {}  # ratio -> measured peak at this micro-batch
         for _ in range(RATIO_TRIES):
-            if current is None or self._stop_if_spent():
+            if current is None or self.state.stop_if_spent():
                 break
-            record = self._trial(Candidate(rung, mb, ckpt, Mode(offload_ratio=current)), LaunchPurpose.RATIO)
+            record = self.state.trial(Candidate(rung, mb, ckpt, Mode(offload_ratio=current)), LaunchPurpose.RATIO)
             if record.result.peak_memory_bytes:
                 peaks[current] = record.result.peak_memory_bytes
             if record.within_headroom:
-                self._consider_best(record)
+                self.state.consider_best(record)
                 fitted, speed = current, record.result.samples_per_s
                 lower = [r for r in ratios if r < current and (failed is None or r > failed)]
                 current = smallest_fitting_ratio(lower, self._ratio_fits(rung, mb, ckpt))
@@ -278,17 +268,17 @@ class ModeWalk:
         if r1 == r2 or (p2 - p1) / (r2 - r1) >= 0:
             return None
         slope = (p2 - p1) / (r2 - r1)
-        return r2 + (self.limit_bytes - p2) / slope
+        return r2 + (self.state.limit_bytes - p2) / slope
 
-    def _finish_mode_records(self) -> None:
+    def finish_records(self) -> None:
         """Each verifiable mode's record takes its best measured trial (or says why nothing of it fitted)."""
-        for record in self.outcome.modes:
+        for record in self.state.outcome.modes:
             if not (record.applies and record.trial_verifiable):
                 continue
             ratio = is_ratio_mode(record.mode)
             ran = [
                 t
-                for t in self.outcome.trials
+                for t in self.state.outcome.trials
                 if t.candidate.rung is record.rung
                 and (is_ratio_mode(t.candidate.mode) if ratio else t.candidate.mode == record.mode)
             ]
@@ -306,9 +296,13 @@ class ModeWalk:
                 record.status = "no fit"
                 record.detail = "tried: " + ", ".join(f"{t.candidate.key} {t.result.status}" for t in ran)
             else:
-                skips = [s.reason for s in self.outcome.skipped if s.rung is record.rung and s.mode == record.mode]
+                skips = [
+                    s.reason for s in self.state.outcome.skipped if s.rung is record.rung and s.mode == record.mode
+                ]
                 skips += [
-                    s.reason for s in self.outcome.skipped if s.rung is record.rung and ratio and is_ratio_mode(s.mode)
+                    s.reason
+                    for s in self.state.outcome.skipped
+                    if s.rung is record.rung and ratio and is_ratio_mode(s.mode)
                 ]
                 record.detail = record.detail or "; ".join(dict.fromkeys(skips)) or "not reached"
 

@@ -1,6 +1,6 @@
-"""What a search records and reports: its limits, each trial and skip, its events, its outcome, and why each
-launch happened. Plain values shared by the ladder walk (`walk.py`), its mode half (`mode_walk.py`), the tuner,
-the report builders and the benchmarks."""
+"""What a search records and reports: its limits, each trial and skip, the pick's verdict, its events, its outcome,
+and why each launch happened. Plain values shared by the search's state (`state.py`) and walks, the tuner, the report
+builders and the benchmarks. The verdict is decided in `pick_decision.py` and rendered in autotune.report.pick."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.core.measurement import Speed
 from autotune.core.stop import StopReason
 from autotune.estimate.estimate_types import Calibration
 from autotune.modes.search_view import ModeRecord
-from autotune.search.close_call import Verdict
 from autotune.trial.trial_types import TrialResult
 
 MEMORY_FAILURES = ("oom_gpu", "oom_host", "over_budget")
@@ -95,6 +95,44 @@ class SkipRecord:
         return data
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What the pick is and how sure: the runner-up, the margin between their medians, and whether it is a tie
+    (decided by autotune.search.pick_decision; a plain value here because the outcome holds it)."""
+
+    pick: Candidate
+    speed: Speed
+    runner_up: Candidate | None = None
+    runner_up_speed: Speed | None = None
+    tie: bool = False
+    remeasured: bool = False
+
+    @property
+    def margin(self) -> float | None:
+        """Pick over runner-up, relative to the runner-up's median (negative when a tie picked the slower)."""
+        if self.runner_up_speed is None:
+            return None
+        return self.speed.median / self.runner_up_speed.median - 1
+
+    @property
+    def spread(self) -> float:
+        """The larger relative half-width of the two medians' intervals: the noise the margin is weighed by."""
+        widths = [s.stats.half_width for s in (self.speed, self.runner_up_speed) if s is not None]
+        return max(widths)
+
+    def to_dict(self) -> dict:
+        return {
+            "pick": self.pick.to_dict(),
+            "speed": self.speed.to_dict(),
+            "runner_up": self.runner_up.to_dict() if self.runner_up else None,
+            "runner_up_speed": self.runner_up_speed.to_dict() if self.runner_up_speed else None,
+            "margin": self.margin,
+            "spread": self.spread,
+            "tie": self.tie,
+            "remeasured": self.remeasured,
+        }
+
+
 # "prepare": the tuner's own work before or between trials (building DeepSpeed's ops, replacing warm workers)
 SearchEventKind = Literal["prepare", "trial_start", "trial_end", "skip"]
 
@@ -115,7 +153,7 @@ class SearchOutcome:
     calibration: Calibration = field(default_factory=Calibration)
     stop_reason: StopReason | None = None
     stop_message: str = ""  # the reason in words, for people
-    margin: float | None = None  # pick vs runner-up, relative, after any re-measurement (close_call.Verdict)
+    margin: float | None = None  # pick vs runner-up, relative, after any re-measurement (Verdict)
     noise: float | None = None  # the larger relative half-width of the two medians' intervals
     remeasured: bool = False
     verdict: Verdict | None = None  # the pick, runner-up, speeds with spreads, tie or not
@@ -163,10 +201,10 @@ class LaunchPurpose:
 
     FIRST = "first of a group"  # a (rung, checkpointing, mode) group's first trial, at its predicted boundary
     BOUNDARY = "boundary walk"  # within a group, between the largest that ran and the smallest that did not
-    CONFIRM = "boundary confirmation"  # the pick's next micro-batch (`Search._confirm_boundary`)
+    CONFIRM = "boundary confirmation"  # the pick's next micro-batch (`Pick.confirm_boundary`)
     RATIO = "offload ratio"  # partial offload: the smallest fitting ratio at a micro-batch
-    CLOSE_CALL = "close-call re-measurement"  # interleaved rounds of a tie (autotune.search.close_call)
-    FRESH = "fresh-process confirmation"  # the pick once more in a process of its own (`Search._confirm_fresh`)
+    CLOSE_CALL = "close-call re-measurement"  # interleaved rounds of a tie (autotune.search.pick_decision)
+    FRESH = "fresh-process confirmation"  # the pick once more in a process of its own (`Pick.confirm_fresh`)
 
 
 RunTrial = Callable[[Candidate], tuple[TrialResult, bool]]  # -> (result, came from cache)

@@ -158,7 +158,7 @@ class TrialResult:
     @property
     def smaller_peak_point(self) -> tuple[int, int] | None:
         """(smaller micro-batch, its peak) from this one launch: the trial's peak less what its plain micro-steps
-        measured between the two micro-batches (memory is linear in the micro-batch, search._peak_line). The
+        measured between the two micro-batches (memory is linear in the micro-batch, SearchState.peak_line). The
         largest drop over the ranks, so a line through this point rises no slower than the truth: a peak outside
         the micro-steps (an optimizer step's) does not grow with the micro-batch, so the line over-predicts
         above the trial's micro-batch, never under."""

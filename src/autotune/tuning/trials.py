@@ -171,7 +171,7 @@ def search_with_trials(
         return launch(launchers.trials, candidate)
 
     confirm = launchers.confirm
-    # the pick's fresh confirmation is outside the budget (Search._confirm_fresh): not cut by it either
+    # the pick's fresh confirmation is outside the budget (Pick.confirm_fresh): not cut by it either
     confirm_fresh = None if confirm is None else (lambda candidate: launch(confirm, candidate, budgeted=False))
     left = None if deadline is None else max(0.0, deadline - time.monotonic())
     search = context_search(ctx, run, observe, confirm_fresh, time_left_s=left)
@@ -238,7 +238,7 @@ def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
 
 
 # Verdicts a warm worker may owe to an earlier trial's leftovers (pinned host blocks, a cached segment, a kernel
-# module): each would drop a candidate, or on the host side a whole rung (search/walk.py), and be cached, so where
+# module): each would drop a candidate, or host-side a whole rung (search/ladder_walk.py), and be cached, so where
 # a fresh process is at hand (the GPU default) it has the last word. A GPU out-of-memory is not among them: the
 # pick's fresh confirmation already catches a fit a warm worker got wrong the other way, and leftovers only add.
 WARM_DOUBTED_STATUSES = ("error", "oom_host")

@@ -30,8 +30,7 @@ from autotune.report.data import (
     VerdictEntry,
 )
 from autotune.request.context import TuneContext
-from autotune.search.close_call import Verdict
-from autotune.search.records import TIME_BUDGET_CUT, SearchOutcome, TrialRecord
+from autotune.search.records import TIME_BUDGET_CUT, SearchOutcome, TrialRecord, Verdict
 from autotune.training.checks import training_choices_report
 from autotune.tuning.for_context import mode_facts, planned_modes
 
