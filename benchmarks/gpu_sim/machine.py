@@ -570,8 +570,8 @@ class SimulatedCluster(RecordingMachine):
     def trials(self, launcher: Launcher) -> list[tuple[Candidate, bool]]:
         """The trials `launcher` runs, each with whether it runs in a process of its own. The GPU default runs
         everything recorded, the confirmations fresh. The other two do not confirm: the search runs the same trials
-        up to its first confirmation (Pick.confirm_fresh, search/pick_decision.py is its last step, and this machine answers a trial the
-        same every time) and stops there; every trial is fresh under FRESH, none under WARM."""
+        up to its first confirmation (search/pick_decision.py Pick.confirm_fresh is its last step, and this machine
+        answers a trial the same every time) and stops there; every trial is fresh under FRESH, none under WARM."""
         if launcher is Launcher.WARM_CONFIRMED:
             return [(c, i in self.fresh_runs) for i, c in enumerate(self.launched)]
         unconfirmed = self.launched[: min(self.fresh_runs, default=len(self.launched))]
