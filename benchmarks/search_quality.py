@@ -14,8 +14,9 @@ recommend); and the trials counted by why the search launched them (and, finer, 
 launcher's launches: the walk's direction and which launches another could have carried in its process). The
 search gets the same trial budget as before the modes existed (a quarter of the classic grid), so the modes have to
 pay for themselves in it; the confirmation is not held to it (search/pick_decision.py Pick.confirm_fresh). For each
-multi-node scenario, `multi_node`: today's launches against issue 44's two designs (gpu_sim/designs.py) and DeepSpeed Autotuning, with
-full-allocation launches, wall and GPU-hours (gpu_sim/scale.py: start-up figures are lower bounds).
+multi-node scenario, `multi_node`: today's launches against issue 44's two designs (gpu_sim/designs.py) and
+DeepSpeed Autotuning, with full-allocation launches, wall and GPU-hours (gpu_sim/scale.py: start-up figures are lower
+bounds).
 
 `under_default` (gpu_sim/budget_report.py): the search as the default runs it against the simulated clock
 (gpu_sim/budget.py), under the chooser's launcher and under an injected "warm across nodes + fresh confirmation"
