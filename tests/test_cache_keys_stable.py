@@ -1,0 +1,74 @@
+"""The results cache's keys do not move when the request's shape does: a row an earlier autotune wrote is still hit.
+
+The hex digests below were computed by autotune at 5f36582 (flat `TuneRequest`, before its sections) for the same
+requests, with the library versions, the allocator settings and DS_PIN_MEMORY_BACKEND fixed, so that only the
+request decides them. A change to what enters a key must be deliberate: it strands every cache row written before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from tests.fakes.hook import job_env
+
+from autotune.core.ladder import Rung
+from autotune.hook import run as hook_run
+from autotune.request.context import TuneContext
+from autotune.tuner import TuneRequest
+
+VERSIONS = {"deepspeed": "0.19.8", "torch": "2.13.0", "transformers": "5.0.0"}
+
+# name -> (the request's options, the trials' key, the answer's key) as 5f36582 computed them
+CONTEXT_KEYS = {
+    "defaults": ({}, "2e4fc98e59aa10d7aeed54a7", "431bbce1f7940892b18833d8"),
+    "many options": (
+        dict(
+            seq_len=512,
+            global_batch=64,
+            precision="bf16",
+            attention="eager",
+            optimizer="adafactor",
+            kernels="liger",
+            allow_approximate=True,
+            rungs=(Rung.Z2, Rung.Z3),
+            micro_batches=(1, 2, 4),
+            gpu_memory_fraction=0.5,
+            headroom=0.8,
+            max_trials=5,
+            out="elsewhere.json",
+        ),
+        "0e266606e3d3688d5156b8d8",
+        "7956b426d288dfaeb9dc2f47",
+    ),
+}
+
+# name -> (the hook's tuning options, the job key) as 5f36582 computed them
+JOB_KEYS = {
+    "defaults": ({}, "12ed2df0442bbe37a785cbd7"),
+    "many options": (
+        dict(seq_len=32, headroom=0.8, max_trials=3, rungs=(Rung.Z0,), micro_batches=(1, 2), out="x.json"),
+        "536e2b480b78b26770477cdf",
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def _fixed_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DS_PIN_MEMORY_BACKEND", raising=False)
+    monkeypatch.setattr(hook_run, "library_versions", lambda: dict(VERSIONS))
+
+
+@pytest.mark.parametrize("name", sorted(CONTEXT_KEYS))
+def test_a_tuning_keys_are_those_an_earlier_autotune_wrote(name: str) -> None:
+    options, trials_key, answer_key = CONTEXT_KEYS[name]
+    request = TuneRequest(model="gpt2", gpus=8, gpu_type="a100-80gb", **options)
+    ctx = replace(TuneContext.build(request, outputs=False), versions=dict(VERSIONS), allocator={})
+    assert (ctx.key, ctx.answer_key) == (trials_key, answer_key)
+
+
+@pytest.mark.parametrize("name", sorted(JOB_KEYS))
+def test_the_hook_job_key_is_the_one_an_earlier_autotune_wrote(name: str) -> None:
+    options, key = JOB_KEYS[name]
+    tuning = TuneRequest(model="tiny-gpt2", device="cpu", memory_budget="2GiB", **options)
+    assert hook_run.job_key(tuning, job_env(2)) == key
