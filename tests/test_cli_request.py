@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,8 @@ from autotune.cli import main
 from autotune.cli.request import NOT_OFFERED, offered_fields, recorded_options, source_of, unwired_fields
 from autotune.core.ladder import Rung
 from autotune.hook import HookRequest, JobOverrides
-from autotune.request.tune_request import TUNE_TIME_BUDGET_S, TuneRequest
+from autotune.request.asks import SearchAsk
+from autotune.request.tune_request import SECTION, TUNE_TIME_BUDGET_S, TuneRequest, flat_fields
 
 
 class Captured(Exception):
@@ -175,7 +176,8 @@ _NOT_IN_THE_REQUEST = {
 def test_every_request_field_is_an_option_of_each_command_or_declared_absent(command: str) -> None:
     parameters = _parameters(command)
     assert unwired_fields(command, parameters) == []
-    assert set(NOT_OFFERED[command]) <= {item.name for item in fields(TuneRequest)}  # no stale declaration
+    # no stale declaration: each names a field (flat) or a whole section
+    assert set(NOT_OFFERED[command]) <= {*flat_fields(), *(item.name for item in fields(TuneRequest))}
     read = {source_of(name).parameter for name in offered_fields(command)}
     assert parameters - read == _NOT_IN_THE_REQUEST[command]  # and no option the request forgets to read
 
@@ -184,9 +186,13 @@ def test_a_new_request_field_without_an_option_is_caught(monkeypatch: pytest.Mon
     """What a new TuneRequest field without CLI wiring does: every command names it, here and when it runs."""
     import autotune.cli.request
 
-    @dataclass(frozen=True)
-    class WiderRequest(TuneRequest):
+    @dataclass(frozen=True, kw_only=True)
+    class WiderSearch(SearchAsk):
         new_knob: int = 0
+
+    @dataclass(frozen=True, kw_only=True)
+    class WiderRequest(TuneRequest):
+        search: WiderSearch = field(default_factory=WiderSearch, metadata={SECTION: WiderSearch})
 
     monkeypatch.setattr(autotune.cli.request, "TuneRequest", WiderRequest)
     for command in ("tune", "plan", "hook"):
@@ -209,4 +215,4 @@ def test_check_reads_every_recorded_option_through_the_commands_mapping() -> Non
         headroom=0.8, trust_remote_code=True, optimizer="adafactor", lora_rank=4, lora_targets=("c_attn",),
         kernels="liger",
     )  # fmt: skip
-    assert set(recorded_options(recorded)) <= {source_of(item.name).parameter for item in fields(TuneRequest)}
+    assert set(recorded_options(recorded)) <= {source_of(name).parameter for name in flat_fields()}

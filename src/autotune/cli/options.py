@@ -26,7 +26,7 @@ def _gpu_types_help() -> str:
     return ", ".join(spec.key for spec in gpu_types())
 
 
-D = TuneRequest(model="")  # the defaults, read by attribute: `= D.headroom`
+D = TuneRequest(model="")  # the defaults, read by section and attribute: `= D.search.headroom`
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Built-in profile, local HF dir / config.json, or cached hub id.")

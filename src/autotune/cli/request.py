@@ -1,9 +1,11 @@
 """The one mapping from a command's options to the `TuneRequest` it asks for.
 
 `tune`, `plan` and `hook` build their request here, and `check` reads a tuning's recorded assumptions back
-through the same mapping. It is derived from `dataclasses.fields(TuneRequest)`: every field reads the command
-parameter of its own name, unless `_SOURCES` names another parameter or a conversion (cli/parsing.py). A field a
-command does not offer is declared in `NOT_OFFERED` with the reason and keeps the request's own default there.
+through the same mapping. It follows the request's sections (request/asks.py) by their fields' flat names
+(`flat_fields`, derived from the section dataclasses): every field reads the command parameter of its flat name,
+unless `_SOURCES` names another parameter or a conversion (cli/parsing.py). A field a command does not offer is
+declared in `NOT_OFFERED` with the reason, one field or a whole section at once (plan offers no output field), and
+keeps the request's own default there.
 So a new field needs an option or a declared absence in every command: building a request raises otherwise,
 and tests/test_cli_request.py checks every command without running one.
 """
@@ -12,11 +14,11 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.cli.parsing import command_words, parse_micro_batches, parse_name_list, parse_rung_list
-from autotune.request.tune_request import TuneRequest
+from autotune.request.tune_request import TuneRequest, flat_fields
 
 
 def _as_given(value: Any) -> Any:
@@ -53,7 +55,8 @@ _NO_TRIALS = "plan runs no trials"
 _WRITES_NOTHING = "plan writes nothing"
 _JOBS_GPUS = "the hook tunes on the job's own GPUs (SLURM/torchrun, or --gpus/--nodes as JobOverrides)"
 
-# Per command, the request fields it has no option for, and why: they keep TuneRequest's default there.
+# Per command, the request fields it has no option for, and why: they keep TuneRequest's default there. A key that
+# names a section (request/asks.py) declares every field of it.
 NOT_OFFERED: dict[str, dict[str, str]] = {
     "tune": {
         "micro_batch": "the search picks the micro-batch; --micro-batches restricts its grid",
@@ -66,11 +69,7 @@ NOT_OFFERED: dict[str, dict[str, str]] = {
         "trial_workers": _NO_TRIALS,
         "command": _NO_TRIALS,
         "consumer": _NO_TRIALS,
-        "out": _WRITES_NOTHING,
-        "report_dir": _WRITES_NOTHING,
-        "hf": _WRITES_NOTHING,
-        "use_cache": "plan neither reads nor writes the results cache (tune does)",
-        "cache_dir": "plan neither reads nor writes the results cache (tune does)",
+        "output": f"{_WRITES_NOTHING}, and neither reads nor writes the results cache (tune does)",
         "script": "the script is named in the launch commands tune writes",
         "tokens_per_step": "plan takes the global batch in samples only (--global-batch)",
         "base_config": "plan's --config is the config it answers for (config), not one to tune on",
@@ -93,9 +92,15 @@ NOT_OFFERED: dict[str, dict[str, str]] = {
 }
 
 
+# Request fields no command offers, by flat name, and why: the Python API (`TuneRequest.of`) alone sets them.
+API_ONLY: dict[str, str] = {}
+
+
 def offered_fields(command: str) -> list[str]:
-    """The request fields `command` reads from its options, in TuneRequest's order."""
-    return [item.name for item in fields(TuneRequest) if item.name not in NOT_OFFERED[command]]
+    """The request fields `command` reads from its options, by flat name in the sections' order."""
+    absent = NOT_OFFERED[command]
+    table = flat_fields(TuneRequest)
+    return [name for name, where in table.items() if name not in absent and where.section not in absent]
 
 
 def unwired_fields(command: str, parameters: Collection[str]) -> list[str]:
@@ -114,7 +119,7 @@ def request_from_options(command: str, options: Mapping[str, Any]) -> TuneReques
 def request_from_given(options: Mapping[str, Any]) -> TuneRequest:
     """The request these options ask for, every field whose option is not among them at TuneRequest's default:
     for options read back from elsewhere (a tuning's record), where a missing one means "as by default"."""
-    return _built(options, [item.name for item in fields(TuneRequest) if source_of(item.name).parameter in options])
+    return _built(options, [name for name in flat_fields(TuneRequest) if source_of(name).parameter in options])
 
 
 def _built(options: Mapping[str, Any], names: Iterable[str]) -> TuneRequest:
@@ -122,7 +127,7 @@ def _built(options: Mapping[str, Any], names: Iterable[str]) -> TuneRequest:
     for name in names:
         source = source_of(name)
         given[name] = source.convert(options[source.parameter])
-    return TuneRequest(**given)
+    return TuneRequest.of(**given)
 
 
 # A tuning's recorded assumptions (TuneContext.assumptions, written beside its config) -> the option each was.

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -41,6 +41,7 @@ from autotune.infra.atomic import atomic_write_text
 from autotune.infra.paths import cache_dir
 from autotune.infra.terminate import Terminated
 from autotune.request.cache_keys import run_key
+from autotune.request.tune_request import section_flat_names
 
 if TYPE_CHECKING:
     from autotune.hardware.machine_probe import GpuInfo
@@ -52,8 +53,10 @@ if TYPE_CHECKING:
 # the job, the tuning, the shared dir, the environment -> the job's facts for tune's one chooser (or a test's launcher)
 LauncherChooser = Callable[[JobEnv, "TuneRequest", Path, Mapping[str, str]], "TrialLauncher | JobFacts | None"]
 GpuProber = Callable[[], "list[GpuInfo]"]
-# TuneRequest fields that describe the job or where output goes, not what is tuned: left out of the key
-_NOT_IN_KEY = ("model", "gpus", "nodes", "out", "report_dir", "hf", "use_cache", "cache_dir", "script")
+# TuneRequest fields (flat names) that describe the job or where output goes, not what is tuned: left out of the key.
+# The whole output section (request/asks.py), the model (its content is hashed instead), the job's own shape, and the
+# script its own launch line runs.
+_NOT_IN_KEY = (*section_flat_names("output"), "model", "gpus", "nodes", "script")
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ def job_key(tuning: TuneRequest, job: JobEnv) -> str:
 
     source = resolve_model(tuning.model, tuning.trust_remote_code)
     model = json.dumps({"config": source.config, "architecture": source.architecture}, sort_keys=True)
-    options = {k: v for k, v in asdict(tuning).items() if k not in _NOT_IN_KEY}
+    options = {k: v for k, v in tuning.flat_values().items() if k not in _NOT_IN_KEY}
     return run_key(
         {
             "hook": 1,

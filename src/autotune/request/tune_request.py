@@ -9,23 +9,15 @@ and exit 2 before anything runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from autotune.core.choices import (
-    KERNELS,
-    TRIAL_WORKERS,
-    Attention,
-    Device,
-    Kernels,
-    Precision,
-    TrialWorkers,
-    is_one_of,
-)
+from autotune.core.choices import KERNELS, TRIAL_WORKERS, Kernels, is_one_of
 from autotune.core.ladder import Rung
 from autotune.core.units import parse_bytes
 from autotune.errors import UserError
+from autotune.request.asks import FLAT_NAME, HardwareAsk, ModelAsk, OutputAsk, SearchAsk, TrainingAsk
 from autotune.trial.launch.chooser import confirms_fresh, uses_warm
 
 MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
@@ -39,78 +31,103 @@ RELATIVE_POSITION_DEFAULT_SEQ_LEN = 512  # T5 paper, section 3.1.2: "sequence le
 # and a budget-cut hook tuning is a fallback `--strict` refuses.
 TUNE_TIME_BUDGET_S = 600.0
 DEFAULT_SEQ_LEN_CAP = 2048  # a model's context is used up to this; longer contexts are a choice, not a default
+# A TuneRequest field's metadata key: the section dataclass it holds (`flat_fields` reads it there, so a request type a
+# test widens is read the same way).
+SECTION = "section"
 
 
 @dataclass(frozen=True, kw_only=True)
 class TuneRequest:
-    """What the user asked for, with the defaults every command shares. The choices' Literal types
-    (autotune.core.choices) hold once `validate` has accepted the request."""
+    """What the user asked for, in sections (request/asks.py has the table), with the defaults every command shares.
+    The choices' Literal types (autotune.core.choices) hold once `validate` has accepted the request.
 
-    model: str
-    gpus: int | None = None
-    nodes: int = 1
-    gpu_type: str | None = None
-    gpu_memory: str | None = None  # "80GiB"; a bare number is GiB (said on stderr by the CLI)
-    device: Device = "cuda"  # "cpu": real trials on the CPU backend
-    memory_budget: str | None = None  # per-rank cap for --device cpu, e.g. "2GiB"; a bare number is GiB
-    seq_len: int | None = None
-    global_batch: int | None = None
-    precision: Precision | None = None
-    attention: Attention = "sdpa"
-    headroom: float = 0.9
-    max_trials: int = 12
-    time_budget_s: float | None = None
-    max_micro_batch: int = 256
-    micro_batches: tuple[int, ...] | None = None  # explicit grid; default powers of two
-    rungs: tuple[Rung, ...] | None = None  # restrict the ladder
-    nvme_path: str | None = None
-    gpu_memory_fraction: float | None = None
-    trial_timeout_s: float = 900.0
-    out: str = "ds_config.json"
-    report_dir: str | None = None  # default: the config's directory
-    hf: bool = False
-    use_cache: bool = True
-    cache_dir: str | None = None  # a directory; the results cache is results.sqlite inside it
-    script: str | None = None  # the user's training script: must exist when given; "train.py" in commands otherwise
-    trust_remote_code: bool = False
-    tokens_per_step: int | None = None  # a global batch in tokens (autotune.core.batch); exclusive with global_batch
-    optimizer: str = "adamw"  # an autotune.training.optimizers name; trials run it and the config names it
-    lora_rank: int | None = None  # LoRA adapters of this rank through peft on a frozen base
-    lora_targets: tuple[str, ...] | None = None  # default: peft's target modules for the model type
-    micro_batch: int | None = None  # fixed micro-batch per GPU: the grid is [micro_batch], nothing searched
-    host_memory: str | None = None  # host RAM per node when planning for another machine, e.g. "64GiB"; bare = GiB
-    decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (default: seq_len)
-    config: str | None = None  # a user's ds_config (JSON/hjson) whose fit `plan` answers (autotune.config_question)
-    # tune/hook: the user's ds_config the tuned one is built on; every key outside the tuned set is kept
-    # (autotune.dsconfig.base_config), and its global batch, precision and optimizer are the job's
-    base_config: str | None = None
-    kernels: Kernels = "stock"  # fused training kernels the user's training runs (Liger, flash-attn's): activations
-    # Own-command mode (`autotune ... -- <command>`): every trial runs this launch command with the candidate
-    # substituted in (trial/script_mode.py); None: our synthetic worker.
-    command: tuple[str, ...] | None = None
-    # What the own command runs: "hf" (an HF Trainer script: it gets the .hf.json) or "deepspeed" (a plain script: the
-    # plain ds_config.json); None: told from the command (trial/own_command/script_command.py,
-    # CommandTemplate.consumer).
-    consumer: str | None = None
-    # Modes that change the update rule or the numerics (ZenFlow, ZeRO++ quantization, partial offload ratio;
-    # modes.applies.approximation) join the search only when the user opts in: by default the tuned config trains
-    # the same model the same way (same optimizer math, global batch and precision).
-    allow_approximate: bool = False
-    # How trials are run: "warm" workers serve trial after trial (start-up paid once, a new process after a failure or
-    # when memory an earlier trial left grows past the pool's limit, trial/launch/warm.py); "fresh" starts a process per
-    # trial, as the user's job is. "auto": warm workers, and on GPUs the pick confirmed in a fresh process before it
-    # is recommended (Search.confirm_fresh): on the CPU backend warm and fresh peaks were measured equal
-    # (benchmarks/README.md, "Warm workers and DeepSpeed's leftovers"); on GPUs nobody has compared them yet (the GPU
-    # kit's warm stage does), so the one figure the user relies on, the pick's peak, is a fresh process's.
-    trial_workers: TrialWorkers = "auto"
+    Built from flat names with `TuneRequest.of(model="gpt2", gpus=8)` and changed with `request.updated(gpus=4)`;
+    read by section: `request.hardware.gpus`. The dataclass constructor itself takes the sections."""
+
+    model: ModelAsk = field(metadata={SECTION: ModelAsk})  # no default: a request names its model
+    hardware: HardwareAsk = field(default_factory=HardwareAsk, metadata={SECTION: HardwareAsk})
+    training: TrainingAsk = field(default_factory=TrainingAsk, metadata={SECTION: TrainingAsk})
+    search: SearchAsk = field(default_factory=SearchAsk, metadata={SECTION: SearchAsk})
+    output: OutputAsk = field(default_factory=OutputAsk, metadata={SECTION: OutputAsk})
+
+    @classmethod
+    def of(cls: type[R], **flat: Any) -> R:
+        """The request these flat names ask for (request/asks.py: every field's flat name), the rest at defaults;
+        an unknown name is a TypeError, as for any dataclass."""
+        table = flat_fields(cls)
+        grouped = _grouped(flat, table)
+        if missing := [item.name for item in fields(cls) if item.name not in grouped and _required(item)]:
+            raise TypeError(
+                f"TuneRequest.of() needs {', '.join(f for name in missing for f in _flat_names(table, name))}"
+            )
+        return cls(**{name: _section_type(cls, name)(**values) for name, values in grouped.items()})
+
+    def updated(self: R, **flat: Any) -> R:
+        """This request with the fields these flat names give changed (dataclasses.replace, by flat name)."""
+        grouped = _grouped(flat, flat_fields(type(self)))
+        return replace(self, **{name: replace(getattr(self, name), **values) for name, values in grouped.items()})
+
+    def flat_values(self) -> dict[str, Any]:
+        """Every field by its flat name, in the sections' order: the flat view a results-cache key is made of."""
+        table = flat_fields(type(self))
+        return {flat: getattr(getattr(self, where.section), where.name) for flat, where in table.items()}
+
+
+R = TypeVar("R", bound=TuneRequest)
+
+
+@dataclass(frozen=True)
+class FlatField:
+    """Where one flat name lives: the TuneRequest field holding its section, and the field within the section."""
+
+    section: str
+    name: str
+    default: Any
+
+
+def flat_fields(request_type: type[TuneRequest] = TuneRequest) -> dict[str, FlatField]:
+    """Flat name -> where it lives, derived from the section dataclasses' fields (a field's own name, or the one its
+    metadata declares); a flat name two sections share is a TypeError."""
+    table: dict[str, FlatField] = {}
+    for holder in fields(request_type):
+        for item in fields(_section_type(request_type, holder.name)):
+            flat = item.metadata.get(FLAT_NAME, item.name)
+            if flat in table:
+                raise TypeError(f"flat name {flat!r} is in both {table[flat].section} and {holder.name}")
+            table[flat] = FlatField(holder.name, item.name, item.default)
+    return table
+
+
+def section_flat_names(section_name: str, request_type: type[TuneRequest] = TuneRequest) -> tuple[str, ...]:
+    """The flat names of one section's fields, e.g. the output fields the hook's job key leaves out."""
+    return _flat_names(flat_fields(request_type), section_name)
 
 
 def default_of(name: str) -> Any:
-    """The default of one TuneRequest field, for the CLI's option declarations."""
-    for item in fields(TuneRequest):
-        if item.name == name:
-            return item.default
-    raise KeyError(name)
+    """The default of one field by its flat name (`dataclasses.MISSING` for the model), for declarations that share
+    the request's defaults (check/fit.py)."""
+    return flat_fields()[name].default
+
+
+def _section_type(request_type: type[TuneRequest], name: str) -> type:
+    return next(item.metadata[SECTION] for item in fields(request_type) if item.name == name)
+
+
+def _required(item: Field) -> bool:
+    return item.default is MISSING and item.default_factory is MISSING
+
+
+def _flat_names(table: dict[str, FlatField], section_name: str) -> tuple[str, ...]:
+    return tuple(flat for flat, where in table.items() if where.section == section_name)
+
+
+def _grouped(flat: dict[str, Any], table: dict[str, FlatField]) -> dict[str, dict[str, Any]]:
+    grouped: dict[str, dict[str, Any]] = {}
+    for name, value in flat.items():
+        if name not in table:
+            raise TypeError(f"TuneRequest has no field {name!r}")
+        grouped.setdefault(table[name].section, {})[table[name].name] = value
+    return grouped
 
 
 def memory_size(text: str, what: str) -> int:
