@@ -45,7 +45,7 @@ TWIN_STEPS = 5  # plain micro-steps timed at the twin point (the trial's parts u
 
 
 def demo_context() -> TuneContext:
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="gpt2-small-demo", device="cpu", memory_budget="8GiB", seq_len=128, precision="fp32", out="unused.json"
     )
     return TuneContext.build(request, outputs=False)

@@ -8,7 +8,7 @@
 On the same machine, in one run, the same model is tuned three ways over the grid all three can express
 (ZeRO stages 0-3 without offload x the given micro-batches, at one global batch):
   1. exhaustive: every grid point as a real autotune trial; the best measured within the memory limit wins;
-  2. autotune: tune(TuneRequest(...)) restricted to the same rungs and micro-batches;
+  2. autotune: tune(TuneRequest.of(...)) restricted to the same rungs and micro-batches;
   3. DeepSpeed Autotuning: `deepspeed --autotuning tune` in fast mode with the same stages and micro-batches.
 Each method's wall time to a recommendation and its process launches are recorded; each chosen config is
 then re-measured with one fixed trial so the throughputs compare. A second scenario gives autotune a

@@ -29,7 +29,7 @@ TUNER_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # what tuner._launcher_for give
 
 
 def demo_context() -> TuneContext:
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="gpt2-small-demo", device="cpu", memory_budget="8GiB", seq_len=128, precision="fp32", out="unused.json"
     )
     return TuneContext.build(request, outputs=False)

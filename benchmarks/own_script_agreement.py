@@ -59,7 +59,7 @@ def _uptime() -> str:
 
 
 def context() -> TuneContext:
-    request = TuneRequest(model=str(MODEL), device="cpu", memory_budget="2GiB", seq_len=64, micro_batches=[2, 8],
+    request = TuneRequest.of(model=str(MODEL), device="cpu", memory_budget="2GiB", seq_len=64, micro_batches=[2, 8],
                           out="unused.json", command=list(COMMAND))  # fmt: skip
     return TuneContext.build(request, outputs=False)
 

@@ -181,14 +181,14 @@ def test_numbers_without_a_unit_are_gib_and_say_so(capsys: pytest.CaptureFixture
 def test_t5_takes_longer_sequences_and_says_the_decoder_length(tmp_path: Path) -> None:
     """T5 has relative positions: 1024 tokens are allowed, and the report says the decoder uses --seq-len too."""
     out = tmp_path / "ds.json"
-    result = tune(TuneRequest(model="t5-3b", gpus=8, gpu_type="a100-80gb", seq_len=1024, out=str(out)))
+    result = tune(TuneRequest.of(model="t5-3b", gpus=8, gpu_type="a100-80gb", seq_len=1024, out=str(out)))
     assert result.report.seq_len == 1024
     assert any("decoder" in note for note in result.report.notes)
 
 
 @pytest.mark.parametrize("status", ["timeout", "error"])
 def test_trials_that_never_complete_are_not_reported_as_nothing_fits(tmp_path: Path, status: str) -> None:
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="tiny-gpt2", device="cpu", memory_budget="1GiB", seq_len=32, rungs=(Rung.Z0, Rung.Z2),
         out=str(tmp_path / "ds.json"), use_cache=False,
     )  # fmt: skip
@@ -206,7 +206,7 @@ def test_a_symlinked_out_stays_a_symlink(tmp_path: Path) -> None:
     target.parent.mkdir()
     link = tmp_path / "ds_config.json"
     link.symlink_to(Path("real") / "ds_config.json")
-    tune(TuneRequest(model="gpt2", gpu_type="t4", out=str(link)))
+    tune(TuneRequest.of(model="gpt2", gpu_type="t4", out=str(link)))
     assert link.is_symlink() and json.loads(target.read_text())["train_micro_batch_size_per_gpu"] >= 1
 
 

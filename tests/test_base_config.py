@@ -35,7 +35,7 @@ NO_INVENTED = ("lr", "weight_decay", "gradient_clipping", "betas", "eps")
 def _tune(tmp_path: Path, **options):
     from autotune.tuner import TuneRequest, tune
 
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=64, gpus=1, max_trials=3,
         rungs=(Rung.Z2, Rung.Z2_OFFLOAD_OPT), out=str(tmp_path / "ds_config.json"), use_cache=False, **options,
     )  # fmt: skip
@@ -144,7 +144,7 @@ def test_hook_takes_the_base_and_the_opt_in_as_tune_does(tmp_path: Path, monkeyp
     with pytest.raises(SystemExit):
         main([*options, "--config", str(base_path), "--allow-approximate"])
     (tuning,) = seen
-    assert tuning.base_config == str(base_path) and tuning.allow_approximate
+    assert tuning.training.base_config == str(base_path) and tuning.search.allow_approximate
     with pytest.raises(SystemExit) as exited:  # an unreadable base: one line, before any coordination
         main([*options, "--config", str(tmp_path / "missing.json")])
     assert exited.value.code == 2 and len(seen) == 1

@@ -62,7 +62,7 @@ def _fixed_machine(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("name", sorted(CONTEXT_KEYS))
 def test_a_tuning_keys_are_those_an_earlier_autotune_wrote(name: str) -> None:
     options, trials_key, answer_key = CONTEXT_KEYS[name]
-    request = TuneRequest(model="gpt2", gpus=8, gpu_type="a100-80gb", **options)
+    request = TuneRequest.of(model="gpt2", gpus=8, gpu_type="a100-80gb", **options)
     ctx = replace(TuneContext.build(request, outputs=False), versions=dict(VERSIONS), allocator={})
     assert (ctx.key, ctx.answer_key) == (trials_key, answer_key)
 
@@ -70,5 +70,5 @@ def test_a_tuning_keys_are_those_an_earlier_autotune_wrote(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(JOB_KEYS))
 def test_the_hook_job_key_is_the_one_an_earlier_autotune_wrote(name: str) -> None:
     options, key = JOB_KEYS[name]
-    tuning = TuneRequest(model="tiny-gpt2", device="cpu", memory_budget="2GiB", **options)
+    tuning = TuneRequest.of(model="tiny-gpt2", device="cpu", memory_budget="2GiB", **options)
     assert hook_run.job_key(tuning, job_env(2)) == key

@@ -297,7 +297,7 @@ def _hot_journal(database: Path) -> Path:
 def test_a_hot_journal_planted_by_another_user_is_refused_in_one_line(tmp_path: Path, caplog) -> None:
     request = tune_request(tmp_path, micro_batches=(1, 2, 4))
     tune(request, launcher=CountingLauncher())
-    database = Path(request.cache_dir) / "results.sqlite"
+    database = Path(request.output.cache_dir) / "results.sqlite"
     journal = _hot_journal(database)
     os.chown(journal, OTHER, OTHER)
     os.chmod(journal, 0o666)
@@ -315,7 +315,7 @@ def test_a_hot_journal_planted_by_another_user_is_refused_in_one_line(tmp_path: 
 def test_a_foreign_owned_database_gives_one_line_and_the_tune_completes(tmp_path: Path, caplog) -> None:
     request = tune_request(tmp_path, micro_batches=(1, 2, 4))
     tune(request, launcher=CountingLauncher())
-    os.chown(Path(request.cache_dir) / "results.sqlite", OTHER, OTHER)
+    os.chown(Path(request.output.cache_dir) / "results.sqlite", OTHER, OTHER)
     with caplog.at_level(logging.WARNING):
         result = tune(request, launcher=CountingLauncher())
     assert result.verified and not result.from_cache and result.trials_launched > 0
@@ -351,7 +351,7 @@ def test_a_row_signed_with_another_key_is_dropped_and_measured_again(tmp_path: P
     """Another user can write rows into a file they can reach, but not with this user's key."""
     request = tune_request(tmp_path, micro_batches=(1, 2, 4))
     first = tune(request, launcher=CountingLauncher())
-    database = Path(request.cache_dir) / "results.sqlite"
+    database = Path(request.output.cache_dir) / "results.sqlite"
     own_config = os.environ["XDG_CONFIG_HOME"]
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "mallory"))  # a different user's key
     mallory = ResultsCache(database)
@@ -374,7 +374,7 @@ def test_a_correctly_signed_but_impossible_row_is_refused_as_corrupt(tmp_path: P
     """1e9 samples/s and a 1000 B peak: above the machine's peak FLOP/s for the model, below its own weights."""
     request = tune_request(tmp_path, micro_batches=(1, 2, 4))
     first = tune(request, launcher=CountingLauncher())
-    database = Path(request.cache_dir) / "results.sqlite"
+    database = Path(request.output.cache_dir) / "results.sqlite"
     cache = ResultsCache(database)
     with sqlite3.connect(database) as db:
         db.execute("DELETE FROM signed_recommendations")
@@ -397,7 +397,7 @@ def test_a_resigned_row_claiming_only_samples_per_s_is_bounded_too(tmp_path: Pat
     pick's speed (the bound read tokens/s only); now its samples/s times the run's sequence length is bounded."""
     request = tune_request(tmp_path, micro_batches=(1, 2))
     first = tune(request, launcher=CountingLauncher())
-    database = Path(request.cache_dir) / "results.sqlite"
+    database = Path(request.output.cache_dir) / "results.sqlite"
     cache = ResultsCache(database)
     forged = TrialResult("ok", step_times_s=[1e-9] * 3, samples_per_s=1e9)
     with sqlite3.connect(database) as db:
@@ -451,7 +451,7 @@ def test_a_read_only_cache_degrades_to_no_cache_with_one_line(tmp_path: Path) ->
 
     request = tune_request(tmp_path, micro_batches=(1, 2, 4))
     tune(request, launcher=CountingLauncher())  # a populated cache, then mounted read-only
-    cache_dir = request.cache_dir
+    cache_dir = request.output.cache_dir
     (tmp_path / "out").mkdir()
     script = (
         f"mount --bind {cache_dir} {cache_dir} && mount -o remount,bind,ro {cache_dir} && "

@@ -53,7 +53,7 @@ def base(tmp_path: Path) -> Path:
 
 def test_tune_with_no_options_asks_for_the_request_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     # the one default tune states apart from the request's: its time budget (request/tune_request.py)
-    defaults = TuneRequest(model="gpt2", time_budget_s=TUNE_TIME_BUDGET_S)
+    defaults = TuneRequest.of(model="gpt2", time_budget_s=TUNE_TIME_BUDGET_S)
     assert built_request(monkeypatch, "--model", "gpt2") == defaults
     assert built_request(monkeypatch, "tune", "-m", "gpt2") == defaults
 
@@ -71,7 +71,7 @@ def test_tune_with_every_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         "--config", str(base), "--trial-workers", "fresh", "--json", "-v", "--", "torchrun", "train.py", "--deepspeed",
         "{ds_config}",
     ]  # fmt: skip
-    assert built_request(monkeypatch, *argv) == TuneRequest(
+    assert built_request(monkeypatch, *argv) == TuneRequest.of(
         model="gpt2", gpus=2, nodes=1, gpu_memory="24", seq_len=128, decoder_seq_len=64, global_batch=16,
         precision="fp16", attention="eager", headroom=0.8, max_trials=5, time_budget_s=60.0, max_micro_batch=32,
         micro_batches=(1, 2, 4), rungs=(Rung.Z0, Rung.Z2_OFFLOAD_OPT), nvme_path=str(tmp_path),
@@ -86,19 +86,19 @@ def test_tune_with_every_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 def test_tune_on_the_cpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     argv = ["--model", "tiny-gpt2", "--device", "cpu", "--gpus", "2", "--memory-budget", "2GiB", "-s", "32"]
     budget = TUNE_TIME_BUDGET_S  # tune's stated default time budget
-    expected = TuneRequest(
+    expected = TuneRequest.of(
         model="tiny-gpt2", device="cpu", gpus=2, memory_budget="2GiB", seq_len=32, time_budget_s=budget
     )
     assert built_request(monkeypatch, *argv) == expected
     argv = ["--model", "gpt2", "--gpu-type", "a100-80gb", "--tokens-per-step", "4096", "--rungs", "", "--", "x"]
-    expected = TuneRequest(
+    expected = TuneRequest.of(
         model="gpt2", gpu_type="a100-80gb", tokens_per_step=4096, command=("x",), time_budget_s=budget
     )
     assert built_request(monkeypatch, *argv) == expected
 
 
 def test_plan_with_no_options_and_with_every_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert built_request(monkeypatch, "plan", "--model", "gpt2") == TuneRequest(model="gpt2")
+    assert built_request(monkeypatch, "plan", "--model", "gpt2") == TuneRequest.of(model="gpt2")
     argv = [
         "plan", "-m", "gpt2", "-g", "4", "-n", "2", "--gpu-type", "a100-80gb", "--gpu-memory-fraction", "0.5",
         "-s", "256", "--global-batch", "64", "--precision", "bf16", "--headroom", "0.7", "--attention", "flash",
@@ -107,7 +107,7 @@ def test_plan_with_no_options_and_with_every_option(monkeypatch: pytest.MonkeyPa
         "--lora-rank", "4", "--lora-targets", "c_attn", "--kernels", "flash-attn-fused", "--host-memory", "128GiB",
         "--decoder-seq-len", "32", "--config", "user.json", "--grad-checkpointing", "-v", "--json",
     ]  # fmt: skip
-    assert built_request(monkeypatch, *argv) == TuneRequest(
+    assert built_request(monkeypatch, *argv) == TuneRequest.of(
         model="gpt2", gpus=4, nodes=2, gpu_type="a100-80gb", gpu_memory_fraction=0.5, seq_len=256, global_batch=64,
         precision="bf16", headroom=0.7, attention="flash", max_micro_batch=16, micro_batches=(2, 8),
         rungs=(Rung.Z3,), nvme_path=str(tmp_path), trust_remote_code=True, allow_approximate=True, micro_batch=2,
@@ -115,7 +115,7 @@ def test_plan_with_no_options_and_with_every_option(monkeypatch: pytest.MonkeyPa
         host_memory="128GiB", decoder_seq_len=32, config="user.json",
     )  # fmt: skip
     argv = ["plan", "-m", "tiny-gpt2", "--device", "cpu", "--memory-budget", "1", "--micro-batches", ""]
-    expected = TuneRequest(model="tiny-gpt2", device="cpu", memory_budget="1")
+    expected = TuneRequest.of(model="tiny-gpt2", device="cpu", memory_budget="1")
     assert built_request(monkeypatch, *argv) == expected
 
 
@@ -124,7 +124,9 @@ def test_hook_keeps_the_jobs_shape_and_shared_directory_out_of_the_tuning(
 ) -> None:
     out = str(tmp_path / "ds.json")
     minimal = built_request(monkeypatch, "hook", "--model", "gpt2", "--out", out)
-    assert minimal == HookRequest(tuning=TuneRequest(model="gpt2", out=out), shared_dir=None, overrides=JobOverrides())
+    assert minimal == HookRequest(
+        tuning=TuneRequest.of(model="gpt2", out=out), shared_dir=None, overrides=JobOverrides()
+    )
     shared = str(tmp_path / "shared")
     argv = [
         "hook", "-m", "tiny-gpt2", "--out", out, "--cache-dir", shared, "--time-budget", "120", "--strict",
@@ -137,7 +139,7 @@ def test_hook_keeps_the_jobs_shape_and_shared_directory_out_of_the_tuning(
         "--trial-workers", "fresh",
         "--", "torchrun", "--nproc-per-node", "{gpus}", "train.py", "--deepspeed", "{ds_config}",
     ]  # fmt: skip
-    tuning = TuneRequest(
+    tuning = TuneRequest.of(
         model="tiny-gpt2", out=out, time_budget_s=120.0, device="cpu", memory_budget="2", seq_len=64,
         decoder_seq_len=16, global_batch=8, precision="fp32", attention="eager", headroom=0.5, max_trials=3,
         max_micro_batch=8, micro_batches=(2, 4), rungs=(Rung.Z0, Rung.Z3), nvme_path=str(tmp_path),
@@ -210,7 +212,7 @@ def test_check_reads_every_recorded_option_through_the_commands_mapping() -> Non
         "trust_remote_code": True, "optimizer": "adafactor", "lora_rank": 4, "lora_targets": ["c_attn"],
         "decoder_seq_len": None, "memory_bytes_per_rank": 40 * 2**30, "kernels": "liger", "grad_checkpointing": True,
     }  # fmt: skip
-    assert request_as_recorded(recorded, seq_len=None) == TuneRequest(
+    assert request_as_recorded(recorded, seq_len=None) == TuneRequest.of(
         model="gpt2", gpus=2, nodes=1, gpu_type="a100-40gb", seq_len=256, precision="bf16", attention="eager",
         headroom=0.8, trust_remote_code=True, optimizer="adafactor", lora_rank=4, lora_targets=("c_attn",),
         kernels="liger",

@@ -39,7 +39,7 @@ def test_the_trial_batch_gives_the_decoder_its_own_length() -> None:
 
 
 def test_the_trial_spec_carries_the_requested_decoder_length() -> None:
-    request = TuneRequest(model="t5-small", gpus=1, gpu_type="a100-80gb", seq_len=512, decoder_seq_len=128)
+    request = TuneRequest.of(model="t5-small", gpus=1, gpu_type="a100-80gb", seq_len=512, decoder_seq_len=128)
     ctx = TuneContext.build(request, outputs=False)
     spec = ctx.spec(Candidate(Rung.Z0, micro_batch=2))
     assert (spec.seq_len, spec.decoder_seq_len) == (512, 128)

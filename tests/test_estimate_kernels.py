@@ -186,13 +186,13 @@ def test_tune_notes_say_the_synthetic_trials_run_stock_modules():
     from autotune.request.context import kernel_notes
     from autotune.request.tune_request import TuneRequest
 
-    liger = TuneRequest(model="m", kernels="liger")
-    assert kernel_notes(TuneRequest(model="m"), trials_run=True) == []
+    liger = TuneRequest.of(model="m", kernels="liger")
+    assert kernel_notes(TuneRequest.of(model="m"), trials_run=True) == []
     plan_only = kernel_notes(liger, trials_run=False)
     assert len(plan_only) == 1 and "Liger" in plan_only[0]
     with_trials = kernel_notes(liger, trials_run=True)
     assert len(with_trials) == 2 and "stock modules" in with_trials[1]
-    own_command = TuneRequest(model="m", kernels="liger", command=("python", "train.py"))
+    own_command = TuneRequest.of(model="m", kernels="liger", command=("python", "train.py"))
     assert len(kernel_notes(own_command, trials_run=True)) == 1  # the user's own job runs their kernels
 
 

@@ -102,7 +102,7 @@ def test_the_hook_asks_the_question_tune_asks(tmp_path: Path, monkeypatch) -> No
     with pytest.raises(SystemExit):
         main(["hook", *OPTIONS, "--cache-dir", str(tmp_path), *args])
     (tuning,) = seen
-    assert (tuning.optimizer, tuning.lora_rank, tuning.lora_targets, tuning.kernels) == (
+    assert (tuning.training.optimizer, tuning.model.lora_rank, tuning.model.lora_targets, tuning.model.kernels) == (
         "adafactor",
         8,
         ("c_attn",),

@@ -23,7 +23,7 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's 
 
 
 def _request(tmp_path: Path, shared: Path, wait_timeout_s: float = 3600.0) -> HookRequest:
-    tuning = TuneRequest(
+    tuning = TuneRequest.of(
         model="tiny-gpt2", device="cpu", memory_budget="1GiB", seq_len=32, out=str(tmp_path / "ds.json")
     )
     return HookRequest(tuning, str(shared), wait_timeout_s=wait_timeout_s, poll_interval_s=0.05)
@@ -45,7 +45,7 @@ def test_a_world_writable_hook_directory_is_not_coordinated_in_and_the_job_gets_
     fake = FakeTune()
     result = run_hook(_request(tmp_path, tmp_path / "shared"), environ={}, tune_fn=fake, say=said.append)
     assert json.loads((tmp_path / "ds.json").read_text())["train_micro_batch_size_per_gpu"] >= 1
-    assert result.role == "leader" and len(fake.requests) == 1 and not fake.requests[0].use_cache
+    assert result.role == "leader" and len(fake.requests) == 1 and not fake.requests[0].output.use_cache
     assert len(said) == 1 and "writable by every user" in said[0] and "tuning locally" in said[0]
     assert sorted(p.name for p in hook.iterdir()) == []  # no lock taken, nothing published
 

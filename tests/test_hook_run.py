@@ -51,9 +51,9 @@ def test_one_tunes_then_every_later_call_is_a_hit_with_identical_bytes(tmp_path:
     assert json.loads((tmp_path / "a/ds_config.json").read_text()) == TUNED
     assert first.record.status == "complete" and first.to_dict()["sha256"] == second.to_dict()["sha256"]
     tuned_with = fake.requests[0]
-    assert (tuned_with.gpus, tuned_with.nodes) == (1, 1)
-    assert tuned_with.cache_dir == str(tmp_path / "shared")  # a directory, as for `autotune --cache-dir`
-    assert tuned_with.out != str(tmp_path / "a/ds_config.json")  # staged privately, then copied
+    assert (tuned_with.hardware.gpus, tuned_with.hardware.nodes) == (1, 1)
+    assert tuned_with.output.cache_dir == str(tmp_path / "shared")  # a directory, as for `autotune --cache-dir`
+    assert tuned_with.output.out != str(tmp_path / "a/ds_config.json")  # staged privately, then copied
     # what `autotune check` reads lies beside every process's --out, leader's and hit's alike
     for out in ("a", "b"):
         record = read_assumptions(tmp_path / out / "ds_config.json")
@@ -68,7 +68,7 @@ def test_one_tunes_then_every_later_call_is_a_hit_with_identical_bytes(tmp_path:
 def test_the_job_shape_comes_from_slurm_and_changes_the_key(tmp_path: Path) -> None:
     fake = FakeTune()
     result = slurm_hook(hook_request(tmp_path / "ds.json", tmp_path), slurm_env(), tune_fn=fake)
-    assert (fake.requests[0].gpus, fake.requests[0].nodes, result.job.world_size) == (4, 2, 8)
+    assert (fake.requests[0].hardware.gpus, fake.requests[0].hardware.nodes, result.job.world_size) == (4, 2, 8)
     facts = fake.launchers[0]  # trials would span both nodes as one srun step
     assert isinstance(facts, JobFacts) and choose_launch(facts).kind == "srun" and facts.nodes == 2
     alone = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=fake)
@@ -96,7 +96,12 @@ def test_plan_only_recommendation_when_nothing_was_verified(tmp_path: Path) -> N
     assert (result.record.status, result.record.source, result.record.verified) == ("fallback", "plan only", False)
     assert json.loads((tmp_path / "ds.json").read_text()) == PLANNED
     plan = fake.requests[-1]
-    assert (plan.device, plan.gpu_memory, plan.precision, plan.use_cache) == ("cuda", f"{2**30}B", "bf16", False)
+    assert (plan.hardware.device, plan.hardware.gpu_memory, plan.training.precision, plan.output.use_cache) == (
+        "cuda",
+        f"{2**30}B",
+        "bf16",
+        False,
+    )
     assert "NOT verified" in (result.record.warning or "")
 
 
@@ -105,7 +110,7 @@ def test_time_budget_stop_is_a_fallback_with_a_warning(tmp_path: Path) -> None:
     result = run_hook(hook_request(tmp_path / "ds.json", tmp_path, time_budget_s=5), environ={}, tune_fn=fake)
     assert (result.record.status, result.record.source) == ("fallback", "best verified so far")
     assert "time budget spent" in (result.record.warning or "")
-    assert fake.requests[0].trial_timeout_s == 5  # no single trial may outlast the budget
+    assert fake.requests[0].search.trial_timeout_s == 5  # no single trial may outlast the budget
 
 
 def test_bad_input_fails_every_rank_of_the_job_with_one_tuning(tmp_path: Path) -> None:

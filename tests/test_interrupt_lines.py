@@ -52,7 +52,7 @@ def test_a_stopped_tuning_says_whether_a_rerun_resumes(tmp_path: Path, cache_mod
     cache = tmp_path / "cache"
     cache.mkdir()
     cache.chmod(cache_mode)
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="tiny-gpt2", device="cpu", memory_budget="1GiB", seq_len=32, rungs=(Rung.Z0,),
         out=str(tmp_path / "ds.json"), cache_dir=str(cache),
     )  # fmt: skip

@@ -70,7 +70,7 @@ def tune_answer(request: TuneRequest, env: dict[str, str]) -> tuple | str:
 
 def hook_answer(request: TuneRequest, env: dict[str, str], *, slurm: bool, shared: Path) -> tuple | str:
     try:
-        facts = choose_launcher(job(request.nodes, slurm=slurm), request, shared, env, which=every_tool)
+        facts = choose_launcher(job(request.hardware.nodes, slurm=slurm), request, shared, env, which=every_tool)
         with launcher_for(request, facts, which=every_tool) as chosen:
             return answer(chosen)
     except UserError as error:
@@ -81,7 +81,7 @@ def hook_answer(request: TuneRequest, env: dict[str, str], *, slurm: bool, share
 def test_tune_and_hook_choose_the_same_launchers(
     nodes: int, slurm: bool, torchrun: bool, workers: str, device: str, tmp_path: Path
 ) -> None:
-    request = TuneRequest(model="tiny-gpt2", device=device, nodes=nodes, trial_workers=workers)  # type: ignore[arg-type]
+    request = TuneRequest.of(model="tiny-gpt2", device=device, nodes=nodes, trial_workers=workers)
     env = environment(slurm=slurm, torchrun=torchrun)
     want = expected(nodes, slurm, torchrun, workers, device)
     tune, hook = tune_answer(request, env), hook_answer(request, env, slurm=slurm, shared=tmp_path)
@@ -101,7 +101,7 @@ def test_a_node_list_outside_slurm_runs_the_deepspeed_launcher_over_a_hostfile(t
     """Only the hook knows a node list (tune has no --nodelist): its trials reach the nodes with pdsh, on CPU and
     GPUs, on a port clear of the job's own."""
     for device in ("cpu", "cuda"):
-        request = TuneRequest(model="tiny-gpt2", device=device, nodes=2)  # type: ignore[arg-type]
+        request = TuneRequest.of(model="tiny-gpt2", device=device, nodes=2)
         env = environment(slurm=False, torchrun=torchrun)
         the_job = JobEnv(
             "none",
@@ -126,7 +126,7 @@ def test_a_node_list_outside_slurm_runs_the_deepspeed_launcher_over_a_hostfile(t
 
 
 def test_srun_trials_from_the_hook_go_to_the_shared_dir_with_the_first_node_as_master(tmp_path: Path) -> None:
-    request = TuneRequest(model="tiny-gpt2", device="cuda", nodes=2)
+    request = TuneRequest.of(model="tiny-gpt2", device="cuda", nodes=2)
     facts = choose_launcher(
         job(2, slurm=True, nodelist=("gpu07", "gpu08")), request, tmp_path, {"SLURM_JOB_ID": "9"}, which=every_tool
     )
@@ -140,7 +140,7 @@ def test_srun_trials_from_the_hook_go_to_the_shared_dir_with_the_first_node_as_m
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_an_own_command_runs_every_trial_itself_from_tune_and_hook(nodes: int, tmp_path: Path) -> None:
     command = ("python", "train.py", "--deepspeed", "{ds_config}")
-    request = TuneRequest(model="tiny-gpt2", device="cpu", nodes=nodes, command=command)
+    request = TuneRequest.of(model="tiny-gpt2", device="cpu", nodes=nodes, command=command)
     with launcher_for(request, None, environ={}) as tuned:
         assert isinstance(tuned.trials, ScriptLauncher) and tuned.confirm is None
     facts = choose_launcher(job(nodes, slurm=False), request, tmp_path, {}, which=every_tool)
@@ -149,7 +149,7 @@ def test_an_own_command_runs_every_trial_itself_from_tune_and_hook(nodes: int, t
 
 
 def test_missing_client_tools_fail_the_hook_before_it_tunes(tmp_path: Path) -> None:
-    request = TuneRequest(model="tiny-gpt2", device="cuda", nodes=2)
+    request = TuneRequest.of(model="tiny-gpt2", device="cuda", nodes=2)
     none = lambda name: None  # noqa: E731
     with pytest.raises(UserError, match="srun, which is not on PATH"):
         choose_launcher(job(2, slurm=True, nodelist=("h1", "h2")), request, tmp_path, {"SLURM_JOB_ID": "9"}, which=none)
@@ -158,7 +158,7 @@ def test_missing_client_tools_fail_the_hook_before_it_tunes(tmp_path: Path) -> N
 
 
 def test_a_launcher_of_the_callers_is_used_as_given() -> None:
-    request = TuneRequest(model="tiny-gpt2", device="cuda", nodes=2)
+    request = TuneRequest.of(model="tiny-gpt2", device="cuda", nodes=2)
     given = LocalLauncher()
     with launcher_for(request, given, environ={}) as chosen:
         assert chosen.trials is given and chosen.confirm is None

@@ -14,7 +14,6 @@ import resource
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,7 +84,7 @@ def test_an_offload_rung_that_would_mlock_past_the_limit_is_ruled_out_not_tried(
         "autotune.hardware.machine_probe.probe_locked_memory", lambda: LockedMemory(LIMIT, cap_ipc_lock=False)
     )
     launcher = CountingLauncher()
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=64, rungs=(Rung.Z2_OFFLOAD_OPT, Rung.Z0),
         micro_batches=(1, 2), out=str(tmp_path / "ds.json"), use_cache=False,
     )  # fmt: skip
@@ -94,7 +93,7 @@ def test_an_offload_rung_that_would_mlock_past_the_limit_is_ruled_out_not_tried(
     assert result.candidate.rung is Rung.Z0
     skipped = " ".join(str(s.to_json()) for s in result.report.skipped)
     assert "ulimit -l 64.0 KiB" in skipped and "mlock" in skipped
-    only_offload = replace(request, rungs=(Rung.Z2_OFFLOAD_OPT,), out=str(tmp_path / "only_offload.json"))
+    only_offload = request.updated(rungs=(Rung.Z2_OFFLOAD_OPT,), out=str(tmp_path / "only_offload.json"))
     with pytest.raises(NothingFitsError, match="ulimit -l"):
         tune(only_offload, launcher=CountingLauncher())
 

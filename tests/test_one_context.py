@@ -46,7 +46,7 @@ def test_plan_and_plan_only_tune_recommend_the_same_config(
 ) -> None:
     shape = ["--model", model, "--gpus", str(gpus), "--nodes", str(nodes), "--gpu-type", gpu_type]
     code, planned = _plan_json(capsys, *shape)
-    request = TuneRequest(model=model, gpus=gpus, nodes=nodes, gpu_type=gpu_type, out=str(tmp_path / "ds.json"))
+    request = TuneRequest.of(model=model, gpus=gpus, nodes=nodes, gpu_type=gpu_type, out=str(tmp_path / "ds.json"))
     if planned["recommended"] is None:
         assert code == 3
         return
@@ -68,10 +68,10 @@ def test_tune_leaves_the_callers_environment_and_deepspeed_accelerator_as_found(
     before = dict(os.environ)
     common = {"model": "tiny-gpt2", "seq_len": 64, "cache_dir": str(tmp_path / "cache")}
     tune(
-        TuneRequest(device="cpu", memory_budget="2GiB", rungs=(Rung.Z0,), out=str(tmp_path / "cpu.json"), **common),
+        TuneRequest.of(device="cpu", memory_budget="2GiB", rungs=(Rung.Z0,), out=str(tmp_path / "cpu.json"), **common),
         launcher=CountingLauncher(),
     )
-    tune(TuneRequest(gpu_type="a100-80gb", out=str(tmp_path / "plan.json"), **common))  # validated by DeepSpeed
+    tune(TuneRequest.of(gpu_type="a100-80gb", out=str(tmp_path / "plan.json"), **common))  # validated by DeepSpeed
     assert dict(os.environ) == before
     assert "DS_ACCELERATOR" not in os.environ
     assert real_accelerator.ds_accelerator is cached_before
@@ -111,7 +111,6 @@ def test_check_passes_on_the_plan_only_config_autotune_wrote(
 def test_check_reads_the_recorded_request_back_with_request_defaults_for_what_the_record_lacks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dataclasses import replace
 
     from autotune.cli.check import request_as_recorded
 
@@ -122,18 +121,27 @@ def test_check_reads_the_recorded_request_back_with_request_defaults_for_what_th
     assert exited.value.code == 0, capsys.readouterr().err
     recorded = json.loads((tmp_path / "ds_config.autotune.json").read_text())
     request = request_as_recorded(recorded, seq_len=None)
-    asked = (request.model, request.gpus, request.gpu_type, request.headroom, request.attention, request.optimizer)
+    asked = (
+        request.model.name,
+        request.hardware.gpus,
+        request.hardware.gpu_type,
+        request.search.headroom,
+        request.model.attention,
+        request.training.optimizer,
+    )
     assert asked == ("gpt2", 2, "a100-40gb", 0.8, "eager", "adafactor")
-    assert request.seq_len == recorded["seq_len"] and request_as_recorded(recorded, seq_len=64).seq_len == 64
+    assert (
+        request.model.seq_len == recorded["seq_len"] and request_as_recorded(recorded, seq_len=64).model.seq_len == 64
+    )
     # An older record with only its model: every other field is TuneRequest's own default, restated nowhere.
-    assert request_as_recorded({"model": "gpt2"}, seq_len=None) == TuneRequest(model="gpt2")
+    assert request_as_recorded({"model": "gpt2"}, seq_len=None) == TuneRequest.of(model="gpt2")
     cpu = request_as_recorded({"model": "gpt2", "device": "cpu", "memory_bytes_per_rank": 2**30}, seq_len=None)
-    assert cpu == replace(TuneRequest(model="gpt2"), device="cpu", memory_budget=f"{2**30}B")
+    assert cpu == TuneRequest.of(model="gpt2").updated(device="cpu", memory_budget=f"{2**30}B")
 
 
 def test_check_passes_on_a_cpu_tune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "ds_config.json"
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="tiny-gpt2", device="cpu", memory_budget="1GiB", seq_len=64, rungs=(Rung.Z0, Rung.Z3), out=str(out),
         cache_dir=str(tmp_path / "cache"),
     )  # fmt: skip
@@ -168,7 +176,7 @@ def test_a_repeat_cpu_tune_without_a_budget_is_a_cache_hit_despite_jitter(
     """The CPU budget defaults to the RAM available now, which moves between runs. Memory did not bind this
     search (the largest micro-batch fitted easily), so any limit the stored choice still fits gets the hit."""
     available = _jittery_ram(monkeypatch)
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="tiny-gpt2", device="cpu", seq_len=64, rungs=(Rung.Z0,), micro_batches=(1, 2),
         out=str(tmp_path / "ds.json"), cache_dir=str(tmp_path / "cache"),
     )  # fmt: skip
@@ -189,7 +197,7 @@ def test_when_memory_bound_the_search_more_memory_means_a_new_search(
 ) -> None:
     available = _jittery_ram(monkeypatch)
     available[0] = 2**30
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="tiny-gpt2", device="cpu", seq_len=64, rungs=(Rung.Z0,), micro_batches=(1, 2, 4, 8, 16, 32),
         out=str(tmp_path / "ds.json"), cache_dir=str(tmp_path / "cache"),
     )  # fmt: skip

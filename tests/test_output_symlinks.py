@@ -85,6 +85,6 @@ def test_a_link_to_a_new_file_and_then_to_autotunes_own_output_is_followed(tmp_p
     link = tmp_path / "ds_config.json"
     link.symlink_to(Path("real") / "ds_config.json")
     for _ in range(2):
-        tune(TuneRequest(model="gpt2", gpu_type="t4", out=str(link)))
+        tune(TuneRequest.of(model="gpt2", gpu_type="t4", out=str(link)))
         assert link.is_symlink() and json.loads(target.read_text())["train_micro_batch_size_per_gpu"] >= 1
     assert (target.parent / "ds_config.autotune.json").is_file()

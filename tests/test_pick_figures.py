@@ -23,7 +23,7 @@ INTERLEAVED = {0: [[0.8, 0.9, 1.0], [1.0, 1.1, 1.2]], 3: [[0.9, 1.0, 1.1], [0.95
 def _tuned(tmp_path):
     steps = {stage: [FIRST_PASS[stage], *INTERLEAVED[stage]] for stage in FIRST_PASS}
     launcher = PhasedSpeedLauncher(steps)
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="tiny-gpt2",
         device="cpu",
         memory_budget="2GiB",

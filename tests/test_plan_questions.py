@@ -225,7 +225,7 @@ def test_host_memory_is_for_planning_elsewhere():
     from autotune.request.validation import validate
 
     with pytest.raises(UserError, match="--host-memory"):
-        validate(TuneRequest(model="gpt2", device="cpu", host_memory="64"), outputs=False)
+        validate(TuneRequest.of(model="gpt2", device="cpu", host_memory="64"), outputs=False)
 
 
 def test_unknown_host_prefers_a_config_without_host_offload():
@@ -233,7 +233,7 @@ def test_unknown_host_prefers_a_config_without_host_offload():
     the fastest fit; with it unknown, the pick is a fit that needs no host offload, and its estimate is its own."""
     model = summarize(resolve_model("mistral-7b", False))
     target = Target(resolve_gpu_type("a100-80gb"), 2, 1, 80 * GIB)
-    request = TuneRequest(model="mistral-7b", gpu_type="a100-80gb", gpus=2)
+    request = TuneRequest.of(model="mistral-7b", gpu_type="a100-80gb", gpus=2)
     unknown = recommend(TuneContext.build(request, model=model, target=target, outputs=False))
     known = recommend(
         TuneContext.build(request, model=model, target=replace(target, host_ram_bytes=1024 * GIB), outputs=False)
@@ -249,7 +249,7 @@ def test_unknown_host_prefers_a_config_without_host_offload():
 def test_probed_target_passes_the_local_stack_and_profiles_do_not():
     model = summarize(resolve_model("gpt2", False))
     spec = resolve_gpu_type("a100-80gb")
-    request = TuneRequest(model="gpt2")
+    request = TuneRequest.of(model="gpt2")
     probed = TuneContext.build(request, model=model, target=Target(spec, 1, 1, 80 * GIB, measured=True), outputs=False)
     planned = TuneContext.build(request, model=model, target=Target(spec, 1, 1, 80 * GIB), outputs=False)
     assert probed.settings.stack == local_stack(spec.compute_capability)
@@ -262,9 +262,9 @@ def test_known_gradient_accumulation_reaches_the_knobs():
     assert known_accumulation(64, None, 4) is None  # the search varies it
     model = summarize(resolve_model("gpt2", False))
     target = Target(resolve_gpu_type("a100-80gb"), 2, 1, 80 * GIB)
-    free = TuneContext.build(TuneRequest(model="gpt2", gpus=2), model=model, target=target, outputs=False)
+    free = TuneContext.build(TuneRequest.of(model="gpt2", gpus=2), model=model, target=target, outputs=False)
     pinned = TuneContext.build(
-        TuneRequest(model="gpt2", gpus=2, global_batch=64), model=model, target=target, outputs=False
+        TuneRequest.of(model="gpt2", gpus=2, global_batch=64), model=model, target=target, outputs=False
     )
     assert free.settings.knobs.gradient_accumulation_steps == 1
     assert pinned.settings.knobs.gradient_accumulation_steps is None
@@ -279,7 +279,7 @@ def test_known_gradient_accumulation_reaches_the_knobs():
 def test_plan_only_tune_notes_the_host_need(tmp_path):
     from autotune.tuner import tune
 
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="mistral-7b", gpus=1, gpu_type="rtx-4090", out=str(tmp_path / "ds.json"), use_cache=False
     )
     result = tune(request)
@@ -291,7 +291,7 @@ def test_plan_only_tune_holds_host_memory(tmp_path):
     from autotune.errors import NothingFitsError
     from autotune.tuner import tune
 
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="mistral-7b", gpus=1, gpu_type="rtx-4090", host_memory="64", out=str(tmp_path / "ds.json"),
         use_cache=False,
     )  # fmt: skip
@@ -454,7 +454,7 @@ def test_nothing_classic_fits_but_partial_offload_does_and_the_message_says_so(c
     assert code == 3
     ratio, micro_batch = _named_ratio(err)
     assert _named_ratio(" ".join(out.split())) == (ratio, micro_batch)
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="llama-3.2-1b", gpus=1, gpu_type="rtx-4090", seq_len=1024, host_memory="14GiB",
         out=str(tmp_path / "ds.json"), use_cache=False, allow_approximate=True,
     )  # fmt: skip
@@ -471,7 +471,7 @@ def test_nothing_classic_fits_but_partial_offload_does_and_the_message_says_so(c
     from autotune.errors import NothingFitsError
     from autotune.tuner import tune
 
-    plan_only = replace(request, rungs=(Rung.Z3, Rung.Z3_OFFLOAD_OPT))
+    plan_only = request.updated(rungs=(Rung.Z3, Rung.Z3_OFFLOAD_OPT))
     with pytest.raises(NothingFitsError) as raised:
         tune(plan_only)
     assert _named_ratio(str(raised.value)) == (ratio, micro_batch)

@@ -101,8 +101,8 @@ def test_cpu_tune_defaults_to_fp32_without_native_bf16(monkeypatch) -> None:
 
     for native, expected in ((False, "fp32"), (True, "bf16")):
         monkeypatch.setattr(probe, "cpu_has_native_bf16", lambda native=native: native)
-        ctx = context.TuneContext.build(TuneRequest(model="tiny-gpt2", device="cpu", memory_budget="2GiB"))
+        ctx = context.TuneContext.build(TuneRequest.of(model="tiny-gpt2", device="cpu", memory_budget="2GiB"))
         assert ctx.precision == expected
         assert any("no native bf16" in note for note in ctx.notes) == (not native)
-        explicit = TuneRequest(model="tiny-gpt2", device="cpu", memory_budget="2GiB", precision="bf16")
+        explicit = TuneRequest.of(model="tiny-gpt2", device="cpu", memory_budget="2GiB", precision="bf16")
         assert context.TuneContext.build(explicit).precision == "bf16"

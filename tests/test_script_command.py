@@ -195,15 +195,14 @@ def test_cli_rejects_a_bad_command_in_one_line(tmp_path: Path) -> None:
 
 
 def test_hook_takes_the_same_command_form_and_keys_on_it(tmp_path: Path) -> None:
-    from dataclasses import replace
 
     from autotune.hook.env import JobEnv
     from autotune.hook.run import job_key
     from autotune.tuner import TuneRequest
 
     job = JobEnv("none", None, 1, 1, rank=0, node_rank=0, local_rank=0, nodelist=(), master_addr=None)
-    plain = TuneRequest(model="tiny-gpt2", device="cpu")
-    own = replace(plain, command=("python", "train.py", "--deepspeed", "{ds_config}"))
+    plain = TuneRequest.of(model="tiny-gpt2", device="cpu")
+    own = plain.updated(command=("python", "train.py", "--deepspeed", "{ds_config}"))
     assert job_key(plain, job) != job_key(own, job)  # a published synthetic answer is not reused for a script
     command = ["python", "train.py", "--deepspeed", "{ds_config}", "{nope}"]
     out = str(tmp_path / "c.json")
@@ -232,11 +231,11 @@ def test_tune_in_own_command_mode_emits_the_users_config_without_hooks_and_repor
     user_config.write_text(json.dumps({"scheduler": {"type": "WarmupLR"}, "autotuning": {"enabled": True,
                                        "arg_mappings": {"train_micro_batch_size_per_gpu": "--bs"}}}))  # fmt: skip
     command = ("python", "train.py", "--deepspeed", str(user_config), "--bs", "1")
-    request = TuneRequest(model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=64, micro_batches=(2, 4),
+    request = TuneRequest.of(model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=64, micro_batches=(2, 4),
                           rungs=(Rung.Z0,), out=str(tmp_path / "out" / "ds_config.json"), use_cache=False,
                           command=command)  # fmt: skip
     assert isinstance(script_launcher(request), ScriptLauncher)
-    assert script_launcher(TuneRequest(model="tiny-gpt2")) is None
+    assert script_launcher(TuneRequest.of(model="tiny-gpt2")) is None
     hooks = script_launcher(request).trial_config(_spec(), tmp_path / "m.json")["autotuning"]  # type: ignore[union-attr]
     assert hooks == {"enabled": True, "start_profile_step": 3, "end_profile_step": 5,
                      "metric_path": str(tmp_path / "m.json")}  # fmt: skip
@@ -267,27 +266,26 @@ def test_hook_leaves_own_command_trials_to_the_tuner(tmp_path: Path) -> None:
     run_hook(request, environ={}, tune_fn=fake)
     [facts] = fake.launchers
     assert isinstance(facts, JobFacts) and facts.command == command and choose_launch(facts).kind == "own_command"
-    assert fake.requests[0].command == command
+    assert fake.requests[0].training.command == command
 
 
 def test_the_command_is_part_of_the_request_its_validation_and_the_cache_keys(tmp_path: Path) -> None:
     """One request, one context: the command is checked by TuneRequest's validate(), is part of the context's
     question (trials and answer keys), and a stored own-command answer is served again (the emitted config,
     user's base config merged, is what cached_answer compares)."""
-    from dataclasses import replace
 
     from autotune.request.context import TuneContext
     from autotune.request.validation import validate
     from autotune.tuner import TuneRequest, tune
 
     with pytest.raises(UserError, match=r"unknown placeholder\(s\) \{nope\}"):
-        validate(TuneRequest(model="tiny-gpt2", command=("python", "t.py", "--deepspeed", "{ds_config}", "{nope}")))
+        validate(TuneRequest.of(model="tiny-gpt2", command=("python", "t.py", "--deepspeed", "{ds_config}", "{nope}")))
     user_config = tmp_path / "ds.json"
     user_config.write_text(json.dumps({"scheduler": {"type": "WarmupLR"}}))
-    request = TuneRequest(model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=64, micro_batches=(2, 4),
+    request = TuneRequest.of(model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=64, micro_batches=(2, 4),
                           rungs=(Rung.Z0,), out=str(tmp_path / "out" / "ds_config.json"), cache_dir=str(tmp_path / "c"),
                           command=("python", "train.py", "--deepspeed", str(user_config)))  # fmt: skip
-    synthetic = replace(request, command=None)
+    synthetic = request.updated(command=None)
     own_ctx, plain_ctx = TuneContext.build(request), TuneContext.build(synthetic)
     assert own_ctx.key != plain_ctx.key and own_ctx.answer_key != plain_ctx.answer_key
     first = tune(request, launcher=OwnCommandLauncher())

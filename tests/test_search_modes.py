@@ -350,7 +350,7 @@ def _tune_request(tmp_path, **overrides):
         use_cache=False,
         allow_approximate=True,  # a partial offload ratio changes the update (autotune.modes.applies.approximation)
     )
-    return TuneRequest(**{**base, **overrides})
+    return TuneRequest.of(**{**base, **overrides})
 
 
 def test_tune_passes_the_modes_to_the_search_and_writes_the_winning_ratio(tmp_path) -> None:
@@ -421,7 +421,7 @@ def test_plan_only_lists_the_modes_as_predictions(tmp_path) -> None:
     from autotune import tune
     from autotune.tuner import TuneRequest
 
-    request = TuneRequest(
+    request = TuneRequest.of(
         model="llama-2-7b", gpus=4, gpu_type="a10g", seq_len=256, out=str(tmp_path / "ds.json"), allow_approximate=True
     )
     result = tune(request)

@@ -27,7 +27,7 @@ def _request(directory, **overrides) -> TuneRequest:
         out=str(directory / "ds_config.json"),
         use_cache=False,
     )
-    return TuneRequest(**{**base, **overrides})
+    return TuneRequest.of(**{**base, **overrides})
 
 
 def test_sigterm_mid_tune_writes_all_seven_files_marked_stopped(tmp_path) -> None:

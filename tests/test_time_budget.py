@@ -25,7 +25,7 @@ from autotune.tuning.trials import budgeted_spec
 def test_tune_has_a_stated_default_time_budget() -> None:
     default = inspect.signature(tune_command).parameters["time_budget"].default
     assert default == TUNE_TIME_BUDGET_S == 600.0
-    assert TuneRequest(model="x").time_budget_s is None  # the API and the hook keep none unless given
+    assert TuneRequest.of(model="x").search.time_budget_s is None  # the API and the hook keep none unless given
 
 
 def test_the_budget_bounds_the_whole_tune_and_the_summary_says_what_was_not_tried(tmp_path, capsys) -> None:
@@ -67,7 +67,7 @@ def test_a_trial_timeout_is_cut_only_by_a_nearer_deadline() -> None:
 
 
 def _request(tmp_path, budget: float) -> TuneRequest:
-    return TuneRequest(
+    return TuneRequest.of(
         model="tiny-gpt2",
         device="cpu",
         memory_budget="2GiB",

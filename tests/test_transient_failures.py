@@ -51,7 +51,7 @@ def test_an_error_about_the_config_stays_an_error() -> None:
 
 
 def _request(tmp_path: Path) -> TuneRequest:
-    return TuneRequest(
+    return TuneRequest.of(
         model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=32, rungs=(Rung.Z0,), micro_batches=(2,),
         out=str(tmp_path / "ds_config.json"), cache_dir=str(tmp_path / "cache"),
     )  # fmt: skip

@@ -33,7 +33,7 @@ from autotune.tuning.trials import launcher_for
 def test_warm_workers_by_default_and_on_gpus_the_pick_confirmed_fresh(
     device: str, asked: str, warm: bool, confirmed: bool
 ) -> None:
-    request = TuneRequest(model="tiny-gpt2", device=device, trial_workers=asked)
+    request = TuneRequest.of(model="tiny-gpt2", device=device, trial_workers=asked)
     validate(request, outputs=False)
     assert uses_warm_workers(request) is warm
     assert confirms_pick_in_fresh_process(request) is confirmed
@@ -41,7 +41,7 @@ def test_warm_workers_by_default_and_on_gpus_the_pick_confirmed_fresh(
 
 @pytest.mark.parametrize("overrides", [{"nodes": 2}, {"command": ("python", "train.py")}])
 def test_several_nodes_and_an_own_command_start_a_fresh_process_per_trial(overrides: dict) -> None:
-    request = TuneRequest(model="tiny-gpt2", device="cuda", **overrides)
+    request = TuneRequest.of(model="tiny-gpt2", device="cuda", **overrides)
     assert not uses_warm_workers(request) and not confirms_pick_in_fresh_process(request)
 
 
@@ -49,7 +49,7 @@ def test_several_nodes_and_an_own_command_start_a_fresh_process_per_trial(overri
 def test_the_tuner_starts_the_launcher_the_request_asks_for(device: str) -> None:
     """No process starts here: the pool starts its workers at its first trial."""
     for asked, kind in (("warm", WarmWorkerPool), ("fresh", LocalLauncher), ("auto", WarmWorkerPool)):
-        with launcher_for(TuneRequest(model="tiny-gpt2", device=device, trial_workers=asked), None) as chosen:
+        with launcher_for(TuneRequest.of(model="tiny-gpt2", device=device, trial_workers=asked), None) as chosen:
             assert isinstance(chosen.trials, kind)
             assert chosen.trials.env == ({"MALLOC_MMAP_THRESHOLD_": "65536"} if device == "cpu" else {})
             if asked == "auto" and device == "cuda":
@@ -70,7 +70,7 @@ def test_the_tuner_starts_the_launcher_the_request_asks_for(device: str) -> None
 )
 def test_warm_workers_refused_where_they_cannot_run(overrides: dict, words: str) -> None:
     with pytest.raises(UserError, match=words):
-        validate(TuneRequest(model="tiny-gpt2", **overrides), outputs=False)
+        validate(TuneRequest.of(model="tiny-gpt2", **overrides), outputs=False)
 
 
 def test_a_bad_choice_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -1,7 +1,6 @@
 """The tuner end to end: real CPU trials where it matters, an injected launcher where only logic is tested."""
 
 import json
-from dataclasses import replace
 
 import pytest
 from tests.conftest import run_cli
@@ -73,13 +72,13 @@ def test_interrupted_run_resumes_from_finished_trials(tmp_path) -> None:
     hit = tune(request, launcher=third)
     assert hit.from_cache and not third.specs  # latency: benchmarks/cache_hit.py
     assert hit.config_path.read_bytes() == result.config_path.read_bytes()
-    assert tune(replace(request, use_cache=False), launcher=CountingLauncher()).from_cache is False
+    assert tune(request.updated(use_cache=False), launcher=CountingLauncher()).from_cache is False
 
 
 def test_nothing_fits_exits_3_with_the_shortfall(tmp_path) -> None:
     with pytest.raises(NothingFitsError, match="shortfall"):
         tune(
-            TuneRequest(
+            TuneRequest.of(
                 model="llama-2-70b", gpus=1, gpu_type="t4", rungs=(Rung.Z0, Rung.Z2), out=str(tmp_path / "x.json")
             )
         )
@@ -116,7 +115,7 @@ def test_real_search_decides_from_what_it_measured_with_fewer_trials(tmp_path) -
     result = tune(request)
     assert result.verified and result.candidate is not None
     trials = result.report.to_json()["trials"]
-    grid_size = len(request.rungs or ()) * 2 * 3
+    grid_size = len(request.search.rungs or ()) * 2 * 3
     assert 0 < result.trials_launched == len(trials)
     assert len({json.dumps(t["candidate"], sort_keys=True) for t in trials}) < grid_size  # re-measures repeat some
     fitted = [t for t in trials if t["within_headroom"]]
@@ -132,7 +131,7 @@ def test_real_search_decides_from_what_it_measured_with_fewer_trials(tmp_path) -
     assert result.candidate.micro_batch == max(group)
     tried = {(t["candidate"]["rung"], t["candidate"]["grad_checkpointing"]) for t in trials}
     skipped = {(s.rung, s.grad_checkpointing) for s in result.report.skipped if s.reason}
-    assert tried | skipped == {(r.value, ck) for r in request.rungs or () for ck in (False, True)}
+    assert tried | skipped == {(r.value, ck) for r in request.search.rungs or () for ck in (False, True)}
 
 
 @pytest.mark.slow
@@ -217,7 +216,7 @@ def test_narrower_rungs_or_grid_reuse_the_trials_already_measured(tmp_path) -> N
     first = CountingLauncher()
     tune(request, launcher=first)
     measured = {json.dumps(spec.ds_config, sort_keys=True) for spec in first.specs}
-    for narrower_request in (replace(request, rungs=(Rung.Z0, Rung.Z1)), replace(request, micro_batches=(2, 4))):
+    for narrower_request in (request.updated(rungs=(Rung.Z0, Rung.Z1)), request.updated(micro_batches=(2, 4))):
         narrower = CountingLauncher()
         result = tune(narrower_request, launcher=narrower)
         assert not result.from_cache  # another question: the narrower search is decided again ...
@@ -226,5 +225,5 @@ def test_narrower_rungs_or_grid_reuse_the_trials_already_measured(tmp_path) -> N
         assert result.report is not None and any(t.from_cache for t in result.report.trials)
     # what makes a trial valid stays in the key: another sequence length measures again
     other = CountingLauncher()
-    tune(replace(request, rungs=(Rung.Z0,), micro_batches=(1,), seq_len=32), launcher=other)
+    tune(request.updated(rungs=(Rung.Z0,), micro_batches=(1,), seq_len=32), launcher=other)
     assert len(other.specs) == 1

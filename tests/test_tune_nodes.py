@@ -42,7 +42,7 @@ def test_node_results_merge_to_the_root_cause() -> None:
 @pytest.mark.slow
 def test_two_node_direct_tuning_on_localhost(tmp_path) -> None:
     result = tune(
-        TuneRequest(
+        TuneRequest.of(
             model="tiny-gpt2",
             device="cpu",
             gpus=1,

@@ -82,7 +82,7 @@ def test_plan_and_tune_say_a_differing_deepspeed_once(
             main(["plan", "--model", "tiny-gpt2", "--gpu-type", "a100-80gb", "--json"])
         return json.loads(capsys.readouterr().out)["notes"]
 
-    request = TuneRequest(model="tiny-gpt2", gpu_type="a100-80gb")
+    request = TuneRequest.of(model="tiny-gpt2", gpu_type="a100-80gb")
     for have, said in (("0.17.6", 1), (DEEPSPEED_READ_AGAINST, 0)):
         monkeypatch.setattr(autotune.core.versions, "installed", {"deepspeed": have}.get)
         assert sum("DeepSpeed facts" in note for note in plan_notes()) == said

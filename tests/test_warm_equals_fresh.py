@@ -106,7 +106,7 @@ def _request(tmp_path: Path, **overrides: object) -> TuneRequest:
         model="tiny-gpt2", device="cpu", memory_budget="2GiB", seq_len=64, rungs=(Rung.Z3,), micro_batches=(1, 2),
         out=str(tmp_path / "ds_config.json"), cache_dir=str(tmp_path / "cache"),
     )  # fmt: skip
-    return TuneRequest(**{**base, **overrides})
+    return TuneRequest.of(**{**base, **overrides})
 
 
 def test_a_warm_only_host_oom_is_run_fresh_before_it_is_cached_or_drops_the_rung(tmp_path: Path) -> None:
@@ -157,7 +157,7 @@ def test_every_gpu_trial_spec_carries_the_predicted_context_and_nccl(tmp_path: P
     from autotune.estimate.peak import runtime_overheads
 
     ctx = TuneContext.build(
-        TuneRequest(model="tiny-gpt2", gpu_type="a100-80gb", gpus=2, seq_len=64, out=str(tmp_path / "c.json"))
+        TuneRequest.of(model="tiny-gpt2", gpu_type="a100-80gb", gpus=2, seq_len=64, out=str(tmp_path / "c.json"))
     )
     spec = ctx.spec(Candidate(Rung.Z2, 1))
     expected = sum(o.central for o in runtime_overheads(ctx.target, ctx.settings).values())
@@ -207,7 +207,7 @@ def test_this_kernel_really_resets_vmhwm() -> None:
 def test_the_allocator_setting_is_recorded_and_part_of_the_gpu_cache_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    request = TuneRequest(model="tiny-gpt2", gpu_type="a100-80gb", seq_len=64, out=str(tmp_path / "c.json"))
+    request = TuneRequest.of(model="tiny-gpt2", gpu_type="a100-80gb", seq_len=64, out=str(tmp_path / "c.json"))
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     plain = TuneContext.build(request)
@@ -235,11 +235,11 @@ def test_host_memory_may_override_the_probe_on_a_probed_machine_and_the_report_s
     candidate to a fraction of it, so the user's figure replaces it, said in the notes."""
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(FakeCard()))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    request = TuneRequest(model="tiny-gpt2", seq_len=64, host_memory="128", out=str(tmp_path / "c.json"))
+    request = TuneRequest.of(model="tiny-gpt2", seq_len=64, host_memory="128", out=str(tmp_path / "c.json"))
     ctx = TuneContext.build(request)
     assert ctx.target.measured and ctx.target.host_ram_bytes == 128 * GiB
     assert any("host RAM per node 128" in note and "--host-memory" in note for note in ctx.notes)
-    probed = TuneContext.build(TuneRequest(model="tiny-gpt2", seq_len=64, out=str(tmp_path / "c.json")))
+    probed = TuneContext.build(TuneRequest.of(model="tiny-gpt2", seq_len=64, out=str(tmp_path / "c.json")))
     assert probed.target.measured and not any("--host-memory" in note for note in probed.notes)
 
 

@@ -23,26 +23,26 @@ def cli_args(request: TuneRequest) -> list[str]:
     """The `autotune tune` arguments that rebuild `request` (and so hit the cache entry it wrote)."""
     args = [
         "tune",
-        "--model", request.model,
-        "--device", request.device,
-        "--seq-len", str(request.seq_len),
-        "--global-batch", str(request.global_batch),
-        "--precision", str(request.precision),
-        "--headroom", str(request.headroom),
-        "--max-trials", str(request.max_trials),
-        "--micro-batches", ",".join(str(m) for m in request.micro_batches or ()),
-        "--rungs", ",".join(r.value for r in request.rungs or ()),
-        "--trial-timeout", str(request.trial_timeout_s),
-        "--out", request.out,
-        "--cache-dir", str(request.cache_dir),
+        "--model", request.model.name,
+        "--device", request.hardware.device,
+        "--seq-len", str(request.model.seq_len),
+        "--global-batch", str(request.training.global_batch),
+        "--precision", str(request.training.precision),
+        "--headroom", str(request.search.headroom),
+        "--max-trials", str(request.search.max_trials),
+        "--micro-batches", ",".join(str(m) for m in request.search.micro_batches or ()),
+        "--rungs", ",".join(r.value for r in request.search.rungs or ()),
+        "--trial-timeout", str(request.search.trial_timeout_s),
+        "--out", request.output.out,
+        "--cache-dir", str(request.output.cache_dir),
         "--json",
     ]  # fmt: skip
-    if request.gpus:
-        args += ["--gpus", str(request.gpus)]
-    if request.memory_budget:
-        args += ["--memory-budget", request.memory_budget]
-    if request.gpu_memory_fraction:
-        args += ["--gpu-memory-fraction", str(request.gpu_memory_fraction)]
+    if request.hardware.gpus:
+        args += ["--gpus", str(request.hardware.gpus)]
+    if request.hardware.memory_budget:
+        args += ["--memory-budget", request.hardware.memory_budget]
+    if request.hardware.gpu_memory_fraction:
+        args += ["--gpu-memory-fraction", str(request.hardware.gpu_memory_fraction)]
     return args
 
 

@@ -1,4 +1,4 @@
-"""autotune's own search over the shared grid, exactly as a user would call it (tune(TuneRequest(...)))."""
+"""autotune's own search over the shared grid, exactly as a user would call it (tune(TuneRequest.of(...)))."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def make_request(settings: BenchSettings, budget: str | None, workdir: Path, cac
     is what lets a second identical invocation be timed as a cache hit.
     """
     cuda = settings.device == "cuda"
-    return TuneRequest(
+    return TuneRequest.of(
         model=settings.model,
         gpus=settings.ranks,
         device=settings.device,

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget", type=float, required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    request = TuneRequest(
+    request = TuneRequest.of(
         model=args.model, device="cpu", memory_budget=args.memory_budget, seq_len=args.seq_len,
         rungs=tuple(Rung(r) for r in args.rungs.split(",")), max_trials=args.max_trials,
         micro_batches=tuple(int(m) for m in args.micro_batches.split(",")), time_budget_s=args.time_budget,

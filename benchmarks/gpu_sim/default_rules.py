@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from autotune.search.close_call import ROUNDS
+
 from autotune.core.ladder import Rung
 from autotune.modes.applies import ModeOption
 from autotune.modes.search_view import is_ratio_mode
-from autotune.search.close_call import ROUNDS
 from autotune.search.mode_walk import RATIO_MICRO_BATCHES, RATIO_TRIES
 
 CHECKPOINTING_SETTINGS = 2  # walk.py run_search: every rung with and without gradient checkpointing
@@ -98,7 +99,7 @@ def _fixed(trials: int | None) -> Callable[[SearchShape], int | None]:
 
 
 # `autotune tune`'s defaults at commit 90893db, for GPU and CPU alike: request/tune_request.py TUNE_TIME_BUDGET_S
-# and TuneRequest.max_trials (tests/test_search_defaults.py checks them while they stand).
+# and SearchAsk.max_trials (tests/test_search_defaults.py checks them while they stand).
 TODAY_TIME_BUDGET_S = 600.0
 TODAY_MAX_TRIALS = 12
 

@@ -59,9 +59,9 @@ class TuneResult:
 
 
 def _results_cache(request: TuneRequest) -> ResultsCache | None:
-    if not request.use_cache:
+    if not request.output.use_cache:
         return None
-    directory = Path(request.cache_dir) if request.cache_dir else cache_dir()
+    directory = Path(request.output.cache_dir) if request.output.cache_dir else cache_dir()
     return ResultsCache(directory / RESULTS_FILE)
 
 
@@ -72,14 +72,14 @@ def tune(
     observe: Callable[[SearchEvent], None] = lambda event: None,
     **options: object,
 ) -> TuneResult:
-    """Find the fastest config that fits and write it; `tune(model="gpt2", gpus=8)` or `tune(TuneRequest(...))`.
+    """Find the fastest config that fits and write it; `tune(model="gpt2", gpus=8)` or `tune(TuneRequest.of(...))`.
 
     `launcher`: a launcher of the caller's (every trial runs there), or the job's facts from which the one
     launcher chooser decides (trial/launch/chooser.py; the hook's), or None: the facts of this request and process.
     Raises UserError on bad input and NothingFitsError when no candidate fits. The caller's process is left as
     it was found: os.environ, and DeepSpeed's accelerator choice, are restored on the way out.
     """
-    request = request or TuneRequest(**options)  # type: ignore[arg-type]
+    request = request or TuneRequest.of(**options)
     with preserved_environment(), deepspeed_accelerator("cpu"):
         return _tune(request, launcher, observe)
 
@@ -110,8 +110,8 @@ def _tune_with(
     observe: Callable[[SearchEvent], None],
     started: float,
 ) -> TuneResult:
-    out_path = output_path(request.out)
-    report_dir = Path(request.report_dir) if request.report_dir else Path(request.out).parent
+    out_path = output_path(request.output.out)
+    report_dir = Path(request.output.report_dir) if request.output.report_dir else Path(request.output.out).parent
     if cache and ctx.verified and (hit := cached_answer(ctx, cache)):
         return _from_cache(ctx, hit, out_path, report_dir, started=started)
     outcome = None
@@ -120,13 +120,13 @@ def _tune_with(
     plan_notes: list[str] = []  # plan-only: the pick's host need and micro-batch, beside the recommendation
     if ctx.verified:
         ours = launcher is None or isinstance(launcher, JobFacts)  # the one chooser's (trial/launch/chooser.py)
-        ops = TrialOps(request.device, observe) if ours else None
+        ops = TrialOps(request.hardware.device, observe) if ours else None
         observe(SearchEvent("prepare", message=expected_line(ctx, ops)))
         if ops is not None:
             ops.before()  # the ops every trial loads, before the trial workers start
         # --time-budget bounds the search from here: a fresh machine's first op builds are a one-time cost said apart
         # (minutes, and over 10 minutes with other builds beside them on the loaded 2-core machine: our measurement)
-        budget = request.time_budget_s
+        budget = request.search.time_budget_s
         deadline = time.monotonic() + budget if budget is not None else None
         try:
             with launcher_for(request, launcher, observe) as chosen:
@@ -233,11 +233,11 @@ def _launch(ctx: TuneContext, config: dict, candidate: Candidate, config_path: P
         config_path,
         ctx.target.gpus_per_node,
         nodes=ctx.target.nodes,
-        script=ctx.request.script or "train.py",
-        optimizer=ctx.request.optimizer,
-        lora_rank=ctx.request.lora_rank,
-        kernels=ctx.request.kernels,
-        device=ctx.request.device,
+        script=ctx.request.training.script or "train.py",
+        optimizer=ctx.request.training.optimizer,
+        lora_rank=ctx.request.model.lora_rank,
+        kernels=ctx.request.model.kernels,
+        device=ctx.request.hardware.device,
         precision=ctx.precision,
     )
 
@@ -261,7 +261,7 @@ def _from_cache(ctx: TuneContext, hit: StoredAnswer, out_path: Path, report_dir:
         limit_bytes=ctx.limit_bytes,
         elapsed_s=time.monotonic() - started,
     )
-    if ctx.request.command:  # the command to train with names this run's config path
+    if ctx.request.training.command:  # the command to train with names this run's config path
         report = replace(report, own_command=own_command_entry(ctx, candidate, config_path))
     write_assumptions(config_path, report)
     report_md, report_json = write_report(report, report_dir, redraw=False)

@@ -57,7 +57,7 @@ class FakeTune:
     def __call__(self, request: TuneRequest, launcher=None, observe=lambda event: None) -> TuneResult:
         self.requests.append(request)
         self.launchers.append(launcher)
-        if request.gpu_memory is not None:  # the hook's plan-only fallback
+        if request.hardware.gpu_memory is not None:  # the hook's plan-only fallback
             return self._finish(request, PLANNED, verified=False)
         for candidate in self.trials:
             result = TrialResult("ok", ranks=[RankMetrics(0, host_rss_peak_bytes=2**20)], samples_per_s=10.0)
@@ -68,7 +68,7 @@ class FakeTune:
         return self._finish(request, self.config, verified=True)
 
     def _finish(self, request: TuneRequest, config: dict, verified: bool) -> TuneResult:
-        path = atomic_write_json(request.out, config)
+        path = atomic_write_json(request.output.out, config)
         message = "time budget spent (5 s)" if self.stop_reason is StopReason.TIME_BUDGET else "no better candidate"
         real = golden_report()  # a real report, with this fake's request, message and verification
         assert real.choice is not None
@@ -76,7 +76,7 @@ class FakeTune:
             real,
             stop_message=message,
             choice=replace(real.choice, description="fake choice"),
-            assumptions=replace(real.assumptions, model=request.model, seq_len=request.seq_len),
+            assumptions=replace(real.assumptions, model=request.model.name, seq_len=request.model.seq_len),
             verified=verified,
         )
         write_assumptions(path, report)  # as tune() does beside every config it emits
@@ -100,7 +100,7 @@ class FakeTune:
 
 def hook_request(out: Path | str, shared: Path | str, strict: bool = False, **tuning) -> HookRequest:
     options = {"model": "tiny-gpt2", "device": "cpu", "memory_budget": "1GiB", "seq_len": 32, **tuning}
-    return HookRequest(TuneRequest(out=str(out), **options), str(shared), strict=strict, poll_interval_s=0.05)
+    return HookRequest(TuneRequest.of(out=str(out), **options), str(shared), strict=strict, poll_interval_s=0.05)
 
 
 def with_slurm_tools(name: str) -> str | None:

@@ -19,4 +19,4 @@ def tune_request(tmp_path: Path, **overrides: object) -> TuneRequest:
         out=str(tmp_path / "ds_config.json"),
         cache_dir=str(tmp_path / "cache.sqlite"),
     )
-    return TuneRequest(**{**base, **overrides})  # type: ignore[arg-type]
+    return TuneRequest.of(**{**base, **overrides})

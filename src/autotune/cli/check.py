@@ -131,7 +131,7 @@ def _print_fix(fix: FixResult) -> None:
 def check_command(
     config: ConfigArg,
     gpus: GpusOpt = None,
-    nodes: NodesOpt = D.nodes,
+    nodes: NodesOpt = D.hardware.nodes,
     gpu_type: GpuTypeOpt = None,
     gpu_memory: GpuMemoryOpt = None,
     model: CheckModelOpt = None,
@@ -144,7 +144,7 @@ def check_command(
     consumer: ConsumerOpt = "auto",
     init_check: InitCheckOpt = False,
     trust_remote_code: TrustRemoteCodeOpt = False,
-    kernels: KernelsOpt = D.kernels,
+    kernels: KernelsOpt = D.model.kernels,
     as_json: JsonOpt = False,
 ) -> None:
     """Check a DeepSpeed config against what DeepSpeed really does with it.
@@ -197,7 +197,7 @@ def check_command(
             seq_len = seq_len or default_seq_len(None if relative else summary.max_positions)
         from autotune.check.fit import FitAssumptions
 
-        assumed = FitAssumptions(kernels=kernel_set) if kernel_set != D.kernels else None  # otherwise as before
+        assumed = FitAssumptions(kernels=kernel_set) if kernel_set != D.model.kernels else None  # otherwise as before
         report = check_config(
             config,
             context,
@@ -252,7 +252,7 @@ def _check_as_tuned(
     hf: bool,
     consumer: str | None,
     options: CheckOptions,
-    kernels: Kernels = D.kernels,
+    kernels: Kernels = D.model.kernels,
 ) -> CheckReport:
     """Check against the tuning's own context: the same model, target, precision and sequence length."""
     from autotune.check import CheckContext
@@ -272,13 +272,13 @@ def _check_as_tuned(
     )
     ckpt = grad_checkpointing if grad_checkpointing is not None else bool(recorded.get("grad_checkpointing"))
     assumed = FitAssumptions(
-        attention=ctx.request.attention,
-        device=request.device,
-        headroom=ctx.request.headroom,
+        attention=ctx.request.model.attention,
+        device=request.hardware.device,
+        headroom=ctx.request.search.headroom,
         measured_peak_bytes=recorded.get("measured_peak_bytes") if recorded.get("verified") else None,
-        optimizer=ctx.request.optimizer,
+        optimizer=ctx.request.training.optimizer,
         decoder_seq_len=ctx.decoder_seq_len,
-        kernels=kernels if kernels != D.kernels else request.kernels,  # check's --kernels, else as recorded
+        kernels=kernels if kernels != D.model.kernels else request.model.kernels,  # check's --kernels, else as recorded
     )
     return check_config(
         config,

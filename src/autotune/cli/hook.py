@@ -106,17 +106,17 @@ def _say(line: str) -> None:
 
 def hook_command(
     model: ModelOpt,
-    out: OutOpt = D.out,
+    out: OutOpt = D.output.out,
     cache_dir: Annotated[
         str | None,
         typer.Option(
             help="Directory every node sees: lock, published result, results cache (default: ~/.cache/autotune)."
         ),
-    ] = D.cache_dir,
+    ] = D.output.cache_dir,
     time_budget: Annotated[
         float | None,
         typer.Option(help="Seconds of tuning (no trial runs longer); then the best verified config so far is used."),
-    ] = D.time_budget_s,
+    ] = D.search.time_budget_s,
     strict: Annotated[
         bool, typer.Option("--strict", help="Fail instead of writing a fallback (unverified or incomplete) config.")
     ] = False,
@@ -131,34 +131,34 @@ def hook_command(
             " AUTOTUNE_WORLD_SIZE=...` for eval (docs/cluster.md).",
         ),
     ] = False,
-    device: DeviceOpt = D.device,
+    device: DeviceOpt = D.hardware.device,
     gpus: Annotated[int | None, typer.Option("--gpus", "-g", help="GPUs per node, when the job does not say.")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="Nodes, when the job does not say.")] = None,
     nodelist: Annotated[
         str | None, typer.Option(help="Hosts of the job outside SLURM, SLURM syntax allowed: node[01-04].")
     ] = None,
-    memory_budget: MemoryBudgetOpt = D.memory_budget,
-    seq_len: SeqLenOpt = D.seq_len,
-    decoder_seq_len: DecoderSeqLenOpt = D.decoder_seq_len,
-    global_batch: GlobalBatchOpt = D.global_batch,
-    precision: PrecisionOpt = D.precision,
-    attention: AttentionOpt = D.attention,
-    headroom: HeadroomOpt = D.headroom,
-    max_trials: MaxTrialsOpt = D.max_trials,
-    max_micro_batch: MaxMicroBatchOpt = D.max_micro_batch,
+    memory_budget: MemoryBudgetOpt = D.hardware.memory_budget,
+    seq_len: SeqLenOpt = D.model.seq_len,
+    decoder_seq_len: DecoderSeqLenOpt = D.model.decoder_seq_len,
+    global_batch: GlobalBatchOpt = D.training.global_batch,
+    precision: PrecisionOpt = D.training.precision,
+    attention: AttentionOpt = D.model.attention,
+    headroom: HeadroomOpt = D.search.headroom,
+    max_trials: MaxTrialsOpt = D.search.max_trials,
+    max_micro_batch: MaxMicroBatchOpt = D.search.max_micro_batch,
     micro_batches: MicroBatchesOpt = None,
     rungs: RungsOpt = None,
-    nvme_path: NvmePathOpt = D.nvme_path,
-    trial_timeout: TrialTimeoutOpt = D.trial_timeout_s,
-    report_dir: ReportDirOpt = D.report_dir,
-    trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
-    allow_approximate: AllowApproximateOpt = D.allow_approximate,
-    trial_workers: TrialWorkersOpt = D.trial_workers,
-    base_config: BaseConfigOpt = D.base_config,
-    optimizer: OptimizerOpt = D.optimizer,
-    lora_rank: LoraRankOpt = D.lora_rank,
+    nvme_path: NvmePathOpt = D.hardware.nvme_path,
+    trial_timeout: TrialTimeoutOpt = D.search.trial_timeout_s,
+    report_dir: ReportDirOpt = D.output.report_dir,
+    trust_remote_code: TrustRemoteCodeOpt = D.model.trust_remote_code,
+    allow_approximate: AllowApproximateOpt = D.search.allow_approximate,
+    trial_workers: TrialWorkersOpt = D.search.trial_workers,
+    base_config: BaseConfigOpt = D.training.base_config,
+    optimizer: OptimizerOpt = D.training.optimizer,
+    lora_rank: LoraRankOpt = D.model.lora_rank,
     lora_targets: LoraTargetsOpt = None,
-    kernels: KernelsOpt = D.kernels,
+    kernels: KernelsOpt = D.model.kernels,
     consumer: OwnConsumerOpt = None,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
@@ -192,7 +192,7 @@ def hook_command(
     # SIGTERM (scancel, time limit): trials stopped, best verified config published, exit 143 (infra/terminate.py);
     # a HookError (exit 4) reaches the CLI's one handler like every other AutotuneError
     with sigterm_raises():
-        budget = tuning.time_budget_s
+        budget = tuning.search.time_budget_s
         progress = TrialProgress(err_console(), max_trials, enabled=True, verbose=verbose, time_budget_s=budget)
         result = run_hook(request, observe=progress, say=_say)
     if result.ignored:

@@ -1,6 +1,6 @@
 """Options shared by several commands, declared once; their defaults come from `TuneRequest`.
 
-A command writes `headroom: HeadroomOpt = D.headroom`, so `--headroom` has one meaning and one default
+A command writes `headroom: HeadroomOpt = D.search.headroom`, so `--headroom` has one meaning and one default
 in `tune`, `plan` and `hook`; cli/request.py turns a command's options into its `TuneRequest`.
 """
 
@@ -26,7 +26,7 @@ def _gpu_types_help() -> str:
     return ", ".join(spec.key for spec in gpu_types())
 
 
-D = TuneRequest(model="")  # the defaults, read by section and attribute: `= D.search.headroom`
+D = TuneRequest.of(model="")  # the defaults, read by section and attribute: `= D.search.headroom`
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Built-in profile, local HF dir / config.json, or cached hub id.")

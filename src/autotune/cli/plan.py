@@ -205,13 +205,13 @@ def _config_answer(ctx: TuneContext, config: dict, grad_checkpointing: bool) -> 
             ctx.target,
             ctx.settings,
             grad_checkpointing=grad_checkpointing,
-            headroom=request.headroom,
-            micro_batch=request.micro_batch,
-            global_batch=request.global_batch,
+            headroom=request.search.headroom,
+            micro_batch=request.search.micro_batch,
+            global_batch=request.training.global_batch,
         )
     except ConfigNotModelled as why:
         hint = "; give --micro-batch" if why.micro_batch_unknown else ""
-        raise UserError(f"--config {request.config}: {why}{hint}") from None
+        raise UserError(f"--config {request.training.config}: {why}{hint}") from None
 
 
 def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
@@ -219,7 +219,7 @@ def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
     predicted, verdict, target = fitted.estimate, fitted.verdict, ctx.target
     verdict_text = "[bold green]fits[/bold green]" if verdict.fits else "[bold red]does not fit[/bold red]"
     settings = fitted.settings
-    config, model = escape(str(ctx.request.config)), escape(ctx.model.name)  # paths may hold "[/]"
+    config, model = escape(str(ctx.request.training.config)), escape(ctx.model.name)  # paths may hold "[/]"
     out.print(
         f"{config}: {fitted.candidate.describe()} for {model}, seq {settings.seq_len}"
         f"{_decoder(settings.decoder_seq_len)}, {settings.precision}, optimizer {settings.optimizer}, "
@@ -228,11 +228,11 @@ def _print_config_answer(ctx: TuneContext, fitted: ConfigFit) -> None:
     )
     needed = predicted.gpu_peak_bytes + predicted.gpu_margin_bytes
     sign = "<=" if needed <= fitted.limit_bytes else ">"
-    where = "per rank (host RAM, CPU backend)" if ctx.request.device == "cpu" else "GPU"
+    where = "per rank (host RAM, CPU backend)" if ctx.request.hardware.device == "cpu" else "GPU"
     out.print(
         f"  {where}: peak {format_bytes(predicted.gpu_peak_bytes)} + margin {format_bytes(predicted.gpu_margin_bytes)}"
         f" = {format_bytes(needed)} {sign} limit {format_bytes(fitted.limit_bytes)}"
-        f" ({ctx.request.headroom:.0%} of {format_bytes(target.free_memory_bytes)} free)",
+        f" ({ctx.request.search.headroom:.0%} of {format_bytes(target.free_memory_bytes)} free)",
         highlight=False,
     )
     top = sorted((item for item in predicted.gpu_components.items() if item[1] > 0), key=lambda item: -item[1])[:4]
@@ -258,41 +258,45 @@ def _overridden(ctx: TuneContext, fitted: ConfigFit) -> list[str]:
     """Options the config's own values win over, said rather than silently ignored."""
     request, settings = ctx.request, fitted.settings
     notes = []
-    if request.precision and request.precision != settings.precision:
-        notes.append(f"the config's precision {settings.precision} is used, not --precision {request.precision}")
-    if request.optimizer != settings.optimizer and "optimizer" in (ctx.user_config or {}):
-        notes.append(f"the config's optimizer ({settings.optimizer}) is used, not --optimizer {request.optimizer}")
+    if request.training.precision and request.training.precision != settings.precision:
+        notes.append(
+            f"the config's precision {settings.precision} is used, not --precision {request.training.precision}"
+        )
+    if request.training.optimizer != settings.optimizer and "optimizer" in (ctx.user_config or {}):
+        notes.append(
+            f"the config's optimizer ({settings.optimizer}) is used, not --optimizer {request.training.optimizer}"
+        )
     return notes
 
 
 def plan_command(
     model: ModelOpt,
-    gpus: GpusOpt = D.gpus,
-    nodes: NodesOpt = D.nodes,
-    gpu_type: GpuTypeOpt = D.gpu_type,
-    gpu_memory: GpuMemoryOpt = D.gpu_memory,
-    device: DeviceOpt = D.device,
-    memory_budget: MemoryBudgetOpt = D.memory_budget,
-    gpu_memory_fraction: GpuMemoryFractionOpt = D.gpu_memory_fraction,
-    seq_len: SeqLenOpt = D.seq_len,
-    global_batch: GlobalBatchOpt = D.global_batch,
-    precision: PrecisionOpt = D.precision,
-    headroom: HeadroomOpt = D.headroom,
-    attention: AttentionOpt = D.attention,
-    max_micro_batch: MaxMicroBatchOpt = D.max_micro_batch,
+    gpus: GpusOpt = D.hardware.gpus,
+    nodes: NodesOpt = D.hardware.nodes,
+    gpu_type: GpuTypeOpt = D.hardware.gpu_type,
+    gpu_memory: GpuMemoryOpt = D.hardware.gpu_memory,
+    device: DeviceOpt = D.hardware.device,
+    memory_budget: MemoryBudgetOpt = D.hardware.memory_budget,
+    gpu_memory_fraction: GpuMemoryFractionOpt = D.hardware.gpu_memory_fraction,
+    seq_len: SeqLenOpt = D.model.seq_len,
+    global_batch: GlobalBatchOpt = D.training.global_batch,
+    precision: PrecisionOpt = D.training.precision,
+    headroom: HeadroomOpt = D.search.headroom,
+    attention: AttentionOpt = D.model.attention,
+    max_micro_batch: MaxMicroBatchOpt = D.search.max_micro_batch,
     micro_batches: MicroBatchesOpt = None,
     rungs: RungsOpt = None,
-    nvme_path: NvmePathOpt = D.nvme_path,
-    trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
-    allow_approximate: AllowApproximateOpt = D.allow_approximate,
-    config: UserConfigOpt = D.config,
-    micro_batch: MicroBatchOpt = D.micro_batch,
-    optimizer: OptimizerOpt = D.optimizer,
-    lora_rank: LoraRankOpt = D.lora_rank,
+    nvme_path: NvmePathOpt = D.hardware.nvme_path,
+    trust_remote_code: TrustRemoteCodeOpt = D.model.trust_remote_code,
+    allow_approximate: AllowApproximateOpt = D.search.allow_approximate,
+    config: UserConfigOpt = D.training.config,
+    micro_batch: MicroBatchOpt = D.search.micro_batch,
+    optimizer: OptimizerOpt = D.training.optimizer,
+    lora_rank: LoraRankOpt = D.model.lora_rank,
     lora_targets: LoraTargetsOpt = None,
-    kernels: KernelsOpt = D.kernels,
-    host_memory: HostMemoryOpt = D.host_memory,
-    decoder_seq_len: DecoderSeqLenOpt = D.decoder_seq_len,
+    kernels: KernelsOpt = D.model.kernels,
+    host_memory: HostMemoryOpt = D.hardware.host_memory,
+    decoder_seq_len: DecoderSeqLenOpt = D.model.decoder_seq_len,
     grad_checkpointing: GradCkptOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every memory component.")] = False,
     as_json: JsonOpt = False,
@@ -340,7 +344,7 @@ def plan_command(
 
 def _config_json(ctx: TuneContext, fitted: ConfigFit) -> dict:
     return {
-        "config": ctx.request.config,
+        "config": ctx.request.training.config,
         "fits": fitted.verdict.fits,
         "candidate": fitted.candidate.to_dict(),
         "target": ctx.target.to_dict(),

@@ -215,19 +215,19 @@ def _print_summary(result: TuneResult, verbose: bool = False) -> None:
 
 def tune_command(
     model: ModelOpt,
-    gpus: GpusOpt = D.gpus,
-    nodes: NodesOpt = D.nodes,
-    gpu_type: GpuTypeOpt = D.gpu_type,
-    gpu_memory: GpuMemoryOpt = D.gpu_memory,
-    device: DeviceOpt = D.device,
-    memory_budget: MemoryBudgetOpt = D.memory_budget,
-    seq_len: SeqLenOpt = D.seq_len,
-    decoder_seq_len: DecoderSeqLenOpt = D.decoder_seq_len,
-    global_batch: GlobalBatchOpt = D.global_batch,
-    precision: PrecisionOpt = D.precision,
-    attention: AttentionOpt = D.attention,
-    headroom: HeadroomOpt = D.headroom,
-    max_trials: MaxTrialsOpt = D.max_trials,
+    gpus: GpusOpt = D.hardware.gpus,
+    nodes: NodesOpt = D.hardware.nodes,
+    gpu_type: GpuTypeOpt = D.hardware.gpu_type,
+    gpu_memory: GpuMemoryOpt = D.hardware.gpu_memory,
+    device: DeviceOpt = D.hardware.device,
+    memory_budget: MemoryBudgetOpt = D.hardware.memory_budget,
+    seq_len: SeqLenOpt = D.model.seq_len,
+    decoder_seq_len: DecoderSeqLenOpt = D.model.decoder_seq_len,
+    global_batch: GlobalBatchOpt = D.training.global_batch,
+    precision: PrecisionOpt = D.training.precision,
+    attention: AttentionOpt = D.model.attention,
+    headroom: HeadroomOpt = D.search.headroom,
+    max_trials: MaxTrialsOpt = D.search.max_trials,
     time_budget: Annotated[
         float,
         typer.Option(
@@ -235,33 +235,33 @@ def tune_command(
             " running is stopped; the best verified config is written."
         ),
     ] = TUNE_TIME_BUDGET_S,
-    max_micro_batch: MaxMicroBatchOpt = D.max_micro_batch,
+    max_micro_batch: MaxMicroBatchOpt = D.search.max_micro_batch,
     micro_batches: MicroBatchesOpt = None,
     rungs: RungsOpt = None,
-    nvme_path: NvmePathOpt = D.nvme_path,
-    gpu_memory_fraction: GpuMemoryFractionOpt = D.gpu_memory_fraction,
-    trial_timeout: TrialTimeoutOpt = D.trial_timeout_s,
-    out: OutOpt = D.out,
-    report_dir: ReportDirOpt = D.report_dir,
-    hf: Annotated[bool, typer.Option("--hf", help="No effect: the HF variant is always written.")] = D.hf,
+    nvme_path: NvmePathOpt = D.hardware.nvme_path,
+    gpu_memory_fraction: GpuMemoryFractionOpt = D.hardware.gpu_memory_fraction,
+    trial_timeout: TrialTimeoutOpt = D.search.trial_timeout_s,
+    out: OutOpt = D.output.out,
+    report_dir: ReportDirOpt = D.output.report_dir,
+    hf: Annotated[bool, typer.Option("--hf", help="No effect: the HF variant is always written.")] = D.output.hf,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the results cache.")] = False,
-    cache_dir: CacheDirOpt = D.cache_dir,
+    cache_dir: CacheDirOpt = D.output.cache_dir,
     script: Annotated[
         str | None, typer.Option(help="Your training script, named in the launch commands (must exist).")
-    ] = D.script,
+    ] = D.training.script,
     tokens_per_step: Annotated[
         int | None, typer.Option(help="Global batch in tokens per optimizer step (instead of --global-batch).")
-    ] = D.tokens_per_step,
-    optimizer: OptimizerOpt = D.optimizer,
-    lora_rank: LoraRankOpt = D.lora_rank,
-    kernels: KernelsOpt = D.kernels,
+    ] = D.training.tokens_per_step,
+    optimizer: OptimizerOpt = D.training.optimizer,
+    lora_rank: LoraRankOpt = D.model.lora_rank,
+    kernels: KernelsOpt = D.model.kernels,
     consumer: OwnConsumerOpt = None,
     lora_targets: LoraTargetsOpt = None,
-    host_memory: HostMemoryOpt = D.host_memory,
-    trust_remote_code: TrustRemoteCodeOpt = D.trust_remote_code,
-    allow_approximate: AllowApproximateOpt = D.allow_approximate,
-    trial_workers: TrialWorkersOpt = D.trial_workers,
-    base_config: BaseConfigOpt = D.base_config,
+    host_memory: HostMemoryOpt = D.hardware.host_memory,
+    trust_remote_code: TrustRemoteCodeOpt = D.model.trust_remote_code,
+    allow_approximate: AllowApproximateOpt = D.search.allow_approximate,
+    trial_workers: TrialWorkersOpt = D.search.trial_workers,
+    base_config: BaseConfigOpt = D.training.base_config,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
     command: UserCommandArg = None,
@@ -276,7 +276,7 @@ def tune_command(
 
     say_assumed_units(gpu_memory=gpu_memory, memory_budget=memory_budget, host_memory=host_memory)
     progress = TrialProgress(
-        err_console(), max_trials, enabled=not as_json, verbose=verbose, time_budget_s=request.time_budget_s
+        err_console(), max_trials, enabled=not as_json, verbose=verbose, time_budget_s=request.search.time_budget_s
     )
     best = BestVerified(progress)
     try:
@@ -308,7 +308,9 @@ def _on_terminated(request: TuneRequest, best: BestVerified, stopped: Terminated
     config = ds_config_for(request, candidate)
     # not re-validated: its trial just ran DeepSpeed with this config at this world size, and importing
     # DeepSpeed here would spend most of the grace period before SIGKILL
-    path, _ = write_configs(config, world_size_for(request), Path(request.out), request.hf, validate=False)
+    path, _ = write_configs(
+        config, world_size_for(request), Path(request.output.out), request.output.hf, validate=False
+    )
     return f"{stopped.stopped_by}; wrote the best config verified so far ({candidate.describe()}) to {path}"
 
 

@@ -17,7 +17,7 @@ Precision = Literal["bf16", "fp16", "fp32"]
 Attention = Literal["sdpa", "flash", "eager"]
 # Fused training kernels the user's training runs: what each keeps for backward is in estimate/kernels.py
 Kernels = Literal["stock", "liger", "flash-attn-fused"]
-TrialWorkers = Literal["auto", "warm", "fresh"]  # see TuneRequest.trial_workers
+TrialWorkers = Literal["auto", "warm", "fresh"]  # see SearchAsk.trial_workers
 
 DEVICES: tuple[Device, ...] = get_args(Device)
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)

@@ -67,9 +67,9 @@ class BestVerified:
 def probed_plan_memory(tuning: TuneRequest) -> tuple[int, bool] | None:
     """Memory per rank to plan for when no trial verified anything: the smallest free GPU here, or the
     CPU backend's budget per rank."""
-    if tuning.device == "cpu":
-        ranks = tuning.gpus or 1
-        budget = tuning.memory_budget
+    if tuning.hardware.device == "cpu":
+        ranks = tuning.hardware.gpus or 1
+        budget = tuning.hardware.memory_budget
         per_rank = memory_size(budget, "--memory-budget") if budget else psutil.virtual_memory().available // ranks
         return per_rank, True
     from autotune.hardware.machine_probe import probe_gpus
@@ -153,8 +153,8 @@ def _from_result(leader: LeaderJob, result: TuneResult, staged: Path) -> HookRec
 
 
 def _budget_ran_out(tuning: TuneRequest, started: float, best: BestVerified) -> bool:
-    budget = tuning.time_budget_s
-    return best.launched >= tuning.max_trials or (budget is not None and time.monotonic() - started >= budget)
+    budget = tuning.search.time_budget_s
+    return best.launched >= tuning.search.max_trials or (budget is not None and time.monotonic() - started >= budget)
 
 
 def _best_verified(
@@ -182,14 +182,13 @@ def _fallback(leader: LeaderJob, reason: str, best: BestVerified, staged: Path) 
     if memory is None:
         return leader.record("failed", None, "none", False, error_kind="failed", error=f"{reason}; no GPU to plan for")
     per_rank, bf16 = memory
-    plan_request = replace(
-        tuning,
+    plan_request = tuning.updated(
         device="cuda",
         gpu_type=None,
         gpu_memory=f"{per_rank}B",  # exact bytes (a bare number would be GiB)
         memory_budget=None,
         gpu_memory_fraction=None,
-        precision=tuning.precision or ("bf16" if bf16 else "fp16"),
+        precision=tuning.training.precision or ("bf16" if bf16 else "fp16"),
         use_cache=False,
     )
     try:
@@ -212,7 +211,7 @@ def tune_and_record(leader: LeaderJob, staging_parent: Path) -> HookRecord:
     staging = owned_tempdir(f"{leader.key}.", staging_parent)
     staged = staging / "ds_config.json"
     try:
-        tuning = replace(leader.tuning, out=str(staged), report_dir=str(staging))
+        tuning = leader.tuning.updated(out=str(staged), report_dir=str(staging))
         record = _record_outcome(replace(leader, tuning=tuning), staged)
         assumptions = read_assumptions(staged) if record.config_text is not None else None
         return replace(record, details={**record.details, "assumptions": assumptions}) if assumptions else record

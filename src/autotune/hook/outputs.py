@@ -71,12 +71,12 @@ def write_outputs(
             config_path,
             job.gpus_per_node,
             nodes=job.nodes,
-            script=tuning.script or "train.py",
-            optimizer=tuning.optimizer,
-            lora_rank=tuning.lora_rank,
-            kernels=tuning.kernels,
-            device=tuning.device,
-            precision=report.precision if report else tuning.precision,  # the one tuned for
+            script=tuning.training.script or "train.py",
+            optimizer=tuning.training.optimizer,
+            lora_rank=tuning.model.lora_rank,
+            kernels=tuning.model.kernels,
+            device=tuning.hardware.device,
+            precision=report.precision if report else tuning.training.precision,  # the one tuned for
         )
     if report is None:
         return None
@@ -97,9 +97,9 @@ def _user_base(tuning: TuneRequest) -> dict[str, Any] | None:
     optimizer values as written, as `tune` writes it (dsconfig.build.hf_variant)."""
     from autotune.dsconfig.base_config import load_base
 
-    if tuning.base_config is not None:
-        return load_base(tuning.base_config)
-    if tuning.command:
+    if tuning.training.base_config is not None:
+        return load_base(tuning.training.base_config)
+    if tuning.training.command:
         from autotune.request.own_command_mode import command_base
 
         return command_base(tuning)

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -72,7 +72,7 @@ class HookRequest:
     def wait_timeout(self) -> float:
         if self.wait_timeout_s is not None:
             return self.wait_timeout_s
-        budget = self.tuning.time_budget_s
+        budget = self.tuning.search.time_budget_s
         return max(3600.0, 2 * budget + 600) if budget else 3600.0
 
 
@@ -121,8 +121,8 @@ def _default_gpus() -> list[GpuInfo]:
 
 def hardware_fingerprint(tuning: TuneRequest, gpus: list[GpuInfo]) -> str:
     """What a published config was tuned on; a later job on other hardware re-tunes instead of reusing it."""
-    if tuning.device == "cpu":
-        return f"cpu {platform.machine()} budget {tuning.memory_budget or 'all'}"
+    if tuning.hardware.device == "cpu":
+        return f"cpu {platform.machine()} budget {tuning.hardware.memory_budget or 'all'}"
     return "; ".join(sorted(f"{g.name} {g.total_bytes}" for g in gpus)) or "no gpu"
 
 
@@ -130,7 +130,7 @@ def job_key(tuning: TuneRequest, job: JobEnv) -> str:
     """Same on every rank of a job: the model's content, the job's shape, the tuning options, the versions."""
     from autotune.models import resolve_model
 
-    source = resolve_model(tuning.model, tuning.trust_remote_code)
+    source = resolve_model(tuning.model.name, tuning.model.trust_remote_code)
     model = json.dumps({"config": source.config, "architecture": source.architecture}, sort_keys=True)
     options = {k: v for k, v in tuning.flat_values().items() if k not in _NOT_IN_KEY}
     return run_key(
@@ -213,27 +213,28 @@ def run_hook(
     say: Callable[[str], None] = lambda line: None,
     verdicts_path: Path | None = None,
 ) -> HookResult:
-    """Give this process the job's config, and the files `tune` writes beside it, at `request.tuning.out`;
+    """Give this process the job's config, and the files `tune` writes beside it, at `request.tuning.output.out`;
     raises UserError, NothingFitsError, HookError. `say` gets the waiting lines (a waiting process prints
     nothing else for as long as the tuning takes); `verdicts_path` defaults to verdicts.py's file."""
     started, started_wall = time.monotonic(), time.time()
     tuning = request.tuning
-    gpus = gpu_prober() if tuning.device == "cuda" else []
+    gpus = gpu_prober() if tuning.hardware.device == "cuda" else []
     environ = os.environ if environ is None else environ
     job = detect_job_env(
         environ,
         request.overrides,
-        device=tuning.device,
+        device=tuning.hardware.device,
         visible_gpus=lambda: len(gpus),
     )
     shared = Path(request.shared_dir) if request.shared_dir else cache_dir()
-    tuning = replace(
-        tuning,
+    tuning = tuning.updated(
         gpus=job.gpus_per_node,
         nodes=job.nodes,
         cache_dir=str(shared),  # the results cache is results.sqlite in it, as for `autotune --cache-dir`
-        report_dir=tuning.report_dir or str(Path(tuning.out).resolve().parent),
-        trial_timeout_s=min(tuning.trial_timeout_s, tuning.time_budget_s or tuning.trial_timeout_s),
+        report_dir=tuning.output.report_dir or str(Path(tuning.output.out).resolve().parent),
+        trial_timeout_s=min(
+            tuning.search.trial_timeout_s, tuning.search.time_budget_s or tuning.search.trial_timeout_s
+        ),
     )
     key = job_key(tuning, job)
     hardware = hardware_fingerprint(tuning, gpus)
@@ -243,7 +244,7 @@ def run_hook(
     def produce() -> HookRecord:
         # Own-command mode too: the chooser's facts carry the command, and tune() runs it (trial/own_command/script.py).
         choose = lambda: launcher_chooser(job, tuning, shared, environ)  # noqa: E731
-        publishing = ProgressNote(slot, tuning.max_trials, observe)
+        publishing = ProgressNote(slot, tuning.search.max_trials, observe)
         leader = LeaderJob(key, job, hardware, tuning, launcher_factory=choose, observe=publishing, tune_fn=tune_fn)
         record = tune_and_record(leader, slot.directory / "staging")
         if record.config_text is not None and not record.details.get("terminated"):  # tune() validated it
@@ -256,7 +257,7 @@ def run_hook(
         say(f"autotune hook: {why}; tuning locally, without the shared directory (nothing is published)")
         private = Path(tempfile.mkdtemp(prefix="autotune-hook-local-"))
         try:
-            alone = replace(tuning, use_cache=False)
+            alone = tuning.updated(use_cache=False)
             leader = LeaderJob(
                 key, job, hardware, alone, launcher_factory=lambda: None, observe=observe, tune_fn=tune_fn
             )
@@ -282,11 +283,13 @@ def run_hook(
     if record.status == "fallback" and request.strict:
         raise HookError(f"--strict: no config written, because {record.warning}")
     try:
-        path = atomic_write_text(request.tuning.out, record.config_text or "")
-        report = write_outputs(record, tuning, job, path.resolve(), report_dir=Path(tuning.report_dir or path.parent))
+        path = atomic_write_text(request.tuning.output.out, record.config_text or "")
+        report = write_outputs(
+            record, tuning, job, path.resolve(), report_dir=Path(tuning.output.report_dir or path.parent)
+        )
     except OSError as error:
         why = error.strerror or error
-        raise UserError(f"cannot write {request.tuning.out} or the files beside it: {why}") from None
+        raise UserError(f"cannot write {request.tuning.output.out} or the files beside it: {why}") from None
     if outcome.role == "leader" and record.details.get("terminated"):
         raise Terminated(f"{record.warning}, to {path} and the shared directory")
     return HookResult(

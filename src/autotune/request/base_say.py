@@ -8,7 +8,6 @@ in the one validated request.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from autotune.dsconfig.base_config import agreed, base_facts
@@ -20,15 +19,16 @@ def request_on_base(request: TuneRequest, base: Mapping[str, Any], world_size: i
     """The request with what the base fixes: its global batch, precision and optimizer (the job's, not new
     choices); a command-line value that contradicts the base is one line, exit 2."""
     facts = base_facts(base, world_size)
-    if facts.global_batch is not None and request.tokens_per_step is not None:
+    if facts.global_batch is not None and request.training.tokens_per_step is not None:
         raise UserError("the base config fixes the global batch; --tokens-per-step does not apply")
     notes = list(facts.notes)
-    if facts.optimizer is not None and facts.optimizer != request.optimizer:
-        notes.append(f"the base config's optimizer ({facts.optimizer}) is tuned, not --optimizer {request.optimizer}")
-    changed = replace(
-        request,
-        global_batch=agreed("--global-batch", request.global_batch, facts.global_batch),
-        precision=agreed("--precision", request.precision, facts.precision),
-        optimizer=facts.optimizer or request.optimizer,
+    if facts.optimizer is not None and facts.optimizer != request.training.optimizer:
+        notes.append(
+            f"the base config's optimizer ({facts.optimizer}) is tuned, not --optimizer {request.training.optimizer}"
+        )
+    changed = request.updated(
+        global_batch=agreed("--global-batch", request.training.global_batch, facts.global_batch),
+        precision=agreed("--precision", request.training.precision, facts.precision),
+        optimizer=facts.optimizer or request.training.optimizer,
     )
     return changed, notes

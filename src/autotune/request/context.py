@@ -60,11 +60,11 @@ def cpu_target(request: TuneRequest) -> Target:
     """The CPU backend: each rank is a process; its memory budget plays the role of GPU free memory."""
     from autotune.hardware.machine_probe import cpu_has_native_bf16, probe
 
-    host = probe(request.nvme_path).host
-    ranks = request.gpus or 1
+    host = probe(request.hardware.nvme_path).host
+    ranks = request.hardware.gpus or 1
     budget = (
-        memory_size(request.memory_budget, "--memory-budget")
-        if request.memory_budget
+        memory_size(request.hardware.memory_budget, "--memory-budget")
+        if request.hardware.memory_budget
         else (host.usable_ram_bytes // ranks)
     )
     cpu = GpuSpec(
@@ -77,7 +77,7 @@ def cpu_target(request: TuneRequest) -> Target:
     return Target(
         cpu,
         ranks,
-        request.nodes,
+        request.hardware.nodes,
         budget,
         host_ram_bytes=host.usable_ram_bytes,
         nvme_free_bytes=host.nvme_free_bytes,
@@ -90,25 +90,32 @@ def gpu_target(request: TuneRequest) -> Target:
     from autotune.hardware.machine_probe import probe
     from autotune.hardware.target import resolve_target
 
-    planned = bool(request.gpu_type or request.gpu_memory)
-    probed = probe(request.nvme_path) if not planned or request.nvme_path else None
-    memory = f"{memory_size(request.gpu_memory, '--gpu-memory')}B" if request.gpu_memory else None
-    target = resolve_target(probed, request.gpus, request.nodes, request.gpu_type, gpu_memory=memory)
-    if planned or request.host_memory:
+    planned = bool(request.hardware.gpu_type or request.hardware.gpu_memory)
+    probed = probe(request.hardware.nvme_path) if not planned or request.hardware.nvme_path else None
+    memory = f"{memory_size(request.hardware.gpu_memory, '--gpu-memory')}B" if request.hardware.gpu_memory else None
+    target = resolve_target(
+        probed, request.hardware.gpus, request.hardware.nodes, request.hardware.gpu_type, gpu_memory=memory
+    )
+    if planned or request.hardware.host_memory:
         # another machine: this one's RAM says nothing of its host; --host-memory does, else unknown. Here: the
         # user's figure replaces the probe's (psutil `available` at probe time, which a machine whose RAM grows
         # with use understates), and the report says so (host_memory_note)
-        host = memory_size(request.host_memory, "--host-memory") if request.host_memory else None
+        host = memory_size(request.hardware.host_memory, "--host-memory") if request.hardware.host_memory else None
         target = replace(target, host_ram_bytes=host)
-    if request.gpu_memory_fraction and target.measured:
-        emulated = int(request.gpu_memory_fraction * target.gpu.memory_bytes)
+    if request.hardware.gpu_memory_fraction and target.measured:
+        emulated = int(request.hardware.gpu_memory_fraction * target.gpu.memory_bytes)
         target = replace(target, free_memory_bytes=min(target.free_memory_bytes, emulated))
     return target
 
 
 def host_memory_note(request: TuneRequest, target: Target) -> list[str]:
     """On a probed machine, --host-memory overrides the probe: said, since every offload candidate is held to it."""
-    if not request.host_memory or request.gpu_type or request.gpu_memory or target.host_ram_bytes is None:
+    if (
+        not request.hardware.host_memory
+        or request.hardware.gpu_type
+        or request.hardware.gpu_memory
+        or target.host_ram_bytes is None
+    ):
         return []
     from autotune.core.units import format_bytes
 
@@ -127,7 +134,7 @@ def default_precision(target: Target) -> Precision:
 
 def check_host_capacity(request: TuneRequest, target: Target) -> None:
     """Before CPU trials: the ranks' budgets must fit in this machine's RAM, and each rank needs a core."""
-    if request.device != "cpu":
+    if request.hardware.device != "cpu":
         return
     from autotune.core.units import format_bytes
 
@@ -144,7 +151,7 @@ def check_host_capacity(request: TuneRequest, target: Target) -> None:
 
 
 def resolve_request_target(request: TuneRequest) -> Target:
-    return cpu_target(request) if request.device == "cpu" else gpu_target(request)
+    return cpu_target(request) if request.hardware.device == "cpu" else gpu_target(request)
 
 
 def runtime_stack(target: Target, device: str) -> RuntimeStack:
@@ -183,8 +190,8 @@ class TuneContext:
     versions: dict[str, str] = field(default_factory=library_versions)  # read once: metadata lookups are slow
     stack: RuntimeStack = field(default_factory=RuntimeStack)  # runtime_stack(): read once, at build
     decoder_seq_len: int | None = None  # encoder-decoder models: the decoder's length (seq_len is the encoder's)
-    user_config: dict | None = None  # request.config as read (check/loading.py, the reader `check` uses)
-    base: dict | None = None  # request.base_config as read: the user's config the tuned one is built on
+    user_config: dict | None = None  # request.training.config as read (check/loading.py, the reader `check` uses)
+    base: dict | None = None  # request.training.base_config as read: the user's config the tuned one is built on
     # the CUDA allocator's settings the trials inherit (infra/allocator_env.py), read once, at build: in the cache key
     allocator: dict[str, str] = field(default_factory=allocator_settings)
 
@@ -197,35 +204,35 @@ class TuneContext:
         `outputs=False`: the caller writes nothing, so --out and the other output paths are not checked."""
         validate(request, outputs=outputs)
         user_config = None
-        if request.config is not None:  # read before any probing: an unreadable file is one line, exit 2
+        if request.training.config is not None:  # read before any probing: an unreadable file is one line, exit 2
             from autotune.dsconfig.loading import load_config
 
-            if request.rungs or request.micro_batches:
+            if request.search.rungs or request.search.micro_batches:
                 raise UserError("--config fixes the stage and offload: --rungs and --micro-batches do not apply")
-            user_config = load_config(request.config).config
-        base = load_base(request.base_config) if request.base_config is not None else None
+            user_config = load_config(request.training.config).config
+        base = load_base(request.training.base_config) if request.training.base_config is not None else None
         target = target or resolve_request_target(request)  # before the summary: fail fast without a GPU
         notes = []
         if base is not None:  # what the base fixes about the training becomes the request's
             request, base_notes = request_on_base(request, base, target.world_size)
             notes += base_notes
-        model = model or summarize(resolve_model(request.model, request.trust_remote_code))
-        lora = LoraSettings(request.lora_rank, request.lora_targets) if request.lora_rank else None
+        model = model or summarize(resolve_model(request.model.name, request.model.trust_remote_code))
+        lora = LoraSettings(request.model.lora_rank, request.model.lora_targets) if request.model.lora_rank else None
         if lora:
             model = lora_summary(model, lora)
         relative = uses_relative_positions(model)
-        seq_len = request.seq_len or default_seq_len(None if relative else model.max_positions)
+        seq_len = request.model.seq_len or default_seq_len(None if relative else model.max_positions)
         if not relative and model.max_positions and seq_len > model.max_positions:
             raise UserError(f"--seq-len {seq_len} exceeds the model's {model.max_positions} positions")
         decoder_seq_len = None
         if model.family == "encoder-decoder":
-            decoder_seq_len = request.decoder_seq_len or seq_len
-            if request.decoder_seq_len is None:
+            decoder_seq_len = request.model.decoder_seq_len or seq_len
+            if request.model.decoder_seq_len is None:
                 notes.append(f"encoder and decoder sequence length both {seq_len} (--decoder-seq-len sets the decoder)")
-        elif request.decoder_seq_len is not None:
+        elif request.model.decoder_seq_len is not None:
             raise UserError(f"--decoder-seq-len applies to encoder-decoder models; {model.name} is {model.family}")
-        precision = request.precision or default_precision(target)
-        if not request.precision and target.gpu.key == "cpu" and precision == "fp32":
+        precision = request.training.precision or default_precision(target)
+        if not request.training.precision and target.gpu.key == "cpu" and precision == "fp32":
             notes.append(
                 "precision fp32: this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag), so bf16 is emulated"
                 " (a measured step: 18 s in bf16, 1.3 s in fp32; docs/quick-start.md);"
@@ -234,17 +241,21 @@ class TuneContext:
         notes += kernel_notes(request, target.measured)
         notes += host_memory_note(request, target)
         notes += [note] if (note := deepspeed_note()) else []  # the one place tune and hook say it (core/versions.py)
-        chosen_by = "tokens_per_step" if request.tokens_per_step else "user" if request.global_batch else None
-        global_batch = requested_global_batch(request.global_batch, request.tokens_per_step, seq_len, target.world_size)
-        request = replace(request, global_batch=global_batch)
+        chosen_by = (
+            "tokens_per_step" if request.training.tokens_per_step else "user" if request.training.global_batch else None
+        )
+        global_batch = requested_global_batch(
+            request.training.global_batch, request.training.tokens_per_step, seq_len, target.world_size
+        )
+        request = request.updated(global_batch=global_batch)
         rungs, unavailable = chosen_rungs(request)
         grid = micro_batch_grid(request, target.world_size)
-        if global_batch is not None and request.micro_batch is None and request.micro_batches is None:
+        if global_batch is not None and request.search.micro_batch is None and request.search.micro_batches is None:
             notes.append(
                 f"global batch {global_batch} is fixed: the micro-batches tried are the divisors of its per-rank share"
                 f" {global_batch // target.world_size} ({', '.join(map(str, grid))}), so the accumulation is whole"
             )
-        stack = runtime_stack(target, request.device)
+        stack = runtime_stack(target, request.hardware.device)
         return cls(request, model, target, precision, seq_len, grid, rungs, unavailable, notes, lora=lora,
                    batch_chosen_by=chosen_by, stack=stack, decoder_seq_len=decoder_seq_len,
                    user_config=user_config, base=base)  # fmt: skip
@@ -263,19 +274,19 @@ class TuneContext:
         request = self.request
         knobs = ZeroKnobs(
             gradient_accumulation_steps=known_accumulation(
-                request.global_batch, request.micro_batch, self.target.world_size
+                request.training.global_batch, request.search.micro_batch, self.target.world_size
             ),
         )
         return EstimateSettings(
             seq_len=self.seq_len,
             precision=self.precision,
-            attention=request.attention,
-            device=request.device,
-            optimizer=request.optimizer,
+            attention=request.model.attention,
+            device=request.hardware.device,
+            optimizer=request.training.optimizer,
             knobs=knobs,
             stack=self.stack,
             decoder_seq_len=self.decoder_seq_len,
-            kernels=request.kernels,
+            kernels=request.model.kernels,
             native_pinning=native_pinning(),  # DeepSpeed reads DS_PIN_MEMORY_BACKEND from the job's environment
         )
 
@@ -284,17 +295,17 @@ class TuneContext:
         return TrainSettings(
             world_size=self.target.world_size,
             precision=self.precision,
-            global_batch=self.request.global_batch,
+            global_batch=self.request.training.global_batch,
             hidden_size=self.model.hidden_size,
-            nvme_path=self.request.nvme_path,
-            optimizer=self.request.optimizer,
+            nvme_path=self.request.hardware.nvme_path,
+            optimizer=self.request.training.optimizer,
             trainable_params=self.model.trainable_params,
         )
 
     @property
     def limit_bytes(self) -> int:
         """The per-rank memory a config must stay under: headroom x free."""
-        return int(self.request.headroom * self.target.free_memory_bytes)
+        return int(self.request.search.headroom * self.target.free_memory_bytes)
 
     def question(self) -> dict:
         """Everything that decides the answer except the memory limit."""
@@ -305,31 +316,31 @@ class TuneContext:
             "gpu": [self.target.gpu.name, None if self.target.gpu.key == "cpu" else self.target.gpu.memory_bytes],
             "gpus": self.target.gpus_per_node,
             "nodes": self.target.nodes,
-            "device": request.device,
+            "device": request.hardware.device,
             "verified": self.verified,
             "versions": self.versions,
             "seq_len": self.seq_len,
-            "global_batch": request.global_batch,
+            "global_batch": request.training.global_batch,
             "precision": self.precision,
-            "attention": request.attention,
+            "attention": request.model.attention,
             "grid": self.grid,
             "rungs": [r.value for r in self.rungs],
-            "fraction": request.gpu_memory_fraction,
-            "optimizer": request.optimizer,
+            "fraction": request.hardware.gpu_memory_fraction,
+            "optimizer": request.training.optimizer,
             "lora": self.lora.to_dict() if self.lora else None,
             **({"decoder_seq_len": self.decoder_seq_len} if self.decoder_seq_len not in (None, self.seq_len) else {}),
             # own-command trials measure the user's job, not our worker: never the same answer
-            **({"command": list(request.command)} if request.command else {}),
+            **({"command": list(request.training.command)} if request.training.command else {}),
             # the kernels change the predictions the search and plan-only answers use; stock keeps the old keys
-            **({"kernels": request.kernels} if request.kernels != "stock" else {}),
+            **({"kernels": request.model.kernels} if request.model.kernels != "stock" else {}),
             # the opt-in widens the search: never the same answer as a same-training tuning
-            **({"allow_approximate": True} if request.allow_approximate else {}),
+            **({"allow_approximate": True} if request.search.allow_approximate else {}),
             # a base config's kept keys (optimizer, clipping, ...) run in every trial
             **({"base": self.base} if self.base is not None else {}),
             # what may be mlocked decides which offload configs can run (estimate/pinned.py); else the old keys
             **({"mlock": [self.target.memlock_bytes, native_pinning()]} if self._mlock_matters else {}),
             # the CUDA allocator's settings change the peaks a trial measures (infra/allocator_env.py)
-            **({"allocator": self.allocator} if request.device != "cpu" and self.allocator else {}),
+            **({"allocator": self.allocator} if request.hardware.device != "cpu" and self.allocator else {}),
         }
 
     @property
@@ -344,7 +355,7 @@ class TuneContext:
         offload runs: it stays whenever an NVMe rung could run here (an NVMe path given), not only when the
         chosen rungs hold one, so that narrowing the rungs does not change the key."""
         question = {k: v for k, v in self.question().items() if k not in ("grid", "rungs", "mlock")}
-        if native_pinning() or self.request.nvme_path is not None:
+        if native_pinning() or self.request.hardware.nvme_path is not None:
             question["mlock"] = [self.target.memlock_bytes, native_pinning()]
         return question
 
@@ -372,7 +383,7 @@ class TuneContext:
         """The config written for the user: the trial's, and in own-command mode the user's base config with the
         candidate's keys, without the autotuning hooks the trials ran with (trial/script_mode.py)."""
         config = self.tuned_config(candidate)
-        if self.request.command is None:
+        if self.request.training.command is None:
             return config
         from autotune.request.own_command_mode import emitted_config
 
@@ -381,7 +392,7 @@ class TuneContext:
     def hf_base(self) -> dict | None:
         """The user's config the .hf.json keeps as written: --config's, or in own-command mode the file the command
         names (DeepSpeed Autotuning's convention), whose clipping and optimizer values are the user's."""
-        if self.request.command is None or self.base is not None:
+        if self.request.training.command is None or self.base is not None:
             return self.base
         from autotune.request.own_command_mode import command_base
 
@@ -397,16 +408,16 @@ class TuneContext:
             ds_config=self.ds_config(candidate),
             seq_len=self.seq_len,
             grad_checkpointing=candidate.grad_checkpointing,
-            device="cpu" if request.device == "cpu" else "cuda",
+            device="cpu" if request.hardware.device == "cpu" else "cuda",
             nprocs_per_node=self.target.gpus_per_node,
             nodes=self.target.nodes,
-            timeout_s=request.trial_timeout_s,
-            gpu_memory_fraction=request.gpu_memory_fraction,
-            host_memory_budget_bytes=self.limit_bytes if request.device == "cpu" else None,
+            timeout_s=request.search.trial_timeout_s,
+            gpu_memory_fraction=request.hardware.gpu_memory_fraction,
+            host_memory_budget_bytes=self.limit_bytes if request.hardware.device == "cpu" else None,
             peak_tflops=self.target.gpu.peak_tflops(self.precision),
             trust_remote_code=self.model.trust_remote_code,
             smaller_micro_batch=candidate.micro_batch // 2 or None,  # second point of the step-time line
-            optimizer=request.optimizer,
+            optimizer=request.training.optimizer,
             lora={**self.lora.to_dict(), "model_type": self.model.model_type} if self.lora else None,
             decoder_seq_len=self.decoder_seq_len,
             predicted_outside_allocator_bytes=self._outside_allocator_bytes(),
@@ -415,7 +426,7 @@ class TuneContext:
     def _outside_allocator_bytes(self) -> int | None:
         """The CUDA context and NCCL buffers per GPU rank as the memory model predicts them: a trial without an
         NVML figure adds them to its max reserved (trial/trial_types.py TrialResult.peak_memory_bytes)."""
-        if self.request.device == "cpu":
+        if self.request.hardware.device == "cpu":
             return None
         from autotune.estimate.peak import runtime_overheads
 
@@ -424,25 +435,25 @@ class TuneContext:
     def assumptions(self, candidate: Candidate | None) -> Assumptions:
         """What the tuning assumed, written beside the config so `check` and a later `plan` ask the same question."""
         return Assumptions(
-            model=self.request.model,
+            model=self.request.model.name,
             model_fingerprint=self.model.fingerprint,
             seq_len=self.seq_len,
             precision=self.precision,
-            attention=self.request.attention,
+            attention=self.request.model.attention,
             grad_checkpointing=candidate.grad_checkpointing if candidate else None,
             gpus_per_node=self.target.gpus_per_node,
             nodes=self.target.nodes,
-            gpu_type=self.request.gpu_type,
-            gpu_memory=self.request.gpu_memory,
+            gpu_type=self.request.hardware.gpu_type,
+            gpu_memory=self.request.hardware.gpu_memory,
             memory_bytes_per_rank=self.target.free_memory_bytes,  # the CPU budget, or a planned GPU's memory
-            device=self.request.device,
-            headroom=self.request.headroom,
-            trust_remote_code=self.request.trust_remote_code,
-            optimizer=self.request.optimizer,
-            lora_rank=self.request.lora_rank,
-            lora_targets=tuple(self.request.lora_targets) if self.request.lora_targets else None,
+            device=self.request.hardware.device,
+            headroom=self.request.search.headroom,
+            trust_remote_code=self.request.model.trust_remote_code,
+            optimizer=self.request.training.optimizer,
+            lora_rank=self.request.model.lora_rank,
+            lora_targets=tuple(self.request.model.lora_targets) if self.request.model.lora_targets else None,
             decoder_seq_len=self.decoder_seq_len,
-            kernels=self.request.kernels,
+            kernels=self.request.model.kernels,
         )
 
 
@@ -450,13 +461,13 @@ def kernel_notes(request: TuneRequest, trials_run: bool) -> list[str]:
     """What --kernels changes: the prediction counts the fused kernels; our synthetic trial cannot run them."""
     from autotune.estimate.kernels import kernels_note
 
-    note = kernels_note(request.kernels)
+    note = kernels_note(request.model.kernels)
     if note is None:
         return []
     notes = [note]
-    if trials_run and request.command is None:
+    if trials_run and request.training.command is None:
         notes.append(
-            f"the trials run autotune's synthetic worker with transformers' stock modules, not the {request.kernels}"
+            f"the trials run autotune's synthetic worker with transformers' stock modules, not the {request.model.kernels}"
             " kernels (Triton/CUDA kernels your own training turns on): their measured peaks are stock ones and the"
             " prediction for your training differs from them; give your own launch command (`autotune ... --"
             " <command>`) for trials that run your kernels"

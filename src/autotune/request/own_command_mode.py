@@ -19,17 +19,17 @@ if TYPE_CHECKING:
 
 
 def _template(request: TuneRequest) -> CommandTemplate:
-    return parse_command(request.command or (), consumer=request.consumer)
+    return parse_command(request.training.command or (), consumer=request.training.consumer)
 
 
 def check_command(request: TuneRequest) -> None:
     """Fail before any trial on a command no trial could run."""
     template = _template(request)
-    if request.nodes > 1:
+    if request.hardware.nodes > 1:
         raise UserError("own-command trials run on one node; tune with --nodes 1 (the config holds per rank)")
-    if (request.gpus or 1) > 1 and not template.starts_ranks():
+    if (request.hardware.gpus or 1) > 1 and not template.starts_ranks():
         raise UserError(
-            f"--gpus {request.gpus} needs a launcher in the command (torchrun --nproc-per-node {{gpus}} ... or"
+            f"--gpus {request.hardware.gpus} needs a launcher in the command (torchrun --nproc-per-node {{gpus}} ... or"
             " deepspeed --num_gpus {gpus} ...)"
         )
 

@@ -170,26 +170,34 @@ def check_kernels(kernels: str, device: str = "cuda") -> Kernels:
 
 def check_trial_workers(request: TuneRequest) -> None:
     """--trial-workers names a choice; warm workers run our own trial worker on one node."""
-    if request.trial_workers not in TRIAL_WORKERS:
-        raise UserError(f"--trial-workers must be one of {', '.join(TRIAL_WORKERS)}, got {request.trial_workers!r}")
-    if request.trial_workers != "warm":
+    if request.search.trial_workers not in TRIAL_WORKERS:
+        raise UserError(
+            f"--trial-workers must be one of {', '.join(TRIAL_WORKERS)}, got {request.search.trial_workers!r}"
+        )
+    if request.search.trial_workers != "warm":
         return
-    if request.nodes > 1:
+    if request.hardware.nodes > 1:
         raise UserError("--trial-workers warm runs one node; multi-node trials start fresh processes on every node")
-    if request.command is not None:
+    if request.training.command is not None:
         raise UserError("--trial-workers warm runs autotune's own trial worker; an own command starts fresh each trial")
 
 
 def uses_warm_workers(request: TuneRequest) -> bool:
-    """Warm workers unless asked for fresh processes (see TuneRequest.trial_workers); the rule is the launcher
+    """Warm workers unless asked for fresh processes (see SearchAsk.trial_workers); the rule is the launcher
     chooser's (trial/launch/chooser.py)."""
-    return uses_warm(nodes=request.nodes, own_command=request.command is not None, trial_workers=request.trial_workers)
+    return uses_warm(
+        nodes=request.hardware.nodes,
+        own_command=request.training.command is not None,
+        trial_workers=request.search.trial_workers,
+    )
 
 
 def confirms_pick_in_fresh_process(request: TuneRequest) -> bool:
     """By default on GPUs, where warm workers run the trials: the pick once more in a process of its own."""
-    own, workers = request.command is not None, request.trial_workers
-    return confirms_fresh(nodes=request.nodes, own_command=own, trial_workers=workers, device=request.device)
+    own, workers = request.training.command is not None, request.search.trial_workers
+    return confirms_fresh(
+        nodes=request.hardware.nodes, own_command=own, trial_workers=workers, device=request.hardware.device
+    )
 
 
 def default_seq_len(max_positions: int | None) -> int:
@@ -206,26 +214,30 @@ def micro_batch_grid(request: TuneRequest, world_size: int) -> list[int]:
     and the next power of two not fitting is often the only reason checkpointing looked needed. The search
     bisects this grid by the memory model and measured peaks, so its size costs predictions, not trials.
     --micro-batches pins a grid (e.g. powers of two)."""
-    fixed = (request.micro_batch,) if request.micro_batch is not None else None
-    grid = list(fixed or request.micro_batches or range(1, request.max_micro_batch + 1))
-    if request.global_batch is None:
+    fixed = (request.search.micro_batch,) if request.search.micro_batch is not None else None
+    grid = list(fixed or request.search.micro_batches or range(1, request.search.max_micro_batch + 1))
+    if request.training.global_batch is None:
         return sorted(set(grid))
-    per_rank, remainder = divmod(request.global_batch, world_size)
+    per_rank, remainder = divmod(request.training.global_batch, world_size)
     if remainder or per_rank == 0:
-        raise UserError(f"--global-batch {request.global_batch} is not a multiple of the world size {world_size}")
-    if fixed is None and request.micro_batches is None:
-        grid = [d for d in range(1, min(per_rank, request.max_micro_batch) + 1) if per_rank % d == 0]
+        raise UserError(
+            f"--global-batch {request.training.global_batch} is not a multiple of the world size {world_size}"
+        )
+    if fixed is None and request.search.micro_batches is None:
+        grid = [d for d in range(1, min(per_rank, request.search.max_micro_batch) + 1) if per_rank % d == 0]
     eligible = sorted({m for m in grid if per_rank % m == 0})
     if not eligible:
         raise UserError(
             f"no micro-batch in {grid} gives a whole gradient accumulation for global batch"
-            f" {request.global_batch} at world size {world_size}"
+            f" {request.training.global_batch} at world size {world_size}"
         )
     return eligible
 
 
 def chosen_rungs(request: TuneRequest) -> tuple[list[Rung], list[tuple[Rung, str]]]:
     """The rungs to search, and those left out with the reason (NVMe rungs need --nvme-path)."""
-    chosen = list(request.rungs or Rung)
-    unavailable = [(r, "no --nvme-path given") for r in chosen if r.needs_nvme] if not request.nvme_path else []
+    chosen = list(request.search.rungs or Rung)
+    unavailable = (
+        [(r, "no --nvme-path given") for r in chosen if r.needs_nvme] if not request.hardware.nvme_path else []
+    )
     return [r for r in chosen if not any(r is u for u, _ in unavailable)], unavailable

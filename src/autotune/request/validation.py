@@ -38,87 +38,92 @@ def check_outputs(request: TuneRequest) -> None:
     file autotune did not write, and the same for every file written beside the config and the reports."""
     from autotune.infra.output_paths import vet_output_dir, vet_tuning_outputs
 
-    vet_tuning_outputs(request.out, request.report_dir)
-    if request.cache_dir and request.use_cache:
-        vet_output_dir(request.cache_dir, "--cache-dir")
+    vet_tuning_outputs(request.output.out, request.output.report_dir)
+    if request.output.cache_dir and request.output.use_cache:
+        vet_output_dir(request.output.cache_dir, "--cache-dir")
 
 
 def validate(request: TuneRequest, *, outputs: bool = True) -> None:
     """Every rule that needs neither the model nor the hardware; raises UserError with one line.
 
     `outputs=False` for callers that write nothing (`check` re-building a tuning's context)."""
-    if request.gpus is not None and request.gpus <= 0:
-        raise UserError(f"--gpus must be positive (GPUs per node), got {request.gpus}")
-    if request.nodes <= 0:
-        raise UserError(f"--nodes must be positive, got {request.nodes}")
-    if request.device not in DEVICES:
-        raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {request.device!r}")
-    if request.precision not in (None, *PRECISIONS):
-        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {request.precision!r}")
-    if request.attention not in ATTENTIONS:
-        raise UserError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {request.attention!r}")
-    check_kernels(request.kernels, request.device)
+    if request.hardware.gpus is not None and request.hardware.gpus <= 0:
+        raise UserError(f"--gpus must be positive (GPUs per node), got {request.hardware.gpus}")
+    if request.hardware.nodes <= 0:
+        raise UserError(f"--nodes must be positive, got {request.hardware.nodes}")
+    if request.hardware.device not in DEVICES:
+        raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {request.hardware.device!r}")
+    if request.training.precision not in (None, *PRECISIONS):
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {request.training.precision!r}")
+    if request.model.attention not in ATTENTIONS:
+        raise UserError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {request.model.attention!r}")
+    check_kernels(request.model.kernels, request.hardware.device)
     check_trial_workers(request)
-    _fraction(request.headroom, "--headroom")
-    _fraction(request.gpu_memory_fraction, "--gpu-memory-fraction")
-    if request.seq_len is not None and request.seq_len <= 0:
-        raise UserError(f"--seq-len must be positive, got {request.seq_len}")
-    if request.decoder_seq_len is not None and request.decoder_seq_len <= 0:
-        raise UserError(f"--decoder-seq-len must be positive, got {request.decoder_seq_len}")
-    if request.micro_batch is not None and not 0 < request.micro_batch <= MAX_MICRO_BATCH_LIMIT:
-        raise UserError(f"--micro-batch must be in 1..{MAX_MICRO_BATCH_LIMIT}, got {request.micro_batch}")
-    if request.micro_batch is not None and request.micro_batches is not None:
+    _fraction(request.search.headroom, "--headroom")
+    _fraction(request.hardware.gpu_memory_fraction, "--gpu-memory-fraction")
+    if request.model.seq_len is not None and request.model.seq_len <= 0:
+        raise UserError(f"--seq-len must be positive, got {request.model.seq_len}")
+    if request.model.decoder_seq_len is not None and request.model.decoder_seq_len <= 0:
+        raise UserError(f"--decoder-seq-len must be positive, got {request.model.decoder_seq_len}")
+    if request.search.micro_batch is not None and not 0 < request.search.micro_batch <= MAX_MICRO_BATCH_LIMIT:
+        raise UserError(f"--micro-batch must be in 1..{MAX_MICRO_BATCH_LIMIT}, got {request.search.micro_batch}")
+    if request.search.micro_batch is not None and request.search.micro_batches is not None:
         raise UserError("give --micro-batch (one, fixed) or --micro-batches (a grid), not both")
-    if request.global_batch is not None and request.global_batch <= 0:
-        raise UserError(f"--global-batch must be positive, got {request.global_batch}")
-    if request.max_trials <= 0:
-        raise UserError(f"--max-trials must be positive, got {request.max_trials}")
-    if not 0 < request.max_micro_batch <= MAX_MICRO_BATCH_LIMIT:
-        raise UserError(f"--max-micro-batch must be in 1..{MAX_MICRO_BATCH_LIMIT}, got {request.max_micro_batch}")
-    if request.micro_batches is not None and (
-        not request.micro_batches or any(not 0 < m <= MAX_MICRO_BATCH_LIMIT for m in request.micro_batches)
+    if request.training.global_batch is not None and request.training.global_batch <= 0:
+        raise UserError(f"--global-batch must be positive, got {request.training.global_batch}")
+    if request.search.max_trials <= 0:
+        raise UserError(f"--max-trials must be positive, got {request.search.max_trials}")
+    if not 0 < request.search.max_micro_batch <= MAX_MICRO_BATCH_LIMIT:
+        raise UserError(
+            f"--max-micro-batch must be in 1..{MAX_MICRO_BATCH_LIMIT}, got {request.search.max_micro_batch}"
+        )
+    if request.search.micro_batches is not None and (
+        not request.search.micro_batches
+        or any(not 0 < m <= MAX_MICRO_BATCH_LIMIT for m in request.search.micro_batches)
     ):
         raise UserError(f"--micro-batches must be positive integers up to {MAX_MICRO_BATCH_LIMIT}")
-    _positive(request.time_budget_s, "--time-budget")
-    _positive(request.trial_timeout_s, "--trial-timeout", allow_none=False)
-    if request.gpu_type and request.gpu_memory:
+    _positive(request.search.time_budget_s, "--time-budget")
+    _positive(request.search.trial_timeout_s, "--trial-timeout", allow_none=False)
+    if request.hardware.gpu_type and request.hardware.gpu_memory:
         raise UserError("give either --gpu-type or --gpu-memory, not both")
-    if request.device == "cpu":
+    if request.hardware.device == "cpu":
         for flag, value in (
-            ("--gpu-type", request.gpu_type),
-            ("--gpu-memory", request.gpu_memory),
-            ("--gpu-memory-fraction", request.gpu_memory_fraction),
+            ("--gpu-type", request.hardware.gpu_type),
+            ("--gpu-memory", request.hardware.gpu_memory),
+            ("--gpu-memory-fraction", request.hardware.gpu_memory_fraction),
         ):
             if value is not None:
                 raise UserError(f"{flag} has no meaning with --device cpu (use --memory-budget for the per-rank cap)")
-    elif request.memory_budget is not None:
+    elif request.hardware.memory_budget is not None:
         raise UserError("--memory-budget applies to --device cpu; for GPUs use --gpu-memory-fraction or --gpu-memory")
-    if request.tokens_per_step is not None and request.tokens_per_step <= 0:
-        raise UserError(f"--tokens-per-step must be positive, got {request.tokens_per_step}")
-    if request.base_config is not None and request.config is not None:
+    if request.training.tokens_per_step is not None and request.training.tokens_per_step <= 0:
+        raise UserError(f"--tokens-per-step must be positive, got {request.training.tokens_per_step}")
+    if request.training.base_config is not None and request.training.config is not None:
         raise UserError("give the config to tune on (tune/hook --config) or the config to answer for (plan), not both")
-    if request.base_config is not None:  # read now: an unreadable base is one line before any coordination or trial
+    if (
+        request.training.base_config is not None
+    ):  # read now: an unreadable base is one line before any coordination or trial
         from autotune.dsconfig.base_config import load_base
 
-        load_base(request.base_config)
-    if request.tokens_per_step is not None and request.global_batch is not None:
+        load_base(request.training.base_config)
+    if request.training.tokens_per_step is not None and request.training.global_batch is not None:
         raise UserError("give --global-batch or --tokens-per-step, not both")
     from autotune.training.checks import check_training_choices  # imports peft's helpers only when used
 
-    check_training_choices(request.optimizer, request.lora_rank, request.script)
-    if request.memory_budget is not None:
-        memory_size(request.memory_budget, "--memory-budget")
-    if request.gpu_memory is not None:
-        memory_size(request.gpu_memory, "--gpu-memory")
-    if request.host_memory is not None:
-        if request.device == "cpu":
+    check_training_choices(request.training.optimizer, request.model.lora_rank, request.training.script)
+    if request.hardware.memory_budget is not None:
+        memory_size(request.hardware.memory_budget, "--memory-budget")
+    if request.hardware.gpu_memory is not None:
+        memory_size(request.hardware.gpu_memory, "--gpu-memory")
+    if request.hardware.host_memory is not None:
+        if request.hardware.device == "cpu":
             raise UserError("--host-memory plans for another machine's GPUs; --device cpu uses this machine's RAM")
-        memory_size(request.host_memory, "--host-memory")
-    if request.consumer is not None and request.consumer not in ("hf", "deepspeed"):
-        raise UserError(f"--consumer must be hf or deepspeed, not {request.consumer!r}")
-    if request.consumer is not None and request.command is None:
+        memory_size(request.hardware.host_memory, "--host-memory")
+    if request.training.consumer is not None and request.training.consumer not in ("hf", "deepspeed"):
+        raise UserError(f"--consumer must be hf or deepspeed, not {request.training.consumer!r}")
+    if request.training.consumer is not None and request.training.command is None:
         raise UserError("--consumer names what your own command runs; give the command after `--`")
-    if request.command is not None:
+    if request.training.command is not None:
         from autotune.request.own_command_mode import check_command  # imported only in own-command mode
 
         check_command(request)

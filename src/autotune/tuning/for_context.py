@@ -21,9 +21,13 @@ from autotune.trial.trial_types import TrialResult
 def mode_facts(ctx: TuneContext) -> ModeFacts:
     """What autotune.modes.applies needs to decide which modes apply to this tuning run."""
     request = ctx.request
-    ds_optimizer = optimizer_kind(request.optimizer).ds_type is not None
+    ds_optimizer = optimizer_kind(request.training.optimizer).ds_type is not None
     return facts_for(
-        ctx.target, request.device, ds_optimizer, ctx.precision, allow_approximate=request.allow_approximate
+        ctx.target,
+        request.hardware.device,
+        ds_optimizer,
+        ctx.precision,
+        allow_approximate=request.search.allow_approximate,
     )
 
 
@@ -48,7 +52,7 @@ def context_search(
     `confirm_fresh` runs the pick in a process of its own where `run` uses warm workers (Search.confirm_fresh);
     `time_left_s`: what is left of --time-budget when the search starts (the tune spent the rest), default all."""
     request = ctx.request
-    budget = request.time_budget_s if time_left_s is None else time_left_s
+    budget = request.search.time_budget_s if time_left_s is None else time_left_s
     facts = mode_facts(ctx)
     return Search(
         ctx.model,
@@ -57,9 +61,9 @@ def context_search(
         run,
         rungs=ctx.rungs,
         micro_batches=ctx.grid,
-        limits=SearchLimits(request.max_trials, budget, request.headroom),
+        limits=SearchLimits(request.search.max_trials, budget, request.search.headroom),
         observe=observe,
-        global_batch=request.global_batch,
+        global_batch=request.training.global_batch,
         modes=lambda rung: considered_modes(rung, facts),
         offload_ratios=tuple(r for r in ratio_grid() if 0.0 < r < 1.0),
         confirm_fresh=confirm_fresh,

@@ -53,21 +53,23 @@ def offloads_to_host(candidate: Candidate) -> bool:
 
 def fixed_micro_batch_plan(ctx: TuneContext, micro_batch: int) -> Plan:
     """Every rung evaluated at one micro-batch (plan --micro-batch): a row fits or not at exactly that size."""
-    settings, target, headroom = ctx.settings, ctx.target, ctx.request.headroom
+    settings, target, headroom = ctx.settings, ctx.target, ctx.request.search.headroom
     rows = []
     for rung in LADDER:
         for checkpointing in (False, True):
             predicted = estimate(ctx.model, target, Candidate(rung, micro_batch, checkpointing), settings)
             verdict = check_fit(predicted, target, headroom)
             rows.append(PlanRow(rung, checkpointing, micro_batch if verdict.fits else None, predicted, verdict=verdict))
-    return Plan(ctx.model, target, settings, headroom, global_batch=ctx.request.global_batch, rows=rows)
+    return Plan(ctx.model, target, settings, headroom, global_batch=ctx.request.training.global_batch, rows=rows)
 
 
 def plan_for(ctx: TuneContext) -> Plan:
     """The plan of `ctx`: searched micro-batches, or the request's fixed one."""
-    if ctx.request.micro_batch is not None:
-        return fixed_micro_batch_plan(ctx, ctx.request.micro_batch)
-    return plan(ctx.model, ctx.target, ctx.settings, ctx.request.headroom, global_batch=ctx.request.global_batch)
+    if ctx.request.search.micro_batch is not None:
+        return fixed_micro_batch_plan(ctx, ctx.request.search.micro_batch)
+    return plan(
+        ctx.model, ctx.target, ctx.settings, ctx.request.search.headroom, global_batch=ctx.request.training.global_batch
+    )
 
 
 def recommend(ctx: TuneContext) -> Recommendation:
@@ -78,7 +80,7 @@ def recommend(ctx: TuneContext) -> Recommendation:
         micro_batch = largest_in_grid(ctx.grid, row.micro_batch) if row.micro_batch else None
         if micro_batch and row.rung in ctx.rungs:
             options.append((Candidate(row.rung, micro_batch, row.grad_checkpointing), row))
-    host_unknown = ctx.target.host_ram_bytes is None and ctx.request.device != "cpu"
+    host_unknown = ctx.target.host_ram_bytes is None and ctx.request.hardware.device != "cpu"
     if not options:
         return Recommendation(result, None, None, host_unknown=host_unknown)
 

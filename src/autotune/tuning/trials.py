@@ -107,11 +107,11 @@ def request_facts(request: TuneRequest, environ: Mapping[str, str]) -> JobFacts:
     """The job facts `autotune tune` knows: its request, and SLURM, torchrun and MASTER_PORT from its environment."""
     return JobFacts.of_process(
         environ,
-        nodes=request.nodes,
-        device=request.device,
-        trial_workers=request.trial_workers,
-        command=request.command,
-        consumer=request.consumer,
+        nodes=request.hardware.nodes,
+        device=request.hardware.device,
+        trial_workers=request.search.trial_workers,
+        command=request.training.command,
+        consumer=request.training.consumer,
     )
 
 
@@ -160,7 +160,7 @@ def search_with_trials(
             observe(SearchEvent("prepare", candidate, message=note))
             result = retried_trial(fresh, spec, observe, candidate, bounds=bounds)
         if cut and result.status == "timeout":  # not the candidate's: never cached (timeouts are not)
-            result = replace(result, error=f"{TIME_BUDGET_CUT} ({ctx.request.time_budget_s:.0f} s)")
+            result = replace(result, error=f"{TIME_BUDGET_CUT} ({ctx.request.search.time_budget_s:.0f} s)")
         if cache and result.status in DETERMINISTIC_STATUSES:  # what a rerun would give again, nothing else
             cache.put_trial(key, candidate, result)
         return result, False
@@ -210,7 +210,7 @@ def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
     from autotune.core.measurement import MAX_MEASURE_S, MAX_STEPS, MIN_STEPS
 
     request = ctx.request
-    trials = min(request.max_trials, len(ctx.rungs) * 2 * len(ctx.grid))
+    trials = min(request.search.max_trials, len(ctx.rungs) * 2 * len(ctx.grid))
     space = (
         f"{len(ctx.rungs)} rung(s), with and without checkpointing, micro-batches {ctx.grid[0]}-{ctx.grid[-1]}"
         if ctx.grid
@@ -223,7 +223,7 @@ def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
         if pending
         else ""
     )
-    budget = request.time_budget_s
+    budget = request.search.time_budget_s
     bound = (
         f"in at most {budget / 60:.0f} min (the time budget, --time-budget: no trial starts after it and one still"
         " running then is stopped)"
@@ -231,7 +231,7 @@ def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
         else "with no time budget (--time-budget): each trial's start line gives the expected time of the rest"
     )
     return (
-        f"expect at most {trials} trials (--max-trials {request.max_trials}) over {space}, {bound}{builds}; each"
+        f"expect at most {trials} trials (--max-trials {request.search.max_trials}) over {space}, {bound}{builds}; each"
         f" trial a process start, warm-up steps and {MIN_STEPS}-{MAX_STEPS} measured steps (at most"
         f" {MAX_MEASURE_S:.0f} s of them)"
     )
@@ -250,9 +250,9 @@ def warm_only_doubt(ctx: TuneContext, candidate: Candidate, result: TrialResult)
     if result.status in WARM_DOUBTED_STATUSES:
         return f"{result.status} ({result.error})"
     host_ram = ctx.target.host_ram_bytes
-    if not result.ok or ctx.request.device == "cpu" or not host_ram:
+    if not result.ok or ctx.request.hardware.device == "cpu" or not host_ram:
         return None
-    host_limit = int(ctx.request.headroom * host_ram)
+    host_limit = int(ctx.request.search.headroom * host_ram)
     record = TrialRecord(
         candidate, result, 0, 0, from_cache=False, host_limit_bytes=host_limit, gpus_per_node=ctx.target.gpus_per_node
     )
@@ -263,9 +263,11 @@ def warm_only_doubt(ctx: TuneContext, candidate: Candidate, result: TrialResult)
 
 def run_bounds(ctx: TuneContext) -> Bounds:
     """What this run's hardware and model allow a trial to measure (trial/plausible.py)."""
-    device: Device = "cpu" if ctx.request.device == "cpu" else "cuda"
+    device: Device = "cpu" if ctx.request.hardware.device == "cpu" else "cuda"
     peak_tflops = ctx.target.gpu.peak_tflops(ctx.precision)
-    tokens_per_sample = 1 if ctx.request.command is not None else ctx.seq_len  # the user's command: its own data
+    tokens_per_sample = (
+        1 if ctx.request.training.command is not None else ctx.seq_len
+    )  # the user's command: its own data
     return Bounds.for_run(
         ctx.model.total_params, ctx.target.world_size, device, peak_tflops, tokens_per_sample=tokens_per_sample
     )

@@ -114,7 +114,7 @@ def _choice(
         peak_in_fresh_process=True if fresh else None,
         fastest_trial_samples_per_s=fastest if fastest != samples else None,
     )
-    measured_host = memory.host_peak_bytes if memory and ctx.request.device != "cpu" else None
+    measured_host = memory.host_peak_bytes if memory and ctx.request.hardware.device != "cpu" else None
     host_need = HostNeed(
         ram_bytes=measured_host or predicted.host_ram_bytes,
         measured=measured_host is not None,
@@ -169,20 +169,20 @@ def report_of(
         model={k: v for k, v in ctx.model.to_dict().items() if k != "config"},
         target=ctx.target.to_dict(),
         target_description=ctx.target.describe(),
-        device=request.device,
+        device=request.hardware.device,
         verified=ctx.verified and outcome is not None,
         seq_len=ctx.seq_len,
         precision=ctx.precision,
         world_size=ctx.target.world_size,
-        global_batch=request.global_batch,
-        headroom=request.headroom,
+        global_batch=request.training.global_batch,
+        headroom=request.search.headroom,
         limit_bytes=ctx.limit_bytes,
         assumptions=ctx.assumptions(candidate),
         notes=tuple(ctx.notes),
         micro_batch_grid=tuple(ctx.grid),
         choice=choice,
         config_path=str(config_path) if config_path else None,
-        base_config=request.base_config,
+        base_config=request.training.base_config,
         hf_config_path=str(hf_path) if hf_path else None,
         launch=launch,
         trials=tuple(_trial_entry(t) for t in outcome.trials) if outcome else (),
@@ -221,18 +221,18 @@ def finished_report(
     notes = [*placeholder_notes(config, ctx.base, measured=ctx.verified), *([] if ctx.verified else plan_notes)]
     if changes := approximation(candidate.mode, mode_facts(ctx)):  # only reachable with --allow-approximate
         notes.append(f"changes the training: {changes}")
-    batch = describe_global_batch(config, ctx.seq_len, ctx.batch_chosen_by, request.tokens_per_step)
+    batch = describe_global_batch(config, ctx.seq_len, ctx.batch_chosen_by, request.training.tokens_per_step)
     return replace(
         report.with_notes(*notes),
         batch=Batch.from_json(batch.to_dict()),
-        training=Training.from_json(training_choices_report(request.optimizer, ctx.lora, ctx.model)),
+        training=Training.from_json(training_choices_report(request.training.optimizer, ctx.lora, ctx.model)),
         own_command=own_command_entry(ctx, candidate, config_path),
     )
 
 
 def own_command_entry(ctx: TuneContext, candidate: Candidate, config_path: Path) -> OwnCommand | None:
     """Own-command mode: the user's command, naming this run's config path."""
-    if not ctx.request.command:
+    if not ctx.request.training.command:
         return None
     from autotune.request.own_command_mode import command_report
 

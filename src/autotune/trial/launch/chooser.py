@@ -90,7 +90,7 @@ class LaunchChoice:
 
 def uses_warm(*, nodes: int, own_command: bool, trial_workers: TrialWorkers) -> bool:
     """Warm workers unless asked for fresh processes; never across nodes nor for an own command, whose trials start
-    fresh processes (see TuneRequest.trial_workers)."""
+    fresh processes (see SearchAsk.trial_workers)."""
     return nodes == 1 and not own_command and trial_workers != "fresh"
 
 
