@@ -130,7 +130,7 @@ def test_a_host_peak_over_the_headroom_is_doubted_only_on_gpus_and_an_ok_one_nev
     assert warm_only_doubt(ctx, Candidate(Rung.Z3, 1), over) is None  # CPU: the budget is host memory already
     assert warm_only_doubt(ctx, Candidate(Rung.Z3, 1), TrialResult("oom_gpu")) is None  # fresh confirmation's job
     gpu = SimpleNamespace(
-        request=SimpleNamespace(device="cuda", headroom=0.9),
+        request=TuneRequest.of(model="tiny-gpt2", device="cuda", headroom=0.9),
         target=SimpleNamespace(host_ram_bytes=64 * GiB, gpus_per_node=1),
     )
     why = warm_only_doubt(gpu, Candidate(Rung.Z3_OFFLOAD_OPT, 1), over)  # type: ignore[arg-type]

@@ -533,7 +533,7 @@ def warm_points(kit: Kit) -> list[MemoryPoint]:
 def stage_warm(kit: Kit) -> None:
     """The memory stage's first points again in one warm worker pool, beside their fresh rows (warm_check.py): what
     decides whether GPU trials may run warm by default without their pick confirmed in a fresh process
-    (request.SearchAsk.trial_workers). A pool's order matters, so a cut-off run is not resumed: its rows stay,
+    (request.asks.SearchAsk.trial_workers). A pool's order matters, so a cut-off run is not resumed: its rows stay,
     marked incomplete."""
     section = kit.section("warm")
     if section.get("rows"):

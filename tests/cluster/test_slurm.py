@@ -152,8 +152,8 @@ from autotune.trial import SlurmLauncher
 from autotune.tuner import TuneRequest
 
 out, cache, trials = sys.argv[1:4]
-request = TuneRequest(model="tiny-gpt2", device="cpu", gpus=2, memory_budget="2GiB", seq_len=32,
-                      micro_batches=(1, 2), rungs=(Rung.Z0,), max_trials=2, out=out, cache_dir=cache)
+request = TuneRequest.of(model="tiny-gpt2", device="cpu", gpus=2, memory_budget="2GiB", seq_len=32,
+                         micro_batches=(1, 2), rungs=(Rung.Z0,), max_trials=2, out=out, cache_dir=cache)
 try:
     result = tune(request, launcher=SlurmLauncher(workdir=Path(trials)))
 except UserError as error:

@@ -467,7 +467,8 @@ def kernel_notes(request: TuneRequest, trials_run: bool) -> list[str]:
     notes = [note]
     if trials_run and request.training.command is None:
         notes.append(
-            f"the trials run autotune's synthetic worker with transformers' stock modules, not the {request.model.kernels}"
+            "the trials run autotune's synthetic worker with transformers' stock modules, not the"
+            f" {request.model.kernels}"
             " kernels (Triton/CUDA kernels your own training turns on): their measured peaks are stock ones and the"
             " prediction for your training differs from them; give your own launch command (`autotune ... --"
             " <command>`) for trials that run your kernels"
