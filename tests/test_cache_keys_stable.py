@@ -15,6 +15,7 @@ from tests.fakes.hook import job_env
 from autotune.core.ladder import Rung
 from autotune.hook import run as hook_run
 from autotune.request.context import TuneContext
+from autotune.request.tune_request import section_flat_names
 from autotune.tuner import TuneRequest
 
 VERSIONS = {"deepspeed": "0.19.8", "torch": "2.13.0", "transformers": "5.0.0"}
@@ -72,3 +73,20 @@ def test_the_hook_job_key_is_the_one_an_earlier_autotune_wrote(name: str) -> Non
     options, key = JOB_KEYS[name]
     tuning = TuneRequest.of(model="tiny-gpt2", device="cpu", memory_budget="2GiB", **options)
     assert hook_run.job_key(tuning, job_env(2)) == key
+
+
+# A value other than the default for every field of the output section (request/asks.py): a new output field must be
+# named here, so whether it enters a key is decided, not inherited.
+OTHER_OUTPUT = {"out": "other.json", "report_dir": "reports", "hf": True, "use_cache": False, "cache_dir": "cache"}
+
+
+def test_no_output_field_enters_a_key() -> None:
+    """The output section says where results go and come from: the same question wherever it is written."""
+    assert set(OTHER_OUTPUT) == set(section_flat_names("output"))
+    base = TuneRequest.of(model="tiny-gpt2", device="cpu", memory_budget="2GiB")
+    ctx = replace(TuneContext.build(base, outputs=False), versions=dict(VERSIONS), allocator={})
+    for name, value in OTHER_OUTPUT.items():
+        other = base.updated(**{name: value})
+        built = replace(TuneContext.build(other, outputs=False), versions=dict(VERSIONS), allocator={})
+        assert (built.key, built.answer_key) == (ctx.key, ctx.answer_key), name
+        assert hook_run.job_key(other, job_env(2)) == hook_run.job_key(base, job_env(2)), name

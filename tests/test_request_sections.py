@@ -60,6 +60,17 @@ def test_a_request_is_built_and_updated_by_flat_name_and_read_by_section() -> No
         TuneRequest.of(gpus=1)
 
 
+def test_the_flat_constructor_of_before_the_sections_is_refused_at_once() -> None:
+    """One way to build from flat names (`TuneRequest.of`): the old call fails where it is made, saying so."""
+    with pytest.raises(TypeError, match=r"takes a ModelAsk; build a request from flat names with TuneRequest\.of"):
+        TuneRequest(model="gpt2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'gpus'"):
+        TuneRequest(model=ModelAsk(name="gpt2"), gpus=8)  # type: ignore[call-arg]
+    assert TuneRequest(model=ModelAsk(name="gpt2"), hardware=HardwareAsk(gpus=8)) == TuneRequest.of(
+        model="gpt2", gpus=8
+    )
+
+
 def test_the_hook_job_key_leaves_out_the_output_section_and_the_jobs_shape_as_before() -> None:
     before = {"model", "gpus", "nodes", "out", "report_dir", "hf", "use_cache", "cache_dir", "script"}  # 5f36582
     assert set(hook_run._NOT_IN_KEY) == before

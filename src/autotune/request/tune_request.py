@@ -50,6 +50,15 @@ class TuneRequest:
     search: SearchAsk = field(default_factory=SearchAsk, metadata={SECTION: SearchAsk})
     output: OutputAsk = field(default_factory=OutputAsk, metadata={SECTION: OutputAsk})
 
+    def __post_init__(self) -> None:
+        """`TuneRequest(model="gpt2")`, the flat call of before the sections, fails here, not at a later read."""
+        for item in fields(self):
+            if not isinstance(getattr(self, item.name), item.metadata[SECTION]):
+                raise TypeError(
+                    f"TuneRequest({item.name}=...) takes a {item.metadata[SECTION].__name__}; build a request from flat"
+                    " names with TuneRequest.of(model=..., gpus=...)"
+                )
+
     @classmethod
     def of(cls: type[R], **flat: Any) -> R:
         """The request these flat names ask for (request/asks.py: every field's flat name), the rest at defaults;
