@@ -46,7 +46,10 @@ CONTEXT_KEYS = {
 
 # name -> (the hook's tuning options, the job key) as 5f36582 computed them
 JOB_KEYS = {
-    "defaults": ({}, "12ed2df0442bbe37a785cbd7"),
+    # 5f36582 wrote 12ed2df0442bbe37a785cbd7 for the defaults, whose trial budget was then a flat 12; since the budget
+    # is derived from the search (search/trial_budget.py, max_trials None) a default hook job is another question
+    "defaults": ({}, "4184ecae4888ab83b9d4e8c2"),
+    "12 trials, 5f36582's default": ({"max_trials": 12}, "12ed2df0442bbe37a785cbd7"),
     "many options": (
         dict(seq_len=32, headroom=0.8, max_trials=3, rungs=(Rung.Z0,), micro_batches=(1, 2), out="x.json"),
         "536e2b480b78b26770477cdf",

@@ -15,7 +15,7 @@ from autotune.cli.request import NOT_OFFERED, offered_fields, recorded_options, 
 from autotune.core.ladder import Rung
 from autotune.hook import HookRequest, JobOverrides
 from autotune.request.asks import SearchAsk
-from autotune.request.tune_request import SECTION, TUNE_TIME_BUDGET_S, TuneRequest, flat_fields
+from autotune.request.tune_request import CPU_TUNE_TIME_BUDGET_S, SECTION, TuneRequest, flat_fields
 
 
 class Captured(Exception):
@@ -52,8 +52,8 @@ def base(tmp_path: Path) -> Path:
 
 
 def test_tune_with_no_options_asks_for_the_request_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the one default tune states apart from the request's: its time budget (request/tune_request.py)
-    defaults = TuneRequest.of(model="gpt2", time_budget_s=TUNE_TIME_BUDGET_S)
+    # on GPUs tune asks for the request's defaults, no time budget included (request/tune_request.py)
+    defaults = TuneRequest.of(model="gpt2")
     assert built_request(monkeypatch, "--model", "gpt2") == defaults
     assert built_request(monkeypatch, "tune", "-m", "gpt2") == defaults
 
@@ -85,15 +85,13 @@ def test_tune_with_every_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 
 def test_tune_on_the_cpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     argv = ["--model", "tiny-gpt2", "--device", "cpu", "--gpus", "2", "--memory-budget", "2GiB", "-s", "32"]
-    budget = TUNE_TIME_BUDGET_S  # tune's stated default time budget
+    budget = CPU_TUNE_TIME_BUDGET_S  # tune's stated default time budget on the CPU backend
     expected = TuneRequest.of(
         model="tiny-gpt2", device="cpu", gpus=2, memory_budget="2GiB", seq_len=32, time_budget_s=budget
     )
     assert built_request(monkeypatch, *argv) == expected
     argv = ["--model", "gpt2", "--gpu-type", "a100-80gb", "--tokens-per-step", "4096", "--rungs", "", "--", "x"]
-    expected = TuneRequest.of(
-        model="gpt2", gpu_type="a100-80gb", tokens_per_step=4096, command=("x",), time_budget_s=budget
-    )
+    expected = TuneRequest.of(model="gpt2", gpu_type="a100-80gb", tokens_per_step=4096, command=("x",))
     assert built_request(monkeypatch, *argv) == expected
 
 

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from autotune.search.close_call import ROUNDS
 
 from autotune.core.ladder import Rung
 from autotune.request.tune_request import TUNE_TIME_BUDGET_S, default_of
 from autotune.search.mode_walk import RATIO_MICRO_BATCHES, RATIO_TRIES
+from autotune.search.pick_decision import ROUNDS
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))

@@ -15,17 +15,31 @@ from autotune.cli.tune import _print_summary, tune_command
 from autotune.core.ladder import Rung
 from autotune.core.stop import StopReason
 from autotune.errors import TrialsFailedError
-from autotune.request.tune_request import TUNE_TIME_BUDGET_S
+from autotune.request.tune_request import CPU_TUNE_TIME_BUDGET_S, with_tune_time_budget
 from autotune.search.records import SearchEvent
 from autotune.trial.trial_types import TrialSpec
 from autotune.tuner import TuneRequest
 from autotune.tuning.trials import budgeted_spec
 
 
-def test_tune_has_a_stated_default_time_budget() -> None:
-    default = inspect.signature(tune_command).parameters["time_budget"].default
-    assert default == TUNE_TIME_BUDGET_S == 600.0
+def test_tune_has_a_stated_default_time_budget_on_the_cpu_backend_and_none_on_gpus() -> None:
+    assert inspect.signature(tune_command).parameters["time_budget"].default is None  # resolved by device
+    assert with_tune_time_budget(TuneRequest.of(model="x", device="cpu")).search.time_budget_s == 600.0
+    assert CPU_TUNE_TIME_BUDGET_S == 600.0
+    assert with_tune_time_budget(TuneRequest.of(model="x")).search.time_budget_s is None  # GPUs: none
+    given = TuneRequest.of(model="x", device="cpu", time_budget_s=30.0)
+    assert with_tune_time_budget(given).search.time_budget_s == 30.0
     assert TuneRequest.of(model="x").search.time_budget_s is None  # the API and the hook keep none unless given
+
+
+def test_the_trial_budget_is_derived_from_the_search_unless_given() -> None:
+    """Two trials per (rung, checkpointing) group, 1 boundary confirmation, 4 close-call trials: 33 for 7 rungs."""
+    from autotune.search.trial_budget import SearchShape, derived_max_trials
+
+    assert TuneRequest.of(model="x").search.max_trials is None
+    assert derived_max_trials(SearchShape(rungs=7, mode_groups=0, ratio_modes=0)) == 33
+    assert derived_max_trials(SearchShape(rungs=7, mode_groups=2, ratio_modes=0)) == 41  # hpZ on 2 rungs
+    assert derived_max_trials(SearchShape(rungs=2, mode_groups=0, ratio_modes=0)) == 13
 
 
 def test_the_budget_bounds_the_whole_tune_and_the_summary_says_what_was_not_tried(tmp_path, capsys) -> None:
@@ -41,7 +55,7 @@ def test_the_budget_bounds_the_whole_tune_and_the_summary_says_what_was_not_trie
     last_end = max(at for at, e in events if e.kind == "trial_end")
     assert last_end - started <= 9.0 + 1.0 + 0.5 + 5.0  # budget, 1 s floor, slack, the context's build
     first = next(e.message for _, e in events if e.kind == "prepare")
-    expected = "expect at most 12 trials (--max-trials 12) over 3 rung(s), with and without checkpointing"
+    expected = "expect at most 17 trials (--max-trials: 17, two per group and 5 for the pick) over 3 rung(s), with and"
     assert first.startswith(expected) and "micro-batches 1-4" in first and "time budget" in first
     _print_summary(result)
     out = capsys.readouterr().out

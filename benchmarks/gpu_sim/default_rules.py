@@ -23,12 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.search.close_call import ROUNDS
-
 from autotune.core.ladder import Rung
 from autotune.modes.applies import ModeOption
 from autotune.modes.search_view import is_ratio_mode
 from autotune.search.mode_walk import RATIO_MICRO_BATCHES, RATIO_TRIES
+from autotune.search.pick_decision import ROUNDS
 
 CHECKPOINTING_SETTINGS = 2  # walk.py run_search: every rung with and without gradient checkpointing
 BOUNDARY_CONFIRMATION = 1  # pick_walk.py _confirm_boundary: one trial at the pick's next micro-batch

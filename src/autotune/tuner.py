@@ -29,6 +29,7 @@ from autotune.search.records import SearchEvent
 from autotune.trial.launch.chooser import JobFacts, TrialLaunchers
 from autotune.trial.trial_types import TrialLauncher
 from autotune.tuning.answers import cached_answer, memory_bound
+from autotune.tuning.for_context import trial_budget
 from autotune.tuning.recommend import host_line, passed_over_line, recommend
 from autotune.tuning.trials import SearchTerminated, TrialOps, expected_line, launcher_for, search_with_trials
 from autotune.tuning.tuning_report import finished_report, no_trial_completed, own_command_entry, report_of
@@ -121,7 +122,7 @@ def _tune_with(
     if ctx.verified:
         ours = launcher is None or isinstance(launcher, JobFacts)  # the one chooser's (trial/launch/chooser.py)
         ops = TrialOps(request.hardware.device, observe) if ours else None
-        observe(SearchEvent("prepare", message=expected_line(ctx, ops)))
+        observe(SearchEvent("prepare", message=expected_line(ctx, ops), trial_budget=trial_budget(ctx)))
         if ops is not None:
             ops.before()  # the ops every trial loads, before the trial workers start
         # --time-budget bounds the search from here: a fresh machine's first op builds are a one-time cost said apart

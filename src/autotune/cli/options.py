@@ -90,7 +90,13 @@ OwnConsumerOpt = Annotated[
     ),
 ]
 HeadroomOpt = Annotated[float, typer.Option(help="Peak must stay under this fraction of free memory.")]
-MaxTrialsOpt = Annotated[int, typer.Option(help="Most trials to launch.")]
+MaxTrialsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Most trials to launch (default: derived from the search: two per rung or mode, with and without"
+        " checkpointing, and 5 for the pick; 33 for one node's 7 rungs)."
+    ),
+]
 MaxMicroBatchOpt = Annotated[int, typer.Option(help="Largest micro-batch per GPU to consider.")]
 MicroBatchesOpt = Annotated[str | None, typer.Option(help="Explicit micro-batch grid, e.g. 1,2,4,8.")]
 RungsOpt = Annotated[

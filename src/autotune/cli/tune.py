@@ -58,7 +58,7 @@ from autotune.core.units import format_bytes, format_duration
 from autotune.dsconfig.launchers import world_size_line
 from autotune.infra.terminate import Terminated, sigterm_raises
 from autotune.report.pick import measured_detail, measurement_lines, not_tried_line, summary_head
-from autotune.request.tune_request import TUNE_TIME_BUDGET_S
+from autotune.request.tune_request import with_tune_time_budget
 
 if TYPE_CHECKING:
     from autotune.core.ladder import Candidate
@@ -73,10 +73,15 @@ class TrialProgress:
     line when each trial starts, so a hung trial is visible as one."""
 
     def __init__(
-        self, err: Console, max_trials: int, enabled: bool, verbose: bool = False, time_budget_s: float | None = None
+        self,
+        err: Console,
+        max_trials: int | None,
+        enabled: bool,
+        verbose: bool = False,
+        time_budget_s: float | None = None,
     ) -> None:
         self.err = err
-        self.max_trials = max_trials
+        self.max_trials = max_trials  # None until the tuner says the derived budget (SearchEvent.trial_budget)
         # --time-budget: it starts when the op builds are done, right before the first trial (tuner.py), so the
         # first trial's start stands for it here, within the seconds a warm pool takes to start
         self.time_budget_s = time_budget_s
@@ -101,12 +106,14 @@ class TrialProgress:
             return
         now = time.monotonic()
         elapsed = now - self.started
+        if event.trial_budget is not None:
+            self.max_trials = event.trial_budget
         if event.kind == "trial_start" and event.candidate:
             self.count += 1
             self.trial_started = now
             self.budget_started = now if self.budget_started is None else self.budget_started
             text = (
-                f"trial {self.count} (budget {self.max_trials}): {event.candidate.describe()}  [{elapsed:.0f} s]"
+                f"trial {self.count} (budget {self.max_trials or '?'}): {event.candidate.describe()}  [{elapsed:.0f} s]"
                 f"{self.eta()}"
             )
             if self.live:
@@ -143,7 +150,7 @@ class TrialProgress:
         if not self.durations:
             return ""
         typical = statistics.median(self.durations)
-        left = max(self.max_trials - self.count, 0)
+        left = max((self.max_trials or self.count) - self.count, 0)
         spread = f" ({format_duration(min(self.durations))}-{format_duration(max(self.durations))})"
         return (
             f"; expect ~{format_duration(typical)}, the median of {len(self.durations)} trial(s) so far"
@@ -229,12 +236,12 @@ def tune_command(
     headroom: HeadroomOpt = D.search.headroom,
     max_trials: MaxTrialsOpt = D.search.max_trials,
     time_budget: Annotated[
-        float,
+        float | None,
         typer.Option(
             help="Seconds of search (after the first DeepSpeed op builds): no trial starts after it and one still"
-            " running is stopped; the best verified config is written."
+            " running is stopped; the best verified config is written. Default: 600 with --device cpu, none on GPUs."
         ),
-    ] = TUNE_TIME_BUDGET_S,
+    ] = None,
     max_micro_batch: MaxMicroBatchOpt = D.search.max_micro_batch,
     micro_batches: MicroBatchesOpt = None,
     rungs: RungsOpt = None,
@@ -270,7 +277,7 @@ def tune_command(
 
     Exit codes: 0 config written, 2 bad input (or no trial could complete), 3 nothing fits.
     """
-    request = request_from_options("tune", locals())
+    request = with_tune_time_budget(request_from_options("tune", locals()))
     from autotune.hook.leader import BestVerified
     from autotune.tuner import tune
 

@@ -50,9 +50,12 @@ class BestVerified:
         self.forward = forward
         self.record: TrialRecord | None = None
         self.launched = 0
+        self.trial_budget: int | None = None  # the search's, as the tuner says it before the first trial
 
     def __call__(self, event: SearchEvent) -> None:
         self.forward(event)
+        if event.trial_budget is not None:
+            self.trial_budget = event.trial_budget
         record = event.record
         if event.kind != "trial_end" or record is None:
             return
@@ -154,7 +157,9 @@ def _from_result(leader: LeaderJob, result: TuneResult, staged: Path) -> HookRec
 
 def _budget_ran_out(tuning: TuneRequest, started: float, best: BestVerified) -> bool:
     budget = tuning.search.time_budget_s
-    return best.launched >= tuning.search.max_trials or (budget is not None and time.monotonic() - started >= budget)
+    trials = tuning.search.max_trials if tuning.search.max_trials is not None else best.trial_budget
+    spent = trials is not None and best.launched >= trials
+    return spent or (budget is not None and time.monotonic() - started >= budget)
 
 
 def _best_verified(

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class ProgressNote:
     """Search observer of the tuning process: forwards every event, and notes each trial start for the waiters."""
 
-    def __init__(self, slot: SharedSlot, budget: int, forward: Callable[[SearchEvent], None]) -> None:
+    def __init__(self, slot: SharedSlot, budget: int | None, forward: Callable[[SearchEvent], None]) -> None:
         self.slot = slot
         self.budget = budget
         self.forward = forward
@@ -31,6 +31,8 @@ class ProgressNote:
 
     def __call__(self, event: SearchEvent) -> None:
         self.forward(event)
+        if event.trial_budget is not None:  # --max-trials not given: the tuner's derived budget
+            self.budget = event.trial_budget
         if event.kind == "trial_start" and event.candidate is not None:
             self.trials += 1
             progress = {"trial": self.trials, "budget": self.budget, "candidate": event.candidate.describe()}

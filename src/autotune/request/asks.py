@@ -91,7 +91,7 @@ class SearchAsk:
     """How autotune looks: its limits, the grid and ladder it walks, and how it runs trials."""
 
     headroom: float = 0.9
-    max_trials: int = 12
+    max_trials: int | None = None  # None: derived from the rungs and modes (search/trial_budget.py)
     time_budget_s: float | None = None
     max_micro_batch: int = 256
     micro_batches: tuple[int, ...] | None = None  # explicit grid; default every integer up to max_micro_batch

@@ -23,13 +23,17 @@ from autotune.trial.launch.chooser import confirms_fresh, uses_warm
 MAX_MICRO_BATCH_LIMIT = 1 << 16  # a bound on the grid the search walks; far above any real per-GPU micro-batch
 # Relative-position models (T5) have no position table; their pre-training length is the default.
 RELATIVE_POSITION_DEFAULT_SEQ_LEN = 512  # T5 paper, section 3.1.2: "sequence length of 512"
-# `autotune tune`'s default --time-budget: a first tune without options must end in a sensible time (issue 45: the
-# whole default ladder on tiny-gpt2 was on course for ~25 minutes of trials on a 2-core machine). It counts from the
-# first op load (a fresh machine's op builds are said apart, tuner.py); the search launches no trial after it and
-# stops one still running at it (tuning/trials.py), then writes the best verified config and what it did not try.
-# The API (`TuneRequest`) and the hook keep no budget unless given one: a cluster job's own time limit is the hook's,
-# and a budget-cut hook tuning is a fallback `--strict` refuses.
-TUNE_TIME_BUDGET_S = 600.0
+# `autotune tune --device cpu`'s default --time-budget: a first tune without options must end in a sensible time
+# (issue 45: the whole default ladder on tiny-gpt2 was on course for ~25 minutes of trials on a 2-core machine). It
+# counts from the first op load (a fresh machine's op builds are said apart, tuner.py); the search launches no trial
+# after it and stops one still running at it (tuning/trials.py), then writes the best verified config and what it did
+# not try. GPU tunes have none by default: a budget in seconds stops the search where its trials get long (offload at
+# large micro-batches, large models across nodes), and those are often the trials that decide; on the simulated GPU
+# cluster 600 s left 4 of 15 scenarios under 0.99 of the best pick, the derived trial budget alone none
+# (benchmarks/records/search-defaults_sim_2026-11-29.md). The API (`TuneRequest`) and the hook keep no budget unless
+# given one: a cluster job's own time limit is the hook's, and a budget-cut hook tuning is a fallback `--strict`
+# refuses.
+CPU_TUNE_TIME_BUDGET_S = 600.0
 DEFAULT_SEQ_LEN_CAP = 2048  # a model's context is used up to this; longer contexts are a choice, not a default
 # A TuneRequest field's metadata key: the section dataclass it holds (`flat_fields` reads it there, so a request type a
 # test widens is read the same way).
@@ -250,3 +254,11 @@ def chosen_rungs(request: TuneRequest) -> tuple[list[Rung], list[tuple[Rung, str
         [(r, "no --nvme-path given") for r in chosen if r.needs_nvme] if not request.hardware.nvme_path else []
     )
     return [r for r in chosen if not any(r is u for u, _ in unavailable)], unavailable
+
+
+def with_tune_time_budget(request: TuneRequest) -> TuneRequest:
+    """`autotune tune`'s request with its default time budget: CPU_TUNE_TIME_BUDGET_S on the CPU backend when none was
+    given, none on GPUs (see CPU_TUNE_TIME_BUDGET_S)."""
+    if request.search.time_budget_s is not None or request.hardware.device != "cpu":
+        return request
+    return request.updated(time_budget_s=CPU_TUNE_TIME_BUDGET_S)

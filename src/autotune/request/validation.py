@@ -71,7 +71,7 @@ def validate(request: TuneRequest, *, outputs: bool = True) -> None:
         raise UserError("give --micro-batch (one, fixed) or --micro-batches (a grid), not both")
     if request.training.global_batch is not None and request.training.global_batch <= 0:
         raise UserError(f"--global-batch must be positive, got {request.training.global_batch}")
-    if request.search.max_trials <= 0:
+    if request.search.max_trials is not None and request.search.max_trials <= 0:
         raise UserError(f"--max-trials must be positive, got {request.search.max_trials}")
     if not 0 < request.search.max_micro_batch <= MAX_MICRO_BATCH_LIMIT:
         raise UserError(

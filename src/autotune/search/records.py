@@ -143,6 +143,9 @@ class SearchEvent:
     candidate: Candidate | None = None
     message: str = ""
     record: TrialRecord | None = None
+    # the tuner's expected-total event, before the first trial: the search's trial budget (--max-trials or derived,
+    # search/trial_budget.py), for the observers that count trials against it (progress lines, the hook)
+    trial_budget: int | None = None
 
 
 @dataclass(kw_only=True)

@@ -13,6 +13,7 @@ from autotune.modes.applies import ModeFacts, considered_modes, facts_for, ratio
 from autotune.modes.search_view import ModeRecord
 from autotune.request.context import TuneContext
 from autotune.search.records import RunTrial, SearchEvent, SearchLimits
+from autotune.search.trial_budget import derived_max_trials, search_shape
 from autotune.search.walk import Search
 from autotune.training.optimizers import optimizer_kind
 from autotune.trial.trial_types import TrialResult
@@ -29,6 +30,16 @@ def mode_facts(ctx: TuneContext) -> ModeFacts:
         ctx.precision,
         allow_approximate=request.search.allow_approximate,
     )
+
+
+def trial_budget(ctx: TuneContext) -> int:
+    """--max-trials where given; else the budget this run's rungs and modes need (search/trial_budget.py)."""
+    given = ctx.request.search.max_trials
+    if given is not None:
+        return given
+    facts = mode_facts(ctx)
+    options = [option for rung in ctx.rungs for option in considered_modes(rung, facts)]
+    return derived_max_trials(search_shape(ctx.rungs, options))
 
 
 def never_run(candidate: Candidate) -> tuple[TrialResult, bool]:
@@ -61,7 +72,7 @@ def context_search(
         run,
         rungs=ctx.rungs,
         micro_batches=ctx.grid,
-        limits=SearchLimits(request.search.max_trials, budget, request.search.headroom),
+        limits=SearchLimits(trial_budget(ctx), budget, request.search.headroom),
         observe=observe,
         global_batch=request.training.global_batch,
         modes=lambda rung: considered_modes(rung, facts),

@@ -28,7 +28,7 @@ from autotune.search.records import TIME_BUDGET_CUT, SearchEvent, SearchOutcome,
 from autotune.trial.launch.chooser import JobFacts, TrialLaunchers, open_launchers
 from autotune.trial.plausible import Bounds
 from autotune.trial.trial_types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec
-from autotune.tuning.for_context import context_search
+from autotune.tuning.for_context import context_search, trial_budget
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,12 @@ def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
     from autotune.core.measurement import MAX_MEASURE_S, MAX_STEPS, MIN_STEPS
 
     request = ctx.request
-    trials = min(request.search.max_trials, len(ctx.rungs) * 2 * len(ctx.grid))
+    budget_trials = trial_budget(ctx)
+    trials = min(budget_trials, len(ctx.rungs) * 2 * len(ctx.grid))
+    given = request.search.max_trials is not None
+    said = (
+        f"--max-trials {budget_trials}" if given else f"--max-trials: {budget_trials}, two per group and 5 for the pick"
+    )
     space = (
         f"{len(ctx.rungs)} rung(s), with and without checkpointing, micro-batches {ctx.grid[0]}-{ctx.grid[-1]}"
         if ctx.grid
@@ -231,7 +236,7 @@ def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
         else "with no time budget (--time-budget): each trial's start line gives the expected time of the rest"
     )
     return (
-        f"expect at most {trials} trials (--max-trials {request.search.max_trials}) over {space}, {bound}{builds}; each"
+        f"expect at most {trials} trials ({said}) over {space}, {bound}{builds}; each"
         f" trial a process start, warm-up steps and {MIN_STEPS}-{MAX_STEPS} measured steps (at most"
         f" {MAX_MEASURE_S:.0f} s of them)"
     )
