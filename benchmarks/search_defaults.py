@@ -8,7 +8,8 @@ quantization, no ZenFlow; modes/applies.py `_same_training_only`), and the exhau
 best over that same set. The `--allow-approximate` search (all modes, the reference of
 records/search-quality_sim_2026-11-29.md) is run too. Per rule: scenarios under 0.99, the lowest quality, the
 median and worst simulated wall, launches; per scenario, the smallest --max-trials from which every larger one keeps
-0.99 (`max_trials_needed`) beside what each derived rule gives.
+0.99 (`max_trials_needed`) beside what each derived rule gives. The rule `autotune tune` applies on GPUs since
+commit 1abdede is gpu_sim/default_rules.py DERIVED (src's derived_max_trials, no time budget).
 
     python benchmarks/search_defaults.py        # writes results/search_defaults.json, prints the tables
 """
@@ -36,7 +37,7 @@ from autotune.search.relations import same_group
 from autotune.search.walk import Search
 from gpu_sim.budget import ClockedTrials, SimClock
 from gpu_sim.budget_report import QUALITY_BAR, holds_from
-from gpu_sim.default_rules import RULES, Rule, SearchShape, search_shape
+from gpu_sim.default_rules import DERIVED, RULES, Rule, SearchShape, scenario_shape
 from gpu_sim.designs import default_launcher, warm_across_nodes_chooser
 from gpu_sim.machine import Launcher, models_mode
 from gpu_sim.scenarios import SCENARIOS, Scenario
@@ -105,7 +106,7 @@ def rule_row(
     best_speed: float,
 ) -> dict:
     """One rule's search: its limits, the pick's quality against the exhaustive best, launches, trials, wall."""
-    shape = search_shape(RUNGS, modes)
+    shape = scenario_shape(RUNGS, modes)
     max_trials, budget = rule.max_trials(shape), rule.budget_s(shape, first_trial_s)
     trials, outcome = clocked(scenario, launcher, modes, (max_trials, budget, rule.cut_at_deadline))
     pick = outcome.best.candidate if outcome.best else None
@@ -139,7 +140,7 @@ def scenario_rows(scenario: Scenario) -> dict:
     for name, approximate in ((DEFAULT_MODES, False), (APPROXIMATE_MODES, True)):
         modes = options(scenario, approximate=approximate)
         best, best_speed, _ = exhaustive(machine, grid(scenario, machine.world), mode_grid(modes))
-        shape = search_shape(RUNGS, modes)
+        shape = scenario_shape(RUNGS, modes)
         per_launcher = {}
         for chooser, launcher in launchers(scenario).items():
             unlimited, free = clocked(scenario, launcher, modes, (None, None, True))
@@ -168,7 +169,8 @@ WALK = (LaunchPurpose.FIRST, LaunchPurpose.BOUNDARY)
 
 def walk_trials_per_group(outcome: SearchOutcome) -> dict[str, int]:
     """How many groups the unbounded walk gave 1, 2, 3... trials (its first trial and the boundary walk; the pick's
-    confirmations, ratio trials and close calls apart): what the "two per group" rule assumes."""
+    confirmations, ratio trials and close calls apart): what the derived rule's two per group assumes
+    (autotune.search.trial_budget)."""
     walked: list[list[Candidate]] = []
     for record in outcome.trials:
         if record.from_cache or record.purpose not in WALK:
@@ -240,7 +242,7 @@ def needed_table(rows: list[dict], setting: str) -> str:
     lines = [
         f"--max-trials needed ({setting}):",
         "| scenario | launcher | shape (rungs, mode groups, ratio) | unbounded: trials, wall | needed"
-        " | one per group | two per group |",
+        " | one per group | derived (two per group) |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -251,7 +253,7 @@ def needed_table(rows: list[dict], setting: str) -> str:
             lines.append(
                 f"| {row['scenario']} | {d['launcher']} | {shape.rungs}, {shape.mode_groups}, {shape.ratio_modes}"
                 f" | {free['trials']}, {free['simulated_wall_s'] / 60:.1f} min | {d['max_trials_needed']}"
-                f" | {d['rules']['one per group']['max_trials']} | {d['rules']['two per group']['max_trials']} |"
+                f" | {d['rules']['one per group']['max_trials']} | {d['rules'][DERIVED]['max_trials']} |"
             )
     return "\n".join(lines)
 

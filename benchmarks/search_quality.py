@@ -20,9 +20,12 @@ bounds).
 
 `under_default` (gpu_sim/budget_report.py): the search as the default runs it against the simulated clock
 (gpu_sim/budget.py), under the chooser's launcher and under an injected "warm across nodes + fresh confirmation"
-answer, without a time budget (the hook's default), with `autotune tune`'s default --time-budget, and with that and
-its default --max-trials; `default_proposals`: the smallest budget and --max-trials that keep 0.99 of the exhaustive
-best; `shorter_trials` (several nodes): fewer warm-up and measured steps per trial.
+answer, without a time budget (the hook's default), with the CPU's default --time-budget (600 s) kept on GPUs, and
+under `autotune tune`'s GPU defaults since commit 1abdede (no time budget, --max-trials derived by
+autotune.search.trial_budget from the rungs and the mode options this Search is given, every mode here); the
+headline's launches are that last search's under the chooser in the code (`tune_defaults`); `default_proposals`:
+the smallest budget and --max-trials that keep 0.99 of the exhaustive best; `shorter_trials` (several nodes): fewer
+warm-up and measured steps per trial.
 
     python benchmarks/search_quality.py            # writes results/search_quality.json, prints a table
 """
@@ -50,10 +53,12 @@ from autotune.models import resolve_model, summarize
 from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.modes.search_view import is_ratio_mode
 from autotune.search.records import LaunchPurpose, RunTrial, SearchLimits, SearchOutcome
+from autotune.search.trial_budget import derived_max_trials
 from autotune.search.walk import Search, same_group
 from gpu_sim.budget import ClockedTrials, SimClock
 from gpu_sim.budget_report import (
     CODE_CHOOSER,
+    TUNE_DEFAULTS,
     WARM_CHOOSER,
     command_defaults,
     default_summary,
@@ -62,6 +67,7 @@ from gpu_sim.budget_report import (
     shorter_trials,
     under_default,
 )
+from gpu_sim.default_rules import scenario_shape
 from gpu_sim.design_report import designs_medians, designs_table, multi_node_designs
 from gpu_sim.designs import FullScale, default_launcher, warm_across_nodes_chooser
 from gpu_sim.ds_autotuning import ds_autotuning
@@ -117,6 +123,12 @@ def mode_options(scenario: Scenario) -> dict[Rung, list[ModeOption]]:
         ]
         for rung in RUNGS
     }
+
+
+def derived_trials(scenario: Scenario) -> int:
+    """`autotune tune`'s default --max-trials for this scenario's search: src's derived_max_trials over the rungs and
+    the mode options the simulator's Search is given (mode_options)."""
+    return derived_max_trials(scenario_shape(RUNGS, mode_options(scenario)))
 
 
 def offload_ratios() -> tuple[float, ...]:
@@ -345,6 +357,7 @@ def run_scenario(scenario: Scenario) -> dict:
         search=clocked_search,
         speed_of=machine.samples_per_s,
         defaults=command_defaults(),
+        derived=derived_trials(scenario),
     )
     launchers = {default_launcher(scenario.nodes), default_launcher(scenario.nodes, choose=warm_across_nodes_chooser)}
     proposed = [
@@ -355,6 +368,7 @@ def run_scenario(scenario: Scenario) -> dict:
             search=clocked_search,
             speed_of=machine.samples_per_s,
             defaults=command_defaults(),
+            derived=derived_trials(scenario),
         )
         for launcher in sorted(launchers, key=lambda launcher: launcher.value)
     ]
@@ -367,6 +381,7 @@ def run_scenario(scenario: Scenario) -> dict:
             search=clocked_search,
             speed_of=machine.samples_per_s,
             defaults=command_defaults(),
+            derived=derived_trials(scenario),
         )
     return {
         "scenario": scenario.name,
@@ -409,7 +424,7 @@ def run_scenario(scenario: Scenario) -> dict:
             ],
             "stop_reason": outcome.stop_reason,
         },
-        # the launcher autotune's default uses for this job today, and its figures
+        # the launcher the chooser gives this job, under the simulator's trial budget (the designs' baseline)
         "default": {
             "launcher": default.value,
             "launches": len(machine.launches(default)),
@@ -418,6 +433,8 @@ def run_scenario(scenario: Scenario) -> dict:
         "multi_node": multi,
         # the search as the default runs it, against the simulated clock, per chooser answer and limits
         "under_default": defaults,
+        # what `autotune tune` at its defaults does here: the chooser's launcher, the derived trial budget, no budget
+        "tune_defaults": tune_defaults(defaults),
         # per launcher the default gives it (today's chooser, warm across nodes): what default would keep 0.99
         "default_proposals": proposed,
         # several nodes: the proposal of fewer steps per trial, under the warm-across-nodes answer
@@ -433,6 +450,13 @@ def run_scenario(scenario: Scenario) -> dict:
             "trial_fraction": ds_launches / total,
         },
     }
+
+
+def tune_defaults(under: dict) -> dict:
+    """The row of `under_default` that is `autotune tune` at its GPU defaults: the code's chooser, TUNE_DEFAULTS."""
+    row = under[CODE_CHOOSER]["limits"][TUNE_DEFAULTS]
+    keys = ("max_trials", "time_budget_s", "quality", "launches", "simulated_wall_s", "stop_reason")
+    return {"launcher": under[CODE_CHOOSER]["launcher"], **{key: row[key] for key in keys}}
 
 
 def median(values: list[int]) -> float:
@@ -476,11 +500,11 @@ def table(rows: list[dict]) -> str:
 
 
 def headline(rows: list[dict]) -> str:
-    """Launches under the launcher the default really uses for each scenario (`default`, the chooser's answer),
-    single- and multi-node apart, each part naming the launchers it counts."""
-    parts = [f"\nthe default's launches per tune ({len(rows)} scenarios, each under the launcher it really uses):"]
+    """Launches of `autotune tune` at its GPU defaults (`tune_defaults`: the chooser's launcher, the derived trial
+    budget, no time budget), single- and multi-node apart, each part naming the launchers it counts."""
+    parts = [f"\ntune's default launches per tune ({len(rows)} scenarios; chooser's launcher, derived --max-trials):"]
     for where, group in (("one node", False), ("several nodes", True)):
-        chosen = [r["default"] for r in rows if bool(r.get("multi_node")) is group]
+        chosen = [r["tune_defaults"] for r in rows if bool(r.get("multi_node")) is group]
         if not chosen:
             continue
         launchers = " or ".join(sorted({d["launcher"] for d in chosen}))

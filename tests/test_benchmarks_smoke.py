@@ -163,8 +163,11 @@ def test_search_quality_reports_each_scenario_under_the_default(tmp_path: Path) 
     (row,) = data["scenarios"]
     assert row["default"]["launcher"] == "warm + fresh confirmation"
     limits = row["under_default"]["chooser in the code"]["limits"]
-    budget = data["command_defaults"]["tune_time_budget_s"]
-    assert limits["tune's default time budget"]["time_budget_s"] == budget
+    assert data["command_defaults"]["tune_max_trials"] == "derived"
+    tune = limits["tune's GPU defaults (no time budget, derived --max-trials)"]
+    assert tune["time_budget_s"] is None and tune["max_trials"] == row["tune_defaults"]["max_trials"]
+    assert limits["the CPU's default time budget, on GPUs"]["time_budget_s"] == 600.0
+    assert row["tune_defaults"]["launcher"] == "warm + fresh confirmation"
     assert limits["no time budget (the hook's default)"]["quality"] == row["autotune"]["quality"]
     assert row["default_proposals"][0]["budget_needed_s"] is not None
     assert "under the default (chooser in the code)" in done.stdout

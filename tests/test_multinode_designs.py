@@ -114,14 +114,15 @@ def test_the_headline_counts_multi_node_scenarios_apart_under_their_launchers() 
     from search_quality import headline
 
     rows = [
-        {"default": {"launches": 2, "launcher": "warm + fresh confirmation"}, "multi_node": None},
-        {"default": {"launches": 4, "launcher": "warm + fresh confirmation"}, "multi_node": None},
-        {"default": {"launches": 27, "launcher": "fresh"}, "multi_node": {"designs": {}}},
+        {"tune_defaults": {"launches": 2, "launcher": "warm + fresh confirmation"}, "multi_node": None},
+        {"tune_defaults": {"launches": 4, "launcher": "warm + fresh confirmation"}, "multi_node": None},
+        {"tune_defaults": {"launches": 27, "launcher": "fresh"}, "multi_node": {"designs": {}}},
     ]
     line = headline(rows)
     assert "one node (warm + fresh confirmation): median 3 launches over 2" in line
     assert "several nodes (fresh): median 27 full-allocation launches over 1" in line
-    rows[2]["default"] = {"launches": 2, "launcher": "warm + fresh confirmation"}  # the chooser runs warm across nodes
+    # the chooser runs warm across nodes
+    rows[2]["tune_defaults"] = {"launches": 2, "launcher": "warm + fresh confirmation"}
     assert "several nodes (warm + fresh confirmation): median 2 full-allocation launches" in headline(rows)
 
 

@@ -1,24 +1,23 @@
 """The candidate default limits of issue 45 (benchmarks/gpu_sim/default_rules.py, benchmarks/search_defaults.py):
-the derived trial budgets count what the search's structure spends, and the simulated figures the record reports
-come out of the rules as written."""
+the derived rule is src's own (autotune.search.trial_budget), the comparisons are built on its constants, and the
+simulated figures the record reports come out of the rules as written."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import pytest
-
 from autotune.core.ladder import Rung
-from autotune.request.tune_request import TUNE_TIME_BUDGET_S, default_of
+from autotune.request.tune_request import CPU_TUNE_TIME_BUDGET_S, default_of
 from autotune.search.mode_walk import RATIO_MICRO_BATCHES, RATIO_TRIES
 from autotune.search.pick_decision import ROUNDS
+from autotune.search.trial_budget import derived_max_trials
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from gpu_sim import default_rules  # noqa: E402
-from gpu_sim.default_rules import RULES, SearchShape, one_per_group, two_per_group  # noqa: E402
+from gpu_sim.default_rules import DERIVED, FORMER, RULES, SearchShape, one_per_group  # noqa: E402
 from gpu_sim.machine import Launcher  # noqa: E402
 from gpu_sim.scenarios import SCENARIOS  # noqa: E402
 
@@ -33,12 +32,23 @@ def _rule(name: str):
 
 def test_the_terms_are_the_search_s_own() -> None:
     """Seven rungs without modes: 14 groups; one per group + 1 boundary + 2 x ROUNDS close call, and twice the
-    groups for two per group; partial offload adds its own cap per rung and checkpointing setting."""
+    groups for the derived rule; partial offload adds its own cap per rung and checkpointing setting."""
     plain = SearchShape(rungs=7, mode_groups=0, ratio_modes=0)
     assert one_per_group(plain) == 14 + 1 + 2 * ROUNDS
-    assert two_per_group(plain) == 28 + 1 + 2 * ROUNDS
+    assert derived_max_trials(plain) == 28 + 1 + 2 * ROUNDS
     ratio = SearchShape(rungs=7, mode_groups=0, ratio_modes=1)
-    assert two_per_group(ratio) - two_per_group(plain) == 2 * RATIO_MICRO_BATCHES * RATIO_TRIES
+    assert one_per_group(ratio) - one_per_group(plain) == 2 * RATIO_MICRO_BATCHES * RATIO_TRIES
+
+
+def test_the_derived_rule_is_the_code_s_default() -> None:
+    """The rule the simulator measures as tune's GPU default is src's derived_max_trials with no time budget, and
+    the code's --max-trials default is "derive it" (None); the former rule restates commit 90893db."""
+    rule = _rule(DERIVED)
+    assert rule.max_trials is derived_max_trials and rule.time_budget_s is None
+    assert default_of("max_trials") is None
+    former = _rule(FORMER)
+    assert former.max_trials(SearchShape(rungs=7, mode_groups=0, ratio_modes=0)) == default_rules.FORMER_MAX_TRIALS
+    assert former.time_budget_s == default_rules.FORMER_TIME_BUDGET_S == CPU_TUNE_TIME_BUDGET_S
 
 
 def test_the_shape_counts_only_modes_that_apply_and_run() -> None:
@@ -48,30 +58,25 @@ def test_the_shape_counts_only_modes_that_apply_and_run() -> None:
     from search_quality import RUNGS
 
     scenario = _scenario("multi-node-infiniband")
-    default = default_rules.search_shape(RUNGS, options(scenario, approximate=False))
+    default = default_rules.scenario_shape(RUNGS, options(scenario, approximate=False))
     assert default == SearchShape(rungs=7, mode_groups=2, ratio_modes=0)
-    approximate = default_rules.search_shape(RUNGS, options(scenario, approximate=True))
+    assert derived_max_trials(default) == 41  # the figure commit 1abdede states for hpZ on several nodes
+    approximate = default_rules.scenario_shape(RUNGS, options(scenario, approximate=True))
     assert approximate.mode_groups > default.mode_groups and approximate.ratio_modes == 1
-
-
-def test_today_s_rule_is_the_code_s_default_while_it_stands() -> None:
-    """The "today" rule restates the defaults of commit 90893db; when the code's defaults change, this says so
-    (update the rule's name and the record, not the figures)."""
-    if default_of("max_trials") != default_rules.TODAY_MAX_TRIALS or TUNE_TIME_BUDGET_S != 600.0:
-        pytest.skip("the code's defaults moved on from 90893db; the record's 'today' is that commit's")
-    assert default_rules.TODAY_TIME_BUDGET_S == TUNE_TIME_BUDGET_S
+    one_node = default_rules.scenario_shape(RUNGS, options(_scenario("memory-not-binding"), approximate=False))
+    assert derived_max_trials(one_node) == 33
 
 
 def test_a_budget_of_first_trial_walls_is_never_below_the_floor() -> None:
-    rule = _rule("two per group as first-trial walls")
+    rule = _rule("derived as first-trial walls")
     shape = SearchShape(rungs=7, mode_groups=0, ratio_modes=0)
-    assert rule.budget_s(shape, first_trial_s=1.0) == default_rules.TODAY_TIME_BUDGET_S
+    assert rule.budget_s(shape, first_trial_s=1.0) == default_rules.FORMER_TIME_BUDGET_S
     assert rule.budget_s(shape, first_trial_s=100.0) == 33 * 100.0
 
 
 def test_twelve_trials_miss_the_pick_that_the_derived_budget_keeps() -> None:
     """no-checkpointing-between-powers under the same-training modes: 12 trials stop at ZeRO-1 (0.750 of the
-    exhaustive best), the two-per-group budget (33) lets the search end by itself on the best (1.000)."""
+    exhaustive best), the derived budget (33) lets the search end by itself on the best (1.000)."""
     from search_defaults import clocked, options, rule_row
     from search_quality import cluster, exhaustive, grid, mode_grid
 
@@ -86,7 +91,7 @@ def test_twelve_trials_miss_the_pick_that_the_derived_budget_keeps() -> None:
         rule = _rule(name)
         return rule_row(scenario, Launcher.WARM_CONFIRMED, modes, rule=rule, first_trial_s=first, best_speed=best_speed)
 
-    twelve, derived = row("12 trials"), row("two per group")
+    twelve, derived = row("12 trials"), row(DERIVED)
     assert twelve["quality"] < 0.99 and twelve["stop_reason"] == "trial_budget"
     assert derived["quality"] == 1.0 and derived["stop_reason"] != "trial_budget"
     assert derived["max_trials"] == 33 and derived["trials"] < derived["max_trials"]

@@ -13,7 +13,7 @@ import pytest
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.measurement import MAX_MEASURE_S, MIN_SLOW_STEPS, MIN_STEPS
 from autotune.core.stop import StopReason
-from autotune.request.tune_request import TUNE_TIME_BUDGET_S
+from autotune.request.tune_request import CPU_TUNE_TIME_BUDGET_S
 from autotune.search.records import TIME_BUDGET_CUT
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -142,14 +142,31 @@ def test_a_ds_autotuning_experiment_runs_its_profile_steps() -> None:
 
 
 def test_the_defaults_are_read_from_the_commands() -> None:
+    """Since commit 1abdede: no time budget on GPUs, the CPU's 600 s, --max-trials derived per search."""
     defaults = budget_report.command_defaults()
-    assert defaults.tune_time_budget_s == TUNE_TIME_BUDGET_S
+    assert defaults.gpu_tune_time_budget_s is None
+    assert defaults.cpu_tune_time_budget_s == CPU_TUNE_TIME_BUDGET_S
     assert defaults.hook_time_budget_s is None
-    assert defaults.tune_max_trials == 12
-    settings = budget_report.limit_settings(defaults)
+    assert defaults.tune_max_trials == budget_report.DERIVED
+    settings = budget_report.limit_settings(defaults, derived=33)
     assert settings[budget_report.UNLIMITED] == (None, None)
-    assert settings[budget_report.TUNE_BUDGET] == (TUNE_TIME_BUDGET_S, None)
-    assert settings[budget_report.TUNE_DEFAULTS] == (TUNE_TIME_BUDGET_S, 12)
+    assert settings[budget_report.CPU_BUDGET] == (CPU_TUNE_TIME_BUDGET_S, None)
+    assert settings[budget_report.TUNE_DEFAULTS] == (None, 33)
+    pinned = replace(defaults, tune_max_trials=12)
+    assert budget_report.limit_settings(pinned, derived=33)[budget_report.TUNE_DEFAULTS] == (None, 12)
+
+
+def test_the_derived_trial_budget_is_src_s_over_the_search_s_modes() -> None:
+    """search_quality.py's Search gets every mode (mode_options): one node 33 + the offload ratio's cap; several
+    nodes also the ZeRO++ variants' groups."""
+    from autotune.search.trial_budget import derived_max_trials, search_shape
+    from search_quality import RUNGS, derived_trials, mode_options
+
+    for name in ("memory-not-binding", "zeropp-wins-across-nodes"):
+        options = [option for rung in RUNGS for option in mode_options(_scenario(name))[rung]]
+        assert derived_trials(_scenario(name)) == derived_max_trials(search_shape(RUNGS, options))
+    assert derived_trials(_scenario("memory-not-binding")) > 33
+    assert derived_trials(_scenario("zeropp-wins-across-nodes")) > derived_trials(_scenario("memory-not-binding"))
 
 
 def _row(name: str) -> dict:
@@ -163,6 +180,7 @@ def _row(name: str) -> dict:
         search=clocked_search,
         speed_of=machine.samples_per_s,
         defaults=budget_report.command_defaults(),
+        derived=40,
     )
 
 
@@ -174,9 +192,11 @@ def test_one_node_gets_the_same_answer_from_both_choosers() -> None:
     }
     assert set(rows[budget_report.CODE_CHOOSER]["limits"]) == {
         budget_report.UNLIMITED,
-        budget_report.TUNE_BUDGET,
+        budget_report.CPU_BUDGET,
         budget_report.TUNE_DEFAULTS,
     }
+    tune = rows[budget_report.CODE_CHOOSER]["limits"][budget_report.TUNE_DEFAULTS]
+    assert (tune["time_budget_s"], tune["max_trials"]) == (None, 40)
 
 
 def test_several_nodes_are_run_under_each_choosers_launcher() -> None:
@@ -201,9 +221,11 @@ def test_the_scaled_budget_proposal_covers_max_trials_first_trials() -> None:
         best_speed=1.0,
         search=clocked_search,
         speed_of=machine.samples_per_s,
-        defaults=replace(defaults, tune_time_budget_s=10.0),
+        defaults=replace(defaults, cpu_tune_time_budget_s=10.0),
+        derived=12,
     )
     scaled = proposal["scaled_budget"]["time_budget_s"]
     # first_trial_s is rounded to 0.1 s: 12 of it to 0.6 s
-    assert scaled == pytest.approx(defaults.tune_max_trials * proposal["first_trial_s"], abs=0.6)
+    assert proposal["scaled_budget"]["max_trials"] == 12
+    assert scaled == pytest.approx(12 * proposal["first_trial_s"], abs=0.6)
     assert proposal["scaled_budget"]["quality"] > 0 and proposal["max_trials_needed"] is not None

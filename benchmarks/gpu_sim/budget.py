@@ -1,13 +1,13 @@
 """A search run against the clock the simulator advances: the default time budget (issue 45) on simulated walls.
 
-`autotune tune` bounds its search with `--time-budget` (request/tune_request.py TUNE_TIME_BUDGET_S, the option's
-default in cli/tune.py): it counts from the first op load (tuner.py: the deadline is set before the launchers
-start), the search launches no trial once the budget is spent (search/walk.py `_budget_spent`, against the
-`clock` the Search is given), and a trial still running at the deadline is stopped there: its timeout is at most the
-time left (tuning/trials.py budgeted_spec, at least 1 s), and it ends as a timeout marked TIME_BUDGET_CUT. The
-pick's fresh confirmation is outside the budget (tuning/trials.py: `launch(confirm, ..., budgeted=False)`), so a
-tune ends at most one confirmation after the deadline. The hook keeps no budget unless given one (cli/hook.py:
-TuneRequest's default None).
+`autotune tune` bounds its search with `--time-budget` (by default only on the CPU since commit 1abdede:
+request/tune_request.py with_tune_time_budget, CPU_TUNE_TIME_BUDGET_S; a GPU tune has one only when given): it counts
+from the first op load (tuner.py: the deadline is set before the launchers start), the search launches no trial once the
+budget is spent (search/walk.py `_budget_spent`, against the `clock` the Search is given), and a trial still running at
+the deadline is stopped there: its timeout is at most the time left (tuning/trials.py budgeted_spec, at least 1 s), and
+it ends as a timeout marked TIME_BUDGET_CUT. The pick's fresh confirmation is outside the budget (tuning/trials.py:
+`launch(confirm, ..., budgeted=False)`), so a tune ends at most one confirmation after the deadline. The hook keeps no
+budget unless given one (cli/hook.py: TuneRequest's default None).
 
 `ClockedTrials` runs the search's trials on a `SimulatedCluster` as a launcher would and advances a `SimClock` by
 each trial's simulated wall (gpu_sim/scale.py launch_costs: start-up, a fresh or warm build, the steps), so the

@@ -2,11 +2,13 @@
 
 The launcher: the one launcher chooser's answer for the scenario's job (gpu_sim/designs.py default_launcher), and
 beside it the answer issue 44's design gives once several nodes run warm (designs.warm_across_nodes_chooser),
-so the record shows what the new default will report. The limits, read from the commands' own defaults:
-`autotune tune` has a default --time-budget (cli/tune.py, request/tune_request.py TUNE_TIME_BUDGET_S) for a GPU
-tune as for a CPU one, and a default --max-trials; the hook has no time budget by default (cli/hook.py: None).
-Each search runs against the simulated clock (gpu_sim/budget.py), so a budget cuts it where the simulated walls
-say it would.
+so the record shows what the new default will report. The limits, read from the commands' own defaults (commit
+1abdede): `autotune tune` resolves its --time-budget by device (cli/tune.py, request/tune_request.py
+with_tune_time_budget: CPU_TUNE_TIME_BUDGET_S on the CPU, none on GPUs) and derives --max-trials from the search
+when not given (tuning/for_context.py trial_budget, search/trial_budget.py derived_max_trials); the hook has no
+time budget by default (cli/hook.py: None). The derived trial budget is the caller's to compute per scenario, from
+the rungs and mode options its Search is given. Each search runs against the simulated clock (gpu_sim/budget.py),
+so a budget cuts it where the simulated walls say it would.
 """
 
 from __future__ import annotations
@@ -29,17 +31,24 @@ from gpu_sim.scenarios import Scenario
 ClockedSearch = Callable[[Scenario, Launcher, float | None, int | None], tuple[ClockedTrials, SearchOutcome]]
 CODE_CHOOSER, WARM_CHOOSER = "chooser in the code", "chooser answering warm across nodes + fresh confirmation"
 UNLIMITED = "no time budget (the hook's default)"
-TUNE_BUDGET = "tune's default time budget"
-TUNE_DEFAULTS = "tune's default time budget and --max-trials"
+CPU_BUDGET = "the CPU's default time budget, on GPUs"
+TUNE_DEFAULTS = "tune's GPU defaults (no time budget, derived --max-trials)"
+DERIVED = "derived"  # CommandDefaults.tune_max_trials when tune derives it (search/trial_budget.py)
 
 
 @dataclass(frozen=True)
 class CommandDefaults:
-    """The defaults the commands give a user who sets nothing, read from their signatures."""
+    """The defaults the commands give a user who sets nothing, read from their signatures and resolved as the tune
+    command resolves them: its time budget per device, its trial budget DERIVED when the signature gives none."""
 
-    tune_time_budget_s: float | None
+    gpu_tune_time_budget_s: float | None
+    cpu_tune_time_budget_s: float | None
     hook_time_budget_s: float | None
-    tune_max_trials: int
+    tune_max_trials: int | str  # an int, or DERIVED
+
+    def tune_trials(self, derived: int) -> int:
+        """tune's --max-trials for a search whose derived trial budget is `derived`."""
+        return derived if self.tune_max_trials == DERIVED else int(self.tune_max_trials)
 
 
 def command_defaults() -> CommandDefaults:
@@ -48,19 +57,31 @@ def command_defaults() -> CommandDefaults:
 
     tune = inspect.signature(tune_command).parameters
     hook = inspect.signature(hook_command).parameters
+    given = tune["time_budget"].default
+    max_trials = tune["max_trials"].default
     return CommandDefaults(
-        tune_time_budget_s=tune["time_budget"].default,
+        gpu_tune_time_budget_s=tune_time_budget(given, device="cuda"),
+        cpu_tune_time_budget_s=tune_time_budget(given, device="cpu"),
         hook_time_budget_s=hook["time_budget"].default,
-        tune_max_trials=tune["max_trials"].default,
+        tune_max_trials=DERIVED if max_trials is None else max_trials,
     )
 
 
-def limit_settings(defaults: CommandDefaults) -> dict[str, tuple[float | None, int | None]]:
-    """Per setting: the time budget and --max-trials (None: the simulator's trial budget, search_quality.py)."""
+def tune_time_budget(given: float | None, *, device: str) -> float | None:
+    """The time budget `autotune tune` runs with on `device` when the option is left at `given` (cli/tune.py)."""
+    from autotune.request.tune_request import TuneRequest, with_tune_time_budget
+
+    request = TuneRequest.of(model="gpt2", device=device, time_budget_s=given)
+    return with_tune_time_budget(request).search.time_budget_s
+
+
+def limit_settings(defaults: CommandDefaults, *, derived: int) -> dict[str, tuple[float | None, int | None]]:
+    """Per setting: the time budget and --max-trials (None: the simulator's trial budget, search_quality.py);
+    `derived`: the scenario's derived trial budget (search/trial_budget.py derived_max_trials)."""
     return {
         UNLIMITED: (defaults.hook_time_budget_s, None),
-        TUNE_BUDGET: (defaults.tune_time_budget_s, None),
-        TUNE_DEFAULTS: (defaults.tune_time_budget_s, defaults.tune_max_trials),
+        CPU_BUDGET: (defaults.cpu_tune_time_budget_s, None),
+        TUNE_DEFAULTS: (defaults.gpu_tune_time_budget_s, defaults.tune_trials(derived)),
     }
 
 
@@ -72,17 +93,19 @@ def under_default(
     search: ClockedSearch,
     speed_of: Callable[[Candidate], float],
     defaults: CommandDefaults,
+    derived: int,
 ) -> dict:
     """Per chooser (the code's, the injected warm-across-nodes one; one node: the same answer, run once) and per
     limit setting: the pick, its quality against the exhaustive best and DeepSpeed Autotuning's, launches, wall,
-    GPU-hours (every launch holds the whole allocation) and why the search stopped."""
+    GPU-hours (every launch holds the whole allocation) and why the search stopped. `derived`: the scenario's
+    derived trial budget."""
     rows: dict[str, dict] = {}
     for name, chooser in ((CODE_CHOOSER, None), (WARM_CHOOSER, warm_across_nodes_chooser)):
         launcher = default_launcher(scenario.nodes, choose=chooser or choose_launch)
         if rows and launcher.value == rows[CODE_CHOOSER]["launcher"]:
             rows[name] = {"same_as": CODE_CHOOSER, "launcher": launcher.value}
             continue
-        limits = limit_settings(defaults)
+        limits = limit_settings(defaults, derived=derived)
         settings = {
             setting: limits_row(
                 scenario,
@@ -217,13 +240,15 @@ def proposals(
     search: ClockedSearch,
     speed_of: Callable[[Candidate], float],
     defaults: CommandDefaults,
+    derived: int,
 ) -> dict:
     """What default would keep the pick within QUALITY_BAR here, measured on the simulated clock:
     - `budget_needed_s`: the smallest probed --time-budget from which every larger probe does (the simulator's
       trial budget);
     - `max_trials_needed`: the smallest probed --max-trials from which every larger probe does (no time budget);
     - `scaled_budget`: the proposal "the budget never binds before --max-trials trials as long as the first would":
-      max(tune's default budget, tune's default --max-trials x the first trial's wall). The search decides nothing
+      max(the CPU's default budget, tune's default --max-trials x the first trial's wall; `derived` where tune
+      derives it). The search decides nothing
       on the budget before its first trial ends, so this is the budget the tuner could set then.
     """
 
@@ -237,9 +262,10 @@ def proposals(
     probes = {budget: quality(budget, None) for budget in PROBE_BUDGETS_S}
     by_budget = {budget: found for budget, (found, _) in probes.items()}
     by_trials = {n: quality(None, n)[0] for n in PROBE_MAX_TRIALS}
-    scaled = max(defaults.tune_time_budget_s or 0.0, defaults.tune_max_trials * first)
+    max_trials = defaults.tune_trials(derived)
+    scaled = max(defaults.cpu_tune_time_budget_s or 0.0, max_trials * first)
     scaled_quality, scaled_trials = quality(scaled, None)
-    with_trials_quality, with_trials = quality(scaled, defaults.tune_max_trials)
+    with_trials_quality, with_trials = quality(scaled, max_trials)
     return {
         "launcher": launcher.value,
         "first_trial_s": round(first, 1),
@@ -251,6 +277,7 @@ def proposals(
         "quality_by_max_trials": {str(n): round(q, 4) for n, q in by_trials.items()},
         "scaled_budget": {
             "time_budget_s": round(scaled, 1),
+            "max_trials": max_trials,
             "quality": scaled_quality,
             "simulated_wall_s": scaled_trials.figures()["simulated_wall_s"],
             "quality_with_default_max_trials": with_trials_quality,
@@ -276,11 +303,12 @@ def shorter_trials(
     search: Callable[..., tuple[ClockedTrials, SearchOutcome]],
     speed_of: Callable[[Candidate], float],
     defaults: CommandDefaults,
+    derived: int,
 ) -> dict:
-    """SHORTER_TRIAL under the warm-across-nodes answer, without a budget and with tune's default budget."""
+    """SHORTER_TRIAL under the warm-across-nodes answer, without a budget and with the CPU's default budget."""
     launcher = default_launcher(scenario.nodes, choose=warm_across_nodes_chooser)
     shaped = partial(search, shape=SHORTER_TRIAL)
-    limits = limit_settings(defaults)
+    limits = limit_settings(defaults, derived=derived)
     probes = {}
     for name, shape in (("worker", WORKER_TRIAL), ("shorter", SHORTER_TRIAL)):
         probes[name] = {}
@@ -292,7 +320,7 @@ def shorter_trials(
     return {
         "shape": asdict(SHORTER_TRIAL),
         "launcher": launcher.value,
-        # per trial shape and budget: [quality, simulated wall s], the budgets around tune's default
+        # per trial shape and budget: [quality, simulated wall s], the budgets around the CPU's default
         "quality_and_wall_by_budget_s": probes,
         "limits": {
             setting: limits_row(
@@ -304,7 +332,7 @@ def shorter_trials(
                 search=shaped,
                 speed_of=speed_of,
             )
-            for setting in (UNLIMITED, TUNE_BUDGET)
+            for setting in (UNLIMITED, CPU_BUDGET)
         },
     }
 

@@ -1,21 +1,12 @@
 """Candidate default limits for `autotune tune` (issue 45), each a rule a tuner could apply, for search_defaults.py.
 
 A rule gives the search its --max-trials and --time-budget from what the tuner knows before the first trial (the
-rungs it searches, the modes that apply, the device), or after the first trial (its wall). The derived trial
-budgets count what the search's own structure spends (src/autotune/search/):
-
-- `walk.py run_search`: every (rung, checkpointing) group is walked once, `_rung_group`, unless the memory model
-  rules it out or a measured group bounds it (speed.py A1-A4); then each applicable mode on its rung the same way
-  (`mode_walk.py _mode_group`); a partial-offload ratio costs at most RATIO_MICRO_BATCHES x RATIO_TRIES trials per
-  checkpointing setting (mode_walk.py);
-- a group's walk: its first trial at the predicted boundary measures two points of the group's memory line (the
-  micro-batch and half of it, `TrialResult.smaller_peak_point`), and `_next_micro_batch` puts the next trial where
-  that measured line crosses the limit (`_peak_line`): one trial to seed the group, one to correct the model's
-  guess; a third only where the line is not straight;
-- after the walk: one boundary confirmation for the pick (`pick_walk.py _confirm_boundary`, one trial at the next
-  micro-batch), and a close call's interleaved re-measurement, ROUNDS rounds of the two candidates
-  (`close_call.py`, 2 x 2 trials);
-- the pick's fresh-process confirmation runs outside the trial budget (`pick_walk.py _confirm_fresh`), so no term.
+rungs it searches, the modes that apply, the device), or after the first trial (its wall). The trial budget the code
+adopted (commit 1abdede) is src's own rule, read from there: `autotune.search.trial_budget` (`SearchShape`,
+`search_shape`, `derived_max_trials` and the constants its docstring sources), so the simulator measures the rule
+the tuner applies, not a copy of it. The other rules are comparisons built on the same constants: one trial per
+group instead of two, the derived count spent as first-trial walls, and the defaults the code had before (commit
+90893db: 12 trials and 600 s for GPU and CPU alike).
 """
 
 from __future__ import annotations
@@ -25,51 +16,23 @@ from dataclasses import dataclass
 
 from autotune.core.ladder import Rung
 from autotune.modes.applies import ModeOption
-from autotune.modes.search_view import is_ratio_mode
-from autotune.search.mode_walk import RATIO_MICRO_BATCHES, RATIO_TRIES
-from autotune.search.pick_decision import ROUNDS
-
-CHECKPOINTING_SETTINGS = 2  # walk.py run_search: every rung with and without gradient checkpointing
-BOUNDARY_CONFIRMATION = 1  # pick_walk.py _confirm_boundary: one trial at the pick's next micro-batch
-CLOSE_CALL = 2 * ROUNDS  # close_call.py settle: ROUNDS interleaved rounds of the pick and its runner-up
-SEED_AND_CORRECTION = 2  # a group's first trial, and the one its measured memory line places (walk.py _peak_line)
-
-
-@dataclass(frozen=True)
-class SearchShape:
-    """What the tuner knows before the first trial: the rungs, and the modes that apply and can be run here."""
-
-    rungs: int
-    mode_groups: int  # applicable, trial-verifiable non-ratio modes, one per (rung, mode)
-    ratio_modes: int  # applicable, trial-verifiable partial-offload options, one per rung
-
-    @property
-    def groups(self) -> int:
-        """(rung or mode, checkpointing) groups the walk may visit, ratio modes apart."""
-        return CHECKPOINTING_SETTINGS * (self.rungs + self.mode_groups)
-
-    @property
-    def ratio_trials(self) -> int:
-        """Partial offload's own cap (mode_walk.py): per rung and checkpointing setting."""
-        return self.ratio_modes * CHECKPOINTING_SETTINGS * RATIO_MICRO_BATCHES * RATIO_TRIES
+from autotune.search.trial_budget import (
+    BOUNDARY_CONFIRMATION,
+    CLOSE_CALL,
+    SearchShape,
+    derived_max_trials,
+    search_shape,
+)
 
 
-def search_shape(rungs: list[Rung], options: dict[Rung, list[ModeOption]]) -> SearchShape:
-    """Count the groups from the options the Search is given (autotune.modes.applies.considered_modes)."""
-    runnable = [o for rung in rungs for o in options.get(rung, []) if o.applies and o.trial_verifiable]
-    ratio = sum(is_ratio_mode(o.mode) for o in runnable)
-    return SearchShape(rungs=len(rungs), mode_groups=len(runnable) - ratio, ratio_modes=ratio)
+def scenario_shape(rungs: list[Rung], options: dict[Rung, list[ModeOption]]) -> SearchShape:
+    """src's `search_shape` over the options the Search is given per rung (the simulator passes them by rung)."""
+    return search_shape(rungs, [option for rung in rungs for option in options.get(rung, [])])
 
 
 def one_per_group(shape: SearchShape) -> int:
-    """Every group's first trial, partial offload's cap, the boundary confirmation and a close call."""
+    """A comparison: every group's first trial only (no line correction), with the derived rule's other terms."""
     return shape.groups + shape.ratio_trials + BOUNDARY_CONFIRMATION + CLOSE_CALL
-
-
-def two_per_group(shape: SearchShape) -> int:
-    """Every group's first trial and the one its measured line places, partial offload's cap, the boundary
-    confirmation and a close call."""
-    return SEED_AND_CORRECTION * shape.groups + shape.ratio_trials + BOUNDARY_CONFIRMATION + CLOSE_CALL
 
 
 @dataclass(frozen=True)
@@ -97,32 +60,40 @@ def _fixed(trials: int | None) -> Callable[[SearchShape], int | None]:
     return lambda shape: trials
 
 
-# `autotune tune`'s defaults at commit 90893db, for GPU and CPU alike: request/tune_request.py TUNE_TIME_BUDGET_S
-# and SearchAsk.max_trials (tests/test_search_defaults.py checks them while they stand).
-TODAY_TIME_BUDGET_S = 600.0
-TODAY_MAX_TRIALS = 12
+# `autotune tune`'s defaults at commit 90893db, for GPU and CPU alike (request/tune_request.py TUNE_TIME_BUDGET_S and
+# SearchAsk.max_trials of that commit); commit 1abdede replaced them. The 600 s lives on as the CPU's default
+# (request/tune_request.py CPU_TUNE_TIME_BUDGET_S), which is why the 600 s comparisons below still mean something.
+FORMER_TIME_BUDGET_S = 600.0
+FORMER_MAX_TRIALS = 12
+FORMER = "90893db defaults"
+DERIVED = "derived (1abdede default)"
 
 # A budget of K x the run's *mean* trial wall is K trials exactly (n walls summed over their mean is n), so it is
 # the trial budget again and is not a rule of its own; K x the *first* trial's wall is (first_trial_units).
 RULES = (
     Rule("unbounded", "no trial or time budget: what the search needs", _fixed(None)),
-    Rule("today", "600 s and 12 trials, for GPU and CPU alike", _fixed(TODAY_MAX_TRIALS), TODAY_TIME_BUDGET_S),
-    Rule("12 trials", "(b) today's trial budget, no time budget on GPUs", _fixed(TODAY_MAX_TRIALS)),
-    Rule("one per group", "(a) a trial per group + boundary + close call, no time budget", one_per_group),
-    Rule("two per group", "(a) seed and line correction per group + boundary + close call", two_per_group),
-    Rule("two per group, 600 s", "(a) with today's 600 s kept on GPUs", two_per_group, TODAY_TIME_BUDGET_S),
     Rule(
-        "two per group, 600 s, no cut",
+        FORMER,
+        "commit 90893db: 600 s and 12 trials, for GPU and CPU alike",
+        _fixed(FORMER_MAX_TRIALS),
+        FORMER_TIME_BUDGET_S,
+    ),
+    Rule("12 trials", "(b) 90893db's trial budget, no time budget on GPUs", _fixed(FORMER_MAX_TRIALS)),
+    Rule("one per group", "(a) a trial per group + boundary + close call, no time budget", one_per_group),
+    Rule(DERIVED, "src's derived_max_trials, no time budget: `autotune tune`'s GPU default", derived_max_trials),
+    Rule("derived, 600 s", "(a) with the 600 s kept on GPUs", derived_max_trials, FORMER_TIME_BUDGET_S),
+    Rule(
+        "derived, 600 s, no cut",
         "(d) as above, the trial running at the deadline finishes",
-        two_per_group,
-        TODAY_TIME_BUDGET_S,
+        derived_max_trials,
+        FORMER_TIME_BUDGET_S,
         cut_at_deadline=False,
     ),
     Rule(
-        "two per group as first-trial walls",
-        "(c) the two-per-group count as time: that many first-trial walls (at least 600 s)",
-        two_per_group,
-        TODAY_TIME_BUDGET_S,
-        first_trial_units=two_per_group,
+        "derived as first-trial walls",
+        "(c) the derived count as time: that many first-trial walls (at least 600 s)",
+        derived_max_trials,
+        FORMER_TIME_BUDGET_S,
+        first_trial_units=derived_max_trials,
     ),
 )
