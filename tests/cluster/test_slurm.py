@@ -254,3 +254,47 @@ def test_scancel_mid_tuning_then_resubmission_reuses_finished_trials(cluster: di
     report = json.loads(Path(result["details"]["report_path"]).with_suffix(".json").read_text())
     assert sum(1 for trial in report["trials"] if trial["from_cache"]) >= min(finished_before, 1)
     assert processes_of_job(second) == []
+
+
+WARM_SRUN_POOL = """#!{python}
+import json, sys
+from pathlib import Path
+from autotune.core.ladder import Candidate, Rung
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
+from autotune.models import resolve_model
+from autotune.trial.launch.warm import WarmWorkerPool
+from autotune.trial.launch.warm_nodes import SrunStart
+from autotune.trial.trial_types import TrialSpec
+
+source = resolve_model("tiny-gpt2")
+spec = TrialSpec(
+    model_config=source.config, architecture=source.architecture or "GPT2LMHeadModel", family="decoder-only",
+    ds_config=build_ds_config(Candidate(Rung.Z2, 1), TrainSettings(world_size=2, precision="fp32")),
+    seq_len=32, device="cpu", nprocs_per_node=2, nodes=1, max_steps=4, timeout_s=300,
+)
+with WarmWorkerPool(env={{"OMP_NUM_THREADS": "1", "SLURM_OVERLAP": "1"}}, workdir=Path(sys.argv[1]),
+                    start=SrunStart(master_addr="127.0.0.1", master_port=int(sys.argv[2]))) as pool:
+    results = [pool.run(spec) for _ in range(2)]
+    print("RESULT", json.dumps({{"status": [r.status for r in results], "error": [r.error for r in results],
+                               "ranks": [[m.rank for m in r.ranks] for r in results], "starts": pool.restarts}}))
+"""
+
+
+def test_warm_workers_in_one_background_srun_step_serve_trial_after_trial(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """The multi-node pool's SLURM start (trial/launch/warm_nodes.py SrunStart) in a one-node allocation: one srun
+    step of two tasks (ranks from SLURM_PROCID) serves two trials; nothing of the job is left once the pool closes.
+    Several nodes need a cluster of several: this one-node cluster checks the step, not the crossing."""
+    script = tmp_path / "pool.py"
+    script.write_text(WARM_SRUN_POOL.format(python=sys.executable))
+    out = tmp_path / "job.out"
+    port = _free_port_pair()
+    job = sbatch(cluster, out, [script, tmp_path / "pool", str(port)], "--nodes=1", "--ntasks=2", "--cpus-per-task=1")
+    text = out.read_text()
+    print(f"warm srun pool: job {job}\n{text}")
+    assert job_state(cluster, job) == "COMPLETED", text
+    found = json.loads(next(line for line in text.splitlines() if line.startswith("RESULT ")).removeprefix("RESULT "))
+    assert found["status"] == ["ok", "ok"], found["error"]
+    assert found["ranks"] == [[0, 1], [0, 1]] and found["starts"] == 1  # one step, two trials
+    assert processes_of_job(job) == []

@@ -1,0 +1,69 @@
+"""Warm workers across nodes (trial/launch/warm_nodes.py): how the nodes' launchers start, what the srun step is
+given, where a failed rank is read, and the report's words for figures from a fresh full-scale launch. The real
+two-"node" runs are tests/test_warm_nodes_cpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from tests.fakes.reports import golden_report
+from tests.fakes.trials import tiny_spec
+
+from autotune.report.markdown import FRESH_PURPOSE, _launch_detail
+from autotune.report.pick import memory_line
+from autotune.search.records import LaunchPurpose
+from autotune.trial.launch.warm_nodes import LocalNodesStart, without_owner
+
+SERVE = ["--serve", "/pool", "--device", "cpu", "--owner-pid", "4242"]
+
+
+def test_every_nodes_torchrun_meets_at_one_master_with_its_own_node_rank() -> None:
+    ports = iter([29611, 29622])
+    start = LocalNodesStart(port_source=lambda: next(ports))
+    commands = start.commands(tiny_spec(nodes=2), SERVE)
+    assert [c for c in commands[0] if c.startswith("--node-rank")] == ["--node-rank=0"]
+    assert [c for c in commands[1] if c.startswith("--node-rank")] == ["--node-rank=1"]
+    assert all("--master-port=29611" in c and "--master-addr=127.0.0.1" in c and "--nnodes=2" in c for c in commands)
+    assert all(c[-len(SERVE) :] == SERVE for c in commands)  # the same pool directory for every node's workers
+    assert {c for c in start.commands(tiny_spec(nodes=2), SERVE)[0] if "master-port" in c} == {"--master-port=29622"}
+
+
+def test_the_srun_step_serves_without_the_tuners_pid_which_no_other_node_has() -> None:
+    assert without_owner(SERVE) == ["--serve", "/pool", "--device", "cpu"]
+    assert without_owner(["--serve", "/pool"]) == ["--serve", "/pool"]
+
+
+def test_a_failed_rank_is_read_from_its_own_nodes_torchrun_log(tmp_path: Path) -> None:
+    (tmp_path / "launcher.log").write_text("all fine\n")
+    failure = "  rank      : 1 (local_rank: 0)\n  exitcode  : -9 (pid: 77)\n"
+    (tmp_path / "launcher-node1.log").write_text(failure)
+    assert LocalNodesStart().exit_codes(tiny_spec(nodes=2), tmp_path, [None, 1]) == {1: -9}
+
+
+def test_a_one_node_trial_is_refused_by_the_nodes_start() -> None:
+    with pytest.raises(Exception, match="several nodes"):
+        LocalNodesStart().refuse(tiny_spec(nodes=1))
+
+
+def test_the_reports_fresh_purpose_is_the_searchs() -> None:
+    assert FRESH_PURPOSE == LaunchPurpose.FRESH
+
+
+def test_the_report_says_which_figures_came_from_a_fresh_full_scale_launch() -> None:
+    one = golden_report()
+    assert _launch_detail(one).startswith(" in 1 process start(s) (warm workers)")
+    two = dataclasses.replace(
+        one,
+        assumptions=dataclasses.replace(one.assumptions, nodes=2),
+        process_starts=2,
+        launches_by_purpose={"first of a group": 2, FRESH_PURPOSE: 1},
+    )
+    detail = _launch_detail(two)
+    assert detail.startswith(" in 2 launch(es) of all 2 nodes: 1 fresh, full-scale (fresh-process confirmation)")
+    assert "the others' figures from warm workers across the nodes" in detail
+    assert dataclasses.replace(one, assumptions=two.assumptions).assumptions.nodes == 2
+    if one.choice is not None:
+        fresh_two = dataclasses.replace(two, choice=dataclasses.replace(one.choice, peak_in_fresh_process=True))
+        assert "(in a fresh launch of all 2 nodes, as your job starts)" in memory_line(fresh_two)
