@@ -188,3 +188,16 @@ def test_a_launcher_of_the_callers_is_used_as_given() -> None:
     given = LocalLauncher()
     with launcher_for(request, given, environ={}) as chosen:
         assert chosen.trials is given and chosen.confirm is None
+
+
+def test_the_trials_rendezvous_at_the_jobs_own_master_address(tmp_path: Path) -> None:
+    """MASTER_ADDR the job set (an interface of its first node, or a node not first) is where trials meet too."""
+    request = TuneRequest(model="tiny-gpt2", device="cpu", nodes=2)
+    the_job = JobEnv(
+        "slurm", "9", 2, 1, rank=0, node_rank=0, local_rank=0, nodelist=("n1", "n2"), master_addr="10.0.0.5"
+    )
+    facts = choose_launcher(the_job, request, tmp_path, {"SLURM_JOB_ID": "9"}, which=every_tool)
+    with launcher_for(request, facts, which=every_tool) as chosen:
+        assert isinstance(chosen.trials, WarmWorkerPool) and isinstance(chosen.trials.start, SrunStart)
+        assert chosen.trials.start.master_addr == "10.0.0.5"
+        assert isinstance(chosen.confirm, FreshAfterWarm) and chosen.confirm.fresh.master_addr == "10.0.0.5"  # type: ignore[attr-defined]

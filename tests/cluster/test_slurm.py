@@ -38,12 +38,13 @@ pytestmark = [
 TINY_HOOK = "--micro-batches 1,2 --rungs z0 --max-trials 2 --wait-timeout 300"
 
 
-def _free_port_pair() -> int:
+def _free_port_pair(slurmds: int = 1) -> int:
+    """A free port for slurmctld and the next `slurmds` for the slurmd(s)."""
     for _ in range(50):
         port = random.randint(20000, 40000)
         with contextlib.ExitStack() as stack:
             try:
-                for candidate in (port, port + 1):
+                for candidate in range(port, port + 1 + slurmds):
                     sock = stack.enter_context(socket.socket())
                     sock.bind(("127.0.0.1", candidate))
             except OSError:
@@ -55,8 +56,19 @@ def _free_port_pair() -> int:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A started cluster; the environment every sbatch/srun of these tests runs with."""
+    yield from _started_cluster(tmp_path_factory, nodes=1)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Two nodes n1, n2 on this host (one slurmd each, slurm_local.sh SLURM_TEST_NODES=2)."""
+    yield from _started_cluster(tmp_path_factory, nodes=2)
+
+
+def _started_cluster(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[dict[str, str]]:
     state = tmp_path_factory.mktemp("slurm")
-    env = {**os.environ, "SLURM_TEST_PORT": str(_free_port_pair()), "SLURM_TEST_CPUS": str(os.cpu_count() or 2)}
+    env = {**os.environ, "SLURM_TEST_PORT": str(_free_port_pair(nodes)), "SLURM_TEST_CPUS": str(os.cpu_count() or 2)}
+    env["SLURM_TEST_NODES"] = str(nodes)
     started = subprocess.run([str(SCRIPT), "start", str(state)], env=env, capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stderr
     env["SLURM_CONF"] = str(state / "slurm.conf")
@@ -297,4 +309,35 @@ def test_warm_workers_in_one_background_srun_step_serve_trial_after_trial(
     found = json.loads(next(line for line in text.splitlines() if line.startswith("RESULT ")).removeprefix("RESULT "))
     assert found["status"] == ["ok", "ok"], found["error"]
     assert found["ranks"] == [[0, 1], [0, 1]] and found["starts"] == 1  # one step, two trials
+    assert processes_of_job(job) == []
+
+
+def test_the_hook_across_two_slurm_nodes_tunes_in_one_warm_srun_step_and_confirms_fresh(
+    two_node_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """`srun autotune hook` on two nodes (n1, n2 of one host; MASTER_ADDR set, their names do not resolve): the
+    leader's trials run in warm workers of one background srun step across both nodes, the pick once more in a fresh
+    two-node srun step; both tasks end with the same bytes."""
+    shared = tmp_path / "shared"
+    script = tmp_path / "hook.sh"
+    script.write_text(
+        "#!/bin/bash\nexport MASTER_ADDR=127.0.0.1\nsrun --overlap autotune hook --device cpu --model tiny-gpt2"
+        " --seq-len 32 --memory-budget 2GiB --micro-batches 1,2 --rungs z0 --max-trials 3 --wait-timeout 900"
+        f" --trial-timeout 600 --cache-dir {shared} --out {tmp_path / 'ds.json'}\n"
+    )
+    out = tmp_path / "job.out"
+    started = time.monotonic()
+    job = sbatch(two_node_cluster, out, script, "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1")
+    text = out.read_text()
+    print(f"hook on two slurm nodes: job {job} {time.monotonic() - started:.1f} s\n{text}")
+    assert job_state(two_node_cluster, job) == "COMPLETED", text
+    lines = hook_lines(text)
+    assert len(lines) == 2 and sum("tuned here" in line for line in lines) == 1, text
+    assert len({line.split("(sha256 ")[1].split(")")[0] for line in lines}) == 1  # the same bytes on both nodes
+    report = json.loads(next(tmp_path.glob("*autotune-report.json")).read_text())
+    fresh = [t for t in report["trials"] if t["purpose"] == "fresh-process confirmation"]
+    assert len(fresh) == 1 and [r["rank"] for r in fresh[0]["result"]["ranks"]] == [0, 1], report["trials"]
+    assert report["process_starts"] >= 2  # one warm step of both nodes (more after a replacement) + the fresh one
+    pools = list((shared / "trials").glob("autotune-warm-*"))
+    assert pools and all((pool / "launcher.log").exists() for pool in pools)  # the warm step's srun logged there
     assert processes_of_job(job) == []

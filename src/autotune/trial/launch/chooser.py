@@ -69,7 +69,7 @@ TORCHRUN_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 class JobFacts:
     """What decides where trials run. `shared_dir`: a directory every node sees (trial directories and hostfiles
     go there; default: beside the submit directory); `job_master_port`: the job's own rendezvous port, which trials
-    keep clear of."""
+    keep clear of; `master_addr`: where the job rendezvouses, where the trials do too (default: the first node)."""
 
     nodes: int
     device: Device
@@ -83,6 +83,7 @@ class JobFacts:
     gpus_per_node: int = 1
     job_id: str | None = None
     shared_dir: Path | None = None
+    master_addr: str | None = None  # the job's own master (MASTER_ADDR, else its first node): the trials' too
 
     @classmethod
     def of_process(cls, environ: Mapping[str, str], **facts: object) -> JobFacts:
@@ -166,6 +167,11 @@ def check_tools(choice: LaunchChoice, which: Callable[[str], str | None] = shuti
         raise UserError("multi-node trials outside SLURM use the deepspeed launcher over pdsh, which is not installed")
 
 
+def trials_master(facts: JobFacts) -> str | None:
+    """The trials' rendezvous host: the job's own master, else its first node (None: srun's first host)."""
+    return facts.master_addr or (facts.nodelist[0] if facts.nodelist else None)
+
+
 def trial_master_port(job_master_port: int | None) -> int:
     """The trials' rendezvous port: not the job's own."""
     from autotune.trial.launch.hostfile import TRIAL_MASTER_PORT
@@ -222,8 +228,7 @@ def _pool_place(facts: JobFacts, choice: LaunchChoice) -> dict[str, object]:
     if choice.kind == "warm_local_nodes":
         return {"start": LocalNodesStart()}
     workdir = facts.shared_dir / "trials" if facts.shared_dir else _slurm_workdir()
-    master = facts.nodelist[0] if facts.nodelist else None
-    start = SrunStart(master_addr=master, master_port=trial_master_port(facts.job_master_port))
+    start = SrunStart(master_addr=trials_master(facts), master_port=trial_master_port(facts.job_master_port))
     return {"start": start, "workdir": workdir}
 
 
@@ -248,7 +253,7 @@ def build_launcher(facts: JobFacts, choice: LaunchChoice) -> TrialLauncher:
 
         return LocalNodesLauncher(env=choice.env)
     workdir = facts.shared_dir / "trials" if facts.shared_dir else None
-    master = facts.nodelist[0] if facts.nodelist else None
+    master = trials_master(facts)
     port = trial_master_port(facts.job_master_port)
     if choice.kind == "srun":
         from autotune.trial.launch.slurm import SlurmLauncher
