@@ -64,9 +64,22 @@ def one_tune(workers: str) -> dict:
         "launches_by_purpose": report["launches_by_purpose"],
         "pick": report["choice"] and {k: report["choice"][k] for k in ("rung", "micro_batch", "grad_checkpointing")},
         "pick_samples_per_s": report["choice"] and report["choice"]["samples_per_s"],
-        "trial_walls_s": [round(t["result"]["wall_s"], 2) for t in trials],
+        "trials_detail": [trial_row(t) for t in trials],
         "load_1min_before": round(load_before, 2),
         "load_1min_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def trial_row(trial: dict) -> dict:
+    """One trial as the report has it: what ran, why, its wall (launch included) and its speed."""
+    candidate, result = trial["candidate"], trial["result"]
+    return {
+        "candidate": f"{candidate['rung']}/mb{candidate['micro_batch']}{'/ckpt' * candidate['grad_checkpointing']}",
+        "purpose": trial["purpose"],
+        "status": result["status"],
+        "wall_s": round(result["wall_s"], 2),
+        "samples_per_s": round(result.get("samples_per_s") or 0.0, 1),
+        "startup_s": round(result.get("startup_s") or 0.0, 2),
     }
 
 

@@ -5,6 +5,10 @@ two-"node" runs are tests/test_warm_nodes_cpu.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ from tests.fakes.trials import tiny_spec
 from autotune.report.markdown import FRESH_PURPOSE, _launch_detail
 from autotune.report.pick import memory_line
 from autotune.search.records import LaunchPurpose
+from autotune.trial.launch.processes import one_rank_env
 from autotune.trial.launch.warm_nodes import LocalNodesStart, without_owner
 
 SERVE = ["--serve", "/pool", "--device", "cpu", "--owner-pid", "4242"]
@@ -67,3 +72,36 @@ def test_the_report_says_which_figures_came_from_a_fresh_full_scale_launch() -> 
     if one.choice is not None:
         fresh_two = dataclasses.replace(two, choice=dataclasses.replace(one.choice, peak_in_fresh_process=True))
         assert "(in a fresh launch of all 2 nodes, as your job starts)" in memory_line(fresh_two)
+
+
+# The globals DeepSpeed's ZeRO++ leaves (deepspeed/utils/groups.py), set as an hpZ and a qgZ build set them, in a
+# one-rank gloo world: the rank's own groups, and the marker torch returns for a group it is not in.
+_RELEASE_ON_THE_GLOBALS = """
+import json, os, torch, deepspeed, deepspeed.comm as dist
+from deepspeed.utils import groups
+from autotune.trial.worker.deepspeed_globals import release_zeropp_groups, zeropp_groups_left
+deepspeed.init_distributed("gloo")
+groups._create_zero_param_parallel_group(1)
+groups._ALL_TO_ALL_GROUP["local_0"] = dist.new_group(ranks=[0])
+groups._ALL_TO_ALL_GROUP["global_1"] = torch.distributed.GroupMember.NON_GROUP_MEMBER
+before = zeropp_groups_left()
+left = release_zeropp_groups()
+try:
+    groups._create_zero_param_parallel_group(1)  # the next trial's hpZ build
+    again = "ok"
+except AssertionError as error:
+    again = str(error)
+print(json.dumps({"before": before, "left": left, "again": again, "all_to_all": list(groups._ALL_TO_ALL_GROUP)}))
+"""
+
+
+def test_the_release_destroys_the_ranks_zeropp_groups_and_drops_the_ones_it_is_not_in() -> None:
+    """Real DeepSpeed, its globals set directly: after the release none is held (the non-member marker, which
+    deepspeed.comm.destroy_process_group returns early for, comm.py:190-191, is dropped too) and an hpZ group can be
+    made again."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **one_rank_env()}
+    run = subprocess.run([sys.executable, "-c", _RELEASE_ON_THE_GLOBALS], env=env, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found == {"before": 3, "left": 0, "again": "ok", "all_to_all": []}

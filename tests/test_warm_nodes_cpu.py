@@ -39,6 +39,7 @@ def hpz_spec(*, nprocs: int = 1, nodes: int = 2) -> TrialSpec:
 # with the worker's release of the ZeRO++ groups kept, or replaced by nothing ("kept").
 _TWO_HPZ_TRIALS = """
 import json, os, sys, time
+from pathlib import Path
 from autotune.trial.trial_types import TrialSpec
 from autotune.trial.worker import train_steps
 from autotune.trial.worker.deepspeed_globals import zeropp_groups_left
@@ -56,32 +57,30 @@ after = []
 for _ in range(2):
     report = train_steps.run_rank(spec, placement, train_steps.PhaseClock(time.time()), memory)
     after.append({"status": report.status, "error": report.error, "groups_left": zeropp_groups_left()})
-print("RESULT", placement.rank, json.dumps(after), flush=True)
+Path(sys.argv[3], f"rank{placement.rank}.json").write_text(json.dumps(after))
 """
 
 
-def two_hpz_trials_in_one_process(spec: TrialSpec, way: str) -> dict[int, list[dict]]:
+def two_hpz_trials_in_one_process(spec: TrialSpec, way: str, out: Path) -> dict[int, list[dict]]:
+    """Each rank writes its own file: ranks sharing torchrun's stdout would interleave their lines."""
+    out.mkdir()
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}"]
-    command += ["--no-python", sys.executable, "-c", _TWO_HPZ_TRIALS, json.dumps(spec.to_dict()), way]
+    command += ["--no-python", sys.executable, "-c", _TWO_HPZ_TRIALS, json.dumps(spec.to_dict()), way, str(out)]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=GENEROUS_TIMEOUT_S, cwd=REPO)
-    found = {}
-    for line in run.stdout.splitlines():
-        if line.startswith("RESULT "):
-            _, rank, trials = line.split(" ", 2)
-            found[int(rank)] = json.loads(trials)
+    found = {int(path.stem.removeprefix("rank")): json.loads(path.read_text()) for path in out.glob("rank*.json")}
     assert sorted(found) == [0, 1], run.stderr[-3000:]
     return found
 
 
 @pytest.mark.slow
-def test_two_hpz_trials_in_one_process_pass_only_with_the_zeropp_groups_released() -> None:
+def test_two_hpz_trials_in_one_process_pass_only_with_the_zeropp_groups_released(tmp_path: Path) -> None:
     spec = hpz_spec(nprocs=2, nodes=1)
-    released = two_hpz_trials_in_one_process(spec, "release")
+    released = two_hpz_trials_in_one_process(spec, "release", tmp_path / "released")
     for trials in released.values():
         assert [t["status"] for t in trials] == ["ok", "ok"], trials
         assert [t["groups_left"] for t in trials] == [0, 0]
-    kept = two_hpz_trials_in_one_process(spec, "kept")
+    kept = two_hpz_trials_in_one_process(spec, "kept", tmp_path / "kept")
     for trials in kept.values():
         assert trials[0]["status"] == "ok" and trials[0]["groups_left"] == 1, trials
         assert trials[1]["status"] == "error", trials
