@@ -77,7 +77,9 @@ _WATCHED = (
     ("pinned host memory", "pinned_after_bytes", WARM_PINNED_GROWTH_LIMIT_BYTES, True),
     # Not memory: ZeRO++ process groups DeepSpeed still holds after a trial (trial/worker/deepspeed_globals.py), from
     # the worker's count before its first trial (none). Any one left replaces the workers: their next hpZ trial would
-    # fail DeepSpeed's assertion (deepspeed/utils/groups.py:938-939).
+    # fail DeepSpeed's assertion (deepspeed/utils/groups.py:938-939), or, its model built outside zero.Init, run on
+    # the last trial's group whatever its own size (runtime/zero/stage3.py:267-273;
+    # benchmarks/zeropp_group_reuse_cpu.py).
     ("ZeRO++ process groups", "zeropp_groups_after", 0, True),
 )
 

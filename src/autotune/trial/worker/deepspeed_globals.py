@@ -22,7 +22,9 @@ A warm worker that kept any of them measured each later trial on top of the earl
 ZeRO++ keeps process groups in module globals of deepspeed/utils/groups.py (0.19.8), which no engine.destroy() drops:
 - hpZ: `_create_zero_param_parallel_group` (called from runtime/zero/stage3.py:753 and partition_parameters.py:1119)
   asserts `_ZERO_PARAM_INTRA_PARALLEL_GROUP is None` (groups.py:938-939) and then sets it (952): a warm worker's
-  second hpZ trial fails that assertion unless the first one's group is released;
+  second hpZ trial fails that assertion (its model built under zero.Init), or, built outside it, silently runs on
+  the first trial's group whatever its own hpZ size (stage3.py:267-273 takes a group already there; measured:
+  benchmarks/zeropp_group_reuse_cpu.py, hpZ 4 got the size-2 group), unless the first one's group is released;
 - qgZ: engine.py:2161 calls `_get_local_all_to_all_group`, which puts new groups into `_ALL_TO_ALL_GROUP` on every
   call (groups.py:738-765) without destroying the last ones: each qgZ trial leaves its communicators behind.
 `deepspeed.comm.destroy_process_group(group)` (comm/comm.py:186-196) destroys one and drops DeepSpeed's references to
