@@ -18,7 +18,8 @@ from tests.fakes.trials import tiny_spec
 from autotune.report.markdown import FRESH_PURPOSE, _launch_detail
 from autotune.report.pick import memory_line
 from autotune.search.records import LaunchPurpose
-from autotune.trial.launch.processes import one_rank_env
+from autotune.trial.launch.nodes import LocalNodesLauncher
+from autotune.trial.launch.processes import cpu_threads_per_rank, one_rank_env
 from autotune.trial.launch.warm_nodes import LocalNodesStart, without_owner
 
 SERVE = ["--serve", "/pool", "--device", "cpu", "--owner-pid", "4242"]
@@ -105,3 +106,15 @@ def test_the_release_destroys_the_ranks_zeropp_groups_and_drops_the_ones_it_is_n
     assert run.returncode == 0, run.stderr[-3000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
     assert found == {"before": 3, "left": 0, "again": "ok", "all_to_all": []}
+
+
+def test_nodes_on_this_host_split_its_cores_between_all_their_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every "node" here is a process of this host: OpenMP threads per rank are its cores over every node's ranks
+    (two one-rank nodes given a node's worth each oversubscribed 2 cores and slowed ZeRO-0 ~18x), unless set."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    spec = tiny_spec(nodes=2)
+    assert LocalNodesStart().ranks_per_host(spec) == 2
+    want = str(cpu_threads_per_rank(2))
+    assert {n.env["OMP_NUM_THREADS"] for n in LocalNodesLauncher(port_source=lambda: 29700).launchers(spec)} == {want}
+    given = LocalNodesLauncher(env={"OMP_NUM_THREADS": "3"}, port_source=lambda: 29701).launchers(spec)
+    assert {n.env["OMP_NUM_THREADS"] for n in given} == {"3"}

@@ -146,6 +146,10 @@ class WorkerStart(Protocol):
         """Per-rank exit codes of failed workers, from the launchers' logs and `codes` (their own)."""
         ...
 
+    def ranks_per_host(self, spec: TrialSpec) -> int:
+        """The trial's ranks that share one host's cores (their OpenMP threads split them: processes.py)."""
+        ...
+
 
 def launcher_log(pool_dir: Path, node: int = 0) -> Path:
     """Where the launcher of `node` logs (node 0's is the one-node pool's `launcher.log`)."""
@@ -173,6 +177,9 @@ class OneNodeStart:
             command = [self.python, "-m", WORKER_MODULE, *serve]
             env = {**env, **one_rank_env(self.master_addr, port)}
         return [spawn(command, env, launcher_log(pool_dir), pool_dir)]
+
+    def ranks_per_host(self, spec: TrialSpec) -> int:
+        return spec.nprocs_per_node
 
     def exit_codes(self, spec: TrialSpec, pool_dir: Path, codes: list[int | None]) -> dict[int, int]:
         log = launcher_log(pool_dir)
@@ -294,7 +301,8 @@ class WarmWorkerPool:
         (pool_dir / "requests").mkdir()
         serve = ["--serve", str(pool_dir), "--device", spec.device, "--owner-pid", str(os.getpid())]
         tag = new_tag()
-        env = trial_env(own_trial_env({**os.environ, **self.env}), tag, spec.device, spec.nprocs_per_node)
+        own = own_trial_env({**os.environ, **self.env})
+        env = trial_env(own, tag, spec.device, self.start.ranks_per_host(spec))
         gpus_before = nvml_used_bytes() if spec.device == "cuda" else None
         first, *others = self.start.start(spec, serve, env, pool_dir)
         self.restarts += 1

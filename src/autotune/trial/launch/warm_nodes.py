@@ -56,6 +56,10 @@ class LocalNodesStart:
         self.master_addr = master_addr
         self.port_source = port_source
 
+    def ranks_per_host(self, spec: TrialSpec) -> int:
+        """Every node's ranks: the "nodes" share this host's cores (nodes.py local_nodes_threads)."""
+        return spec.world_size
+
     def refuse(self, spec: TrialSpec) -> None:
         if spec.nodes < 2:
             raise UserError("warm workers across nodes run several nodes; one node runs in the one-node pool")
@@ -100,6 +104,9 @@ class SrunStart:
         self.srun = srun
         self.master_addr = master_addr
         self.master_port = master_port
+
+    def ranks_per_host(self, spec: TrialSpec) -> int:
+        return spec.nprocs_per_node
 
     def refuse(self, spec: TrialSpec) -> None:
         if "SLURM_JOB_ID" not in os.environ:
