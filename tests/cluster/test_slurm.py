@@ -263,7 +263,7 @@ def test_scancel_mid_tuning_then_resubmission_reuses_finished_trials(cluster: di
     assert job_state(cluster, second) == "COMPLETED", second_out
     result = json.loads(second_out[second_out.index("{") : second_out.rindex("}") + 1])
     assert result["role"] == "leader" and result["status"] == "complete" and result["verified"]
-    report = json.loads(Path(result["details"]["report_path"]).with_suffix(".json").read_text())
+    report = json.loads(Path(result["report_path"]).with_suffix(".json").read_text())
     assert sum(1 for trial in report["trials"] if trial["from_cache"]) >= min(finished_before, 1)
     assert processes_of_job(second) == []
 
