@@ -69,8 +69,9 @@ def test_the_job_shape_comes_from_slurm_and_changes_the_key(tmp_path: Path) -> N
     fake = FakeTune()
     result = slurm_hook(hook_request(tmp_path / "ds.json", tmp_path), slurm_env(), tune_fn=fake)
     assert (fake.requests[0].hardware.gpus, fake.requests[0].hardware.nodes, result.job.world_size) == (4, 2, 8)
-    facts = fake.launchers[0]  # trials would span both nodes as one srun step
-    assert isinstance(facts, JobFacts) and choose_launch(facts).kind == "srun" and facts.nodes == 2
+    facts = fake.launchers[0]  # trials would run in warm workers of one srun step spanning both nodes
+    choice = choose_launch(facts) if isinstance(facts, JobFacts) else None
+    assert choice is not None and (choice.kind, choice.confirm_fresh, facts.nodes) == ("warm_srun", True, 2)
     alone = run_hook(hook_request(tmp_path / "ds.json", tmp_path), environ={}, tune_fn=fake)
     assert alone.key != result.key and alone.role == "leader"
 

@@ -20,6 +20,8 @@ from autotune.trial import FreshAfterWarm, HostfileLauncher, LocalLauncher, Slur
 from autotune.trial.launch.chooser import TrialLaunchers
 from autotune.trial.launch.hostfile import TRIAL_MASTER_PORT
 from autotune.trial.launch.nodes import LocalNodesLauncher
+from autotune.trial.launch.warm import OneNodeStart
+from autotune.trial.launch.warm_nodes import LocalNodesStart, SrunStart
 from autotune.trial.own_command.script import ScriptLauncher
 from autotune.tuning.trials import launcher_for
 
@@ -42,22 +44,34 @@ def job(nodes: int, *, slurm: bool, nodelist: tuple[str, ...] = ()) -> JobEnv:
 
 
 def expected(nodes: int, slurm: bool, torchrun: bool, workers: str, device: str) -> tuple | str:
-    """The table of trial/launch/chooser.py's docstring, row by row: (trials, confirm, env), or the refusal's words."""
+    """The table of trial/launch/chooser.py's docstring, row by row: (trials, how its workers start, confirm, the
+    confirmation's fresh launcher, env), or the refusal's words."""
     env = {**(CPU_ENV if device == "cpu" else {}), **(NO_AGENT_STORE if torchrun else {})}
     if nodes > 1:
-        if workers == "warm":
-            return "runs one node"
         if slurm:
-            return (SlurmLauncher, None, {**env, "SLURM_OVERLAP": "1"})
-        return (LocalNodesLauncher, None, env) if device == "cpu" else "no node list"
+            env = {**env, "SLURM_OVERLAP": "1"}
+            if workers == "fresh":
+                return (SlurmLauncher, None, None, None, env)
+            confirm = (FreshAfterWarm, SlurmLauncher) if workers == "auto" else (None, None)
+            return (WarmWorkerPool, SrunStart, *confirm, env)  # on CPU too: nothing compared warm and fresh there
+        if device != "cpu":
+            return "no node list"
+        if workers == "fresh":
+            return (LocalNodesLauncher, None, None, None, env)
+        confirm = (FreshAfterWarm, LocalNodesLauncher) if workers == "auto" else (None, None)
+        return (WarmWorkerPool, LocalNodesStart, *confirm, env)
     if workers == "fresh":
-        return (LocalLauncher, None, env)
-    return (WarmWorkerPool, FreshAfterWarm if workers == "auto" and device == "cuda" else None, env)
+        return (LocalLauncher, None, None, None, env)
+    confirm = (FreshAfterWarm, LocalLauncher) if workers == "auto" and device == "cuda" else (None, None)
+    return (WarmWorkerPool, OneNodeStart, *confirm, env)
 
 
 def answer(chosen: TrialLaunchers) -> tuple:
-    confirm = type(chosen.confirm) if chosen.confirm is not None else None
-    return (type(chosen.trials), confirm, chosen.trials.env)  # type: ignore[attr-defined]
+    start = getattr(chosen.trials, "start", None)
+    confirm = chosen.confirm
+    fresh = getattr(confirm, "fresh", None)
+    types = [None if part is None else type(part) for part in (start, confirm, fresh)]
+    return (type(chosen.trials), *types, chosen.trials.env)  # type: ignore[attr-defined]
 
 
 def tune_answer(request: TuneRequest, env: dict[str, str]) -> tuple | str:
@@ -126,15 +140,27 @@ def test_a_node_list_outside_slurm_runs_the_deepspeed_launcher_over_a_hostfile(t
 
 
 def test_srun_trials_from_the_hook_go_to_the_shared_dir_with_the_first_node_as_master(tmp_path: Path) -> None:
+    """The warm step and the fresh confirmation's step alike: the shared dir, the first node, the trials' port."""
     request = TuneRequest.of(model="tiny-gpt2", device="cuda", nodes=2)
     facts = choose_launcher(
         job(2, slurm=True, nodelist=("gpu07", "gpu08")), request, tmp_path, {"SLURM_JOB_ID": "9"}, which=every_tool
     )
     with launcher_for(request, facts, which=every_tool) as chosen:
-        launcher = chosen.trials
-    assert isinstance(launcher, SlurmLauncher)
-    assert launcher.workdir == tmp_path / "trials" and launcher.master_addr == "gpu07"
-    assert launcher.master_port == TRIAL_MASTER_PORT
+        pool, confirm = chosen.trials, chosen.confirm
+    assert isinstance(pool, WarmWorkerPool) and isinstance(pool.start, SrunStart)
+    assert pool.workdir == tmp_path / "trials" and pool.start.master_addr == "gpu07"
+    assert pool.start.master_port == TRIAL_MASTER_PORT
+    assert isinstance(confirm, FreshAfterWarm) and isinstance(confirm.fresh, SlurmLauncher)
+    fresh = confirm.fresh
+    assert fresh.workdir == tmp_path / "trials" and fresh.master_addr == "gpu07"
+    assert fresh.master_port == TRIAL_MASTER_PORT
+
+
+def test_warm_over_a_node_list_outside_slurm_is_refused_in_one_line(tmp_path: Path) -> None:
+    """pdsh-reached nodes run fresh trials only: `auto` goes there, `warm` is refused before any tuning."""
+    request = TuneRequest.of(model="tiny-gpt2", device="cuda", nodes=2, trial_workers="warm")
+    with pytest.raises(UserError, match="over a node list"):
+        choose_launcher(job(2, slurm=False, nodelist=("h1", "h2")), request, tmp_path, {}, which=every_tool)
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
@@ -162,3 +188,16 @@ def test_a_launcher_of_the_callers_is_used_as_given() -> None:
     given = LocalLauncher()
     with launcher_for(request, given, environ={}) as chosen:
         assert chosen.trials is given and chosen.confirm is None
+
+
+def test_the_trials_rendezvous_at_the_jobs_own_master_address(tmp_path: Path) -> None:
+    """MASTER_ADDR the job set (an interface of its first node, or a node not first) is where trials meet too."""
+    request = TuneRequest.of(model="tiny-gpt2", device="cpu", nodes=2)
+    the_job = JobEnv(
+        "slurm", "9", 2, 1, rank=0, node_rank=0, local_rank=0, nodelist=("n1", "n2"), master_addr="10.0.0.5"
+    )
+    facts = choose_launcher(the_job, request, tmp_path, {"SLURM_JOB_ID": "9"}, which=every_tool)
+    with launcher_for(request, facts, which=every_tool) as chosen:
+        assert isinstance(chosen.trials, WarmWorkerPool) and isinstance(chosen.trials.start, SrunStart)
+        assert chosen.trials.start.master_addr == "10.0.0.5"
+        assert isinstance(chosen.confirm, FreshAfterWarm) and chosen.confirm.fresh.master_addr == "10.0.0.5"  # type: ignore[attr-defined]

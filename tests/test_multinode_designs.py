@@ -34,11 +34,12 @@ def _machine(name: str):
 
 
 def test_the_default_launcher_is_read_from_the_launcher_chooser() -> None:
-    """Several nodes run a fresh process per trial today (trial/launch/chooser.py choose_launch: srun inside SLURM);
-    one GPU node runs warm workers and confirms the pick fresh; the CPU backend runs warm without the confirmation."""
+    """Several nodes run warm workers across the nodes and confirm the pick in a fresh launch of all of them
+    (trial/launch/chooser.py choose_launch: one srun step inside SLURM), as one GPU node does; one CPU node runs warm
+    without the confirmation."""
     assert designs.default_launcher(1) is Launcher.WARM_CONFIRMED
-    assert designs.default_launcher(2) is Launcher.FRESH
-    assert designs.default_launcher(64) is Launcher.FRESH
+    assert designs.default_launcher(2) is Launcher.WARM_CONFIRMED
+    assert designs.default_launcher(64) is Launcher.WARM_CONFIRMED
     assert designs.default_launcher(1, device="cpu") is Launcher.WARM
 
 
@@ -84,16 +85,16 @@ def test_warm_across_nodes_is_the_injected_answer_for_several_nodes_only() -> No
     assert designs.default_launcher(2, device="cpu", choose=injected) is Launcher.WARM
 
 
-def test_a_multi_node_scenario_is_counted_fresh_and_gets_the_designs() -> None:
+def test_a_multi_node_scenario_is_counted_warm_across_nodes_and_gets_the_designs() -> None:
     from search_quality import run_scenario
 
     row = run_scenario(_scenario("zeropp-wins-across-nodes"))
-    assert row["default"]["launcher"] == Launcher.FRESH.value
-    assert row["default"]["launches"] == row["autotune"]["launches"][Launcher.FRESH.value]
-    assert row["default"]["launches"] > row["autotune"]["launches"][Launcher.WARM_CONFIRMED.value]
+    assert row["default"]["launcher"] == Launcher.WARM_CONFIRMED.value
+    assert row["default"]["launches"] == row["autotune"]["launches"][Launcher.WARM_CONFIRMED.value]
+    assert row["default"]["launches"] < row["autotune"]["launches"][Launcher.FRESH.value]
     multi = row["multi_node"]
     today = multi["designs"]["today (fresh per trial)"]
-    assert today["full_launches"] == row["default"]["launches"]
+    assert today["full_launches"] == row["autotune"]["launches"][Launcher.FRESH.value]
     released = multi["designs"]["(a) warm across nodes, ZeRO++ groups released"]
     assert released["full_launches"] == row["autotune"]["launches"][Launcher.WARM_CONFIRMED.value]
     replaced = multi["designs"]["(a) warm across nodes, replaced after ZeRO++"]

@@ -39,10 +39,26 @@ def test_warm_workers_by_default_and_on_gpus_the_pick_confirmed_fresh(
     assert confirms_pick_in_fresh_process(request) is confirmed
 
 
-@pytest.mark.parametrize("overrides", [{"nodes": 2}, {"command": ("python", "train.py")}])
-def test_several_nodes_and_an_own_command_start_a_fresh_process_per_trial(overrides: dict) -> None:
-    request = TuneRequest.of(model="tiny-gpt2", device="cuda", **overrides)
+@pytest.mark.parametrize("overrides", [{"nodes": 1}, {"nodes": 2}])
+def test_an_own_command_starts_a_fresh_process_per_trial(overrides: dict) -> None:
+    request = TuneRequest.of(model="tiny-gpt2", device="cuda", command=("python", "train.py"), **overrides)
     assert not uses_warm_workers(request) and not confirms_pick_in_fresh_process(request)
+
+
+@pytest.mark.parametrize(
+    ("device", "asked", "warm", "confirmed"),
+    [
+        ("cpu", "auto", True, True),  # warm == fresh measured on one CPU node only: across nodes, confirmed
+        ("cuda", "auto", True, True),
+        ("cuda", "warm", True, False),
+        ("cpu", "fresh", False, False),
+    ],
+)
+def test_several_nodes_run_warm_workers_and_confirm_the_pick_in_a_fresh_launch(
+    device: str, asked: str, warm: bool, confirmed: bool
+) -> None:
+    request = TuneRequest.of(model="tiny-gpt2", device=device, nodes=2, trial_workers=asked)
+    assert uses_warm_workers(request) is warm and confirms_pick_in_fresh_process(request) is confirmed
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -64,13 +80,27 @@ def test_the_tuner_starts_the_launcher_the_request_asks_for(device: str) -> None
     ("overrides", "words"),
     [
         ({"trial_workers": "sometimes"}, "--trial-workers must be one of auto, warm, fresh"),
-        ({"trial_workers": "warm", "nodes": 2}, "runs one node"),
         ({"trial_workers": "warm", "command": ("python", "train.py")}, "own command starts fresh"),
     ],
 )
 def test_warm_workers_refused_where_they_cannot_run(overrides: dict, words: str) -> None:
     with pytest.raises(UserError, match=words):
         validate(TuneRequest.of(model="tiny-gpt2", **overrides), outputs=False)
+
+
+def test_warm_workers_across_nodes_are_a_valid_request() -> None:
+    """Several nodes run warm workers too (trial/launch/warm_nodes.py); where they cannot start is the chooser's."""
+    validate(TuneRequest.of(model="tiny-gpt2", trial_workers="warm", nodes=2), outputs=False)
+
+
+def test_a_worker_still_holding_zeropp_groups_is_replaced_after_any_trial_even_its_first() -> None:
+    """The groups' floor is the worker's count before its first trial (none): one left by that trial already
+    replaces it (its next hpZ build would fail DeepSpeed's assertion, or reuse a group of another size)."""
+    floor = {"host_rss_after_bytes": 900 * MiB, "zeropp_groups_after": 0}
+    released = {0: RankReport(rank=0, status="ok", host_rss_after_bytes=900 * MiB, zeropp_groups_after=0, floor=floor)}
+    assert _workers().growth(released) is None
+    held = {1: RankReport(rank=1, status="ok", host_rss_after_bytes=900 * MiB, zeropp_groups_after=1, floor=floor)}
+    assert _workers().growth(held) == ("ZeRO++ process groups", 1)
 
 
 def test_a_bad_choice_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -8,7 +8,10 @@
 # Needs root (slurmd runs jobs as their submitting user) and Debian's packages:
 #   apt-get update && apt-get install -y slurm-wlm munge
 # Environment: SLURM_TEST_CPUS (default 2), SLURM_TEST_MEMORY_MB (default 4096), SLURM_TEST_PORT (default 16817,
-# slurmd uses the next port), SLURM_TEST_KILL_WAIT (seconds between SIGTERM and SIGKILL, default 30 as SLURM's).
+# slurmd uses the next port), SLURM_TEST_KILL_WAIT (seconds between SIGTERM and SIGKILL, default 30 as SLURM's),
+# SLURM_TEST_NODES (default 1): with 2 or more, that many nodes n1..nN on this host, one slurmd each (`slurmd -N`,
+# on the ports after slurmctld's), all at 127.0.0.1: jobs that span "nodes" (their names do not resolve: such a job
+# sets MASTER_ADDR=127.0.0.1).
 set -euo pipefail
 
 action=${1:?usage: slurm_local.sh start|stop STATE_DIR}
@@ -33,6 +36,7 @@ if [[ $action == stop ]]; then
         SLURM_CONF=$state/slurm.conf scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
     fi
     stop_pidfile "$state/slurmd.pid"
+    for file in "$state"/slurmd-n*.pid; do [[ -e $file ]] && stop_pidfile "$file"; done
     stop_pidfile "$state/slurmctld.pid"
     stop_pidfile "$state/munged.pid"
     exit 0
@@ -48,6 +52,7 @@ cpus=${SLURM_TEST_CPUS:-2}
 memory=${SLURM_TEST_MEMORY_MB:-4096}
 port=${SLURM_TEST_PORT:-16817}
 kill_wait=${SLURM_TEST_KILL_WAIT:-30}
+nodes=${SLURM_TEST_NODES:-1}
 mkdir -p "$state"/{munge,ctld,spool}
 chmod 700 "$state/munge"
 
@@ -57,6 +62,19 @@ munged --force --key-file="$state/munge/munge.key" --socket="$state/munge/munge.
     --pid-file="$state/munged.pid" --log-file="$state/munged.log" --seed-file="$state/munge/munge.seed"
 
 : > "$state/plugstack.conf"
+if (( nodes > 1 )); then  # several slurmd on this host: one name, port, spool, pid and log each (%n: the node)
+    node_names="n[1-$nodes]"
+    node_lines="NodeName=$node_names NodeHostname=$host NodeAddr=127.0.0.1 Port=$((port + 1))-$((port + nodes))"
+    node_lines+=" CPUs=$cpus RealMemory=$memory State=UNKNOWN"
+    node_suffix="-%n"
+    spool_suffix="/%n"
+    for n in $(seq "$nodes"); do mkdir -p "$state/spool/n$n"; done
+else
+    node_names=$host
+    node_lines="NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory State=UNKNOWN"
+    node_suffix=""
+    spool_suffix=""
+fi
 cat > "$state/slurm.conf" <<CONF
 ClusterName=autotune-test
 SlurmctldHost=$host
@@ -68,11 +86,11 @@ CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$state/ctld
-SlurmdSpoolDir=$state/spool
+SlurmdSpoolDir=$state/spool$spool_suffix
 SlurmctldPidFile=$state/slurmctld.pid
-SlurmdPidFile=$state/slurmd.pid
+SlurmdPidFile=$state/slurmd$node_suffix.pid
 SlurmctldLogFile=$state/slurmctld.log
-SlurmdLogFile=$state/slurmd.log
+SlurmdLogFile=$state/slurmd$node_suffix.log
 PlugStackConfig=$state/plugstack.conf
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -89,15 +107,19 @@ SlurmctldTimeout=30
 SlurmdTimeout=60
 InactiveLimit=0
 MinJobAge=30
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+$node_lines
+PartitionName=debug Nodes=$node_names Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
 
 export SLURM_CONF=$state/slurm.conf
 slurmctld -f "$SLURM_CONF" -c    # -c: a clean state (no jobs from an earlier run)
-slurmd -f "$SLURM_CONF"
+if (( nodes > 1 )); then
+    for n in $(seq "$nodes"); do slurmd -f "$SLURM_CONF" -N "n$n"; done
+else
+    slurmd -f "$SLURM_CONF"
+fi
 for _ in $(seq 100); do
-    if sinfo -h -N -o '%T' 2>/dev/null | grep -qE '^(idle|mixed)$'; then
+    if (( $(sinfo -h -N -o '%T' 2>/dev/null | grep -cE '^(idle|mixed)$') >= nodes )); then
         echo "export SLURM_CONF=$SLURM_CONF"
         exit 0
     fi

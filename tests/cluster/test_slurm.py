@@ -38,12 +38,13 @@ pytestmark = [
 TINY_HOOK = "--micro-batches 1,2 --rungs z0 --max-trials 2 --wait-timeout 300"
 
 
-def _free_port_pair() -> int:
+def _free_port_pair(slurmds: int = 1) -> int:
+    """A free port for slurmctld and the next `slurmds` for the slurmd(s)."""
     for _ in range(50):
         port = random.randint(20000, 40000)
         with contextlib.ExitStack() as stack:
             try:
-                for candidate in (port, port + 1):
+                for candidate in range(port, port + 1 + slurmds):
                     sock = stack.enter_context(socket.socket())
                     sock.bind(("127.0.0.1", candidate))
             except OSError:
@@ -55,8 +56,19 @@ def _free_port_pair() -> int:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A started cluster; the environment every sbatch/srun of these tests runs with."""
+    yield from _started_cluster(tmp_path_factory, nodes=1)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Two nodes n1, n2 on this host (one slurmd each, slurm_local.sh SLURM_TEST_NODES=2)."""
+    yield from _started_cluster(tmp_path_factory, nodes=2)
+
+
+def _started_cluster(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[dict[str, str]]:
     state = tmp_path_factory.mktemp("slurm")
-    env = {**os.environ, "SLURM_TEST_PORT": str(_free_port_pair()), "SLURM_TEST_CPUS": str(os.cpu_count() or 2)}
+    env = {**os.environ, "SLURM_TEST_PORT": str(_free_port_pair(nodes)), "SLURM_TEST_CPUS": str(os.cpu_count() or 2)}
+    env["SLURM_TEST_NODES"] = str(nodes)
     started = subprocess.run([str(SCRIPT), "start", str(state)], env=env, capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stderr
     env["SLURM_CONF"] = str(state / "slurm.conf")
@@ -251,6 +263,81 @@ def test_scancel_mid_tuning_then_resubmission_reuses_finished_trials(cluster: di
     assert job_state(cluster, second) == "COMPLETED", second_out
     result = json.loads(second_out[second_out.index("{") : second_out.rindex("}") + 1])
     assert result["role"] == "leader" and result["status"] == "complete" and result["verified"]
-    report = json.loads(Path(result["details"]["report_path"]).with_suffix(".json").read_text())
+    report = json.loads(Path(result["report_path"]).with_suffix(".json").read_text())
     assert sum(1 for trial in report["trials"] if trial["from_cache"]) >= min(finished_before, 1)
     assert processes_of_job(second) == []
+
+
+WARM_SRUN_POOL = """#!{python}
+import json, sys
+from pathlib import Path
+from autotune.core.ladder import Candidate, Rung
+from autotune.dsconfig.build_config import TrainSettings, build_ds_config
+from autotune.models import resolve_model
+from autotune.trial.launch.warm import WarmWorkerPool
+from autotune.trial.launch.warm_nodes import SrunStart
+from autotune.trial.trial_types import TrialSpec
+
+source = resolve_model("tiny-gpt2")
+spec = TrialSpec(
+    model_config=source.config, architecture=source.architecture or "GPT2LMHeadModel", family="decoder-only",
+    ds_config=build_ds_config(Candidate(Rung.Z2, 1), TrainSettings(world_size=2, precision="fp32")),
+    seq_len=32, device="cpu", nprocs_per_node=2, nodes=1, max_steps=4, timeout_s=300,
+)
+with WarmWorkerPool(env={{"OMP_NUM_THREADS": "1", "SLURM_OVERLAP": "1"}}, workdir=Path(sys.argv[1]),
+                    start=SrunStart(master_addr="127.0.0.1", master_port=int(sys.argv[2]))) as pool:
+    results = [pool.run(spec) for _ in range(2)]
+    print("RESULT", json.dumps({{"status": [r.status for r in results], "error": [r.error for r in results],
+                               "ranks": [[m.rank for m in r.ranks] for r in results], "starts": pool.restarts}}))
+"""
+
+
+def test_warm_workers_in_one_background_srun_step_serve_trial_after_trial(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """The multi-node pool's SLURM start (trial/launch/warm_nodes.py SrunStart) in a one-node allocation: one srun
+    step of two tasks (ranks from SLURM_PROCID) serves two trials; nothing of the job is left once the pool closes.
+    Several nodes need a cluster of several: this one-node cluster checks the step, not the crossing."""
+    script = tmp_path / "pool.py"
+    script.write_text(WARM_SRUN_POOL.format(python=sys.executable))
+    out = tmp_path / "job.out"
+    port = _free_port_pair()
+    job = sbatch(cluster, out, [script, tmp_path / "pool", str(port)], "--nodes=1", "--ntasks=2", "--cpus-per-task=1")
+    text = out.read_text()
+    print(f"warm srun pool: job {job}\n{text}")
+    assert job_state(cluster, job) == "COMPLETED", text
+    found = json.loads(next(line for line in text.splitlines() if line.startswith("RESULT ")).removeprefix("RESULT "))
+    assert found["status"] == ["ok", "ok"], found["error"]
+    assert found["ranks"] == [[0, 1], [0, 1]] and found["starts"] == 1  # one step, two trials
+    assert processes_of_job(job) == []
+
+
+def test_the_hook_across_two_slurm_nodes_tunes_in_one_warm_srun_step_and_confirms_fresh(
+    two_node_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """`srun autotune hook` on two nodes (n1, n2 of one host; MASTER_ADDR set, their names do not resolve): the
+    leader's trials run in warm workers of one background srun step across both nodes, the pick once more in a fresh
+    two-node srun step; both tasks end with the same bytes."""
+    shared = tmp_path / "shared"
+    script = tmp_path / "hook.sh"
+    script.write_text(
+        "#!/bin/bash\nexport MASTER_ADDR=127.0.0.1\nsrun --overlap autotune hook --device cpu --model tiny-gpt2"
+        " --seq-len 32 --memory-budget 2GiB --micro-batches 1,2 --rungs z0 --max-trials 3 --wait-timeout 900"
+        f" --trial-timeout 600 --cache-dir {shared} --out {tmp_path / 'ds.json'}\n"
+    )
+    out = tmp_path / "job.out"
+    started = time.monotonic()
+    job = sbatch(two_node_cluster, out, script, "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1")
+    text = out.read_text()
+    print(f"hook on two slurm nodes: job {job} {time.monotonic() - started:.1f} s\n{text}")
+    assert job_state(two_node_cluster, job) == "COMPLETED", text
+    lines = hook_lines(text)
+    assert len(lines) == 2 and sum("tuned here" in line for line in lines) == 1, text
+    assert len({line.split("(sha256 ")[1].split(")")[0] for line in lines}) == 1  # the same bytes on both nodes
+    report = json.loads(next(tmp_path.glob("*autotune-report.json")).read_text())
+    fresh = [t for t in report["trials"] if t["purpose"] == "fresh-process confirmation"]
+    assert len(fresh) == 1 and [r["rank"] for r in fresh[0]["result"]["ranks"]] == [0, 1], report["trials"]
+    assert report["process_starts"] >= 2  # one warm step of both nodes (more after a replacement) + the fresh one
+    pools = list((shared / "trials").glob("autotune-warm-*"))
+    assert pools and all((pool / "launcher.log").exists() for pool in pools)  # the warm step's srun logged there
+    assert processes_of_job(job) == []

@@ -1,10 +1,12 @@
 """Where the hook's trials run: the job's facts for the one launcher chooser (trial/launch/chooser.py), which tune uses
 too.
 
-The hook knows more than `autotune tune` does: the job's node list (SLURM's, or --nodelist), its rendezvous port, and
-a directory every node sees (the shared dir: trial directories and hostfiles go there). It hands those facts to
-tune, which decides with them exactly as it decides for itself; the hook decides once beforehand too, so a job that
-cannot run its trials (no srun, no pdsh, several GPU nodes and no node list) fails before any tuning starts.
+The hook knows more than `autotune tune` does: the job's node list (SLURM's, or --nodelist), its rendezvous address
+and port, and a directory every node sees (the shared dir: trial directories, hostfiles and the warm workers' pool
+directory go there). It hands those facts to tune, which decides with them exactly as it decides for itself (several
+nodes, inside SLURM or as local CPU nodes: warm workers across the nodes, the pick confirmed in a fresh launch of all
+of them); the hook decides once beforehand too, so a job that cannot run its trials (no srun, no pdsh, several GPU
+nodes and no node list) fails before any tuning starts.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def job_facts(job: JobEnv, tuning: TuneRequest, shared_dir: Path, environ: Mappi
         consumer=tuning.training.consumer,
         nodelist=job.nodelist,
         job_master_port=job.master_port,
+        master_addr=job.master_addr,
         gpus_per_node=job.gpus_per_node,
         job_id=job.job_id,
         shared_dir=shared_dir,

@@ -15,6 +15,10 @@ from autotune.report.pick import lead_lines
 from autotune.report.plot import embed_line, write_report_plot
 from autotune.trial.trial_types import TrialResult
 
+# The launch purpose of the pick's fresh-process confirmation, as the JSON's launches_by_purpose names it (the search,
+# a layer above, defines it: search/records.py LaunchPurpose.FRESH; tests/test_warm_nodes.py checks they agree).
+FRESH_PURPOSE = "fresh-process confirmation"
+
 
 def _speed(value: float | None) -> str:
     return f"{value:.2f}" if value else "-"
@@ -138,10 +142,18 @@ def _modes_lines(report: TuneReport) -> list[str]:
 
 
 def _launch_detail(report: TuneReport) -> str:
-    """Why the trials were launched, and in how many processes where warm workers ran several in one."""
+    """Why the trials were launched, and in how many processes where warm workers ran several in one. Across nodes
+    every launch spans the whole job, so it also says which figures a fresh full-scale launch measured (the pick's
+    fresh-process confirmation) and which warm workers across the nodes did (all the others)."""
     why = ", ".join(f"{purpose} {count}" for purpose, count in report.launches_by_purpose.items())
-    starts = report.process_starts
+    starts, nodes = report.process_starts, report.assumptions.nodes
     processes = f" in {starts} process start(s) (warm workers)" if starts is not None else ""
+    if starts is not None and nodes > 1:
+        fresh = report.launches_by_purpose.get(FRESH_PURPOSE, 0)
+        processes = (
+            f" in {starts} launch(es) of all {nodes} nodes: {fresh} fresh, full-scale ({FRESH_PURPOSE}), the others'"
+            " figures from warm workers across the nodes"
+        )
     return f"{processes}" + (f" ({why})" if why else "")
 
 

@@ -59,6 +59,8 @@ def memory_line(report: TuneReport) -> str:
     what = "measured peak" if peak else "predicted peak"
     if peak and choice and choice.peak_in_fresh_process:
         what = "measured peak (in a fresh process, as your job starts)"
+        if (nodes := report.assumptions.nodes) > 1:  # the other trials ran in warm workers across the nodes
+            what = f"measured peak (in a fresh launch of all {nodes} nodes, as your job starts)"
     peak = peak or (choice.predicted_peak_bytes if choice else None)
     where = "rank (host RSS)" if report.device == "cpu" else "GPU"
     if not peak or not limit:

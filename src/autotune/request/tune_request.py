@@ -182,15 +182,14 @@ def check_kernels(kernels: str, device: str = "cuda") -> Kernels:
 
 
 def check_trial_workers(request: TuneRequest) -> None:
-    """--trial-workers names a choice; warm workers run our own trial worker on one node."""
+    """--trial-workers names a choice; warm workers run our own trial worker, on one node or across nodes (where
+    they can start is the launcher chooser's: trial/launch/chooser.py)."""
     if request.search.trial_workers not in TRIAL_WORKERS:
         raise UserError(
             f"--trial-workers must be one of {', '.join(TRIAL_WORKERS)}, got {request.search.trial_workers!r}"
         )
     if request.search.trial_workers != "warm":
         return
-    if request.hardware.nodes > 1:
-        raise UserError("--trial-workers warm runs one node; multi-node trials start fresh processes on every node")
     if request.training.command is not None:
         raise UserError("--trial-workers warm runs autotune's own trial worker; an own command starts fresh each trial")
 

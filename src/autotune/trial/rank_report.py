@@ -35,6 +35,9 @@ class RankReport:
     device_after_bytes: int | None = None  # warm GPU workers: device memory this process still holds then (ditto)
     # warm workers: pinned host bytes torch's host allocator still owns then (trial/worker/memory.py pinned_host_bytes)
     pinned_after_bytes: int | None = None
+    # warm workers: ZeRO++ process groups DeepSpeed still holds then (deepspeed_globals.py zeropp_groups_left); any
+    # makes the pool replace the workers, whose next hpZ trial would fail DeepSpeed's assertion
+    zeropp_groups_after: int | None = None
     # warm workers: the same three figures before their first trial, once the process group, one matmul and one
     # collective have run (worker.py serve, training.settle): what the pool measures growth from (warm.py)
     floor: dict[str, int] = field(default_factory=dict)

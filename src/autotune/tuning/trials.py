@@ -121,13 +121,12 @@ def _replaced_note(observe: Callable[[SearchEvent], None] | None) -> Callable[[i
         return None
 
     def note(grown: int, what: str) -> None:
-        observe(
-            SearchEvent(
-                "prepare",
-                message=f"new trial workers: the last ones' {what} grew {format_bytes(grown)} since their first trial,"
-                " which the next trial would have measured on top of its own",
-            )
-        )
+        if what.startswith("ZeRO++"):  # a count, not bytes (trial/launch/warm.py _WATCHED)
+            why = f"the last ones still held {grown} {what} of their trial, which DeepSpeed's next hpZ build refuses"
+        else:
+            why = f"the last ones' {what} grew {format_bytes(grown)} since their first trial, which the next trial"
+            why += " would have measured on top of its own"
+        observe(SearchEvent("prepare", message=f"new trial workers: {why}"))
 
     return note
 

@@ -4,19 +4,30 @@
 (its node list, its rendezvous port, the shared directory every node sees) and hands them to tune, which makes the
 same decision with them. Every row below is tested, tune against hook, in tests/test_launcher_choice.py.
 
-| nodes | inside SLURM | node list | trials run in |
-|---|---|---|---|
-| 1 | either | either | `--trial-workers`: warm workers (`auto`, `warm`), or a fresh process per trial (`fresh`) |
-| >1 | yes | either | one `srun` step per trial across the allocation (`SlurmLauncher`) |
-| >1 | no | yes | the DeepSpeed launcher over a hostfile of the list, nodes reached with pdsh (`HostfileLauncher`) |
-| >1 | no | no, CPU | every node as processes on this host, a master port chosen per trial (`LocalNodesLauncher`) |
-| >1 | no | no, GPUs | refused: the nodes' ranks would share this host's GPUs and measure the wrong memory |
+| nodes | inside SLURM | node list | `--trial-workers` | trials run in |
+|---|---|---|---|---|
+| 1 | either | either | `auto`, `warm` | warm workers (`WarmWorkerPool`) |
+| 1 | either | either | `fresh` | a fresh process per trial (`LocalLauncher`) |
+| >1 | yes | either | `auto`, `warm` | warm workers across nodes: one background `srun` step (`SrunStart`) |
+| >1 | yes | either | `fresh` | one `srun` step per trial across the allocation (`SlurmLauncher`) |
+| >1 | no | yes | `auto`, `fresh` | the DeepSpeed launcher over a hostfile of the list, pdsh (`HostfileLauncher`) |
+| >1 | no | yes | `warm` | refused: warm workers over pdsh are not built |
+| >1 | no | no, CPU | `auto`, `warm` | warm workers across nodes: a torchrun per node here (`LocalNodesStart`) |
+| >1 | no | no, CPU | `fresh` | every node as processes on this host, per trial (`LocalNodesLauncher`) |
+| >1 | no | no, GPUs | any | refused: the nodes' ranks would share this host's GPUs and measure the wrong memory |
 
-On GPUs, `auto` also confirms the pick in a fresh process. Several nodes always start fresh processes (warm workers
-across nodes are not built). An own command runs every trial itself (`ScriptLauncher`), fresh. Started from inside a
-torchrun worker, every row is the same, with the trials told not to wait for the agent's rendezvous store (which
-nobody serves them). On the CPU backend every launcher gets glibc's mmap threshold lowered, so that peak RSS is the
-working set (benchmarks/results/estimate.md).
+`auto` confirms the pick in a fresh process wherever warm workers ran the trials, except on one node on the CPU
+backend, where warm and fresh peaks were measured equal (benchmarks/README.md, "Warm workers and DeepSpeed's
+leftovers"): across nodes no peaks were compared (two CPU "nodes" here gave the same pick warm and fresh and a tie in
+its speed, benchmarks/records/multinode_warm_cpu_2026-11-29.md: speeds of one small search, not peaks), so the pick is
+confirmed in a fresh launch of every node, the job's own shape (`FreshAfterWarm` around the row's `fresh` launcher);
+`warm` never confirms. Warm workers across nodes
+are the design the simulator chose (benchmarks/records/multinode_design_sim_2026-11-29.md: a median of 2
+full-allocation launches per multi-node tune, against 17 with a fresh launch per trial, the same picks);
+trial/launch/warm_nodes.py starts them. An own command runs every trial itself (`ScriptLauncher`), fresh. Started
+from inside a torchrun worker, every row is the same, with the trials told not to wait for the agent's rendezvous
+store (which nobody serves them). On the CPU backend every launcher gets glibc's mmap threshold lowered, so that peak
+RSS is the working set (benchmarks/results/estimate.md).
 
 Before this module, tune and the hook chose apart and disagreed: several nodes outside SLURM without a node list
 ran locally from tune and failed in the hook (now: locally on CPU, refused on GPUs, both), and under torchrun the
@@ -37,7 +48,16 @@ from autotune.core.choices import Device, TrialWorkers
 from autotune.errors import UserError
 from autotune.trial.trial_types import TrialLauncher
 
-LauncherKind = Literal["own_command", "warm", "fresh", "srun", "hostfile", "local_nodes"]
+LauncherKind = Literal[
+    "own_command", "warm", "warm_srun", "warm_local_nodes", "fresh", "srun", "hostfile", "local_nodes"
+]
+# The launcher that runs one trial in fresh processes of the job's shape where warm workers run the others: the
+# pick's confirmation.
+FRESH_BESIDE_WARM: dict[LauncherKind, LauncherKind] = {
+    "warm": "fresh",
+    "warm_srun": "srun",
+    "warm_local_nodes": "local_nodes",
+}
 
 # glibc keeps freed arenas; returning large frees to the OS makes peak RSS the working set the memory model
 # predicts (about 20% lower than default glibc on CPU trials; benchmarks/results/estimate.md).
@@ -51,7 +71,7 @@ TORCHRUN_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 class JobFacts:
     """What decides where trials run. `shared_dir`: a directory every node sees (trial directories and hostfiles
     go there; default: beside the submit directory); `job_master_port`: the job's own rendezvous port, which trials
-    keep clear of."""
+    keep clear of; `master_addr`: where the job rendezvouses, where the trials do too (default: the first node)."""
 
     nodes: int
     device: Device
@@ -65,6 +85,7 @@ class JobFacts:
     gpus_per_node: int = 1
     job_id: str | None = None
     shared_dir: Path | None = None
+    master_addr: str | None = None  # the job's own master (MASTER_ADDR, else its first node): the trials' too
 
     @classmethod
     def of_process(cls, environ: Mapping[str, str], **facts: object) -> JobFacts:
@@ -88,17 +109,21 @@ class LaunchChoice:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def uses_warm(*, nodes: int, own_command: bool, trial_workers: TrialWorkers) -> bool:
-    """Warm workers unless asked for fresh processes; never across nodes nor for an own command, whose trials start
-    fresh processes (see SearchAsk.trial_workers)."""
-    return nodes == 1 and not own_command and trial_workers != "fresh"
+def uses_warm(*, nodes: int, own_command: bool, trial_workers: TrialWorkers, over_pdsh: bool = False) -> bool:
+    """Warm workers unless asked for fresh processes, on one node or across nodes; never for an own command, whose
+    trials start fresh processes (see SearchAsk.trial_workers), nor across nodes reached over pdsh (a node list
+    outside SLURM: not built)."""
+    return not own_command and trial_workers != "fresh" and not (nodes > 1 and over_pdsh)
 
 
-def confirms_fresh(*, nodes: int, own_command: bool, trial_workers: TrialWorkers, device: Device) -> bool:
-    """By default on GPUs, where warm workers run the trials: the pick once more in a process of its own (warm and
-    fresh peaks were measured equal on the CPU backend, not yet on a GPU)."""
-    warm = uses_warm(nodes=nodes, own_command=own_command, trial_workers=trial_workers)
-    return warm and trial_workers == "auto" and device != "cpu"
+def confirms_fresh(
+    *, nodes: int, own_command: bool, trial_workers: TrialWorkers, device: Device, over_pdsh: bool = False
+) -> bool:
+    """By default (`auto`) wherever warm workers run the trials, but one CPU node: the pick once more in a fresh
+    launch of the job's shape. Warm and fresh peaks were measured equal on one node of the CPU backend only, not on a
+    GPU and not across nodes."""
+    warm = uses_warm(nodes=nodes, own_command=own_command, trial_workers=trial_workers, over_pdsh=over_pdsh)
+    return warm and trial_workers == "auto" and (device != "cpu" or nodes > 1)
 
 
 def choose_launch(facts: JobFacts) -> LaunchChoice:
@@ -106,23 +131,30 @@ def choose_launch(facts: JobFacts) -> LaunchChoice:
     env = {**(CPU_TRIAL_ENV if facts.device == "cpu" else {}), **_torchrun_env(facts)}
     if facts.command is not None:
         return LaunchChoice("own_command")
-    if facts.nodes > 1:
+    over_pdsh = facts.nodes > 1 and not facts.in_slurm and bool(facts.nodelist)
+    rule = {"nodes": facts.nodes, "own_command": False, "trial_workers": facts.trial_workers, "over_pdsh": over_pdsh}
+    warm = uses_warm(**rule)  # type: ignore[arg-type]
+    confirm = confirms_fresh(**rule, device=facts.device)  # type: ignore[arg-type]
+    if facts.nodes == 1:
+        return LaunchChoice("warm", confirm_fresh=confirm, env=env) if warm else LaunchChoice("fresh", env=env)
+    if facts.in_slurm:
+        env = {**env, "SLURM_OVERLAP": "1"}
+        return LaunchChoice("warm_srun", confirm_fresh=confirm, env=env) if warm else LaunchChoice("srun", env=env)
+    if facts.nodelist:
         if facts.trial_workers == "warm":
-            raise UserError("--trial-workers warm runs one node; multi-node trials start fresh processes on every node")
-        if facts.in_slurm:
-            return LaunchChoice("srun", env={**env, "SLURM_OVERLAP": "1"})
-        if facts.nodelist:
-            return LaunchChoice("hostfile", env=env)
-        if facts.device != "cpu":
             raise UserError(
-                f"{facts.nodes} nodes outside SLURM and no node list: run inside a SLURM allocation, or give the hook"
-                " --nodelist so the deepspeed launcher can reach the other nodes (over pdsh)"
+                "--trial-workers warm across nodes runs inside SLURM or on this host's CPU; over a node list (pdsh)"
+                " every trial starts fresh: use --trial-workers auto or fresh"
             )
+        return LaunchChoice("hostfile", env=env)
+    if facts.device != "cpu":
+        raise UserError(
+            f"{facts.nodes} nodes outside SLURM and no node list: run inside a SLURM allocation, or give the hook"
+            " --nodelist so the deepspeed launcher can reach the other nodes (over pdsh)"
+        )
+    if not warm:
         return LaunchChoice("local_nodes", env=env)
-    if not uses_warm(nodes=facts.nodes, own_command=False, trial_workers=facts.trial_workers):
-        return LaunchChoice("fresh", env=env)
-    confirm = confirms_fresh(nodes=1, own_command=False, trial_workers=facts.trial_workers, device=facts.device)
-    return LaunchChoice("warm", confirm_fresh=confirm, env=env)
+    return LaunchChoice("warm_local_nodes", confirm_fresh=confirm, env=env)
 
 
 def _torchrun_env(facts: JobFacts) -> dict[str, str]:
@@ -131,10 +163,15 @@ def _torchrun_env(facts: JobFacts) -> dict[str, str]:
 
 def check_tools(choice: LaunchChoice, which: Callable[[str], str | None] = shutil.which) -> None:
     """The client tools the chosen launcher runs, there before the first trial (one clear line, not a trial error)."""
-    if choice.kind == "srun" and which("srun") is None:
+    if choice.kind in ("srun", "warm_srun") and which("srun") is None:
         raise UserError("multi-node trials inside SLURM run with srun, which is not on PATH")
     if choice.kind == "hostfile" and which("pdsh") is None:
         raise UserError("multi-node trials outside SLURM use the deepspeed launcher over pdsh, which is not installed")
+
+
+def trials_master(facts: JobFacts) -> str | None:
+    """The trials' rendezvous host: the job's own master, else its first node (None: srun's first host)."""
+    return facts.master_addr or (facts.nodelist[0] if facts.nodelist else None)
 
 
 def trial_master_port(job_master_port: int | None) -> int:
@@ -172,15 +209,34 @@ def open_launchers(
     the warm pool replaced its workers because their memory grew (trial/launch/warm.py)."""
     choice = choose_launch(facts)
     check_tools(choice, which)
-    if choice.kind != "warm":
+    if choice.kind not in FRESH_BESIDE_WARM:
         yield TrialLaunchers(build_launcher(facts, choice))
         return
-    from autotune.trial.launch.local import LocalLauncher
     from autotune.trial.launch.warm import FreshAfterWarm, WarmWorkerPool
 
-    with WarmWorkerPool(env=choice.env, on_replace=on_replace) as pool:
-        confirm = FreshAfterWarm(pool, LocalLauncher(env=choice.env)) if choice.confirm_fresh else None
+    with WarmWorkerPool(env=choice.env, on_replace=on_replace, **_pool_place(facts, choice)) as pool:  # type: ignore[arg-type]
+        fresh = LaunchChoice(FRESH_BESIDE_WARM[choice.kind], env=choice.env)
+        confirm = FreshAfterWarm(pool, build_launcher(facts, fresh)) if choice.confirm_fresh else None
         yield TrialLaunchers(pool, confirm)
+
+
+def _pool_place(facts: JobFacts, choice: LaunchChoice) -> dict[str, object]:
+    """Where the warm pool keeps its directory and how its workers start: across nodes, in the directory every node
+    sees (the hook's shared dir), the fresh launchers' master and port."""
+    if choice.kind == "warm":
+        return {}
+    from autotune.trial.launch.warm_nodes import LocalNodesStart, SrunStart
+
+    if choice.kind == "warm_local_nodes":
+        return {"start": LocalNodesStart()}
+    workdir = facts.shared_dir / "trials" if facts.shared_dir else _slurm_workdir()
+    start = SrunStart(master_addr=trials_master(facts), master_port=trial_master_port(facts.job_master_port))
+    return {"start": start, "workdir": workdir}
+
+
+def _slurm_workdir() -> Path:
+    """As SlurmLauncher's default: beside the submit directory, which every node of the allocation sees."""
+    return Path(os.environ.get("SLURM_SUBMIT_DIR", ".")) / "autotune-trials"
 
 
 def build_launcher(facts: JobFacts, choice: LaunchChoice) -> TrialLauncher:
@@ -199,7 +255,7 @@ def build_launcher(facts: JobFacts, choice: LaunchChoice) -> TrialLauncher:
 
         return LocalNodesLauncher(env=choice.env)
     workdir = facts.shared_dir / "trials" if facts.shared_dir else None
-    master = facts.nodelist[0] if facts.nodelist else None
+    master = trials_master(facts)
     port = trial_master_port(facts.job_master_port)
     if choice.kind == "srun":
         from autotune.trial.launch.slurm import SlurmLauncher

@@ -9,14 +9,29 @@ that runs the launcher there (e.g. ssh), which is not wired yet.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from autotune.trial.launch.local import LocalLauncher
-from autotune.trial.launch.processes import free_port
+from autotune.trial.launch.processes import cpu_threads_per_rank, free_port
 from autotune.trial.trial_types import TrialResult, TrialSpec
+
+
+def local_nodes_threads(spec: TrialSpec, env: Mapping[str, str]) -> dict[str, str]:
+    """OMP_NUM_THREADS for ranks of `spec` all on this host, where neither `env` nor this process sets it.
+
+    Nodes here are processes of one host, so every node's ranks share its cores: OpenMP threads per rank are the
+    host's cores over all of them, not over one node's (processes.py cpu_threads_per_rank). Measured
+    (benchmarks/records/multinode_warm_cpu_2026-11-29.md): two one-rank "nodes" on 2 cores with 2 threads each ran
+    ZeRO-0 at 10-57 samples/s in fresh launches, with 1 thread each at 245-525; real nodes each own their cores.
+    """
+    if "OMP_NUM_THREADS" in env or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(cpu_threads_per_rank(spec.world_size))}
+
 
 # Root cause first, as in outcome.py: a node that ran out of memory makes the others fail to connect.
 _PRIORITY = ("oom_gpu", "oom_host", "over_budget", "timeout", "inconclusive", "error", "ok")
@@ -49,9 +64,10 @@ class LocalNodesLauncher:
 
     def launchers(self, spec: TrialSpec) -> list[LocalLauncher]:
         port = self.port_source()
+        threads = local_nodes_threads(spec, self.env)
         return [
             LocalLauncher(
-                env={**self.env, "AUTOTUNE_NODE_RANK": str(node)},
+                env={**self.env, **threads, "AUTOTUNE_NODE_RANK": str(node)},
                 workdir=self.workdir,
                 node_rank=node,
                 master_addr=self.master_addr,

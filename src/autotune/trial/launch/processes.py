@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -169,8 +170,14 @@ class Waited:
     breach: BudgetBreach | None = None
 
 
+class Polled(Protocol):
+    """What wait_for watches: a process, or several that end together (warm workers across nodes)."""
+
+    def poll(self) -> int | None: ...
+
+
 def wait_for(
-    process: subprocess.Popen,
+    process: Polled,
     deadline: float,
     poll_s: float,
     done: Callable[[], bool] | None = None,

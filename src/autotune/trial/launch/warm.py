@@ -18,8 +18,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from autotune.errors import UserError
 from autotune.infra.atomic import atomic_write_json
@@ -74,13 +75,19 @@ _WATCHED = (
     ("host memory", "host_rss_after_bytes", WARM_GROWTH_LIMIT_BYTES, False),
     ("device memory", "device_after_bytes", WARM_DEVICE_GROWTH_LIMIT_BYTES, False),
     ("pinned host memory", "pinned_after_bytes", WARM_PINNED_GROWTH_LIMIT_BYTES, True),
+    # Not memory: ZeRO++ process groups DeepSpeed still holds after a trial (trial/worker/deepspeed_globals.py), from
+    # the worker's count before its first trial (none). Any one left replaces the workers: their next hpZ trial would
+    # fail DeepSpeed's assertion (deepspeed/utils/groups.py:938-939), or, its model built outside zero.Init, run on
+    # the last trial's group whatever its own size (runtime/zero/stage3.py:267-273;
+    # benchmarks/zeropp_group_reuse_cpu.py).
+    ("ZeRO++ process groups", "zeropp_groups_after", 0, True),
 )
 
 
 @dataclass
 class _Workers:
-    shape: tuple[int, str]  # (world size, device): what these processes can run
-    process: subprocess.Popen
+    shape: tuple[object, ...]  # (world size, device[, nodes]): what these processes can run
+    process: subprocess.Popen  # the launcher of the workers (node 0's, where every node has its own)
     tag: str
     pool_dir: Path
     gpus_before: dict[int, int] | None  # NVML used before the workers started: what stopping them must restore
@@ -88,6 +95,17 @@ class _Workers:
     # per rank, the floor of each watched figure (_WATCHED says whether from before or after the first trial; a
     # worker that reports no floor of its own gets its after-first-trial figures)
     floors: dict[str, dict[int, int]] | None = None
+    others: list[subprocess.Popen] = field(default_factory=list)  # the other nodes' launchers, where each has one
+
+    @property
+    def launchers(self) -> list[subprocess.Popen]:
+        return [self.process, *self.others]
+
+    def poll(self) -> int | None:
+        """The first exit code among the launchers, None while all run: one node's launcher gone ends them all
+        (its ranks are gone from every collective)."""
+        codes = [launcher.poll() for launcher in self.launchers]
+        return next((code for code in codes if code is not None), None)
 
     def growth(self, reports: Mapping[int, RankReport]) -> tuple[str, int] | None:
         """The memory that grew past its limit since its floor, and by how much: host RSS, and on a GPU the device
@@ -111,8 +129,68 @@ class _Workers:
         return None
 
 
+class WorkerStart(Protocol):
+    """How a pool starts its workers (one node here; across nodes in trial/launch/warm_nodes.py): the processes
+    that launch every rank's `--serve` loop, and how to read which rank failed from their logs."""
+
+    ranks_here: bool  # every rank runs on this host: their RSS can be watched from here (BudgetWatch)
+
+    def refuse(self, spec: TrialSpec) -> None:
+        """Raise UserError for a trial these workers cannot run."""
+
+    def start(self, spec: TrialSpec, serve: list[str], env: dict[str, str], pool_dir: Path) -> list[subprocess.Popen]:
+        """The launchers, started (node 0's first)."""
+        ...
+
+    def exit_codes(self, spec: TrialSpec, pool_dir: Path, codes: list[int | None]) -> dict[int, int]:
+        """Per-rank exit codes of failed workers, from the launchers' logs and `codes` (their own)."""
+        ...
+
+    def ranks_per_host(self, spec: TrialSpec) -> int:
+        """The trial's ranks that share one host's cores (their OpenMP threads split them: processes.py)."""
+        ...
+
+
+def launcher_log(pool_dir: Path, node: int = 0) -> Path:
+    """Where the launcher of `node` logs (node 0's is the one-node pool's `launcher.log`)."""
+    return pool_dir / ("launcher.log" if node == 0 else f"launcher-node{node}.log")
+
+
+class OneNodeStart:
+    """One node: torchrun for several ranks, the worker itself for one."""
+
+    ranks_here = True
+
+    def __init__(self, python: str, master_addr: str) -> None:
+        self.python = python
+        self.master_addr = master_addr
+
+    def refuse(self, spec: TrialSpec) -> None:
+        if spec.nodes != 1:
+            raise UserError("the warm pool runs one node; trial/launch/warm_nodes.py starts workers across nodes")
+
+    def start(self, spec: TrialSpec, serve: list[str], env: dict[str, str], pool_dir: Path) -> list[subprocess.Popen]:
+        port = free_port()
+        if spec.world_size > 1:
+            command = torchrun_command(self.python, spec, 0, self.master_addr, master_port=port, worker=serve)
+        else:
+            command = [self.python, "-m", WORKER_MODULE, *serve]
+            env = {**env, **one_rank_env(self.master_addr, port)}
+        return [spawn(command, env, launcher_log(pool_dir), pool_dir)]
+
+    def ranks_per_host(self, spec: TrialSpec) -> int:
+        return spec.nprocs_per_node
+
+    def exit_codes(self, spec: TrialSpec, pool_dir: Path, codes: list[int | None]) -> dict[int, int]:
+        log = launcher_log(pool_dir)
+        if spec.world_size > 1:
+            return torchrun_exit_codes(log.read_text(errors="replace") if log.exists() else "")
+        return {} if codes[0] is None else {0: codes[0]}
+
+
 class WarmWorkerPool:
-    """A TrialLauncher for one node that keeps its workers between trials; close() (or `with`) ends them.
+    """A TrialLauncher that keeps its workers between trials; close() (or `with`) ends them. One node unless
+    `start` says otherwise (trial/launch/warm_nodes.py: across nodes).
 
     Workers also exit on their own when this process dies, so none is left behind either way.
     """
@@ -127,9 +205,11 @@ class WarmWorkerPool:
         poll_interval_s: float = 0.02,
         kill_grace_s: float = 5.0,
         on_replace: Callable[[int, str], None] | None = None,
+        start: WorkerStart | None = None,
     ) -> None:
         """`on_replace(grown_bytes, what)`: called when healthy workers are replaced because their memory (host or
-        device, `what`) grew."""
+        device, `what`) grew. `start`: how the workers start (default: on this one node)."""
+        self.start = start or OneNodeStart(python, master_addr)
         self.python = python
         self.env = dict(env or {})
         self.workdir = workdir
@@ -149,8 +229,7 @@ class WarmWorkerPool:
         self.close(graceful=exc_type is None)
 
     def run(self, spec: TrialSpec) -> TrialResult:
-        if spec.nodes != 1:
-            raise UserError("the warm pool runs one node; use one LocalLauncher per node for multi-node trials")
+        self.start.refuse(spec)
         workers = self._workers_for(spec)
         index = workers.next_index
         workers.next_index += 1
@@ -170,10 +249,10 @@ class WarmWorkerPool:
         request = {"spec": str(spec_path), "out": str(trial_dir), "dispatched_at": time.time()}
         atomic_write_json(request_path(workers.pool_dir, index), request)
         budget = None
-        if spec.device == "cpu" and spec.host_memory_budget_bytes:
+        if spec.device == "cpu" and spec.host_memory_budget_bytes and self.start.ranks_here:
             budget = BudgetWatch(trial_dir, ranks, spec.host_memory_budget_bytes)
         waited = wait_for(
-            workers.process,
+            workers,
             started + spec.timeout_s,
             self.poll_interval_s,
             done=lambda: all(report_path(trial_dir, rank).exists() for rank in ranks),
@@ -182,12 +261,10 @@ class WarmWorkerPool:
         reports = read_reports(trial_dir, ranks)
         failed = waited.timed_out or waited.breach is not None or any(r.status != "ok" for r in reports.values())
         stopped = None
-        if failed or len(reports) < len(ranks) or workers.process.poll() is not None:
+        if failed or len(reports) < len(ranks) or workers.poll() is not None:
             stopped = self._stop()
-        launcher_log = workers.pool_dir / "launcher.log"
-        code = workers.process.returncode
-        log_text = launcher_log.read_text(errors="replace") if launcher_log.exists() else ""
-        exit_codes = torchrun_exit_codes(log_text) if spec.world_size > 1 else ({} if code is None else {0: code})
+        codes = [launcher.returncode for launcher in workers.launchers]
+        exit_codes = self.start.exit_codes(spec, workers.pool_dir, codes)
         outcome = LaunchOutcome(
             ranks=ranks,
             wall_s=time.monotonic() - started,
@@ -195,7 +272,7 @@ class WarmWorkerPool:
             budget_breach=waited.breach,
             exit_codes=exit_codes,
             logs={rank: log_path(trial_dir, rank) for rank in ranks},
-            launcher_log=launcher_log,
+            launcher_log=launcher_log(workers.pool_dir),
             oom_evidence=oom_watch.explain(exit_codes, trial_dir, ranks),
         )
         result = build_result(spec, reports, outcome)
@@ -212,8 +289,8 @@ class WarmWorkerPool:
         return result
 
     def _workers_for(self, spec: TrialSpec) -> _Workers:
-        shape = (spec.world_size, spec.device)
-        if self._workers is not None and (self._workers.shape != shape or self._workers.process.poll() is not None):
+        shape = _shape(spec)
+        if self._workers is not None and (self._workers.shape != shape or self._workers.poll() is not None):
             self.close()
         if self._workers is None:
             self._workers = self._start(spec)
@@ -223,31 +300,26 @@ class WarmWorkerPool:
         pool_dir = owned_tempdir("autotune-warm-", self.workdir)  # a SIGKILLed pool's dir goes at the next start
         (pool_dir / "requests").mkdir()
         serve = ["--serve", str(pool_dir), "--device", spec.device, "--owner-pid", str(os.getpid())]
-        port = free_port()
-        env = own_trial_env({**os.environ, **self.env})
-        if spec.world_size > 1:
-            command = torchrun_command(self.python, spec, 0, self.master_addr, master_port=port, worker=serve)
-        else:
-            command = [self.python, "-m", WORKER_MODULE, *serve]
-            env.update(one_rank_env(self.master_addr, port))
         tag = new_tag()
+        own = own_trial_env({**os.environ, **self.env})
+        env = trial_env(own, tag, spec.device, self.start.ranks_per_host(spec))
         gpus_before = nvml_used_bytes() if spec.device == "cuda" else None
-        process = spawn(
-            command, trial_env(env, tag, spec.device, spec.nprocs_per_node), pool_dir / "launcher.log", pool_dir
-        )
+        first, *others = self.start.start(spec, serve, env, pool_dir)
         self.restarts += 1
-        return _Workers((spec.world_size, spec.device), process, tag, pool_dir, gpus_before=gpus_before)
+        return _Workers(_shape(spec), first, tag, pool_dir, gpus_before=gpus_before, others=others)
 
     def _stop(self, graceful: bool = False) -> _Workers | None:
         """Graceful: ask idle workers to exit (they close their process group); else just kill them."""
         workers, self._workers = self._workers, None
         if workers is None:
             return None
-        if graceful and workers.process.poll() is None:
+        if graceful and workers.poll() is None:
             atomic_write_json(request_path(workers.pool_dir, workers.next_index), {"stop": True})
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                workers.process.wait(timeout=2.0)
-        stop_processes(workers.process, workers.tag, self.kill_grace_s)
+            for launcher in workers.launchers:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    launcher.wait(timeout=2.0)
+        for launcher in workers.launchers:
+            stop_processes(launcher, workers.tag, self.kill_grace_s)
         wait_for_release(workers.gpus_before)
         return workers
 
@@ -259,6 +331,11 @@ class WarmWorkerPool:
         stopped = self._stop(graceful=graceful)
         if stopped is not None:
             self._remove(stopped)
+
+
+def _shape(spec: TrialSpec) -> tuple[object, ...]:
+    """What a pool's workers can run: its world size and device, and across nodes how the ranks are spread."""
+    return (spec.world_size, spec.device) if spec.nodes == 1 else (spec.world_size, spec.device, spec.nodes)
 
 
 class FreshAfterWarm:

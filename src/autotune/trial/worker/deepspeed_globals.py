@@ -18,6 +18,19 @@ the parameter swapper never calls; the optimizer's swapper does, in `SwapBufferM
 +957 MiB RSS (buffer_count 5 x buffer_size 1e8 x 2 bytes = 954 MiB), ZeRO-3 with NVMe optimizer offload +0.
 A warm worker that kept any of them measured each later trial on top of the earlier ones' leftovers
 (benchmarks/README.md, "Warm workers and DeepSpeed's leftovers").
+
+ZeRO++ keeps process groups in module globals of deepspeed/utils/groups.py (0.19.8), which no engine.destroy() drops:
+- hpZ: `_create_zero_param_parallel_group` (called from runtime/zero/stage3.py:753 and partition_parameters.py:1119)
+  asserts `_ZERO_PARAM_INTRA_PARALLEL_GROUP is None` (groups.py:938-939) and then sets it (952): a warm worker's
+  second hpZ trial fails that assertion (its model built under zero.Init), or, built outside it, silently runs on
+  the first trial's group whatever its own hpZ size (stage3.py:267-273 takes a group already there; measured:
+  benchmarks/zeropp_group_reuse_cpu.py, hpZ 4 got the size-2 group), unless the first one's group is released;
+- qgZ: engine.py:2161 calls `_get_local_all_to_all_group`, which puts new groups into `_ALL_TO_ALL_GROUP` on every
+  call (groups.py:738-765) without destroying the last ones: each qgZ trial leaves its communicators behind.
+`deepspeed.comm.destroy_process_group(group)` (comm/comm.py:186-196) destroys one and drops DeepSpeed's references to
+it (`groups._release_process_group_references`, groups.py:89-150); a group this rank is not a member of is
+`GroupMember.NON_GROUP_MEMBER`, which it returns early for (comm.py:190-191): nothing to destroy, so that entry is
+dropped from the dict here. Across nodes only: on one node ZeRO++ does not apply (modes/applies.py).
 """
 
 from __future__ import annotations
@@ -48,6 +61,43 @@ def release_engine_globals(model: Any) -> None:
         cache.cache_clear()
     if model is not None:
         release_nvme_param_buffers(model)
+
+
+def zeropp_groups_left() -> int:
+    """How many ZeRO++ process groups DeepSpeed still holds in its globals (0 when none, or no DeepSpeed)."""
+    try:
+        from deepspeed.utils import groups
+    except ImportError:
+        return 0
+    hpz = getattr(groups, "_ZERO_PARAM_INTRA_PARALLEL_GROUP", None)
+    return (hpz is not None) + len(getattr(groups, "_ALL_TO_ALL_GROUP", {}) or {})
+
+
+def release_zeropp_groups() -> int:
+    """Destroy the hpZ and qgZ process groups a finished engine left in DeepSpeed's globals; returns how many are
+    still held afterwards (0: released; more: this process must not run another ZeRO++ trial)."""
+    try:
+        import deepspeed.comm as dist
+        import torch.distributed
+        from deepspeed.utils import groups
+    except ImportError:
+        return 0
+    hpz = getattr(groups, "_ZERO_PARAM_INTRA_PARALLEL_GROUP", None)
+    all_to_all = getattr(groups, "_ALL_TO_ALL_GROUP", None)
+    made = [hpz, *(all_to_all or {}).values()]
+    non_member = torch.distributed.GroupMember.NON_GROUP_MEMBER  # an int (-100), not a group
+
+    def outside(group: Any) -> bool:
+        return isinstance(group, int) and group == non_member
+
+    for group in made:
+        if group is not None and not outside(group):
+            dist.destroy_process_group(group)
+    if isinstance(all_to_all, dict):
+        for name, group in list(all_to_all.items()):
+            if outside(group):  # never a group of this rank's: nothing was made here to destroy
+                del all_to_all[name]
+    return zeropp_groups_left()
 
 
 def release_nvme_param_buffers(model: Any) -> int:

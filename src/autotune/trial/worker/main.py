@@ -25,6 +25,7 @@ from pathlib import Path
 from autotune.trial.outcome import classify_exception
 from autotune.trial.rank_report import RankReport, log_path, pid_path, request_path, write_report
 from autotune.trial.trial_types import TrialSpec
+from autotune.trial.worker.deepspeed_globals import zeropp_groups_left
 from autotune.trial.worker.faults import maybe_inject_fault
 from autotune.trial.worker.memory import MemoryTracker, host_rss_bytes, pinned_host_bytes
 from autotune.trial.worker.train_steps import PhaseClock, Placement, import_runtime, init_distributed, run_rank, settle
@@ -137,10 +138,21 @@ def _next_request(pool_dir: Path, index: int) -> dict:
 def held_between_trials(memory: MemoryTracker) -> dict[str, int]:
     """What this worker holds once a trial's memory is freed: host RSS, device memory (GPU) and the pinned host
     blocks torch's host allocator still owns (GPU); the warm pool compares them with the floor (warm.py)."""
-    held = {"host_rss_after_bytes": host_rss_bytes(), "device_after_bytes": memory.held_after_trial_bytes()}
+    held = {
+        "host_rss_after_bytes": host_rss_bytes(),
+        "device_after_bytes": memory.held_after_trial_bytes(),
+        "zeropp_groups_after": zeropp_groups_left(),
+    }
     if memory.device == "cuda":
         held["pinned_after_bytes"] = pinned_host_bytes()
     return {name: value for name, value in held.items() if value is not None}
+
+
+def held_groups_report(rank: int, held: int, clock: PhaseClock) -> RankReport:
+    """Refusing a trial in a worker that still holds an earlier trial's ZeRO++ groups: not the candidate's fault
+    (inconclusive, so it runs once more, in new workers)."""
+    error = f"this warm worker still holds {held} ZeRO++ process group(s) of an earlier trial; new workers run it"
+    return RankReport(rank=rank, status="inconclusive", error=error, phases=dict(clock.phases))
 
 
 def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
@@ -156,6 +168,9 @@ def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
         start_rank_files(out_dir, placement.rank)
         clock = PhaseClock(request["dispatched_at"])
         clock.mark("launch")
+        if groups_left := zeropp_groups_left():  # the pool replaces such workers (warm.py): never measure on them
+            write_report(out_dir, held_groups_report(placement.rank, groups_left, clock))
+            return False
         try:
             spec = load_spec(Path(request["spec"]))
             if spec.world_size != placement.world_size or spec.device != device:
@@ -172,7 +187,7 @@ def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
             report = dataclasses.replace(
                 report, host_rss_after_bytes=held.get("host_rss_after_bytes"),
                 device_after_bytes=held.get("device_after_bytes"), pinned_after_bytes=held.get("pinned_after_bytes"),
-                floor=floor,
+                zeropp_groups_after=held.get("zeropp_groups_after"), floor=floor,
             )  # fmt: skip
         except Exception as error:
             report = failure_report(placement.rank, error, clock)

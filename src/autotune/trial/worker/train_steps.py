@@ -21,7 +21,7 @@ from autotune.trial.outcome import classify_exception
 from autotune.trial.rank_report import RankReport
 from autotune.trial.throughput import flops_per_token
 from autotune.trial.trial_types import TrialSpec
-from autotune.trial.worker.deepspeed_globals import release_engine_globals
+from autotune.trial.worker.deepspeed_globals import release_engine_globals, release_zeropp_groups
 from autotune.trial.worker.faults import maybe_inject_fault
 from autotune.trial.worker.memory import MemoryTracker, empty_host_cache, release_host_memory
 
@@ -532,6 +532,10 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
         if model is not None:  # what destroy() leaves: DeepSpeed's module-level references (deepspeed_globals.py)
             with contextlib.suppress(Exception):
                 release_engine_globals(model)
+        # ZeRO++'s hpZ/qgZ groups outlive the engine (deepspeed_globals.py): a warm worker's next hpZ trial would
+        # fail DeepSpeed's assertion. What cannot be released is counted by the warm worker, which is then replaced.
+        with contextlib.suppress(Exception):
+            release_zeropp_groups()
         engine = model = None
         free_memory(spec.device)
 
