@@ -122,7 +122,8 @@ def _tune_with(
     if ctx.verified:
         ours = launcher is None or isinstance(launcher, JobFacts)  # the one chooser's (trial/launch/chooser.py)
         ops = TrialOps(request.hardware.device, observe) if ours else None
-        observe(SearchEvent("prepare", message=expected_line(ctx, ops), trial_budget=trial_budget(ctx)))
+        trials_allowed = trial_budget(ctx)
+        observe(SearchEvent("prepare", message=expected_line(ctx, ops, trials_allowed), trial_budget=trials_allowed))
         if ops is not None:
             ops.before()  # the ops every trial loads, before the trial workers start
         # --time-budget bounds the search from here: a fresh machine's first op builds are a one-time cost said apart

@@ -157,7 +157,7 @@ def _from_result(leader: LeaderJob, result: TuneResult, staged: Path) -> HookRec
 
 def _budget_ran_out(tuning: TuneRequest, started: float, best: BestVerified) -> bool:
     budget = tuning.search.time_budget_s
-    trials = tuning.search.max_trials if tuning.search.max_trials is not None else best.trial_budget
+    trials = best.trial_budget  # the search's, given or derived, as the tuner said it before the first trial
     spent = trials is not None and best.launched >= trials
     return spent or (budget is not None and time.monotonic() - started >= budget)
 

@@ -28,7 +28,7 @@ from autotune.search.records import TIME_BUDGET_CUT, SearchEvent, SearchOutcome,
 from autotune.trial.launch.chooser import JobFacts, TrialLaunchers, open_launchers
 from autotune.trial.plausible import Bounds
 from autotune.trial.trial_types import DETERMINISTIC_STATUSES, TrialLauncher, TrialResult, TrialSpec
-from autotune.tuning.for_context import context_search, trial_budget
+from autotune.tuning.for_context import context_search
 
 log = logging.getLogger(__name__)
 
@@ -201,15 +201,15 @@ def budgeted_spec(spec: TrialSpec, deadline: float | None) -> tuple[TrialSpec, b
     return replace(spec, timeout_s=left), True
 
 
-def expected_line(ctx: TuneContext, ops: TrialOps | None) -> str:
+def expected_line(ctx: TuneContext, ops: TrialOps | None, budget_trials: int) -> str:
     """Before the first trial, the expected total: how many trials at most and the time budget that bounds them, the
     op builds ahead of them, and what each trial is made of. No trial's time is predicted here: nothing in this
     machine's step time is known before one runs (the memory model predicts bytes, not seconds); the progress line
-    gives the measured estimate from the first trial on (cli/tune.py TrialProgress.eta)."""
+    gives the measured estimate from the first trial on (cli/tune.py TrialProgress.eta). `budget_trials`: the
+    search's trial budget, resolved once by the tuner (tuning/for_context.py trial_budget)."""
     from autotune.core.measurement import MAX_MEASURE_S, MAX_STEPS, MIN_STEPS
 
     request = ctx.request
-    budget_trials = trial_budget(ctx)
     trials = min(budget_trials, len(ctx.rungs) * 2 * len(ctx.grid))
     given = request.search.max_trials is not None
     said = (
