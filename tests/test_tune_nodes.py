@@ -4,12 +4,12 @@ node's launcher; two "nodes" on localhost on the CPU backend."""
 from __future__ import annotations
 
 import pytest
+from tests.fakes.requests import tune_request
 
 from autotune import tune
 from autotune.core.ladder import Rung
 from autotune.trial.launch.nodes import LocalNodesLauncher, merge_node_results
 from autotune.trial.trial_types import RankMetrics, TrialResult, TrialSpec
-from autotune.tuner import TuneRequest
 
 SPEC = TrialSpec(model_config={}, architecture="X", family="decoder-only", ds_config={}, seq_len=8, nodes=2)
 
@@ -41,21 +41,8 @@ def test_node_results_merge_to_the_root_cause() -> None:
 
 @pytest.mark.slow
 def test_two_node_direct_tuning_on_localhost(tmp_path) -> None:
-    result = tune(
-        TuneRequest.of(
-            model="tiny-gpt2",
-            device="cpu",
-            gpus=1,
-            nodes=2,
-            memory_budget="2GiB",
-            seq_len=32,
-            rungs=(Rung.Z0,),
-            micro_batches=(2,),
-            max_trials=2,
-            out=str(tmp_path / "ds_config.json"),
-            use_cache=False,
-        )
-    )
+    two_nodes = dict(gpus=1, nodes=2, seq_len=32, rungs=(Rung.Z0,), use_cache=False)
+    result = tune(tune_request(tmp_path, **two_nodes, micro_batches=(2,), max_trials=2))
     assert result.verified and result.candidate is not None and result.trials_launched >= 1
     trial = result.report.to_json()["trials"][0]
     assert trial["result"]["status"] == "ok", trial["result"]["error"]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.fakes.requests import tune_request
 from tests.fakes.trials import GENEROUS_TIMEOUT_S, cpu_ops_built, marked_env, survivors, tiny_spec  # noqa: F401
 
 from autotune import tune
@@ -22,7 +23,6 @@ from autotune.trial.launch.processes import free_port
 from autotune.trial.launch.warm import WarmWorkerPool
 from autotune.trial.launch.warm_nodes import LocalNodesStart
 from autotune.trial.trial_types import TrialSpec
-from autotune.tuner import TuneRequest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,19 +110,8 @@ def test_a_two_node_tune_runs_warm_workers_across_nodes_and_confirms_the_pick_in
         if event.message and event.message.startswith("new trial workers"):
             replaced.append(event.message)
 
-    request = TuneRequest.of(
-        model="tiny-gpt2",
-        device="cpu",
-        gpus=1,
-        nodes=2,
-        memory_budget="2GiB",
-        seq_len=32,
-        rungs=(Rung.Z0,),
-        micro_batches=(1, 2),
-        max_trials=3,
-        out=str(tmp_path / "ds_config.json"),
-        use_cache=False,
-    )
+    two_nodes = dict(gpus=1, nodes=2, seq_len=32, rungs=(Rung.Z0,), use_cache=False)
+    request = tune_request(tmp_path, **two_nodes, micro_batches=(1, 2), max_trials=3)
     result = tune(request, observe=observe)
     assert result.verified and result.candidate is not None
     report = result.report.to_json()
