@@ -350,14 +350,15 @@ def run_scenario(scenario: Scenario) -> dict:
         )
     # DeepSpeed Autotuning's pick to beat: on several nodes the better of the user's checkpointing off and on
     ds_reference = multi["ds_autotuning"]["samples_per_s"] if multi else ds_speed
+    commands, derived = command_defaults(), derived_trials(scenario)  # the same for every setting below
     defaults = under_default(
         scenario,
         best_speed=best_speed,
         ds_speed=ds_reference,
         search=clocked_search,
         speed_of=machine.samples_per_s,
-        defaults=command_defaults(),
-        derived=derived_trials(scenario),
+        defaults=commands,
+        derived=derived,
     )
     launchers = {default_launcher(scenario.nodes), default_launcher(scenario.nodes, choose=warm_across_nodes_chooser)}
     proposed = [
@@ -367,8 +368,8 @@ def run_scenario(scenario: Scenario) -> dict:
             best_speed=best_speed,
             search=clocked_search,
             speed_of=machine.samples_per_s,
-            defaults=command_defaults(),
-            derived=derived_trials(scenario),
+            defaults=commands,
+            derived=derived,
         )
         for launcher in sorted(launchers, key=lambda launcher: launcher.value)
     ]
@@ -380,8 +381,8 @@ def run_scenario(scenario: Scenario) -> dict:
             ds_speed=ds_reference,
             search=clocked_search,
             speed_of=machine.samples_per_s,
-            defaults=command_defaults(),
-            derived=derived_trials(scenario),
+            defaults=commands,
+            derived=derived,
         )
     return {
         "scenario": scenario.name,
