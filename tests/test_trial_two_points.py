@@ -42,9 +42,11 @@ def test_one_launch_times_two_micro_batches_and_splits_the_optimizer_step(rung: 
     assert result.accumulation == 4
     assert result.smaller_micro_batch == 2 and result.smaller_micro_step_s and result.smaller_micro_step_s > 0
     assert result.micro_step_s and result.micro_step_s > 0 and result.optimizer_step_s is not None
-    # a whole cycle is timed as one step: 4 micro-steps cost 4 x one, plus the optimizer
-    for cycle in result.step_times_s:
-        assert cycle > 3 * result.micro_step_s
+    # a whole cycle is timed as one step: 4 micro-steps cost 4 x one, plus the optimizer; a cycle timed as one
+    # micro-step would be ~1 x. The median cycle against 2 x keeps that distinction with room for the shared
+    # machine's noise (one cycle once measured 2.95 x the median micro-step under CI's load).
+    cycles = sorted(result.step_times_s)
+    assert cycles[len(cycles) // 2] > 2 * result.micro_step_s
     assert result.samples_per_s == pytest.approx(
         16 / sorted(result.step_times_s)[len(result.step_times_s) // 2], rel=0.3
     )

@@ -26,6 +26,7 @@ from autotune.errors import UserError
 from autotune.infra.atomic import atomic_write_json
 from autotune.infra.leftovers import owned_tempdir
 from autotune.trial.launch.gpus import nvml_used_bytes, wait_for_release
+from autotune.trial.launch.heartbeat import HEARTBEAT_FILE, HEARTBEAT_INTERVAL_S, HEARTBEAT_STALE_S, OwnerHeartbeat
 from autotune.trial.launch.local import torchrun_command, torchrun_exit_codes
 from autotune.trial.launch.oom_evidence import OomKillWatch
 from autotune.trial.launch.processes import (
@@ -96,6 +97,7 @@ class _Workers:
     # worker that reports no floor of its own gets its after-first-trial figures)
     floors: dict[str, dict[int, int]] | None = None
     others: list[subprocess.Popen] = field(default_factory=list)  # the other nodes' launchers, where each has one
+    heartbeat: OwnerHeartbeat | None = None  # renewed while these workers live (trial/launch/heartbeat.py)
 
     @property
     def launchers(self) -> list[subprocess.Popen]:
@@ -192,7 +194,8 @@ class WarmWorkerPool:
     """A TrialLauncher that keeps its workers between trials; close() (or `with`) ends them. One node unless
     `start` says otherwise (trial/launch/warm_nodes.py: across nodes).
 
-    Workers also exit on their own when this process dies, so none is left behind either way.
+    Workers also exit on their own when this process dies, so none is left behind either way: on this host they
+    watch its pid, on any node its heartbeat (heartbeat.py), which stops with it even under SIGKILL.
     """
 
     def __init__(
@@ -206,9 +209,12 @@ class WarmWorkerPool:
         kill_grace_s: float = 5.0,
         on_replace: Callable[[int, str], None] | None = None,
         start: WorkerStart | None = None,
+        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
+        heartbeat_stale_s: float = HEARTBEAT_STALE_S,
     ) -> None:
         """`on_replace(grown_bytes, what)`: called when healthy workers are replaced because their memory (host or
-        device, `what`) grew. `start`: how the workers start (default: on this one node)."""
+        device, `what`) grew. `start`: how the workers start (default: on this one node). The heartbeat: how often
+        this pool renews it and how long workers wait on an unchanged one before they exit (heartbeat.py)."""
         self.start = start or OneNodeStart(python, master_addr)
         self.python = python
         self.env = dict(env or {})
@@ -220,6 +226,8 @@ class WarmWorkerPool:
         self.restarts = 0  # how many times workers were (re)started: the cost the pool did not save
         self.recycled: list[int] = []  # growth (bytes) that made the pool replace healthy workers, one per time
         self.on_replace = on_replace
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_stale_s = heartbeat_stale_s
 
     def __enter__(self) -> WarmWorkerPool:
         return self
@@ -299,14 +307,22 @@ class WarmWorkerPool:
     def _start(self, spec: TrialSpec) -> _Workers:
         pool_dir = owned_tempdir("autotune-warm-", self.workdir)  # a SIGKILLed pool's dir goes at the next start
         (pool_dir / "requests").mkdir()
-        serve = ["--serve", str(pool_dir), "--device", spec.device, "--owner-pid", str(os.getpid())]
+        heartbeat = OwnerHeartbeat(pool_dir / HEARTBEAT_FILE, self.heartbeat_interval_s).start()
+        serve = [
+            *("--serve", str(pool_dir), "--device", spec.device, "--owner-pid", str(os.getpid())),
+            *("--owner-heartbeat", str(heartbeat.path), "--owner-stale-s", str(self.heartbeat_stale_s)),
+        ]
         tag = new_tag()
         own = own_trial_env({**os.environ, **self.env})
         env = trial_env(own, tag, spec.device, self.start.ranks_per_host(spec))
         gpus_before = nvml_used_bytes() if spec.device == "cuda" else None
-        first, *others = self.start.start(spec, serve, env, pool_dir)
+        try:
+            first, *others = self.start.start(spec, serve, env, pool_dir)
+        except BaseException:
+            heartbeat.stop()
+            raise
         self.restarts += 1
-        return _Workers(_shape(spec), first, tag, pool_dir, gpus_before=gpus_before, others=others)
+        return _Workers(_shape(spec), first, tag, pool_dir, gpus_before=gpus_before, others=others, heartbeat=heartbeat)
 
     def _stop(self, graceful: bool = False) -> _Workers | None:
         """Graceful: ask idle workers to exit (they close their process group); else just kill them."""
@@ -320,6 +336,8 @@ class WarmWorkerPool:
                     launcher.wait(timeout=2.0)
         for launcher in workers.launchers:
             stop_processes(launcher, workers.tag, self.kill_grace_s)
+        if workers.heartbeat is not None:
+            workers.heartbeat.stop()
         wait_for_release(workers.gpus_before)
         return workers
 

@@ -133,8 +133,8 @@ class SrunStart:
 
 def without_owner(serve: list[str]) -> list[str]:
     """The serve arguments without `--owner-pid`: on another node that pid is nobody's, and the worker would exit at
-    once (worker/main.py watch_owner). Inside SLURM the step ends with the allocation, or when srun (our child) is
-    stopped; a tuner killed with SIGKILL leaves the step running until then (as SlurmLauncher's fresh steps)."""
+    once (worker/owner_watch.py watch_owner). The pool's heartbeat stays: it is what stops the step's workers when
+    this tuner is killed with SIGKILL, which leaves srun (our child) running (trial/launch/heartbeat.py)."""
     if "--owner-pid" not in serve:
         return serve
     at = serve.index("--owner-pid")

@@ -1,13 +1,15 @@
 """The trial worker: one process per rank, started by a launcher (directly, torchrun or srun).
 
     python -m autotune.trial.worker.main --spec SPEC.json --out DIR [--launched-at EPOCH] [--owner-pid PID]
-    python -m autotune.trial.worker.main --serve POOL_DIR --device cpu|cuda --owner-pid PID
+    python -m autotune.trial.worker.main --serve POOL_DIR --device cpu|cuda [--owner-pid PID]
+        [--owner-heartbeat FILE --owner-stale-s S]
 
 The first form runs one trial and exits. The second is the warm worker: it imports and joins the
 process group once, then runs the trials the pool drops into POOL_DIR/requests/, one fresh DeepSpeed
 engine each, until told to stop or a trial fails. With --owner-pid, a worker exits when that process
-is gone. Either way every rank writes
-DIR/rank<R>.json (a RankReport) and logs to DIR/rank<R>.log.
+is gone; with --owner-heartbeat, when that file has stood still for --owner-stale-s seconds (owner_watch.py:
+a worker on another node cannot see the tuner's pid). Either way every rank writes DIR/rank<R>.json (a
+RankReport) and logs to DIR/rank<R>.log.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import dataclasses
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,10 +29,10 @@ from autotune.trial.trial_types import TrialSpec
 from autotune.trial.worker.deepspeed_globals import zeropp_groups_left
 from autotune.trial.worker.faults import maybe_inject_fault
 from autotune.trial.worker.memory import MemoryTracker, host_rss_bytes, pinned_host_bytes
+from autotune.trial.worker.owner_watch import watch_heartbeat, watch_owner
 from autotune.trial.worker.train_steps import PhaseClock, Placement, import_runtime, init_distributed, run_rank, settle
 
 REQUEST_POLL_S = 0.02
-OWNER_POLL_S = 0.5
 
 
 def placement_from_env(env: Mapping[str, str]) -> Placement:
@@ -94,38 +95,6 @@ def run_once(spec_path: Path, out_dir: Path, launched_at: float, placement: Plac
         report = failure_report(placement.rank, error, clock)
     write_report(out_dir, report)
     return report.status == "ok"
-
-
-def _owner_alive(owner_pid: int) -> bool:
-    """Running, or at least not a zombie that nobody has reaped yet."""
-    try:
-        state = Path(f"/proc/{owner_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):  # no /proc: ask the kernel directly
-        try:
-            os.kill(owner_pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-
-
-def watch_owner(owner_pid: int, interval_s: float = OWNER_POLL_S) -> None:
-    """Exit as soon as the launching process is gone, even mid-step or hung: nothing outlives the tuner.
-
-    Its kill path cannot run if the tuner itself is SIGKILLed, and torchrun puts workers in their own
-    sessions, so the worker watches for itself.
-    """
-
-    def watch() -> None:
-        while _owner_alive(owner_pid):
-            time.sleep(interval_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
 
 
 def _next_request(pool_dir: Path, index: int) -> dict:
@@ -206,10 +175,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--serve", type=Path, default=None, help="warm-worker pool directory")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--owner-pid", type=int, default=None, help="exit when this process is gone")
+    parser.add_argument("--owner-heartbeat", type=Path, default=None, help="exit when this file stops changing")
+    parser.add_argument("--owner-stale-s", type=float, default=None, help="how long --owner-heartbeat may stand still")
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # old launchers pass it
     args = parser.parse_args(argv)
     if args.serve is None and (args.spec is None or args.out is None):
         parser.error("--spec and --out are required unless --serve is given")
+    if (args.owner_heartbeat is None) != (args.owner_stale_s is None):
+        parser.error("--owner-heartbeat and --owner-stale-s go together")
     return args
 
 
@@ -220,6 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     export_placement(placement)
     if args.owner_pid is not None:
         watch_owner(args.owner_pid)
+    if args.owner_heartbeat is not None:
+        watch_heartbeat(args.owner_heartbeat, args.owner_stale_s)
     if args.serve is not None:
         ok = serve(args.serve, args.device, placement)
     else:
