@@ -341,3 +341,57 @@ def test_the_hook_across_two_slurm_nodes_tunes_in_one_warm_srun_step_and_confirm
     pools = list((shared / "trials").glob("autotune-warm-*"))
     assert pools and all((pool / "launcher.log").exists() for pool in pools)  # the warm step's srun logged there
     assert processes_of_job(job) == []
+
+
+# The tuner of the test below: a warm srun pool whose one trial hangs mid-step; it prints when the step is up.
+KILLED_TUNER = (
+    WARM_SRUN_POOL.split("with WarmWorkerPool")[0]
+    + """
+from autotune.trial.worker.faults import FAULT_ENV, fault_value
+env = {{"OMP_NUM_THREADS": "1", "SLURM_OVERLAP": "1", FAULT_ENV: fault_value("hang", "step")}}
+pool = WarmWorkerPool(env=env, workdir=Path(sys.argv[1]), heartbeat_interval_s=0.5, heartbeat_stale_s=5.0,
+                      start=SrunStart(master_addr="127.0.0.1", master_port=int(sys.argv[2])))
+pool.run(spec)
+"""
+)
+
+# The job: start that tuner, SIGKILL it once both ranks run (srun, its child, is left running, as after a real
+# SIGKILL), then watch the job's steps: the warm step must end by itself once the heartbeat goes stale.
+KILL_DRIVER = """#!{python}
+import os, subprocess, sys, time
+from pathlib import Path
+pool, port, tuner_script = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+tuner = subprocess.Popen([sys.executable, tuner_script, str(pool), port])
+deadline = time.monotonic() + 240
+while len(list(pool.glob("*/rank*.pid"))) < 2:
+    assert time.monotonic() < deadline, "the warm workers never started"
+    time.sleep(0.5)
+time.sleep(3)  # into the trial
+def steps():
+    job = os.environ["SLURM_JOB_ID"]
+    out = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True, text=True).stdout
+    return [s for s in out.split() if not s.endswith((".batch", ".extern"))]
+print("STEPS_BEFORE", len(steps()), flush=True)
+tuner.kill(); tuner.wait(); killed = time.monotonic()
+while steps() and time.monotonic() - killed < 120:
+    time.sleep(0.5)
+print("STEPS_AFTER", len(steps()), "SECONDS", round(time.monotonic() - killed, 1), flush=True)
+"""
+
+
+def test_a_sigkilled_tuners_warm_srun_step_ends_by_itself(cluster: dict[str, str], tmp_path: Path) -> None:
+    """SIGKILL leaves the tuner's child srun and its step running: before the heartbeat, until the allocation ended.
+    Now the step's workers see the pool's heartbeat stand still (5 s here) and exit, and the step ends with them."""
+    tuner, driver = tmp_path / "tuner.py", tmp_path / "driver.py"
+    tuner.write_text(KILLED_TUNER.format(python=sys.executable))
+    driver.write_text(KILL_DRIVER.format(python=sys.executable))
+    out = tmp_path / "job.out"
+    port = _free_port_pair()
+    argv = [driver, tmp_path / "pool", str(port), tuner]
+    job = sbatch(cluster, out, argv, "--nodes=1", "--ntasks=2", "--cpus-per-task=1")
+    text = out.read_text()
+    print(f"killed tuner: job {job}\n{text}")
+    assert "STEPS_BEFORE 1" in text, text
+    after = next(line for line in text.splitlines() if line.startswith("STEPS_AFTER")).split()
+    assert after[1] == "0" and 4.0 <= float(after[3]) < 60.0, text
+    assert processes_of_job(job) == []
