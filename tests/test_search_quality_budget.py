@@ -230,21 +230,3 @@ def test_the_scaled_budget_proposal_covers_max_trials_first_trials() -> None:
     assert proposal["scaled_budget"]["max_trials"] == 12
     assert scaled == pytest.approx(12 * proposal["first_trial_s"], abs=0.6)
     assert proposal["scaled_budget"]["quality"] > 0 and proposal["max_trials_needed"] is not None
-
-
-def test_modes_of_the_fastest_measured_group_go_first_so_a_budget_cuts_the_least_promising() -> None:
-    """multi-node-slow-network: ZeRO-3 + optimizer offload without checkpointing measures fastest of the classic
-    groups, and its partial offload is the answer. Walked in the ladder's order, ZeRO-3's five mode trials came first
-    and a 600 s budget ended the search at 0.988 of the best; fastest group first, the same budget reaches it."""
-    from search_quality import clocked_search, exhaustive, grid, mode_grid, mode_options
-
-    scenario = _scenario("multi-node-slow-network")
-    trials, outcome = clocked_search(scenario, Launcher.WARM_CONFIRMED, 600.0)
-    classic = [t for t in outcome.trials if t.candidate.mode.is_classic and t.result.ok]
-    fastest = max(classic, key=lambda t: t.result.samples_per_s or 0.0).candidate
-    first_mode = next(t.candidate for t in outcome.trials if not t.candidate.mode.is_classic)
-    assert (first_mode.rung, first_mode.grad_checkpointing) == (fastest.rung, fastest.grad_checkpointing)
-    machine = trials.machine
-    _, best_samples_per_s, _ = exhaustive(machine, grid(scenario, machine.world), mode_grid(mode_options(scenario)))
-    assert outcome.best is not None and outcome.stop_reason is StopReason.TIME_BUDGET
-    assert (outcome.best.result.samples_per_s or 0.0) / best_samples_per_s >= 0.99

@@ -63,23 +63,10 @@ class ModeWalk:
         return options
 
     def walk(self, groups: list[tuple[Rung, bool]], options: ModeOptions) -> None:
-        """After the classic ladder, each applicable mode on its rung, for each checkpointing setting in turn: the
-        group whose classic trials measured fastest first (`fastest_measured_first`)."""
-        for rung, ckpt in self.fastest_measured_first(groups):
+        """After the classic ladder, each applicable mode on its rung, for each checkpointing setting in turn."""
+        for rung, ckpt in groups:
             for choice, record in options.get(rung, []):
                 self.mode_group(rung, ckpt, choice, record)
-
-    def fastest_measured_first(self, groups: list[tuple[Rung, bool]]) -> list[tuple[Rung, bool]]:
-        """The groups by the best speed their classic trials measured, fastest first; those without one after, in
-        the ladder's order. A mode changes its own rung's memory or traffic, so the modes of the group that already
-        runs fastest are the likeliest to give the pick, and a budget that ends the walk early cuts the least
-        promising ones. Order only: nothing is dropped for it, and without a budget the same groups are walked."""
-        best: dict[tuple[Rung, bool], float] = {}
-        for t in self.state.outcome.trials:
-            if t.candidate.mode.is_classic and t.result.ok and t.result.samples_per_s:
-                key = (t.candidate.rung, t.candidate.grad_checkpointing)
-                best[key] = max(best.get(key, 0.0), t.result.samples_per_s)
-        return sorted(groups, key=lambda group: (group not in best, -best.get(group, 0.0)))
 
     def mode_group(self, rung: Rung, ckpt: bool, choice: ModeChoice, record: ModeRecord) -> None:
         """One applicable mode on one (rung, checkpointing): planned when no trial can run it, else searched."""
