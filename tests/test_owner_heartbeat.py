@@ -1,6 +1,7 @@
-"""Nothing outlives the tuner on any node: the warm pool's heartbeat (trial/launch/heartbeat.py) and the worker's
-watch of it (trial/worker/owner_watch.py). A worker on another node cannot see the tuner's pid, and a SIGKILLed
-tuner leaves its background `srun` step running, so the step's workers must notice the heartbeat stop by themselves.
+"""Nothing outlives the tuner on any node: the heartbeat of the warm pool and of every fresh launch
+(trial/launch/heartbeat.py) and the worker's watch of it (trial/worker/owner_watch.py). A worker on another node
+cannot see the tuner's pid, and a SIGKILLed tuner leaves its `srun` step running, so the step's workers must notice
+the heartbeat stop by themselves.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from tests.fakes.trials import (
     cpu_ops_built,  # noqa: F401 (an autouse fixture: the trial here needs the ops)
     marked_env,
@@ -75,11 +77,12 @@ def test_the_pool_heartbeat_renews_until_stopped(tmp_path: Path) -> None:
     assert HEARTBEAT_INTERVAL_S * 10 <= HEARTBEAT_STALE_S and HEARTBEAT_STALE_S > 60
 
 
-# The tuner of the test below: a warm pool whose workers start as srun starts them on other nodes, without the tuner's
-# pid (warm_nodes.without_owner), so only the heartbeat can tell them it is gone. It prints once its trial is running.
-TUNER = """
+# The tuners of the test below: their workers start as srun starts them on other nodes, without the tuner's pid
+# (warm_nodes.without_owner), so only the heartbeat can tell them it is gone. A warm pool, and a fresh launch.
+WARM_TUNER = """
 import sys
 from autotune.trial import TrialSpec, WarmWorkerPool
+from autotune.trial.launch.heartbeat import HeartbeatTiming
 from autotune.trial.launch.warm import OneNodeStart
 from autotune.trial.launch.warm_nodes import without_owner
 
@@ -88,25 +91,42 @@ class NoOwnerPidStart(OneNodeStart):
         return super().start(spec, without_owner(serve), env, pool_dir)
 
 pool = WarmWorkerPool(env={env!r}, workdir={workdir!r}, start=NoOwnerPidStart(sys.executable, "127.0.0.1"),
-                      heartbeat_interval_s=0.2, heartbeat_stale_s={stale_s!r})
+                      heartbeat=HeartbeatTiming(interval_s=0.2, stale_s={stale_s!r}))
 pool.run(TrialSpec(**{spec!r}))
+"""
+FRESH_TUNER = """
+import dataclasses
+from autotune.trial import LocalLauncher, TrialSpec, run_trial
+from autotune.trial.launch.heartbeat import HeartbeatTiming
+from autotune.trial.launch.warm_nodes import without_owner
+
+class NoOwnerPid(LocalLauncher):
+    def plan(self, spec):
+        plan = super().plan(spec)
+        return dataclasses.replace(plan, command=lambda *args: without_owner(plan.command(*args)))
+
+launcher = NoOwnerPid(env={env!r}, workdir={workdir!r}, heartbeat=HeartbeatTiming(interval_s=0.2, stale_s={stale_s!r}))
+run_trial(TrialSpec(**{spec!r}), launcher)
 """
 
 
-def test_warm_workers_without_the_tuners_pid_exit_once_a_sigkilled_tuner_stops_its_heartbeat(tmp_path: Path) -> None:
-    """The worker hangs mid-step (as a rank stuck in a collective would); the tuner is SIGKILLed: no stop request,
-    no kill path, srun (here the worker's launcher) left running. The heartbeat alone ends the worker."""
+@pytest.mark.parametrize(("tuner", "hang_at"), [(WARM_TUNER, "step"), (FRESH_TUNER, "entry")], ids=["warm", "fresh"])
+def test_workers_without_the_tuners_pid_exit_once_a_sigkilled_tuner_stops_its_heartbeat(
+    tmp_path: Path, tuner: str, hang_at: str
+) -> None:
+    """The worker hangs (as a rank stuck in a collective would); the tuner is SIGKILLed: no stop request, no kill
+    path, srun (here the worker's launcher) left running. The heartbeat alone ends the worker."""
     stale_s = 4.0
-    mark, env = marked_env(**{FAULT_ENV: fault_value("hang", "step")})
-    code = TUNER.format(env=env, workdir=str(tmp_path), stale_s=stale_s, spec=tiny_spec().to_dict())
-    tuner = subprocess.Popen([sys.executable, "-c", code])
+    mark, env = marked_env(**{FAULT_ENV: fault_value("hang", hang_at)})
+    code = tuner.format(env=env, workdir=str(tmp_path), stale_s=stale_s, spec=tiny_spec().to_dict())
+    process = subprocess.Popen([sys.executable, "-c", code])
     try:
         assert _wait_until(lambda: bool(survivors(mark)), timeout_s=120), "the worker never started"
-        time.sleep(2 * stale_s)  # a live tuner's workers stay, however long the step hangs
+        time.sleep(2 * stale_s)  # a live tuner's workers stay, however long they hang
         assert survivors(mark), "the worker left while its tuner still renewed the heartbeat"
     finally:
-        tuner.kill()
-        tuner.wait()
+        process.kill()
+        process.wait()
     killed = time.monotonic()
     assert _wait_until(lambda: not survivors(mark), timeout_s=stale_s + 20), "the worker outlived its tuner"
     assert time.monotonic() - killed >= stale_s - 1  # it waited for the heartbeat to go stale, not for a pid

@@ -343,20 +343,31 @@ def test_the_hook_across_two_slurm_nodes_tunes_in_one_warm_srun_step_and_confirm
     assert processes_of_job(job) == []
 
 
-# The tuner of the test below: a warm srun pool whose one trial hangs mid-step; it prints when the step is up.
-KILLED_TUNER = (
+# The tuners of the test below, each with one trial that hangs mid-step: a warm srun pool, and a fresh srun trial.
+KILLED_TUNER_HEAD = (
     WARM_SRUN_POOL.split("with WarmWorkerPool")[0]
     + """
+from autotune.trial.launch.heartbeat import HeartbeatTiming
+from autotune.trial.launch.slurm import SlurmLauncher
 from autotune.trial.worker.faults import FAULT_ENV, fault_value
 env = {{"OMP_NUM_THREADS": "1", "SLURM_OVERLAP": "1", FAULT_ENV: fault_value("hang", "step")}}
-pool = WarmWorkerPool(env=env, workdir=Path(sys.argv[1]), heartbeat_interval_s=0.5, heartbeat_stale_s=5.0,
-                      start=SrunStart(master_addr="127.0.0.1", master_port=int(sys.argv[2])))
-pool.run(spec)
+beat = HeartbeatTiming(interval_s=0.5, stale_s=5.0)
 """
 )
+KILLED_TUNERS = {
+    "warm": KILLED_TUNER_HEAD
+    + """pool = WarmWorkerPool(env=env, workdir=Path(sys.argv[1]), heartbeat=beat,
+                      start=SrunStart(master_addr="127.0.0.1", master_port=int(sys.argv[2])))
+pool.run(spec)
+""",
+    "fresh": KILLED_TUNER_HEAD
+    + """SlurmLauncher(env=env, workdir=Path(sys.argv[1]), heartbeat=beat, master_addr="127.0.0.1",
+              master_port=int(sys.argv[2])).run(spec)
+""",
+}
 
 # The job: start that tuner, SIGKILL it once both ranks run (srun, its child, is left running, as after a real
-# SIGKILL), then watch the job's steps: the warm step must end by itself once the heartbeat goes stale.
+# SIGKILL), then watch the job's steps: the trial's step must end by itself once the heartbeat goes stale.
 KILL_DRIVER = """#!{python}
 import os, subprocess, sys, time
 from pathlib import Path
@@ -364,7 +375,7 @@ pool, port, tuner_script = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 tuner = subprocess.Popen([sys.executable, tuner_script, str(pool), port])
 deadline = time.monotonic() + 240
 while len(list(pool.glob("*/rank*.pid"))) < 2:
-    assert time.monotonic() < deadline, "the warm workers never started"
+    assert time.monotonic() < deadline, "the workers never started"
     time.sleep(0.5)
 time.sleep(3)  # into the trial
 def steps():
@@ -379,18 +390,20 @@ print("STEPS_AFTER", len(steps()), "SECONDS", round(time.monotonic() - killed, 1
 """
 
 
-def test_a_sigkilled_tuners_warm_srun_step_ends_by_itself(cluster: dict[str, str], tmp_path: Path) -> None:
-    """SIGKILL leaves the tuner's child srun and its step running: before the heartbeat, until the allocation ended.
-    Now the step's workers see the pool's heartbeat stand still (5 s here) and exit, and the step ends with them."""
+@pytest.mark.parametrize("workers", ["warm", "fresh"])
+def test_a_sigkilled_tuners_srun_step_ends_by_itself(cluster: dict[str, str], tmp_path: Path, workers: str) -> None:
+    """SIGKILL leaves the tuner's child srun and its step running: before the heartbeat, until the allocation ended
+    (warm workers wait for the next trial; a hung fresh trial never ends). Now the step's workers see the tuner's
+    heartbeat stand still (5 s here) and exit, and the step ends with them."""
     tuner, driver = tmp_path / "tuner.py", tmp_path / "driver.py"
-    tuner.write_text(KILLED_TUNER.format(python=sys.executable))
+    tuner.write_text(KILLED_TUNERS[workers].format(python=sys.executable))
     driver.write_text(KILL_DRIVER.format(python=sys.executable))
     out = tmp_path / "job.out"
     port = _free_port_pair()
     argv = [driver, tmp_path / "pool", str(port), tuner]
     job = sbatch(cluster, out, argv, "--nodes=1", "--ntasks=2", "--cpus-per-task=1")
     text = out.read_text()
-    print(f"killed tuner: job {job}\n{text}")
+    print(f"killed tuner ({workers}): job {job}\n{text}")
     assert "STEPS_BEFORE 1" in text, text
     after = next(line for line in text.splitlines() if line.startswith("STEPS_AFTER")).split()
     assert after[1] == "0" and 4.0 <= float(after[3]) < 60.0, text

@@ -1,17 +1,19 @@
-"""The tuner's heartbeat to its warm workers: a file in the pool directory whose modification time it renews.
+"""The tuner's heartbeat to its workers: a file in the pool's or trial's directory whose modification time it renews.
 
 A worker on this host watches the tuner's pid (trial/worker/owner_watch.py); a worker on another node cannot (that
-pid is nobody's there), and a tuner killed with SIGKILL cannot stop the background `srun` step that runs it: the
-step would hold every node's accelerators until the allocation ends, and the user's own `srun` after the hook would
-wait behind it. So the pool renews this file while it lives, and every worker exits once the file has stopped
-changing for `stale_s` (the worker compares successive modification times with each other, never with its own clock,
-so clock skew between nodes does not matter).
+pid is nobody's there), and a tuner killed with SIGKILL cannot stop the `srun` step (or the DeepSpeed launcher over
+pdsh) that runs it: a warm pool's step would hold every node's accelerators until the allocation ends, a fresh
+trial's until its steps end or, hung, the allocation does, and the user's own `srun` after the hook would wait behind
+it. So the warm pool (in its directory) and every fresh launch (in the trial's directory) renew this file while they
+live, and every worker exits once the file has stopped changing for `stale_s` (the worker compares successive
+modification times with each other, never with its own clock, so clock skew between nodes does not matter).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 HEARTBEAT_FILE = "owner-heartbeat"
@@ -21,6 +23,19 @@ HEARTBEAT_INTERVAL_S = 5.0
 # (nfs(5), acregmax), so a renewal can look absent for that long. Twice that: a live tuner is never mistaken for a
 # dead one, and a dead tuner's step frees the allocation within two minutes.
 HEARTBEAT_STALE_S = 120.0
+
+
+@dataclass(frozen=True)
+class HeartbeatTiming:
+    """How often the tuner renews its heartbeat and how long a worker waits on an unchanged one (tests shorten
+    both)."""
+
+    interval_s: float = HEARTBEAT_INTERVAL_S
+    stale_s: float = HEARTBEAT_STALE_S
+
+    def worker_args(self, path: Path) -> list[str]:
+        """The worker's arguments that make it watch `path` (trial/worker/main.py --owner-heartbeat)."""
+        return ["--owner-heartbeat", str(path), "--owner-stale-s", str(self.stale_s)]
 
 
 class OwnerHeartbeat:

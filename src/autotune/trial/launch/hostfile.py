@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from autotune.errors import UserError
 from autotune.infra.atomic import atomic_write_text
+from autotune.trial.launch.heartbeat import HeartbeatTiming
 
 if TYPE_CHECKING:
     from autotune.trial.launch.spawn import LaunchPlan
@@ -78,6 +79,7 @@ class HostfileLauncher:
         env: Mapping[str, str] | None = None,
         poll_interval_s: float = 0.2,
         kill_grace_s: float = 10.0,
+        heartbeat: HeartbeatTiming = HeartbeatTiming(),  # trial/launch/heartbeat.py
     ) -> None:
         self.hostfile = Path(hostfile)
         self.master_addr = master_addr
@@ -88,6 +90,7 @@ class HostfileLauncher:
         self.env = dict(env or {})
         self.poll_interval_s = poll_interval_s
         self.kill_grace_s = kill_grace_s
+        self.heartbeat = heartbeat
 
     def command(self, spec: TrialSpec, worker: list[str]) -> list[str]:
         from autotune.trial.launch.spawn import WORKER_MODULE
@@ -118,11 +121,14 @@ class HostfileLauncher:
         else:
             raise UserError(f"node_rank {self.node_rank} is outside the trial's {spec.nodes} node(s)")
         return LaunchPlan(
-            command=lambda spec_path, out, at: self.command(spec, worker_args(spec_path, out, at)),
+            command=lambda spec_path, out, at: self.command(
+                spec, worker_args(spec_path, out, at, heartbeat=self.heartbeat)
+            ),
             ranks=ranks,
             env={**os.environ, **self.env},
             rank_exit_codes=lambda _code, _log: {},  # DeepSpeed's launcher names failed pids, not ranks
             master_port=self.master_port,
+            heartbeat=self.heartbeat,
         )
 
     def run(self, spec: TrialSpec) -> TrialResult:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.errors import UserError
+from autotune.trial.launch.heartbeat import HeartbeatTiming
 from autotune.trial.launch.processes import free_port, one_rank_env, own_trial_env
 from autotune.trial.launch.spawn import WORKER_MODULE, LaunchPlan, launch_trial, trial_directory, worker_args
 from autotune.trial.trial_types import TrialResult, TrialSpec
@@ -63,6 +64,7 @@ class LocalLauncher:
         use_torchrun: bool | None = None,  # None: only when there is more than one rank
         poll_interval_s: float = 0.1,
         kill_grace_s: float = 5.0,
+        heartbeat: HeartbeatTiming = HeartbeatTiming(),  # trial/launch/heartbeat.py
     ) -> None:
         self.python = python
         self.env = dict(env or {})
@@ -73,6 +75,7 @@ class LocalLauncher:
         self.use_torchrun = use_torchrun
         self.poll_interval_s = poll_interval_s
         self.kill_grace_s = kill_grace_s
+        self.heartbeat = heartbeat
 
     def run(self, spec: TrialSpec) -> TrialResult:
         with trial_directory(self.workdir) as trial_dir:
@@ -97,12 +100,13 @@ class LocalLauncher:
                     self.node_rank,
                     self.master_addr,
                     master_port=port,
-                    worker=worker_args(spec_path, out, at, owner),
+                    worker=worker_args(spec_path, out, at, owner, heartbeat=self.heartbeat),
                 ),
                 ranks=ranks,
                 env=env,
                 rank_exit_codes=lambda _code, log: torchrun_exit_codes(log),
                 master_port=port,
+                heartbeat=self.heartbeat,
             )
         if spec.world_size != 1:
             raise UserError("more than one rank needs torchrun (use_torchrun=False allows world size 1 only)")
@@ -112,10 +116,11 @@ class LocalLauncher:
                 self.python,
                 "-m",
                 WORKER_MODULE,
-                *worker_args(spec_path, out, at, owner),
+                *worker_args(spec_path, out, at, owner, heartbeat=self.heartbeat),
             ],
             ranks=ranks,
             env=env,
             rank_exit_codes=lambda code, _log: {} if code is None else {0: code},
             master_port=port,
+            heartbeat=self.heartbeat,
         )

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from autotune.errors import UserError
+from autotune.trial.launch.heartbeat import HeartbeatTiming
 from autotune.trial.launch.processes import own_trial_env
 from autotune.trial.launch.spawn import WORKER_MODULE, LaunchPlan, launch_trial, trial_directory, worker_args
 from autotune.trial.trial_types import TrialResult, TrialSpec
@@ -89,6 +90,7 @@ class SlurmLauncher:
         master_port: int = DEFAULT_MASTER_PORT,
         poll_interval_s: float = 0.5,
         kill_grace_s: float = 10.0,
+        heartbeat: HeartbeatTiming = HeartbeatTiming(),  # trial/launch/heartbeat.py
     ) -> None:
         self.python = python
         self.env = dict(env or {})
@@ -98,6 +100,7 @@ class SlurmLauncher:
         self.master_port = master_port
         self.poll_interval_s = poll_interval_s
         self.kill_grace_s = kill_grace_s
+        self.heartbeat = heartbeat
 
     def run(self, spec: TrialSpec) -> TrialResult:
         with trial_directory(self.workdir) as trial_dir:
@@ -125,9 +128,10 @@ class SlurmLauncher:
             env.pop(name, None)
         return LaunchPlan(
             command=lambda spec_path, out, at: srun_command(
-                self.srun, self.python, spec, worker_args(spec_path, out, at)
+                self.srun, self.python, spec, worker_args(spec_path, out, at, heartbeat=self.heartbeat)
             ),
             ranks=range(spec.world_size),
             env=env,
             rank_exit_codes=lambda _code, log: srun_exit_codes(log),
+            heartbeat=self.heartbeat,
         )

@@ -7,13 +7,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.infra.atomic import atomic_write_json
 from autotune.infra.leftovers import claim, owned_tempdir, sweep
 from autotune.infra.sharing import make_dirs
 from autotune.trial.launch.gpus import nvml_used_bytes, wait_for_release
+from autotune.trial.launch.heartbeat import HEARTBEAT_FILE, HeartbeatTiming, OwnerHeartbeat
 from autotune.trial.launch.oom_evidence import OomKillWatch
 from autotune.trial.launch.processes import BudgetWatch, new_tag, spawn, stop_processes, trial_env, wait_for
 from autotune.trial.launch.shm import remove_segments
@@ -47,9 +48,18 @@ def trial_directory(workdir: Path | None) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def worker_args(spec_path: Path, out_dir: Path, launched_at: float, owner_pid: int | None = None) -> list[str]:
-    """owner_pid: workers on this host exit when that process (the tuner) dies; not for remote ranks."""
+def worker_args(
+    spec_path: Path,
+    out_dir: Path,
+    launched_at: float,
+    owner_pid: int | None = None,
+    *,
+    heartbeat: HeartbeatTiming = HeartbeatTiming(),
+) -> list[str]:
+    """owner_pid: workers on this host exit when that process (the tuner) dies; not for remote ranks. Every rank,
+    on any node, exits once the trial directory's heartbeat (renewed by `launch_trial`) stands still."""
     args = ["--spec", str(spec_path), "--out", str(out_dir), "--launched-at", f"{launched_at:.6f}"]
+    args += heartbeat.worker_args(out_dir / HEARTBEAT_FILE)
     return args if owner_pid is None else [*args, "--owner-pid", str(owner_pid)]
 
 
@@ -62,6 +72,7 @@ class LaunchPlan:
     env: Mapping[str, str]
     rank_exit_codes: Callable[[int | None, str], dict[int, int]]  # (launcher exit code, its log) -> per rank
     master_port: int | None = None  # the rendezvous port, whose CPU all-reduce segments go after the trial (shm.py)
+    heartbeat: HeartbeatTiming = field(default_factory=HeartbeatTiming)  # what `command`'s worker_args were given
 
 
 def launch_trial(
@@ -74,12 +85,17 @@ def launch_trial(
     launched_at = time.time()
     started = time.monotonic()
     oom_watch = OomKillWatch.start()
-    process = spawn(
-        plan.command(spec_path, trial_dir, launched_at),
-        trial_env(plan.env, tag, spec.device, spec.nprocs_per_node),
-        launcher_log,
-        trial_dir,
-    )
+    heartbeat = OwnerHeartbeat(trial_dir / HEARTBEAT_FILE, plan.heartbeat.interval_s).start()
+    try:
+        process = spawn(
+            plan.command(spec_path, trial_dir, launched_at),
+            trial_env(plan.env, tag, spec.device, spec.nprocs_per_node),
+            launcher_log,
+            trial_dir,
+        )
+    except BaseException:
+        heartbeat.stop()
+        raise
     budget = None
     if spec.device == "cpu" and spec.host_memory_budget_bytes:
         budget = BudgetWatch(trial_dir, plan.ranks, spec.host_memory_budget_bytes)
@@ -87,6 +103,7 @@ def launch_trial(
         waited = wait_for(process, started + spec.timeout_s, poll_s, budget=budget)
     finally:
         stop_processes(process, tag, kill_grace_s)
+        heartbeat.stop()
         wait_for_release(gpus_before)
         if spec.device == "cpu" and plan.master_port is not None:
             remove_segments([plan.master_port], since=launched_at)

@@ -26,7 +26,7 @@ from autotune.errors import UserError
 from autotune.infra.atomic import atomic_write_json
 from autotune.infra.leftovers import owned_tempdir
 from autotune.trial.launch.gpus import nvml_used_bytes, wait_for_release
-from autotune.trial.launch.heartbeat import HEARTBEAT_FILE, HEARTBEAT_INTERVAL_S, HEARTBEAT_STALE_S, OwnerHeartbeat
+from autotune.trial.launch.heartbeat import HEARTBEAT_FILE, HeartbeatTiming, OwnerHeartbeat
 from autotune.trial.launch.local import torchrun_command, torchrun_exit_codes
 from autotune.trial.launch.oom_evidence import OomKillWatch
 from autotune.trial.launch.processes import (
@@ -209,12 +209,11 @@ class WarmWorkerPool:
         kill_grace_s: float = 5.0,
         on_replace: Callable[[int, str], None] | None = None,
         start: WorkerStart | None = None,
-        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
-        heartbeat_stale_s: float = HEARTBEAT_STALE_S,
+        heartbeat: HeartbeatTiming = HeartbeatTiming(),
     ) -> None:
         """`on_replace(grown_bytes, what)`: called when healthy workers are replaced because their memory (host or
-        device, `what`) grew. `start`: how the workers start (default: on this one node). The heartbeat: how often
-        this pool renews it and how long workers wait on an unchanged one before they exit (heartbeat.py)."""
+        device, `what`) grew. `start`: how the workers start (default: on this one node). `heartbeat`: how often
+        this pool renews its heartbeat and how long workers wait on an unchanged one before they exit."""
         self.start = start or OneNodeStart(python, master_addr)
         self.python = python
         self.env = dict(env or {})
@@ -226,8 +225,7 @@ class WarmWorkerPool:
         self.restarts = 0  # how many times workers were (re)started: the cost the pool did not save
         self.recycled: list[int] = []  # growth (bytes) that made the pool replace healthy workers, one per time
         self.on_replace = on_replace
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.heartbeat_stale_s = heartbeat_stale_s
+        self.heartbeat = heartbeat
 
     def __enter__(self) -> WarmWorkerPool:
         return self
@@ -307,10 +305,10 @@ class WarmWorkerPool:
     def _start(self, spec: TrialSpec) -> _Workers:
         pool_dir = owned_tempdir("autotune-warm-", self.workdir)  # a SIGKILLed pool's dir goes at the next start
         (pool_dir / "requests").mkdir()
-        heartbeat = OwnerHeartbeat(pool_dir / HEARTBEAT_FILE, self.heartbeat_interval_s).start()
+        heartbeat = OwnerHeartbeat(pool_dir / HEARTBEAT_FILE, self.heartbeat.interval_s).start()
         serve = [
             *("--serve", str(pool_dir), "--device", spec.device, "--owner-pid", str(os.getpid())),
-            *("--owner-heartbeat", str(heartbeat.path), "--owner-stale-s", str(self.heartbeat_stale_s)),
+            *self.heartbeat.worker_args(heartbeat.path),
         ]
         tag = new_tag()
         own = own_trial_env({**os.environ, **self.env})
