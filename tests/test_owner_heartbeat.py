@@ -18,6 +18,7 @@ from tests.fakes.trials import (
     marked_env,
     survivors,
     tiny_spec,
+    wait_until,
 )
 
 from autotune.trial.launch.heartbeat import HEARTBEAT_INTERVAL_S, HEARTBEAT_STALE_S, OwnerHeartbeat
@@ -121,23 +122,14 @@ def test_workers_without_the_tuners_pid_exit_once_a_sigkilled_tuner_stops_its_he
     code = tuner.format(env=env, workdir=str(tmp_path), stale_s=stale_s, spec=tiny_spec().to_dict())
     process = subprocess.Popen([sys.executable, "-c", code])
     try:
-        assert _wait_until(lambda: bool(survivors(mark)), timeout_s=120), "the worker never started"
+        assert wait_until(lambda: bool(survivors(mark)), timeout_s=120), "the worker never started"
         time.sleep(2 * stale_s)  # a live tuner's workers stay, however long they hang
         assert survivors(mark), "the worker left while its tuner still renewed the heartbeat"
     finally:
         process.kill()
         process.wait()
     killed = time.monotonic()
-    assert _wait_until(lambda: not survivors(mark), timeout_s=stale_s + 20), "the worker outlived its tuner"
+    assert wait_until(lambda: not survivors(mark), timeout_s=stale_s + 20), "the worker outlived its tuner"
     assert time.monotonic() - killed >= stale_s - 1  # it waited for the heartbeat to go stale, not for a pid
     logs = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("rank0.log"))
     assert "heartbeat stood still" in logs
-
-
-def _wait_until(condition, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from tests.fakes.trials import (
     marked_env,
     survivors,
     tiny_spec,
+    wait_until,
 )
 
 from autotune.core.ladder import Rung
@@ -33,16 +32,6 @@ from autotune.trial import (
 from autotune.trial.launch.processes import free_port
 from autotune.trial.launch.warm import WARM_GROWTH_LIMIT_BYTES
 from autotune.trial.worker.faults import FAULT_ENV, LEAK_BYTES, fault_value
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
 
 # --- cold trials ---------------------------------------------------------------------------------
 

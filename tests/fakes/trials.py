@@ -4,7 +4,9 @@ DeepSpeed's CPU ops once before any trial timeout runs (`cpu_ops_built`, autouse
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -57,6 +59,16 @@ def marked_env(**extra: str) -> tuple[str, dict[str, str]]:
 
 def survivors(mark: str) -> list[psutil.Process]:
     return tagged_processes(mark, MARK_ENV)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `condition` every 0.1 s; whether it held within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def assert_measured(result: TrialResult, world_size: int = 1) -> None:
