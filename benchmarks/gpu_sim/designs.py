@@ -28,6 +28,7 @@ from autotune.estimate.estimate_types import Calibration, EstimateSettings
 from autotune.estimate.peak import estimate
 from autotune.hardware.specs import Target
 from autotune.search.records import SearchOutcome
+from autotune.search.state import largest_where
 from autotune.trial.launch.chooser import JobFacts, LaunchChoice, choose_launch
 from gpu_sim.machine import Launcher, SimulatedCluster
 from gpu_sim.scale import gpu_hours, launches_seconds
@@ -154,14 +155,7 @@ def predicted_largest(full: FullScale, calibration: Calibration, group: Candidat
         predicted = estimate(full.machine.model, full.target, candidate, full.settings, calibration=calibration)
         return predicted.gpu_peak_bytes <= full.limit and predicted.host_ram_bytes <= host_limit
 
-    grid = full.micro_batches
-    low, high, best = 0, len(grid) - 1, None
-    while low <= high:
-        middle = (low + high) // 2
-        if fits(grid[middle]):
-            best, low = grid[middle], middle + 1
-        else:
-            high = middle - 1
+    best = largest_where(full.micro_batches, fits)
     return replace(group, micro_batch=best) if best is not None else None
 
 
