@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tests.fakes.simulator import scenario_named, simulated_machine
 
 from autotune.core.ladder import Candidate, Mode, Rung
 from autotune.estimate.estimate_types import Calibration
@@ -20,17 +21,6 @@ sys.path.insert(0, str(BENCHMARKS))
 
 from gpu_sim import designs, scale  # noqa: E402
 from gpu_sim.machine import GB, STARTUP, Launcher  # noqa: E402
-from gpu_sim.scenarios import SCENARIOS  # noqa: E402
-
-
-def _scenario(name: str):
-    return next(s for s in SCENARIOS if s.name == name)
-
-
-def _machine(name: str):
-    from search_quality import cluster
-
-    return cluster(_scenario(name))[0]
 
 
 def test_the_default_launcher_is_read_from_the_launcher_chooser() -> None:
@@ -88,7 +78,7 @@ def test_warm_across_nodes_is_the_injected_answer_for_several_nodes_only() -> No
 def test_a_multi_node_scenario_is_counted_warm_across_nodes_and_gets_the_designs() -> None:
     from search_quality import run_scenario
 
-    row = run_scenario(_scenario("zeropp-wins-across-nodes"))
+    row = run_scenario(scenario_named("zeropp-wins-across-nodes"))
     assert row["default"]["launcher"] == Launcher.WARM_CONFIRMED.value
     assert row["default"]["launches"] == row["autotune"]["launches"][Launcher.WARM_CONFIRMED.value]
     assert row["default"]["launches"] < row["autotune"]["launches"][Launcher.FRESH.value]
@@ -105,7 +95,7 @@ def test_a_multi_node_scenario_is_counted_warm_across_nodes_and_gets_the_designs
 def test_a_single_node_scenario_keeps_the_gpu_default_and_has_no_designs() -> None:
     from search_quality import run_scenario
 
-    row = run_scenario(_scenario("memory-not-binding"))
+    row = run_scenario(scenario_named("memory-not-binding"))
     assert row["default"]["launcher"] == Launcher.WARM_CONFIRMED.value
     assert row["default"]["launches"] == row["autotune"]["launches"][Launcher.WARM_CONFIRMED.value]
     assert row["multi_node"] is None
@@ -129,7 +119,7 @@ def test_the_headline_counts_multi_node_scenarios_apart_under_their_launchers() 
 
 def test_zeropp_trials_end_a_warm_worker_unless_their_groups_are_released() -> None:
     """hpZ and qgZ leave process groups in deepspeed.utils.groups' globals; qwZ alone makes none."""
-    machine = _machine("zeropp-wins-across-nodes")
+    machine = simulated_machine("zeropp-wins-across-nodes")
     plain = Candidate(Rung.Z3, 2, False)
     hpz = Candidate(Rung.Z3, 2, False, Mode(hpz_partition_size=4))
     qwz = Candidate(Rung.Z3, 2, False, Mode(quantized_weights=True))
@@ -144,7 +134,7 @@ def test_zeropp_trials_end_a_warm_worker_unless_their_groups_are_released() -> N
 
 def test_a_build_pays_the_model_broadcast_over_the_job() -> None:
     """zero.Init / _broadcast_model send the 16-bit model once over the job's collective bandwidth."""
-    machine = _machine("sixty-four-nodes-70b")
+    machine = simulated_machine("sixty-four-nodes-70b")
     node = machine.node  # across nodes the slower of the node's links and its network
     expected = 2 * machine.model.total_params / (min(node.collective_gbs, node.node_network_gbs) * GB)
     assert scale.model_broadcast_s(machine) == pytest.approx(expected)
@@ -160,7 +150,7 @@ def test_a_build_pays_the_model_broadcast_over_the_job() -> None:
 
 
 def test_the_small_scenario_keeps_the_per_rank_batch() -> None:
-    full = _scenario("sixty-four-nodes-70b")
+    full = scenario_named("sixty-four-nodes-70b")
     small = designs.small_scenario(full, 1)
     assert small.nodes == 1 and small.global_batch * 64 == full.global_batch
     from search_quality import grid
@@ -181,7 +171,7 @@ def test_two_small_worlds_extrapolate_the_offset_in_one_over_the_world() -> None
 def _full(name: str):
     from search_quality import HEADROOM, cluster, grid, mode_grid, mode_options
 
-    scenario = _scenario(name)
+    scenario = scenario_named(name)
     machine, target, settings = cluster(scenario)
     full = designs.FullScale(
         machine, target, settings, grid(scenario, machine.world), mode_grid(mode_options(scenario)), HEADROOM
@@ -232,7 +222,7 @@ def test_ds_autotuning_keeps_the_users_checkpointing() -> None:
     from gpu_sim.design_report import ds_at_scale
     from gpu_sim.ds_autotuning import ds_autotuning
 
-    machine = _machine("sixty-four-nodes-70b")
+    machine = simulated_machine("sixty-four-nodes-70b")
     limit = 0.9 * machine.gpu.memory_bytes
     assert ds_autotuning(machine, limit, 1024)[0] is None
     pick, launches, _ = ds_autotuning(machine, limit, 1024, checkpointing=True)

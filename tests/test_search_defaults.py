@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from tests.fakes.simulator import scenario_named
+
 from autotune.core.ladder import Rung
 from autotune.request.tune_request import CPU_TUNE_TIME_BUDGET_S, default_of
 from autotune.search.mode_walk import RATIO_MICRO_BATCHES, RATIO_TRIES
@@ -19,11 +21,6 @@ sys.path.insert(0, str(BENCHMARKS))
 from gpu_sim import default_rules  # noqa: E402
 from gpu_sim.default_rules import DERIVED, FORMER, RULES, SearchShape, one_per_group  # noqa: E402
 from gpu_sim.machine import Launcher  # noqa: E402
-from gpu_sim.scenarios import SCENARIOS  # noqa: E402
-
-
-def _scenario(name: str):
-    return next(s for s in SCENARIOS if s.name == name)
 
 
 def _rule(name: str):
@@ -57,13 +54,13 @@ def test_the_shape_counts_only_modes_that_apply_and_run() -> None:
     from search_defaults import options
     from search_quality import RUNGS
 
-    scenario = _scenario("multi-node-infiniband")
+    scenario = scenario_named("multi-node-infiniband")
     default = default_rules.scenario_shape(RUNGS, options(scenario, approximate=False))
     assert default == SearchShape(rungs=7, mode_groups=2, ratio_modes=0)
     assert derived_max_trials(default) == 41  # the figure commit 1abdede states for hpZ on several nodes
     approximate = default_rules.scenario_shape(RUNGS, options(scenario, approximate=True))
     assert approximate.mode_groups > default.mode_groups and approximate.ratio_modes == 1
-    one_node = default_rules.scenario_shape(RUNGS, options(_scenario("memory-not-binding"), approximate=False))
+    one_node = default_rules.scenario_shape(RUNGS, options(scenario_named("memory-not-binding"), approximate=False))
     assert derived_max_trials(one_node) == 33
 
 
@@ -80,7 +77,7 @@ def test_twelve_trials_miss_the_pick_that_the_derived_budget_keeps() -> None:
     from search_defaults import clocked, options, rule_row
     from search_quality import cluster, exhaustive, grid, mode_grid
 
-    scenario = _scenario("no-checkpointing-between-powers")
+    scenario = scenario_named("no-checkpointing-between-powers")
     modes = options(scenario, approximate=False)
     machine, _, _ = cluster(scenario)
     _, best_speed, _ = exhaustive(machine, grid(scenario, machine.world), mode_grid(modes))
@@ -101,7 +98,7 @@ def test_walk_trials_are_counted_per_group() -> None:
     """The histogram the record quotes for the two-per-group rule: first and boundary-walk trials per group."""
     from search_defaults import clocked, options, walk_trials_per_group
 
-    scenario = _scenario("memory-not-binding")
+    scenario = scenario_named("memory-not-binding")
     modes = options(scenario, approximate=False)
     _, outcome = clocked(scenario, Launcher.WARM_CONFIRMED, modes, (None, None, True))
     counts = walk_trials_per_group(outcome)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tests.fakes.simulator import scenario_named, simulated_machine
 
 from autotune.core.ladder import Candidate, Rung
 from autotune.core.measurement import MAX_MEASURE_S, MIN_SLOW_STEPS, MIN_STEPS
@@ -24,17 +25,6 @@ from gpu_sim.budget import ClockedTrials, SimClock  # noqa: E402
 from gpu_sim.ds_autotuning import EXPERIMENT_STEPS, experiment_seconds  # noqa: E402
 from gpu_sim.machine import PART_STEPS, STARTUP, TRIAL_STARTUP_S, WARMUP_STEPS, Launcher, StepCost  # noqa: E402
 from gpu_sim.scale import launch_costs, launches_seconds  # noqa: E402
-from gpu_sim.scenarios import SCENARIOS  # noqa: E402
-
-
-def _scenario(name: str):
-    return next(s for s in SCENARIOS if s.name == name)
-
-
-def _machine(name: str):
-    from search_quality import cluster
-
-    return cluster(_scenario(name))[0]
 
 
 @pytest.mark.parametrize("launcher", list(Launcher))
@@ -42,7 +32,7 @@ def test_the_clock_without_a_budget_adds_up_to_the_launch_accounting(launcher: L
     """The clock charges each trial as SimulatedCluster.launches groups them: the same wall as launches_seconds."""
     from search_quality import clocked_search
 
-    trials, outcome = clocked_search(_scenario("memory-not-binding"), launcher, None)
+    trials, outcome = clocked_search(scenario_named("memory-not-binding"), launcher, None)
     machine = trials.machine
     assert outcome.best is not None and not any(event.cut for event in trials.events)
     assert trials.clock.now == pytest.approx(launches_seconds(machine, machine.launches(launcher)))
@@ -55,7 +45,7 @@ def test_a_budget_stops_the_search_and_cuts_the_trial_running_at_it() -> None:
     confirmation runs after it, whole (outside the budget, tuning/trials.py)."""
     from search_quality import clocked_search
 
-    scenario = _scenario("zero3-beats-zero2-offload")
+    scenario = scenario_named("zero3-beats-zero2-offload")
     unlimited, _ = clocked_search(scenario, Launcher.WARM_CONFIRMED, None)
     budget = unlimited.clock.now / 4
     trials, outcome = clocked_search(scenario, Launcher.WARM_CONFIRMED, budget)
@@ -75,7 +65,7 @@ def test_a_budget_stops_the_search_and_cuts_the_trial_running_at_it() -> None:
 
 
 def test_a_trial_cut_at_the_deadline_ends_the_warm_process() -> None:
-    machine = _machine("memory-not-binding")
+    machine = simulated_machine("memory-not-binding")
     clock = SimClock()
     trials = ClockedTrials(machine, Launcher.WARM, clock, deadline_s=1.0)
     candidate = Candidate(Rung.Z2, 4, False)
@@ -95,7 +85,7 @@ def _step_cost(monkeypatch: pytest.MonkeyPatch, machine, micro_s: float, optimiz
 
 
 def test_a_trial_measures_min_steps_of_fast_steps_and_fewer_of_slow_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    machine = _machine("memory-not-binding")
+    machine = simulated_machine("memory-not-binding")
     candidate = Candidate(Rung.Z2, 1, False)
     _step_cost(monkeypatch, machine, micro_s=1.0)
     assert machine.measured_steps(candidate) == MIN_STEPS
@@ -108,7 +98,7 @@ def test_a_trial_measures_min_steps_of_fast_steps_and_fewer_of_slow_ones(monkeyp
 def test_a_trials_steps_are_warm_up_measured_and_the_step_line_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Warm-up steps are single boundary micro-steps; the plain micro-steps at the micro-batch and half of it come
     after the measured steps, and only where the trial accumulates or has a half (train_steps.py timed_steps)."""
-    machine = _machine("memory-not-binding")
+    machine = simulated_machine("memory-not-binding")
     _step_cost(monkeypatch, machine, micro_s=1.0, optimizer_s=0.5)
     one, four = Candidate(Rung.Z2, 1, False), Candidate(Rung.Z2, 4, False)
     monkeypatch.setattr(machine, "accumulation", lambda candidate: 1)
@@ -123,7 +113,7 @@ def test_a_trials_steps_are_warm_up_measured_and_the_step_line_parts(monkeypatch
 
 
 def test_a_trial_that_runs_out_of_memory_is_charged_its_first_step() -> None:
-    machine = _machine("memory-not-binding")
+    machine = simulated_machine("memory-not-binding")
     huge = Candidate(Rung.Z0, 128, False)
     assert machine.result(huge).status == "oom_gpu"
     cost = machine.step_cost(huge)
@@ -134,7 +124,7 @@ def test_a_trial_that_runs_out_of_memory_is_charged_its_first_step() -> None:
 
 
 def test_a_ds_autotuning_experiment_runs_its_profile_steps() -> None:
-    machine = _machine("memory-not-binding")
+    machine = simulated_machine("memory-not-binding")
     fits = Candidate(Rung.Z3, 1, True)
     assert EXPERIMENT_STEPS == 6
     expected = STARTUP.fresh_trial_s + EXPERIMENT_STEPS * machine.cycle_seconds(fits)
@@ -163,18 +153,20 @@ def test_the_derived_trial_budget_is_src_s_over_the_search_s_modes() -> None:
     from search_quality import RUNGS, derived_trials, mode_options
 
     for name in ("memory-not-binding", "zeropp-wins-across-nodes"):
-        options = [option for rung in RUNGS for option in mode_options(_scenario(name))[rung]]
-        assert derived_trials(_scenario(name)) == derived_max_trials(search_shape(RUNGS, options))
-    assert derived_trials(_scenario("memory-not-binding")) > 33
-    assert derived_trials(_scenario("zeropp-wins-across-nodes")) > derived_trials(_scenario("memory-not-binding"))
+        options = [option for rung in RUNGS for option in mode_options(scenario_named(name))[rung]]
+        assert derived_trials(scenario_named(name)) == derived_max_trials(search_shape(RUNGS, options))
+    assert derived_trials(scenario_named("memory-not-binding")) > 33
+    assert derived_trials(scenario_named("zeropp-wins-across-nodes")) > derived_trials(
+        scenario_named("memory-not-binding")
+    )
 
 
 def _row(name: str) -> dict:
     from search_quality import clocked_search
 
-    machine = _machine(name)
+    machine = simulated_machine(name)
     return budget_report.under_default(
-        _scenario(name),
+        scenario_named(name),
         best_speed=1.0,
         ds_speed=2.0,
         search=clocked_search,
@@ -214,10 +206,10 @@ def test_the_scaled_budget_proposal_covers_max_trials_first_trials() -> None:
     from search_quality import clocked_search
 
     name = "offload-buys-micro-batch"
-    machine = _machine(name)
+    machine = simulated_machine(name)
     defaults = budget_report.command_defaults()
     proposal = budget_report.proposals(
-        _scenario(name),
+        scenario_named(name),
         Launcher.WARM_CONFIRMED,
         best_speed=1.0,
         search=clocked_search,
