@@ -85,28 +85,23 @@ def launch_trial(
     launched_at = time.time()
     started = time.monotonic()
     oom_watch = OomKillWatch.start()
-    heartbeat = OwnerHeartbeat(trial_dir / HEARTBEAT_FILE, plan.heartbeat.interval_s).start()
-    try:
+    with OwnerHeartbeat(trial_dir / HEARTBEAT_FILE, plan.heartbeat.interval_s):  # while the ranks may run
         process = spawn(
             plan.command(spec_path, trial_dir, launched_at),
             trial_env(plan.env, tag, spec.device, spec.nprocs_per_node),
             launcher_log,
             trial_dir,
         )
-    except BaseException:
-        heartbeat.stop()
-        raise
-    budget = None
-    if spec.device == "cpu" and spec.host_memory_budget_bytes:
-        budget = BudgetWatch(trial_dir, plan.ranks, spec.host_memory_budget_bytes)
-    try:
-        waited = wait_for(process, started + spec.timeout_s, poll_s, budget=budget)
-    finally:
-        stop_processes(process, tag, kill_grace_s)
-        heartbeat.stop()
-        wait_for_release(gpus_before)
-        if spec.device == "cpu" and plan.master_port is not None:
-            remove_segments([plan.master_port], since=launched_at)
+        budget = None
+        if spec.device == "cpu" and spec.host_memory_budget_bytes:
+            budget = BudgetWatch(trial_dir, plan.ranks, spec.host_memory_budget_bytes)
+        try:
+            waited = wait_for(process, started + spec.timeout_s, poll_s, budget=budget)
+        finally:
+            stop_processes(process, tag, kill_grace_s)
+            wait_for_release(gpus_before)
+            if spec.device == "cpu" and plan.master_port is not None:
+                remove_segments([plan.master_port], since=launched_at)
     log_text = launcher_log.read_text(errors="replace")
     exit_codes = plan.rank_exit_codes(process.returncode, log_text)
     outcome = LaunchOutcome(
