@@ -72,12 +72,12 @@ def test_a_budget_of_first_trial_walls_is_never_below_the_floor() -> None:
 
 
 def test_twelve_trials_miss_the_pick_that_the_derived_budget_keeps() -> None:
-    """no-checkpointing-between-powers under the same-training modes: 12 trials stop at ZeRO-1 (0.750 of the
-    exhaustive best), the derived budget (33) lets the search end by itself on the best (1.000)."""
+    """offload-buys-micro-batch under the same-training modes: 12 trials stop short of the pick (0.898 of the
+    exhaustive best), the derived budget lets the search end by itself on the best (1.000)."""
     from search_defaults import clocked, options, rule_row
     from search_quality import cluster, exhaustive, grid, mode_grid
 
-    scenario = scenario_named("no-checkpointing-between-powers")
+    scenario = scenario_named("offload-buys-micro-batch")
     modes = options(scenario, approximate=False)
     machine, _, _ = cluster(scenario)
     _, best_speed, _ = exhaustive(machine, grid(scenario, machine.world), mode_grid(modes))
@@ -91,7 +91,7 @@ def test_twelve_trials_miss_the_pick_that_the_derived_budget_keeps() -> None:
     twelve, derived = row("12 trials"), row(DERIVED)
     assert twelve["quality"] < 0.99 and twelve["stop_reason"] == "trial_budget"
     assert derived["quality"] == 1.0 and derived["stop_reason"] != "trial_budget"
-    assert derived["max_trials"] == 33 and derived["trials"] < derived["max_trials"]
+    assert derived["trials"] < derived["max_trials"]
 
 
 def test_walk_trials_are_counted_per_group() -> None:

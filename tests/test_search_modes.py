@@ -74,12 +74,13 @@ def test_bounds_never_let_full_offload_prune_partial_offload_but_zero3_may() -> 
     context = BoundContext(checkpointing_cost=1.3, optimizer_saving_s=None)
     partial = Candidate(Rung.Z3_OFFLOAD_OPT, 4, False, Mode(offload_ratio=0.3))
     full_offload = GroupMeasurements(Rung.Z3_OFFLOAD_OPT, False, ((4, 4.0), (2, 2.1)))
-    assert could_beat(100.0, [full_offload], partial, context)[0]  # measured 1 sample/s: still not a bound
+    best = (100.0, 100.0)
+    assert could_beat(best, [full_offload], partial, context, loses_ties=True)[0]  # 1 sample/s: still not a bound
     zero3 = GroupMeasurements(Rung.Z3, False, ((4, 4.0), (2, 2.1)))
-    beatable, why = could_beat(100.0, [zero3], partial, context)
+    beatable, why = could_beat(best, [zero3], partial, context, loses_ties=True)
     assert not beatable and "z3" in why  # ZeRO-3 does less work than any partial offload at the same batch
     other_mode = GroupMeasurements(Rung.Z3, False, ((4, 4.0), (2, 2.1)), Mode(hpz_partition_size=8))
-    assert could_beat(100.0, [other_mode], partial, context)[0]  # a different mode bounds nothing
+    assert could_beat(best, [other_mode], partial, context, loses_ties=True)[0]  # a different mode bounds nothing
 
 
 def test_an_oom_at_ratio_r_moves_the_next_try_up_and_calibrates() -> None:

@@ -30,17 +30,10 @@ from autotune.core.measurement import Speed, pooled
 from autotune.modes.search_view import is_ratio_mode
 from autotune.search.ladder_walk import LadderWalk
 from autotune.search.records import LaunchPurpose, SearchEvent, TrialRecord, Verdict
-from autotune.search.relations import holds_at_least_the_memory_of, same_group
+from autotune.search.relations import holds_at_least_the_memory_of, same_group, simplicity
 from autotune.search.state import SearchState
 
 ROUNDS = 2  # interleaved rounds of a close call: A, B, A, B
-
-
-def simplicity(candidate: Candidate) -> tuple[int, int, int, int]:
-    """Smaller is simpler and safer: host offload, ladder position, checkpointing, mode parts."""
-    rung = candidate.rung
-    host = int(rung.offload_optimizer is not None or rung.offload_param is not None)
-    return host, rung.order, int(candidate.grad_checkpointing), len(candidate.mode.parts)
 
 
 def decide(speeds: dict[Candidate, Speed]) -> Verdict | None:

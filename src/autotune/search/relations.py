@@ -1,5 +1,6 @@
 """Relations between candidates that hold by construction, not by the memory model: the same group (one memory
-line, one speed line), and needing at least another's device memory. Shared by the walk and the pick."""
+line, one speed line), needing at least another's device memory, and which is simpler (the order a tie is decided
+in). Shared by the walk and the pick."""
 
 from __future__ import annotations
 
@@ -27,3 +28,11 @@ def holds_at_least_the_memory_of(candidate: Candidate, measured: Candidate) -> b
         return True
     ratio_only = all(m.is_classic or is_ratio_mode(m) for m in (candidate.mode, measured.mode))
     return ratio_only and candidate.mode.offload_ratio <= measured.mode.offload_ratio
+
+
+def simplicity(candidate: Candidate) -> tuple[int, int, int, int]:
+    """Smaller is simpler and safer: host offload, ladder position, checkpointing, mode parts. A tie within noise
+    goes to the simplest (pick_decision.decide); the walk's bounds drop what would lose one (speed.could_beat)."""
+    rung = candidate.rung
+    host = int(rung.offload_optimizer is not None or rung.offload_param is not None)
+    return host, rung.order, int(candidate.grad_checkpointing), len(candidate.mode.parts)

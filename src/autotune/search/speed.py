@@ -3,7 +3,8 @@
 The ladder's order is NOT assumed to be the speed order: a candidate is dropped unmeasured only when a measured group
 bounds it, through A1 (dominance between rungs, less the optimizer-pass saving of partitioning), A2 (checkpointing
 costs at least 1 + layer share / 3), A3 (step time linear in micro-batch within a group) or A4 (a modern mode is
-bounded only by its own measurements, save partial offload by ZeRO-3). BOUND_SLACK keeps a margin for noise.
+bounded only by its own measurements, save partial offload by ZeRO-3). The margin for noise is the measured spread:
+a bound is taken at the fast end of its measurements' intervals and must fall below the low end of the best's.
 
 Reasoning and sources: search/README.md#speed
 """
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field
 
 from autotune.core.ladder import Candidate, Mode, Rung
 
-BOUND_SLACK = 0.05  # a bound must clear the best measured speed by this much before a candidate is dropped
 OPTIMIZER_BYTES_PER_PARAM = 28  # Adam pass: 16 bytes read + 12 written per fp32 parameter (deepspeed csrc/adam)
 
 # A1 edges: rung -> rungs that do at least its work at the same micro-batch (README.md#speed).
@@ -111,12 +111,15 @@ def fit_step_line(points: list[tuple[float, float]]) -> StepLine | None:
 
 @dataclass(frozen=True)
 class GroupMeasurements:
-    """What was measured for one (rung, checkpointing) group: (micro-batch, per-rank micro-step seconds)."""
+    """What was measured for one (rung, checkpointing) group: (micro-batch, per-rank micro-step seconds), and how
+    much faster than those medians its steps could be within their measured spread (`fast_end`: the largest median /
+    interval low end over the group's trials; 1 when the steps had none)."""
 
     rung: Rung
     grad_checkpointing: bool
     points: tuple[tuple[int, float], ...]
     mode: Mode = field(default_factory=Mode)
+    fast_end: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -167,21 +170,28 @@ def _zero3_bounds_partial_offload(group: GroupMeasurements, other: Candidate) ->
 
 
 def could_beat(
-    best_samples_per_s: float, groups: list[GroupMeasurements], other: Candidate, ctx: BoundContext
+    best: tuple[float, float], groups: list[GroupMeasurements], other: Candidate, ctx: BoundContext, *, loses_ties: bool
 ) -> tuple[bool, str]:
-    """Whether `other` (at its largest reachable micro-batch) might beat the best measured per-rank speed.
+    """Whether `other` (at its largest reachable micro-batch) might still become the pick over the best measured.
 
-    True unless some measured group bounds it below the best (by A1-A3); the reason says which.
+    `best` is the best's interval per rank (measurement.Speed low and high). A measured group bounds `other` through
+    A1-A3, taken at the fast end of the group's own spread (`fast_end`). The pick rule (pick_decision.decide) says
+    what that bound must clear: a candidate the rule places after the best in a tie (`loses_ties`: less simple)
+    becomes the pick only by beating it, its interval wholly above the best's, so it is dropped once its bound is no
+    higher than the best's high end; any other candidate could take the pick in a tie, so it is dropped only once its
+    bound is below the best's low end. The margin for noise is the spread measured, not a fixed one.
     """
-    bounds = [(bound, g) for g in groups if (bound := _bounds(g, other, ctx)) is not None]
+    bounds = [(bound * g.fast_end, g) for g in groups if (bound := _bounds(g, other, ctx)) is not None]
     if not bounds:
         return True, ""
     bound, group = min(bounds, key=lambda item: item[0])
-    if bound * (1 + BOUND_SLACK) <= best_samples_per_s:
+    low, high = best
+    if bound <= high if loses_ties else bound < low:
         mode = "" if group.mode.is_classic else f"/{'+'.join(group.mode.parts)}"
         source = f"{group.rung.value}{'/ckpt' if group.grad_checkpointing else ''}{mode}"
+        clears = f"{high:.2f}, the best's high end, and it would lose a tie" if loses_ties else f"{low:.2f} measured"
         return False, (
             f"cannot beat the best measured: at micro-batch {other.micro_batch} the measurements of {source}"
-            f" bound it at {bound:.2f} samples/s per rank < {best_samples_per_s:.2f} measured"
+            f" bound it at {bound:.2f} samples/s per rank (their spread included) <= {clears}"
         )
     return True, ""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autotune.core.ladder import Candidate, Mode, Rung
+from autotune.core.measurement import StepStats, speed_of
 from autotune.core.stop import StopReason
 from autotune.estimate import check_fit
 from autotune.estimate.estimate_types import Calibration, EstimateSettings, MemoryEstimate
@@ -36,7 +37,7 @@ from autotune.search.records import (
     TrialRecord,
     Verdict,
 )
-from autotune.search.relations import holds_at_least_the_memory_of, same_group
+from autotune.search.relations import holds_at_least_the_memory_of, same_group, simplicity
 from autotune.search.speed import (
     BoundContext,
     GroupMeasurements,
@@ -284,25 +285,40 @@ class SearchState:
 
     # -- speed bounds ------------------------------------------------------------------------------
     def bounded(self, candidate: Candidate) -> str:
-        """Why the measurements so far say `candidate` cannot beat the best measured; '' when it might."""
+        """Why the measurements so far say `candidate` cannot reach the best measured; '' when it might."""
         best = self.outcome.best
         if best is None:
             return ""
-        speed = (best.result.samples_per_s or 0.0) / self.target.world_size  # per rank, like the line
-        beatable, why = could_beat(speed, self.measured_groups(), candidate, self.bound_context)
+        speed = speed_of(best.result.step_times_s, best.result.samples_per_s)
+        median = best.result.samples_per_s or 0.0
+        low, high = (speed.low, speed.high) if speed is not None else (median, median)
+        world = self.target.world_size  # per rank, like the line
+        loses_ties = simplicity(candidate) > simplicity(best.candidate)
+        groups = self.measured_groups()
+        beatable, why = could_beat(
+            (low / world, high / world), groups, candidate, self.bound_context, loses_ties=loses_ties
+        )
         return "" if beatable else why
 
     def measured_groups(self) -> list[GroupMeasurements]:
         """Per (rung, checkpointing, mode): (micro-batch, per-rank micro-step seconds) of every trial that fitted,
-        with the second point each launch timed at a smaller micro-batch."""
+        with the second point each launch timed at a smaller micro-batch, and the group's fast end (the largest
+        median / interval low end of its trials' steps: how much faster they could be within their spread)."""
         points: dict[tuple[Rung, bool, Mode], list[tuple[int, float]]] = {}
+        fast_end: dict[tuple[Rung, bool, Mode], float] = {}
         for t in self.outcome.trials:
             if t.within_headroom and t.result.samples_per_s:
                 key = (t.candidate.rung, t.candidate.grad_checkpointing, t.candidate.mode)
                 points.setdefault(key, []).append((t.candidate.micro_batch, self._micro_step_seconds(t)))
                 if smaller := self._smaller_point(t):
                     points[key].append(smaller)
-        return [GroupMeasurements(rung, ckpt, tuple(p), mode) for (rung, ckpt, mode), p in points.items()]
+                stats = StepStats.of(t.result.step_times_s)
+                spread = stats.median_s / stats.low_s if stats is not None else 1.0
+                fast_end[key] = max(fast_end.get(key, 1.0), spread)
+        return [
+            GroupMeasurements(rung, ckpt, tuple(p), mode, fast_end=fast_end[(rung, ckpt, mode)])
+            for (rung, ckpt, mode), p in points.items()
+        ]
 
     def _smaller_point(self, record: TrialRecord) -> tuple[int, float] | None:
         """The launch's second point as it would run on its own: its micro-step plus its share of the
