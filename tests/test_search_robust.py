@@ -224,14 +224,19 @@ def test_a_fresh_run_is_a_launch_of_its_own_and_the_next_warm_trial_starts_a_new
     machine.run(second)
     machine.run_fresh(second)
     machine.run(third)
-    assert machine.launches(Launcher.WARM_CONFIRMED) == [[first, second], [second], [third]]
+    launches = machine.launches(Launcher.WARM_CONFIRMED)
+    assert launches == [[first, second], [second], [third]]
+    assert [launch.confirmation for launch in launches] == [False, True, False]
     assert machine.launches(Launcher.WARM) == [[first, second]]
     assert machine.launches(Launcher.FRESH) == [[first], [second]]
     launch = STARTUP.process_start_s + STARTUP.cold_build_s
     extra = machine.tune_seconds(Launcher.WARM_CONFIRMED) - machine.tune_seconds(Launcher.WARM)
-    # the fresh run is a launch of its own; the third trial, which the warm worker would have run after a warm build,
-    # pays a process start and a cold build
-    assert extra == pytest.approx(launch + machine.steps_seconds(second) + launch + machine.steps_seconds(third))
+    # the fresh run is a launch of its own, timing no smaller micro-batch (TuneContext.confirmation_spec); the third
+    # trial, which the warm worker would have run after a warm build, pays a process start and a cold build
+    confirmation = machine.steps_seconds(second, confirmation=True)
+    assert confirmation < machine.steps_seconds(second)
+    assert extra == pytest.approx(launch + confirmation + launch + machine.steps_seconds(third))
+    assert machine.fresh_result(second).smaller_micro_batch is None
 
 
 def _confirmed_search(name: str, fresh_extra_bytes: int = 0):

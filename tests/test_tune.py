@@ -43,6 +43,10 @@ def test_the_pick_confirmed_in_a_fresh_process_is_the_memory_the_report_states(t
     report = result.report
     assert report is not None and report.choice is not None and len(fresh.specs) == 1
     assert fresh.specs[0].ds_config == json.loads(result.config_path.read_text())  # the pick, as emitted
+    # the walk's trials time the half micro-batch too (the lines' second point); the confirmation, after the walk,
+    # does not (TuneContext.confirmation_spec)
+    assert fresh.specs[0].smaller_micro_batch is None
+    assert any(s.smaller_micro_batch for s in warm.specs)
     mb = report.choice.candidate.micro_batch
     assert report.choice.peak_bytes == (430 + mb) * 2**20 and report.choice.peak_in_fresh_process is True
     assert report.trials[-1].purpose == "fresh-process confirmation"

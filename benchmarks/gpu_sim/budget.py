@@ -49,6 +49,7 @@ class TrialEvent:
     cut: bool
     seconds: float
     steps_s: float
+    confirmation: bool = False
 
 
 @dataclass
@@ -80,7 +81,8 @@ class ClockedTrials:
         new_process = fresh or not self._process_up
         costs = self.costs
         start = costs.fresh_trial_s if new_process else costs.warm_build_s
-        steps = self.machine.steps_seconds(candidate)
+        confirmation = not budgeted  # the pick's fresh confirmation (TuneContext.confirmation_spec)
+        steps = self.machine.steps_seconds(candidate, confirmation=confirmation)
         seconds = start + steps
         left = None if self.deadline_s is None or not budgeted else self.deadline_s - self.clock.now
         cut = left is not None and seconds > max(BUDGETED_TRIAL_MIN_S, left)
@@ -89,12 +91,12 @@ class ClockedTrials:
             steps = max(0.0, seconds - start)
             result = TrialResult(status="timeout", error=f"{TIME_BUDGET_CUT} ({self.deadline_s:.0f} s)")
         else:
-            if not budgeted:  # the confirmation: a fresh run as SimulatedCluster.run_fresh records it
+            if confirmation:  # a fresh run as SimulatedCluster.run_fresh records and answers it
                 self.machine.fresh_runs.add(len(self.machine.launched))
             self.machine.launched.append(candidate)
-            result = self.machine.result(candidate)
+            result = self.machine.fresh_result(candidate) if confirmation else self.machine.result(candidate)
         self.clock.now += seconds
-        self.events.append(TrialEvent(candidate, new_process, fresh, cut, seconds, steps))
+        self.events.append(TrialEvent(candidate, new_process, fresh, cut, seconds, steps, confirmation))
         self._process_up = not fresh and result.ok
         return result
 
@@ -131,6 +133,6 @@ class ClockedTrials:
             if event.cut or not self.machine.result(event.candidate).ok:
                 parts["cut or failed"] += event.steps_s
                 continue
-            for name, seconds in self.machine.steps_breakdown(event.candidate).items():
+            for name, seconds in self.machine.steps_breakdown(event.candidate, confirmation=event.confirmation).items():
                 parts[name] += seconds
         return {name: round(seconds, 1) for name, seconds in parts.items()}

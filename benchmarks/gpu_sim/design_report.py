@@ -38,7 +38,14 @@ def _launch_design(machine: SimulatedCluster, launches: list[list[Candidate]], p
         "samples_per_s": machine.samples_per_s(pick) if pick else 0.0,
         "simulated_wall_s": round(seconds, 1),
         # of the wall, the trials' measured steps (the rest is start-up and builds)
-        "steps_s": round(sum(machine.steps_seconds(c) for launch in launches for c in launch), 1),
+        "steps_s": round(
+            sum(
+                machine.steps_seconds(c, confirmation=getattr(launch, "confirmation", False))
+                for launch in launches
+                for c in launch
+            ),
+            1,
+        ),
         "gpu_hours_allocation": round(gpu_hours(seconds, machine.world), 1),
         "gpu_hours_busy": round(gpu_hours(seconds, machine.world), 1),
     }

@@ -30,7 +30,7 @@ from autotune.hardware.specs import Target
 from autotune.search.records import SearchOutcome
 from autotune.search.state import largest_where
 from autotune.trial.launch.chooser import JobFacts, LaunchChoice, choose_launch
-from gpu_sim.machine import Launcher, SimulatedCluster
+from gpu_sim.machine import Launch, Launcher, SimulatedCluster
 from gpu_sim.scale import gpu_hours, launches_seconds
 from gpu_sim.scenarios import Scenario
 
@@ -87,17 +87,17 @@ def keeps_process_groups(candidate: Candidate) -> bool:
     return mode.hpz_partition_size > 1 or mode.quantized_gradients
 
 
-def warm_across_nodes(machine: SimulatedCluster) -> list[list[Candidate]]:
+def warm_across_nodes(machine: SimulatedCluster) -> list[Launch]:
     """Design (a)'s launches: the GPU default's (a new one after a failure and around each fresh confirmation), and
     a new one after every trial that `keeps_process_groups`."""
-    launches: list[list[Candidate]] = []
+    launches: list[Launch] = []
     for launch in machine.launches(Launcher.WARM_CONFIRMED):
-        current: list[Candidate] = []
+        current = Launch(confirmation=launch.confirmation)
         for candidate in launch:
             current.append(candidate)
             if keeps_process_groups(candidate):
                 launches.append(current)
-                current = []
+                current = Launch(confirmation=launch.confirmation)
         if current:
             launches.append(current)
     return launches

@@ -271,6 +271,15 @@ def models_mode(mode: Mode) -> bool:
     return not (mode.zenflow or mode.super_offload)
 
 
+class Launch(list):
+    """The trials one process runs, in order (a list of candidates), and whether it is the pick's fresh
+    confirmation, whose trial times no smaller micro-batch (request/context.py TuneContext.confirmation_spec)."""
+
+    def __init__(self, trials: list[Candidate] | None = None, *, confirmation: bool = False) -> None:
+        super().__init__(trials or [])
+        self.confirmation = confirmation
+
+
 @dataclass(frozen=True)
 class StepCost:
     """Seconds of one micro-step and of the once-per-optimizer-step work, per rank."""
@@ -501,16 +510,17 @@ class SimulatedCluster(RecordingMachine):
         cost = self.step_cost(candidate)
         return self.accumulation(candidate) * cost.micro_s + cost.optimizer_s
 
-    def ok_steps_seconds(self, candidate: Candidate) -> float:
+    def ok_steps_seconds(self, candidate: Candidate, *, confirmation: bool = False) -> float:
         """The steps of a trial that runs to its end (see WARMUP_STEPS): warm-up, measured steps, the parts."""
-        return sum(self.steps_breakdown(candidate).values())
+        return sum(self.steps_breakdown(candidate, confirmation=confirmation).values())
 
-    def steps_breakdown(self, candidate: Candidate) -> dict[str, float]:
+    def steps_breakdown(self, candidate: Candidate, *, confirmation: bool = False) -> dict[str, float]:
         """Seconds of a trial that runs to its end, by part: warm-up, measured optimizer steps, and the plain
-        micro-steps at its micro-batch and half of it (the search's step-time line)."""
+        micro-steps at its micro-batch and half of it (the search's step-time line; the pick's fresh confirmation
+        times no half, TuneContext.confirmation_spec)."""
         cost = self.step_cost(candidate)
         parts = 0.0
-        smaller = candidate.micro_batch // 2
+        smaller = 0 if confirmation else candidate.micro_batch // 2
         if self.accumulation(candidate) > 1 or smaller:
             parts += self.shape.part_steps * cost.micro_s
         if smaller:
@@ -521,12 +531,12 @@ class SimulatedCluster(RecordingMachine):
             "parts": parts,
         }
 
-    def steps_seconds(self, candidate: Candidate) -> float:
+    def steps_seconds(self, candidate: Candidate, *, confirmation: bool = False) -> float:
         """A trial's time after its build: the whole measurement when it runs; its first warm-up step when it runs
         out of memory (FAILED_TRIAL_STEPS); up to the trial timeout when it times out."""
         status = self.result(candidate).status
         if status == "ok":
-            return self.ok_steps_seconds(candidate)
+            return self.ok_steps_seconds(candidate, confirmation=confirmation)
         if status == "timeout":
             return self.trial_timeout_s - TRIAL_STARTUP_S
         return self.failed_steps_seconds(candidate)
@@ -547,8 +557,10 @@ class SimulatedCluster(RecordingMachine):
         return self.fresh_result(candidate), False
 
     def fresh_result(self, candidate: Candidate) -> TrialResult:
-        """`result` with `fresh_extra_bytes` more on every peak the trial measures (none by default)."""
-        result = self.result(candidate)
+        """The confirmation's `result`: no smaller micro-batch timed (TuneContext.confirmation_spec), and
+        `fresh_extra_bytes` more on every peak the trial measures (none by default)."""
+        result = replace(self.result(candidate), smaller_micro_batch=None, smaller_micro_step_s=None)
+        result = replace(result, ranks=[replace(r, smaller_micro_peak_bytes=None) for r in result.ranks])
         if not (self.fresh_extra_bytes and result.ok):
             return result
         extra = self.fresh_extra_bytes
@@ -577,18 +589,19 @@ class SimulatedCluster(RecordingMachine):
         unconfirmed = self.launched[: min(self.fresh_runs, default=len(self.launched))]
         return [(c, launcher is Launcher.FRESH) for c in unconfirmed]
 
-    def launches(self, launcher: Launcher) -> list[list[Candidate]]:
+    def launches(self, launcher: Launcher) -> list[Launch]:
         """The trials `launcher` runs, grouped by process. A trial run fresh is a process of its own, and the next
         warm trial starts a new process (trial/launch/warm.py FreshAfterWarm stops the pool first). A warm worker
         (trial/launch/warm.py) runs trial after trial, a fresh model and engine each, until one fails (an OOM, a
         timeout, a
         killed rank); the next trial starts a new one. The pool's other restart, after a worker's memory grew past
         WARM_GROWTH_LIMIT_BYTES, is not simulated."""
-        groups: list[list[Candidate]] = []
+        groups: list[Launch] = []
         new_process = True
+        confirms = launcher is Launcher.WARM_CONFIRMED  # its fresh trials are the pick's confirmations
         for candidate, fresh in self.trials(launcher):
             if fresh or new_process:
-                groups.append([])
+                groups.append(Launch(confirmation=fresh and confirms))
             groups[-1].append(candidate)
             new_process = fresh or not self.result(candidate).ok
         return groups
@@ -599,7 +612,7 @@ class SimulatedCluster(RecordingMachine):
         total = 0.0
         for launch in self.launches(launcher):
             total += STARTUP.process_start_s + STARTUP.cold_build_s
-            total += sum(self.steps_seconds(c) for c in launch)
+            total += sum(self.steps_seconds(c, confirmation=launch.confirmation) for c in launch)
             total += STARTUP.warm_build_s * (len(launch) - 1)
         return total
 

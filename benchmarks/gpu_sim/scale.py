@@ -61,7 +61,8 @@ def launches_seconds(machine: SimulatedCluster, launches: list[list]) -> float:
     total = 0.0
     for launch in launches:
         total += costs.fresh_trial_s + costs.warm_build_s * (len(launch) - 1)
-        total += sum(machine.steps_seconds(candidate) for candidate in launch)
+        confirmation = getattr(launch, "confirmation", False)  # gpu_sim/machine.py Launch
+        total += sum(machine.steps_seconds(candidate, confirmation=confirmation) for candidate in launch)
     return total
 
 

@@ -423,6 +423,14 @@ class TuneContext:
             predicted_outside_allocator_bytes=self._outside_allocator_bytes(),
         )
 
+    def confirmation_spec(self, candidate: Candidate) -> TrialSpec:
+        """The pick's fresh-process confirmation (search/pick_decision.py confirm_fresh): the trial `spec` gives,
+        without the second point of the step-time line. The confirmation is of the pick's memory and speed as the
+        job starts; the half micro-batch's plain steps feed the walk's lines (speed and memory), and the walk is
+        over. With gradient accumulation the plain micro-steps at the pick's own micro-batch still run (the worker
+        needs them for the optimizer's share: trial/worker/train_steps.py timed_steps)."""
+        return replace(self.spec(candidate), smaller_micro_batch=None)
+
     def _outside_allocator_bytes(self) -> int | None:
         """The CUDA context and NCCL buffers per GPU rank as the memory model predicts them: a trial without an
         NVML figure adds them to its max reserved (trial/trial_types.py TrialResult.peak_memory_bytes)."""

@@ -148,10 +148,13 @@ def search_with_trials(
     bounds = run_bounds(ctx)
     cached = believed_trials(cache, key, bounds) if cache else {}
 
-    def launch(launcher: TrialLauncher, candidate: Candidate, budgeted: bool = True) -> tuple[TrialResult, bool]:
+    def launch(
+        launcher: TrialLauncher, candidate: Candidate, budgeted: bool = True, confirmation: bool = False
+    ) -> tuple[TrialResult, bool]:
         if ops is not None:
             ops.before(candidate)
-        spec, cut = budgeted_spec(ctx.spec(candidate), deadline if budgeted else None)
+        full = ctx.confirmation_spec(candidate) if confirmation else ctx.spec(candidate)
+        spec, cut = budgeted_spec(full, deadline if budgeted else None)
         result = retried_trial(launcher, spec, observe, candidate, bounds=bounds)
         fresh = launchers.confirm if launcher is launchers.trials else None
         if fresh is not None and (why := warm_only_doubt(ctx, candidate, result)):
@@ -170,8 +173,11 @@ def search_with_trials(
         return launch(launchers.trials, candidate)
 
     confirm = launchers.confirm
-    # the pick's fresh confirmation is outside the budget (Pick.confirm_fresh): not cut by it either
-    confirm_fresh = None if confirm is None else (lambda candidate: launch(confirm, candidate, budgeted=False))
+    # the pick's fresh confirmation is outside the budget (Pick.confirm_fresh): not cut by it either, and it times
+    # no second point (TuneContext.confirmation_spec)
+    confirm_fresh = (
+        None if confirm is None else (lambda candidate: launch(confirm, candidate, budgeted=False, confirmation=True))
+    )
     left = None if deadline is None else max(0.0, deadline - time.monotonic())
     search = context_search(ctx, run, observe, confirm_fresh, time_left_s=left)
     try:
