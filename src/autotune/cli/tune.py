@@ -57,7 +57,7 @@ from autotune.cli.request import request_from_options
 from autotune.core.units import format_bytes, format_duration
 from autotune.dsconfig.launchers import world_size_line
 from autotune.infra.terminate import Terminated, sigterm_raises
-from autotune.report.pick import measured_detail, measurement_lines, not_tried_line, summary_head
+from autotune.report.pick import measured_detail, measurement_lines, not_tried_line, summary_head, trial_status
 from autotune.request.tune_request import with_tune_time_budget
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class TrialProgress:
             if self.verbose and (detail := measured_detail(result)):
                 speed = f", {detail}"
             cached = " (cached)" if record.from_cache else ""
-            status = result.status if record.within_headroom or not result.ok else "over headroom"
+            status = trial_status(result, record.within_headroom)
             detail = f": {result.error}" if result.error and not result.ok else ""
             self.line(
                 f"{record.candidate.key}: {status}{detail}, peak {format_bytes(result.peak_memory_bytes)}"

@@ -11,7 +11,7 @@ from autotune.core.units import format_bytes
 from autotune.dsconfig.launchers import LaunchCommands
 from autotune.infra.atomic import atomic_write_json, atomic_write_text
 from autotune.report.data import Batch, ModeEntry, OwnCommand, Picture, TrialEntry, TuneReport
-from autotune.report.pick import lead_lines
+from autotune.report.pick import lead_lines, trial_status
 from autotune.report.plot import embed_line, write_report_plot
 from autotune.trial.trial_types import TrialResult
 
@@ -235,7 +235,7 @@ def _trial_lines(report: TuneReport) -> list[str]:
     ]
     for t in report.trials:
         r = t.result
-        status = r.status if t.within_headroom or not r.ok else "over headroom"
+        status = trial_status(r, t.within_headroom)
         lines.append(
             f"| {_candidate_label(t.candidate)} | {status} | {format_bytes(_rank_peak(r))} |"
             f" {format_bytes(t.predicted_peak_bytes)} | {_speed_with_spread(r)} | {_steps(r)} |"

@@ -122,6 +122,15 @@ def not_tried_line(report: TuneReport) -> str:
     return f"Stopped early: {report.stop_message}; {what} (raise {option} for more)."
 
 
+def trial_status(result: TrialResult, within_headroom: bool) -> str:
+    """A trial's status as the progress line and the report's table say it: a trial over the headroom is "over
+    headroom" whether it ran on (ok) or stopped itself there (over_budget: TrialSpec.stop_over_bytes, or the CPU
+    backend's budget watch); its error says which."""
+    if result.status == "over_budget" or (result.ok and not within_headroom):
+        return "over headroom"
+    return result.status
+
+
 def measured_detail(result: TrialResult) -> str:
     """One trial's figure in full: '4.86 samples/s (4.71-5.02, 12 steps); single steps 2.45-2.61 s (IQR)', and an
     own command's profiled step beside it; '' for a trial that measured nothing."""

@@ -421,6 +421,8 @@ class TuneContext:
             lora={**self.lora.to_dict(), "model_type": self.model.model_type} if self.lora else None,
             decoder_seq_len=self.decoder_seq_len,
             predicted_outside_allocator_bytes=self._outside_allocator_bytes(),
+            # GPU trials stop once over the limit after warm-up; the CPU backend's budget watch does it as it passes
+            stop_over_bytes=self.limit_bytes if request.hardware.device != "cpu" else None,
         )
 
     def confirmation_spec(self, candidate: Candidate) -> TrialSpec:

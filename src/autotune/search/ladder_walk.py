@@ -156,9 +156,9 @@ class LadderWalk:
         state = self.state
         failed_candidate = Candidate(rung, bad, ckpt, mode)
         failed = next((t for t in reversed(state.outcome.trials) if t.candidate == failed_candidate), None)
-        # a run that finished over the headroom measured its true peak (already in the calibration); an OOM, or a
-        # CPU trial stopped at its cap (over_budget), only says "more than this"
-        peak = failed.result.peak_memory_bytes if failed and failed.result.ok else None
+        # a run over the headroom measured its true peak (already in the calibration), also where it stopped after
+        # warm-up (SearchState.measured_true_peak); an OOM, or a CPU trial stopped at its cap, only says "more"
+        peak = failed.result.peak_memory_bytes if failed and state.measured_true_peak(failed.result) else None
         at_least = peak or max(state.target.free_memory_bytes, (failed and failed.result.peak_memory_bytes) or 0)
         pessimistic = state.memory.calibrate(
             state.calibration,

@@ -151,8 +151,15 @@ class SearchState:
     def modelled_memory_failed(self, result: TrialResult) -> bool:
         """Whether the memory the model predicts (device memory; host RSS on the CPU backend) is what ran out. On a
         GPU run a host-side failure (a failed pinned host allocation, the host's OOM) says nothing about the
-        device, so it must not push the device prediction up (trial/outcome.py classifies them)."""
-        return self.settings.device == "cpu" or result.status == "oom_gpu"
+        device, so it must not push the device prediction up (trial/outcome.py classifies them). A GPU trial over
+        budget stopped itself over the device limit after warm-up (TrialSpec.stop_over_bytes)."""
+        return self.settings.device == "cpu" or result.status in ("oom_gpu", "over_budget")
+
+    def measured_true_peak(self, result: TrialResult) -> bool:
+        """Whether the result's peak is the trial's own, not a bound: a run that finished, or a GPU trial stopped over
+        the limit after its warm-up, whose boundary steps reached a real step's peak (TrialSpec.stop_over_bytes). A
+        CPU trial over budget was stopped at its cap as it passed it, and reports the cap."""
+        return result.ok or (result.status == "over_budget" and self.settings.device != "cpu")
 
     def peak_line(self, candidate: Candidate) -> StepLine | None:
         """Peak bytes = intercept + slope x micro-batch, fitted on the measured peaks of `candidate`'s group (two
@@ -162,11 +169,11 @@ class SearchState:
         where the limit falls."""
         points: list[tuple[float, float]] = []
         for t in self.outcome.trials:
-            if same_group(t.candidate, candidate) and t.result.ok and t.result.peak_memory_bytes and not t.from_cache:
-                points.append((float(t.candidate.micro_batch), float(t.result.peak_memory_bytes)))
+            peak = t.result.peak_memory_bytes
+            if same_group(t.candidate, candidate) and peak and self.measured_true_peak(t.result) and not t.from_cache:
+                points.append((float(t.candidate.micro_batch), float(peak)))
                 if (smaller := t.result.smaller_peak_point) is not None:
                     points.append((float(smaller[0]), float(smaller[1])))
-        # a trial stopped at a cap (over_budget) reports the cap, not its peak: no point of the line
         return fit_step_line(points)
 
     # -- budget ------------------------------------------------------------------------------------

@@ -13,6 +13,10 @@ from pathlib import Path
 from autotune.infra.atomic import atomic_write_json
 from autotune.trial.trial_types import RankMetrics, TrialStatus
 
+# What a rank that is still healthy reports: a trial that ran, or one that stopped itself over the search's limit
+# after its warm-up (TrialSpec.stop_over_bytes; trial/worker/train_steps.py). A warm worker serves on after either.
+HEALTHY_STATUSES: tuple[TrialStatus, ...] = ("ok", "over_budget")
+
 
 @dataclass(frozen=True)
 class RankReport:

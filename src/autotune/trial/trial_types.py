@@ -59,6 +59,12 @@ class TrialSpec:
     # What lives outside torch's allocator on each GPU rank as the memory model predicts it (CUDA context + NCCL
     # buffers, estimate/): added to max_reserved where NVML gives no process figure (TrialResult.peak_memory_bytes)
     predicted_outside_allocator_bytes: int | None = None
+    # The search's device-memory limit (GPU trials; on the CPU backend the tuner's BudgetWatch stops a trial at its
+    # own). A trial whose peak after its warm-up steps is over it on any rank is over the headroom whatever it does
+    # next, and its speed would never be used (search/records.py TrialRecord.within_headroom): it stops there, as
+    # "over_budget" with that peak (trial/worker/train_steps.py timed_steps), instead of timing steps and parts. Our
+    # worker's trials only: a user's own command (trial/own_command/) runs as it is written.
+    stop_over_bytes: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -144,11 +150,7 @@ class TrialResult:
         return max(values) if values else None
 
     def _rank_peak(self, rank: RankMetrics) -> int | None:
-        if rank.device_used_bytes:
-            return rank.device_used_bytes
-        if rank.max_reserved_bytes:
-            return rank.max_reserved_bytes + (self.outside_allocator_estimate_bytes or 0)
-        return rank.host_rss_peak_bytes
+        return rank_peak_bytes(rank, self.outside_allocator_estimate_bytes)
 
     @property
     def allocator_settings(self) -> dict[str, str]:
@@ -188,3 +190,14 @@ class TrialLauncher(Protocol):
     """Runs one trial to completion and leaves no child process behind. Swappable in tests."""
 
     def run(self, spec: TrialSpec) -> TrialResult: ...
+
+
+def rank_peak_bytes(rank: RankMetrics, outside_allocator_bytes: int | None) -> int | None:
+    """One rank's own peak as the search judges it (TrialResult.peak_memory_bytes; the worker's stop over the limit
+    after warm-up, TrialSpec.stop_over_bytes): its device memory, else max reserved plus what lives outside the
+    allocator as predicted, else (CPU) its host RSS."""
+    if rank.device_used_bytes:
+        return rank.device_used_bytes
+    if rank.max_reserved_bytes:
+        return rank.max_reserved_bytes + (outside_allocator_bytes or 0)
+    return rank.host_rss_peak_bytes

@@ -146,7 +146,7 @@ def search_with_trials(
     still running there is stopped (its timeout is at most the time left), so the tune ends within its budget."""
     key = ctx.key
     bounds = run_bounds(ctx)
-    cached = believed_trials(cache, key, bounds) if cache else {}
+    cached = believed_trials(cache, key, bounds, ctx.limit_bytes) if cache else {}
 
     def launch(
         launcher: TrialLauncher, candidate: Candidate, budgeted: bool = True, confirmation: bool = False
@@ -283,13 +283,17 @@ def run_bounds(ctx: TuneContext) -> Bounds:
     )
 
 
-def believed_trials(cache: ResultsCache, key: str, bounds: Bounds) -> dict[Candidate, TrialResult]:
-    """The cached trials of this run whose figures the hardware could have produced; the others are deleted."""
+def believed_trials(cache: ResultsCache, key: str, bounds: Bounds, limit_bytes: int) -> dict[Candidate, TrialResult]:
+    """The cached trials of this run whose figures the hardware could have produced, and whose verdict holds at this
+    run's limit; the others are deleted. A run key covers a bucket of limits (request/context.py limit_bucket), and a
+    trial stopped over its run's limit (over_budget) with a peak within this one's says nothing here."""
     kept = {}
     for candidate, result in cache.trials(key).items():
         if why := bounds.why_implausible(candidate, result):
             log.warning("autotune: dropped cached trial %s as corrupt: %s; measuring it again", candidate.key, why)
             cache.forget_trial(key, candidate)
+        elif result.status == "over_budget" and (result.peak_memory_bytes or 0) <= limit_bytes:
+            cache.forget_trial(key, candidate)  # stopped at another run's lower limit: measured again at this one
         else:
             kept[candidate] = result
     return kept

@@ -42,7 +42,14 @@ from autotune.trial.launch.processes import (
 )
 from autotune.trial.launch.spawn import WORKER_MODULE
 from autotune.trial.outcome import LaunchOutcome, build_result
-from autotune.trial.rank_report import RankReport, log_path, read_reports, report_path, request_path
+from autotune.trial.rank_report import (
+    HEALTHY_STATUSES,
+    RankReport,
+    log_path,
+    read_reports,
+    report_path,
+    request_path,
+)
 from autotune.trial.trial_types import TrialLauncher, TrialResult, TrialSpec
 
 # How far a warm worker's resident set may grow, once a trial's memory is freed, above where it stood after its
@@ -265,7 +272,10 @@ class WarmWorkerPool:
             budget=budget,
         )
         reports = read_reports(trial_dir, ranks)
-        failed = waited.timed_out or waited.breach is not None or any(r.status != "ok" for r in reports.values())
+        # a rank's own stop over the search's limit after warm-up (TrialSpec.stop_over_bytes) leaves it healthy
+        healthy = all(r.status in HEALTHY_STATUSES for r in reports.values())
+        stopped_itself = healthy and any(r.status != "ok" for r in reports.values())
+        failed = waited.timed_out or waited.breach is not None or not healthy
         stopped = None
         if failed or len(reports) < len(ranks) or workers.poll() is not None:
             stopped = self._stop()
@@ -282,7 +292,7 @@ class WarmWorkerPool:
             oom_evidence=oom_watch.explain(exit_codes, trial_dir, ranks),
         )
         result = build_result(spec, reports, outcome)
-        if not result.ok and stopped is None:
+        if not (result.ok or (stopped_itself and not failed)) and stopped is None:
             stopped = self._stop()
         if stopped is None and (grown := workers.growth(reports)) is not None:
             what, size = grown

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.trial.outcome import classify_exception
-from autotune.trial.rank_report import RankReport, log_path, pid_path, request_path, write_report
+from autotune.trial.rank_report import HEALTHY_STATUSES, RankReport, log_path, pid_path, request_path, write_report
 from autotune.trial.trial_types import TrialSpec
 from autotune.trial.worker.deepspeed_globals import zeropp_groups_left
 from autotune.trial.worker.faults import maybe_inject_fault
@@ -94,7 +94,7 @@ def run_once(spec_path: Path, out_dir: Path, launched_at: float, placement: Plac
     except Exception as error:
         report = failure_report(placement.rank, error, clock)
     write_report(out_dir, report)
-    return report.status == "ok"
+    return report.status in HEALTHY_STATUSES
 
 
 def _next_request(pool_dir: Path, index: int) -> dict:
@@ -161,7 +161,7 @@ def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
         except Exception as error:
             report = failure_report(placement.rank, error, clock)
         write_report(out_dir, report)
-        if report.status != "ok":
+        if report.status not in HEALTHY_STATUSES:
             return False
         index += 1
     return True

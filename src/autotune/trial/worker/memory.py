@@ -394,9 +394,15 @@ class MemoryTracker:
         sites, self._sites = self._sites.finish(), None
         return dataclasses.replace(measured, peak_sites=sites)
 
-    def _measured(self, rank: int) -> RankMetrics:
+    def so_far(self, rank: int) -> RankMetrics:
+        """The peaks up to now, the trial still running (the sampler keeps sampling): what the stop over the limit
+        after warm-up judges (trial/worker/train_steps.py timed_steps)."""
+        return self._measured(rank, stop_sampler=False)
+
+    def _measured(self, rank: int, stop_sampler: bool = True) -> RankMetrics:
         self.sample()
-        self._sampler.stop()
+        if stop_sampler:
+            self._sampler.stop()
         micro_peak, smaller_micro_peak = self._phase_peaks.get("micro"), self._phase_peaks.get("smaller_micro")
         if self.device != "cuda":
             return RankMetrics(

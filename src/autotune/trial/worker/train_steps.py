@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.core.measurement import MIN_STEPS, enough_steps
+from autotune.core.units import format_bytes
 from autotune.infra.environment import select_accelerator
 from autotune.trial.outcome import classify_exception
 from autotune.trial.rank_report import RankReport
 from autotune.trial.throughput import flops_per_token
-from autotune.trial.trial_types import TrialSpec
+from autotune.trial.trial_types import TrialSpec, rank_peak_bytes
 from autotune.trial.worker.deepspeed_globals import release_engine_globals, release_zeropp_groups
 from autotune.trial.worker.faults import maybe_inject_fault
 from autotune.trial.worker.memory import MemoryTracker, empty_host_cache, release_host_memory
@@ -319,6 +320,28 @@ class StepTimes:
 PART_STEPS = 3
 
 
+class StoppedOverLimit(Exception):
+    """The trial's peak after its warm-up is over the search's limit on some rank (TrialSpec.stop_over_bytes)."""
+
+    def __init__(self, peak_bytes: int, limit_bytes: int, warmup_steps: int) -> None:
+        super().__init__(
+            f"peak {format_bytes(peak_bytes)} after {warmup_steps} warm-up steps, over the search's limit of"
+            f" {format_bytes(limit_bytes)}: stopped before timing (a speed over the headroom is never used)"
+        )
+
+
+def _stop_if_over_limit(spec: TrialSpec, placement: Placement, memory: MemoryTracker, device: Any) -> None:
+    """After the warm-up, whose boundary steps reach a real step's peak: every rank takes the worst rank's peak (the
+    search judges the worst, TrialResult.peak_memory_bytes), so all stop together or none does."""
+    if spec.stop_over_bytes is None:
+        return
+    own = memory.so_far(placement.rank)
+    outside = spec.predicted_outside_allocator_bytes if spec.device == "cuda" and not own.device_used_bytes else None
+    worst = int(_slowest_rank(float(rank_peak_bytes(own, outside) or 0), placement.world_size, device))
+    if worst > spec.stop_over_bytes:
+        raise StoppedOverLimit(worst, spec.stop_over_bytes, spec.warmup_steps)
+
+
 def _timed(run: Any, placement: Placement, device: Any, memory: MemoryTracker, steps: int) -> list[float]:
     from deepspeed.accelerator import get_accelerator
 
@@ -373,7 +396,8 @@ def timed_steps(
     """Warm-up, then whole optimizer steps until their median is known well enough, then plain micro-steps at
     this micro-batch and at a smaller one, in the same process: one launch gives two points of the step-time
     line. Every warm-up step is a boundary, so the optimizer's state and the peak memory of a real step are
-    reached before anything is timed."""
+    reached before anything is timed; a trial already over the search's limit there stops (TrialSpec.stop_over_bytes:
+    StoppedOverLimit, reported as over_budget with its peak)."""
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
@@ -385,6 +409,7 @@ def timed_steps(
             maybe_inject_fault("step", placement.rank)
     accelerator.synchronize()
     clock.mark("warmup")
+    _stop_if_over_limit(spec, placement, memory, engine.device)
     steps = _timed_until_enough(
         lambda: _optimizer_step(engine, batch, accumulation), spec, placement, engine.device, memory=memory
     )
@@ -513,6 +538,14 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
             hardware_flops_per_token=flops.hardware,
             model_flops_per_token=flops.model,
             engine_facts=engine_mode_facts(engine),
+        )
+    except StoppedOverLimit as over:
+        return RankReport(
+            rank=placement.rank,
+            status="over_budget",
+            error=str(over),
+            memory=memory.metrics(placement.rank),
+            phases=dict(clock.phases),
         )
     except Exception as error:
         status, line = classify_exception(error)
