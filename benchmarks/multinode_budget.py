@@ -2,7 +2,7 @@
 
 Issue 44 asks, for the multi-node scenarios of `gpu_sim/scenarios.py` under the default: a simulated wall of at most
 15 min on 2 nodes and a pick within 0.99 of the exhaustive best everywhere. Without a time budget on GPUs (the
-default) the 2-node multi-node-infiniband tune takes 21.7 simulated minutes. This runs each multi-node scenario's
+default) the 2-node multi-node-infiniband tune takes 19.2 simulated minutes. This runs each multi-node scenario's
 search as the default runs it (the launcher the one chooser gives, no mode that changes the training, the derived
 --max-trials never binding) against the simulated clock of `gpu_sim/budget.py`, under a grid of --time-budget
 values, two ways at the deadline: the trial running there is cut (what tuning/trials.py does today) or allowed to

@@ -91,10 +91,18 @@ def grid(scenario: Scenario, world: int) -> list[int]:
 
 def cluster(scenario: Scenario, shape: TrialShape = WORKER_TRIAL) -> tuple[SimulatedCluster, Target, EstimateSettings]:
     model = summarize(resolve_model(scenario.model))
-    machine = SimulatedCluster(
-        model, scenario.node, scenario.nodes, scenario.seq_len, scenario.global_batch, shape=shape
-    )
     gpu = scenario.node.gpu
+    # the trials stop over the search's limit after warm-up, as request/context.py's spec asks on GPUs
+    limit = int(HEADROOM * gpu.memory_bytes)
+    machine = SimulatedCluster(
+        model,
+        scenario.node,
+        scenario.nodes,
+        scenario.seq_len,
+        scenario.global_batch,
+        shape=shape,
+        stop_over_bytes=limit,
+    )
     target = Target(
         gpu,
         scenario.node.gpus_per_node,

@@ -94,10 +94,11 @@ class ClockedTrials:
             if confirmation:  # a fresh run as SimulatedCluster.run_fresh records and answers it
                 self.machine.fresh_runs.add(len(self.machine.launched))
             self.machine.launched.append(candidate)
-            result = self.machine.fresh_result(candidate) if confirmation else self.machine.result(candidate)
+            result = self.machine.trial_result(candidate, fresh=confirmation)
         self.clock.now += seconds
         self.events.append(TrialEvent(candidate, new_process, fresh, cut, seconds, steps, confirmation))
-        self._process_up = not fresh and result.ok
+        # a trial that stopped itself over the limit after warm-up leaves its worker up (trial/launch/warm.py)
+        self._process_up = not fresh and (result.ok or result.status == "over_budget")
         return result
 
     @property

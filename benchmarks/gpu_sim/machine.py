@@ -84,7 +84,8 @@ STARTUP_MEASUREMENT = Path(__file__).resolve().parents[1] / "results" / "trial_s
 # autotune.core.measurement.enough_steps says stop (the simulator's steps have no spread, so MIN_STEPS of them, or
 # MIN_SLOW_STEPS once MAX_MEASURE_S of them are measured); then, where the trial accumulates or has a smaller
 # micro-batch (TrialSpec.smaller_micro_batch = micro-batch // 2, request/context.py spec), PART_STEPS plain
-# micro-steps at its micro-batch and PART_STEPS at the smaller one.
+# micro-steps at its micro-batch and PART_STEPS at the smaller one. A trial whose peak is over TrialSpec.stop_over_bytes
+# (the search's limit on GPUs) stops after its warm-up (SimulatedCluster.stops_over).
 WARMUP_STEPS = next(f.default for f in fields(TrialSpec) if f.name == "warmup_steps")
 
 
@@ -308,11 +309,15 @@ class SimulatedCluster(RecordingMachine):
         trial_timeout_s: float = 900.0,
         fresh_extra_bytes: int = 0,
         shape: TrialShape = WORKER_TRIAL,
+        stop_over_bytes: int | None = None,
     ) -> None:
         self.model, self.node, self.nodes, self.seq_len = model, node, nodes, seq_len
         self.global_batch, self.trial_timeout_s = global_batch, trial_timeout_s
         self.fresh_extra_bytes = fresh_extra_bytes
         self.shape = shape
+        # the trials' TrialSpec.stop_over_bytes (request/context.py: the search's limit on GPUs): a trial whose peak
+        # is over it stops after its warm-up as over_budget (trial/worker/train_steps.py timed_steps)
+        self.stop_over_bytes = stop_over_bytes
         self.world = node.gpus_per_node * nodes
         self.gpu = node.gpu
         self.launched: list[Candidate] = []
@@ -535,6 +540,8 @@ class SimulatedCluster(RecordingMachine):
         """A trial's time after its build: the whole measurement when it runs; its first warm-up step when it runs
         out of memory (FAILED_TRIAL_STEPS); up to the trial timeout when it times out."""
         status = self.result(candidate).status
+        if status == "ok" and self.stops_over(candidate, fresh=confirmation):
+            return self.steps_breakdown(candidate)["warmup"]  # it stops after its warm-up (`stops_over`)
         if status == "ok":
             return self.ok_steps_seconds(candidate, confirmation=confirmation)
         if status == "timeout":
@@ -550,11 +557,36 @@ class SimulatedCluster(RecordingMachine):
         """One trial in its own process run to its end: start-up, build, steps (what the trial timeout bounds)."""
         return TRIAL_STARTUP_S + self.ok_steps_seconds(candidate)
 
+    def stops_over(self, candidate: Candidate, *, fresh: bool = False) -> bool:
+        """Whether the trial runs and its peak (fresh: with `fresh_extra_bytes`) is over `stop_over_bytes`."""
+        if self.stop_over_bytes is None or not self.result(candidate).ok:
+            return False
+        peak = self.gpu_bytes(candidate) + (self.fresh_extra_bytes if fresh else 0)
+        return peak <= self.gpu.memory_bytes and peak > self.stop_over_bytes
+
+    def trial_result(self, candidate: Candidate, *, fresh: bool = False) -> TrialResult:
+        """What autotune's trial reports (`run`; `run_fresh` with fresh=True): `result` (`fresh_result`), or, where
+        it stops over the limit after warm-up (`stops_over`), over_budget with that peak and nothing timed."""
+        result = self.fresh_result(candidate) if fresh else self.result(candidate)
+        if not self.stops_over(candidate, fresh=fresh):
+            return result
+        ranks = [replace(r, micro_peak_bytes=None, smaller_micro_peak_bytes=None) for r in result.ranks]
+        return TrialResult(
+            status="over_budget",
+            error="over the search's limit after warm-up: stopped before timing",
+            ranks=ranks,
+            wall_s=TRIAL_STARTUP_S + self.steps_seconds(candidate, confirmation=fresh),
+        )
+
+    def run(self, candidate: Candidate) -> tuple[TrialResult, bool]:
+        self.launched.append(candidate)
+        return self.trial_result(candidate), False
+
     def run_fresh(self, candidate: Candidate) -> tuple[TrialResult, bool]:
         """A trial in a process of its own (Search.confirm_fresh's RunTrial): recorded as a fresh launch."""
         self.fresh_runs.add(len(self.launched))
         self.launched.append(candidate)
-        return self.fresh_result(candidate), False
+        return self.trial_result(candidate, fresh=True), False
 
     def fresh_result(self, candidate: Candidate) -> TrialResult:
         """The confirmation's `result`: no smaller micro-batch timed (TuneContext.confirmation_spec), and
