@@ -292,7 +292,7 @@ class WarmWorkerPool:
             oom_evidence=oom_watch.explain(exit_codes, trial_dir, ranks),
         )
         result = build_result(spec, reports, outcome)
-        if not (result.ok or (stopped_itself and not failed)) and stopped is None:
+        if not (result.ok or stopped_itself) and stopped is None:  # a failure stopped them above already
             stopped = self._stop()
         if stopped is None and (grown := workers.growth(reports)) is not None:
             what, size = grown

@@ -335,9 +335,8 @@ def _stop_if_over_limit(spec: TrialSpec, placement: Placement, memory: MemoryTra
     search judges the worst, TrialResult.peak_memory_bytes), so all stop together or none does."""
     if spec.stop_over_bytes is None:
         return
-    own = memory.so_far(placement.rank)
-    outside = spec.predicted_outside_allocator_bytes if spec.device == "cuda" and not own.device_used_bytes else None
-    worst = int(_slowest_rank(float(rank_peak_bytes(own, outside) or 0), placement.world_size, device))
+    own = rank_peak_bytes(memory.so_far(placement.rank), spec.predicted_outside_allocator_bytes)
+    worst = int(_slowest_rank(float(own or 0), placement.world_size, device))
     if worst > spec.stop_over_bytes:
         raise StoppedOverLimit(worst, spec.stop_over_bytes, spec.warmup_steps)
 
