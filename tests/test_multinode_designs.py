@@ -20,7 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from gpu_sim import designs, scale  # noqa: E402
-from gpu_sim.machine import GB, STARTUP, Launcher  # noqa: E402
+from gpu_sim.machine import GB, STARTUP, Launch, Launcher  # noqa: E402
 
 
 def test_the_default_launcher_is_read_from_the_launcher_chooser() -> None:
@@ -142,7 +142,7 @@ def test_a_build_pays_the_model_broadcast_over_the_job() -> None:
     assert costs.fresh_build_s == pytest.approx(STARTUP.cold_build_s + expected)
     assert costs.warm_build_s == pytest.approx(STARTUP.warm_build_s + expected)
     one, two = Candidate(Rung.Z3, 1, True), Candidate(Rung.Z3, 2, True)
-    wall = scale.launches_seconds(machine, [[one, two], [two]])
+    wall = scale.launches_seconds(machine, [Launch([one, two]), Launch([two])])
     steps = machine.steps_seconds(one) + 2 * machine.steps_seconds(two)
     assert wall == pytest.approx(2 * costs.fresh_trial_s + costs.warm_build_s + steps)
     assert scale.gpu_hours(wall, machine.world) == pytest.approx(wall * 512 / 3600)

@@ -8,7 +8,7 @@ from autotune.core.ladder import Candidate
 from autotune.search.records import SearchOutcome
 from gpu_sim.designs import FullScale, small_then_scale, warm_across_nodes
 from gpu_sim.ds_autotuning import ds_autotuning
-from gpu_sim.machine import Launcher, SimulatedCluster
+from gpu_sim.machine import Launch, Launcher, SimulatedCluster
 from gpu_sim.scale import (
     extra_gpu_hours_per_startup_minute,
     gpu_hours,
@@ -29,7 +29,7 @@ def _pick_of(machine: SimulatedCluster, key: str | None) -> Candidate | None:
     return next((c for c in machine.launched if c.key == key), None)
 
 
-def _launch_design(machine: SimulatedCluster, launches: list[list[Candidate]], pick: Candidate | None) -> dict:
+def _launch_design(machine: SimulatedCluster, launches: list[Launch], pick: Candidate | None) -> dict:
     seconds = launches_seconds(machine, launches)
     return {
         "full_launches": len(launches),
@@ -38,14 +38,7 @@ def _launch_design(machine: SimulatedCluster, launches: list[list[Candidate]], p
         "samples_per_s": machine.samples_per_s(pick) if pick else 0.0,
         "simulated_wall_s": round(seconds, 1),
         # of the wall, the trials' measured steps (the rest is start-up and builds)
-        "steps_s": round(
-            sum(
-                machine.steps_seconds(c, confirmation=getattr(launch, "confirmation", False))
-                for launch in launches
-                for c in launch
-            ),
-            1,
-        ),
+        "steps_s": round(sum(machine.launch_steps_seconds(launch) for launch in launches), 1),
         "gpu_hours_allocation": round(gpu_hours(seconds, machine.world), 1),
         "gpu_hours_busy": round(gpu_hours(seconds, machine.world), 1),
     }

@@ -221,7 +221,7 @@ def small_then_scale(
     small_walls = [(launches_seconds(s.machine, s.machine.launches(Launcher.WARM)), s.machine.world) for s in searches]
     small_s = sum(seconds for seconds, _ in small_walls)
     small_busy = sum(gpu_hours(seconds, gpus) for seconds, gpus in small_walls)
-    full_s = launches_seconds(machine, [[c] for c in runs])
+    full_s = launches_seconds(machine, [Launch([c]) for c in runs])
     return {
         "small_nodes": list(small_nodes),
         "top": top,

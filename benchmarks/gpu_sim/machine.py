@@ -638,13 +638,17 @@ class SimulatedCluster(RecordingMachine):
             new_process = fresh or not self.result(candidate).ok
         return groups
 
+    def launch_steps_seconds(self, launch: Launch) -> float:
+        """The steps of one launch's trials (a confirmation's as it runs: `steps_seconds`)."""
+        return sum(self.steps_seconds(c, confirmation=launch.confirmation) for c in launch)
+
     def tune_seconds(self, launcher: Launcher) -> float:
         """Wall time of `launcher`'s trials: each launch's process start and cold build once, each further trial in
         it a warm build; every trial its steps. A fresh trial is a launch of one: start, cold build, steps."""
         total = 0.0
         for launch in self.launches(launcher):
             total += STARTUP.process_start_s + STARTUP.cold_build_s
-            total += sum(self.steps_seconds(c, confirmation=launch.confirmation) for c in launch)
+            total += self.launch_steps_seconds(launch)
             total += STARTUP.warm_build_s * (len(launch) - 1)
         return total
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_sim.machine import GB, STARTUP, WEIGHT_BYTES, SimulatedCluster
+from gpu_sim.machine import GB, STARTUP, WEIGHT_BYTES, Launch, SimulatedCluster
 
 
 @dataclass(frozen=True)
@@ -54,15 +54,14 @@ def launch_costs(machine: SimulatedCluster) -> LaunchCosts:
     )
 
 
-def launches_seconds(machine: SimulatedCluster, launches: list[list]) -> float:
-    """Wall of trials grouped by process (each list one launch, its candidates in order): each launch its process
+def launches_seconds(machine: SimulatedCluster, launches: list[Launch]) -> float:
+    """Wall of trials grouped by process (each Launch one process, its candidates in order): each launch its process
     start and a fresh build, each further trial in it a warm build; every trial its steps."""
     costs = launch_costs(machine)
     total = 0.0
     for launch in launches:
         total += costs.fresh_trial_s + costs.warm_build_s * (len(launch) - 1)
-        confirmation = getattr(launch, "confirmation", False)  # gpu_sim/machine.py Launch
-        total += sum(machine.steps_seconds(candidate, confirmation=confirmation) for candidate in launch)
+        total += machine.launch_steps_seconds(launch)
     return total
 
 
