@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -23,10 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.fakes (gpu_sim)
 
-from autotune.core.versions import library_versions
-from autotune.infra.atomic import atomic_write_text
 from gpu_sim.budget_report import QUALITY_BAR
 from gpu_sim.designs import default_launcher
+from gpu_sim.results import write_result
 from gpu_sim.scenarios import SCENARIOS, Scenario
 from search_defaults import clocked, options
 from search_quality import cluster, exhaustive, grid, mode_grid
@@ -79,19 +77,15 @@ def main() -> None:
     args = parser.parse_args()
     started = time.monotonic()
     rows = [scenario_row(s) for s in SCENARIOS if s.nodes > 1]
-    data = {
-        "benchmark": "time budgets for the simulated multi-node tunes (benchmarks/gpu_sim, same-training modes)",
-        "date": time.strftime("%Y-%m-%d"),
-        "python": platform.python_version(),
-        "versions": library_versions(),
-        "elapsed_s": round(time.monotonic() - started, 2),
+    what = "time budgets for the simulated multi-node tunes (benchmarks/gpu_sim, same-training modes)"
+    figures = {
         "quality_bar": QUALITY_BAR,
         "two_node_wall_target_min": TWO_NODE_WALL_TARGET_MIN,
         "cells": "[quality against the same-training exhaustive best, simulated wall in minutes]",
         "budgets_meeting_issue_44": {how: holding(rows, how) for how in ("cut", "finish")},
         "scenarios": rows,
     }
-    atomic_write_text(args.out, json.dumps(data, indent=2) + "\n")
+    data = write_result(args.out, what, started, figures)
     print(table(rows))
     print(f"\nbudgets meeting issue 44's figures: {json.dumps(data['budgets_meeting_issue_44'])}")
 

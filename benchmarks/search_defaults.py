@@ -17,8 +17,6 @@ commit 1abdede is gpu_sim/default_rules.py DERIVED (src's derived_max_trials, no
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -29,8 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.fakes (gpu_sim)
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.core.versions import library_versions
-from autotune.infra.atomic import atomic_write_text
 from autotune.modes.applies import ModeFacts, ModeOption, considered_modes
 from autotune.search.records import LaunchPurpose, SearchLimits, SearchOutcome
 from autotune.search.relations import same_group
@@ -40,6 +36,7 @@ from gpu_sim.budget_report import QUALITY_BAR, holds_from
 from gpu_sim.default_rules import DERIVED, RULES, Rule, SearchShape, scenario_shape
 from gpu_sim.designs import default_launcher, warm_across_nodes_chooser
 from gpu_sim.machine import Launcher, models_mode
+from gpu_sim.results import write_result
 from gpu_sim.scenarios import SCENARIOS, Scenario
 from search_quality import HEADROOM, RUNGS, cluster, exhaustive, grid, mode_grid, offload_ratios
 
@@ -270,18 +267,13 @@ def main() -> None:
         setting: {chooser: summary(rows, setting, chooser) for chooser in (CODE, WARM_ACROSS)}
         for setting in (DEFAULT_MODES, APPROXIMATE_MODES)
     }
-    data = {
-        "benchmark": "default search limits on the simulated GPU cluster (benchmarks/gpu_sim)",
-        "date": time.strftime("%Y-%m-%d"),
-        "python": platform.python_version(),
-        "versions": library_versions(),
-        "elapsed_s": round(time.monotonic() - started, 2),
+    figures = {
         "quality_bar": QUALITY_BAR,
         "rules": [{"name": r.name, "why": r.why} for r in RULES],
         "summary": summaries,
         "scenarios": rows,
     }
-    atomic_write_text(args.out, json.dumps(data, indent=2) + "\n")
+    write_result(args.out, "default search limits on the simulated GPU cluster (benchmarks/gpu_sim)", started, figures)
     for setting, by_chooser in summaries.items():
         for chooser, found in by_chooser.items():
             print(summary_table(found, f"\n{setting}, {chooser}:"))

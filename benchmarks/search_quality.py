@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -45,10 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.fakes (gpu_sim)
 
 from autotune.core.ladder import Candidate, Mode, Rung
-from autotune.core.versions import library_versions
 from autotune.estimate.estimate_types import EstimateSettings
 from autotune.hardware.specs import Target
-from autotune.infra.atomic import atomic_write_text
 from autotune.models import resolve_model, summarize
 from autotune.modes.applies import ModeFacts, ModeOption, considered_modes, ratio_grid
 from autotune.modes.search_view import is_ratio_mode
@@ -72,6 +69,7 @@ from gpu_sim.design_report import designs_medians, designs_table, multi_node_des
 from gpu_sim.designs import FullScale, default_launcher, warm_across_nodes_chooser
 from gpu_sim.ds_autotuning import ds_autotuning
 from gpu_sim.machine import WORKER_TRIAL, Launcher, SimulatedCluster, TrialShape, models_mode
+from gpu_sim.results import write_result
 from gpu_sim.scenarios import SCENARIOS, Scenario
 
 RUNGS = [Rung.Z0, Rung.Z1, Rung.Z2, Rung.Z2_OFFLOAD_OPT, Rung.Z3, Rung.Z3_OFFLOAD_OPT, Rung.Z3_OFFLOAD_ALL]
@@ -550,12 +548,7 @@ def main() -> None:
     chosen = [s for s in SCENARIOS if not args.scenario or s.name in args.scenario]
     started = time.monotonic()
     rows = [run_scenario(s) for s in chosen]
-    data = {
-        "benchmark": "search quality on a simulated GPU cluster (benchmarks/gpu_sim)",
-        "date": time.strftime("%Y-%m-%d"),
-        "python": platform.python_version(),
-        "versions": library_versions(),
-        "elapsed_s": round(time.monotonic() - started, 2),
+    figures = {
         "headroom": HEADROOM,
         "default_launches": headline(rows).strip(),
         "multi_node_full_launch_medians": designs_medians(rows),
@@ -563,7 +556,7 @@ def main() -> None:
         "under_default_summary": {name: default_summary(rows, name) for name in (CODE_CHOOSER, WARM_CHOOSER)},
         "scenarios": rows,
     }
-    atomic_write_text(args.out, json.dumps(data, indent=2) + "\n")
+    write_result(args.out, "search quality on a simulated GPU cluster (benchmarks/gpu_sim)", started, figures)
     print(table(rows))
     print()
     print(breakdown_table(rows))
