@@ -141,6 +141,12 @@ def measure(ctx: TuneContext, rung: Rung, micro_batch: int, twin_micro_batch: in
     }
 
 
+def _seconds(value: float | None) -> str:
+    """A trial times its plain micro-step only where it accumulates or builds its second point from parts
+    (trial/worker/train_steps.py timed_steps); elsewhere there is none to show."""
+    return "?" if value is None else f"{value:.3f} s"
+
+
 def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--worker":
         twin_worker(Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
@@ -175,7 +181,7 @@ def main() -> None:
         print(
             f"| {r['rung']} | {r['micro_batch']} | {r['twin_micro_batch']} | {(implied or 0) / MiB:.0f} MiB"
             f" | {(fresh or 0) / MiB:.0f} MiB | {diff} | {r['twin']['twin_micro_step_s']:.3f} s"
-            f" | {(r['fresh_micro_step_s'] or 0):.3f} s |"
+            f" | {_seconds(r['fresh_micro_step_s'])} |"
         )
 
 

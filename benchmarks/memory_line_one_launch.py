@@ -2,16 +2,22 @@
 
     python benchmarks/memory_line_one_launch.py [--out FILE.json]
 
-Every trial also times half its micro-batch in the same process, and measures each set of plain micro-steps'
-own peak (trial/worker/memory.py MemoryTracker.phase). The trial's peak less the difference between the two is the
+Every trial also times half its micro-batch in the same process, and measures the forward/backward's own peak at
+each (trial/worker/memory.py MemoryTracker.phase). The trial's peak less the difference between the two is the
 peak it implies at the half micro-batch (TrialResult.smaller_peak_point): what the search draws its group's line
 through after one trial instead of two. This runs micro-batch m and 2m of the same rung, each in a fresh process,
-and puts the point implied by the 2m trial beside the peak the m trial measured.
+and puts the point implied by the 2m trial beside the peak the m trial measured, both ways a trial builds its second
+point (trial/worker/train_steps.py timed_steps): `whole`, whole steps at the half (the demo has no fixed global
+batch, so the default), and `parts`, plain micro-steps at both micro-batches (what a fixed global batch gets,
+forced here through TrialSpec.fixed_global_batch on the same config). The peaks of the two ways differ where the
+plain micro-steps hold something a job without accumulation never holds; the model's fp32 gradient size is written
+beside them to compare.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from autotune.core.ladder import Candidate, Rung
@@ -21,6 +27,7 @@ from autotune.request.context import TuneContext
 from autotune.request.tune_request import TuneRequest
 from autotune.trial import LocalLauncher, run_trial
 from autotune.trial.launch.ops import prebuild_ops
+from autotune.trial.trial_types import TrialSpec
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "memory_line_one_launch_cpu.json"
@@ -35,13 +42,20 @@ def demo_context() -> TuneContext:
     return TuneContext.build(request, outputs=False)
 
 
-def measure(ctx: TuneContext, rung: Rung, micro_batch: int) -> dict:
-    small = run_trial(ctx.spec(Candidate(rung, micro_batch, False)), LocalLauncher(env=TUNER_ENV))
-    large = run_trial(ctx.spec(Candidate(rung, 2 * micro_batch, False)), LocalLauncher(env=TUNER_ENV))
+WAYS = {"whole": False, "parts": True}  # way -> TrialSpec.fixed_global_batch
+
+
+def measure(ctx: TuneContext, rung: Rung, micro_batch: int, way: str) -> dict:
+    def spec(m: int) -> TrialSpec:
+        return dataclasses.replace(ctx.spec(Candidate(rung, m, False)), fixed_global_batch=WAYS[way])
+
+    small = run_trial(spec(micro_batch), LocalLauncher(env=TUNER_ENV))
+    large = run_trial(spec(2 * micro_batch), LocalLauncher(env=TUNER_ENV))
     implied = large.smaller_peak_point
     row = {
         "rung": rung.value,
         "micro_batch": micro_batch,
+        "way": way,
         "status": [small.status, large.status],
         "measured_peak_bytes": small.peak_memory_bytes,
         "large_peak_bytes": large.peak_memory_bytes,
@@ -59,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     prebuild_ops("cpu")
     ctx = demo_context()
-    rows = [measure(ctx, rung, m) for rung, m in PAIRS]
+    rows = [measure(ctx, rung, m, way) for rung, m in PAIRS for way in WAYS]
     from compare.environment import (  # benchmarks/ is the script directory, so on sys.path
         git_revision,
         load_average,
@@ -69,17 +83,19 @@ def main() -> None:
 
     data = {
         "rows": rows,
+        "fp32_gradient_bytes": 4 * ctx.model.total_params,  # one fp32 gradient of every parameter
         "environment": {**environment("cpu"), **git_revision(HERE.parent), "date": now_utc(), "load": load_average()},
     }
     atomic_write_json(args.out, data)
-    print("| rung | m | measured peak at m | implied by the 2m trial | implied - measured | peak at 2m |")
-    print("|---|---|---|---|---|---|")
+    print(f"fp32 gradients of the model: {data['fp32_gradient_bytes'] / MiB:.1f} MiB")
+    print("| rung | m | way | measured peak at m | implied by the 2m trial | implied - measured | peak at 2m |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         diff = r.get("implied_minus_measured_bytes")
         print(
-            f"| {r['rung']} | {r['micro_batch']} | {(r['measured_peak_bytes'] or 0) / MiB:.0f} MiB |"
-            f" {(r['implied_peak_bytes'] or 0) / MiB:.0f} MiB | {'-' if diff is None else f'{diff / MiB:+.1f} MiB'} |"
-            f" {(r['large_peak_bytes'] or 0) / MiB:.0f} MiB |"
+            f"| {r['rung']} | {r['micro_batch']} | {r['way']} | {(r['measured_peak_bytes'] or 0) / MiB:.1f} MiB |"
+            f" {(r['implied_peak_bytes'] or 0) / MiB:.1f} MiB | {'-' if diff is None else f'{diff / MiB:+.1f} MiB'} |"
+            f" {(r['large_peak_bytes'] or 0) / MiB:.1f} MiB |"
         )
 
 

@@ -540,6 +540,13 @@ def breakdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# What `under_default` searches: the default's launcher and limits, with every mode this benchmark holds the search to
+EVERY_MODE = (
+    "every mode the simulator models, those that change the training included (as with --allow-approximate); the"
+    " default's own, same-training modes: results/search_defaults.json"
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -553,6 +560,7 @@ def main() -> None:
         "default_launches": headline(rows).strip(),
         "multi_node_full_launch_medians": designs_medians(rows),
         "command_defaults": asdict(command_defaults()),
+        "under_default_modes": EVERY_MODE,
         "under_default_summary": {name: default_summary(rows, name) for name in (CODE_CHOOSER, WARM_CHOOSER)},
         "scenarios": rows,
     }
@@ -562,6 +570,7 @@ def main() -> None:
     print(breakdown_table(rows))
     for name in (CODE_CHOOSER, WARM_CHOOSER):
         print()
+        print(f"modes: {EVERY_MODE}")
         print(default_table(rows, name))
         for setting, figures in default_summary(rows, name).items():
             print(f"{setting}: {json.dumps(figures)}")

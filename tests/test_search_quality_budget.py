@@ -96,13 +96,18 @@ def test_a_trial_measures_min_steps_of_fast_steps_and_fewer_of_slow_ones(monkeyp
 
 
 def test_a_trials_steps_are_warm_up_measured_and_the_step_line_parts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Warm-up steps are single boundary micro-steps; the plain micro-steps at the micro-batch and half of it come
-    after the measured steps, and only where the trial accumulates or has a half (train_steps.py timed_steps)."""
+    """Warm-up steps are single boundary micro-steps; the second point comes after the measured steps, only where the
+    trial has a half: whole steps at the half where nothing accumulates (no fixed global batch), else plain
+    micro-steps at the micro-batch and half of it, those at the micro-batch also where it accumulates
+    (train_steps.py timed_steps)."""
     machine = simulated_machine("memory-not-binding")
     _step_cost(monkeypatch, machine, micro_s=1.0, optimizer_s=0.5)
     one, four = Candidate(Rung.Z2, 1, False), Candidate(Rung.Z2, 4, False)
     monkeypatch.setattr(machine, "accumulation", lambda candidate: 1)
+    assert machine.global_batch is None
     assert machine.steps_breakdown(one) == {"warmup": WARMUP_STEPS * 1.5, "measured": MIN_STEPS * 1.5, "parts": 0.0}
+    assert machine.steps_breakdown(four)["parts"] == pytest.approx(PART_STEPS * (2.0 + 0.5))  # whole steps at 2
+    monkeypatch.setattr(machine, "global_batch", 64)  # fixed: the half would accumulate more, so the plain parts
     assert machine.steps_breakdown(four)["parts"] == pytest.approx(PART_STEPS * 4.0 + PART_STEPS * 2.0)
     monkeypatch.setattr(machine, "accumulation", lambda candidate: 3)
     assert machine.steps_breakdown(one) == {

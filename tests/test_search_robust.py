@@ -7,9 +7,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tests.fakes.machines import GIB, LinearMachine, LinearMemory
+from tests.fakes.searches import mode_search
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.search.records import SearchLimits
+from autotune.search.pick_decision import Pick
+from autotune.search.records import SearchLimits, TrialRecord
 from autotune.search.walk import Search
 from autotune.trial.trial_types import TrialResult
 
@@ -317,6 +320,54 @@ def test_a_confirmation_that_does_not_fit_is_a_launch_and_the_next_one_confirms_
     launches = machine.launches(Launcher.WARM_CONFIRMED)
     assert launches == [*machine.launches(Launcher.WARM), *([c] for c in confirmed)]
     _each_fresh_run_alone_and_followed_by_a_new_process(machine)
+
+
+def test_a_pick_whose_own_trial_was_first_in_its_process_is_not_launched_again() -> None:
+    """multi-node-infiniband: the ZeRO-3 group's first trial runs out of memory, the pool replaces the workers, and
+    the pick is the new workers' first trial: measured from a fresh process's state, it is its own confirmation, and
+    the GPU default launches exactly what the warm workers did."""
+    from gpu_sim.machine import Launcher
+
+    outcome, machine, _ = _confirmed_search("multi-node-infiniband")
+    best = outcome.best
+    assert best is not None and best.result.first_in_process and not best.from_cache
+    assert outcome.fresh_confirmation is best
+    assert machine.fresh_runs == set()
+    assert machine.launches(Launcher.WARM_CONFIRMED) == machine.launches(Launcher.WARM)
+    assert best.candidate in [launch[0] for launch in machine.launches(Launcher.WARM)]  # first of a launch
+
+
+def test_a_warm_launch_s_first_trial_measures_what_a_fresh_process_does() -> None:
+    """The simulator's own difference between fresh and warm peaks (a test's, `fresh_extra_bytes`) is on a warm
+    launch's first trial too: it starts from a fresh process's state. Later trials of that launch measure without it."""
+    from gpu_sim.machine import SimulatedCluster
+
+    base = _machine("checkpointing-wins")[0]
+    extra = 2**30
+    machine = SimulatedCluster(
+        base.model, base.node, base.nodes, base.seq_len, base.global_batch, fresh_extra_bytes=extra
+    )
+    first, second = Candidate(Rung.Z3, 2, False), Candidate(Rung.Z3, 3, False)
+    one, _ = machine.run(first)
+    two, _ = machine.run(second)
+    assert one.first_in_process and not two.first_in_process
+    assert one.peak_memory_bytes == machine.gpu_bytes(first) + extra
+    assert two.peak_memory_bytes == machine.gpu_bytes(second)
+
+
+def test_a_cached_first_trial_confirms_nothing() -> None:
+    """A result from the cache was measured by another run: only this run's first-in-process trial stands in for
+    the confirmation launch."""
+    search = mode_search(LinearMachine(memory_bytes=16 * GIB), LinearMemory(), {}, [Rung.Z3])
+    candidate = Candidate(Rung.Z3, 4, False)
+    result = TrialResult(status="ok", samples_per_s=4.0, step_times_s=[1.0] * 5, first_in_process=True)
+    pick = Pick(search.state, search.ladder)
+    search.state.outcome.trials.append(TrialRecord(candidate, result, 0, 16 * GIB, from_cache=True))
+    assert pick._first_in_process(candidate) is None
+    search.state.outcome.trials.append(mine := TrialRecord(candidate, result, 0, 16 * GIB))
+    assert pick._first_in_process(candidate) is mine
+    search.state.outcome.trials.append(TrialRecord(candidate, replace(result, first_in_process=False), 0, 16 * GIB))
+    assert pick._first_in_process(candidate) is mine  # a later warm trial does not take its place
 
 
 def test_every_launch_says_why_it_was_made() -> None:

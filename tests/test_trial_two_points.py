@@ -81,20 +81,30 @@ def test_one_warm_launch_measures_two_micro_batches_of_a_group_each_with_its_own
     cold_small = run_trial(_group_spec(4), LocalLauncher(env=env))
     for result in (large, small, cold_small):
         assert result.status == "ok", result.error
+    # the workers' first trial starts from a fresh process's state, as a fresh launch's does; their second does not
+    assert large.first_in_process and not small.first_in_process and cold_small.first_in_process
     large_peak, small_peak, cold_peak = (r.peak_memory_bytes or 0 for r in (large, small, cold_small))
     assert small_peak < large_peak - 16 * 2**20  # 28 samples x 1 MiB of logits and more: the reset took
     assert abs(small_peak - cold_peak) <= WARM_GROWTH_LIMIT_BYTES
 
 
-@pytest.mark.slow  # about 40-60 s on the shared 2-core machine (two fresh trials)
-def test_one_launch_implies_the_peak_its_half_micro_batch_measures_on_its_own() -> None:
-    """A trial at micro-batch 32 measures its plain micro-steps at 32 and 16 each from its own start: the peak it
-    implies at 16 is what a trial at 16 measures, so the search's line for the group stands after one trial."""
+@pytest.mark.slow  # about 40-60 s per case on the shared 2-core machine (two fresh trials)
+@pytest.mark.parametrize("whole_steps", [False, True], ids=["plain-parts", "whole-steps"])
+def test_one_launch_implies_the_peak_its_half_micro_batch_measures_on_its_own(whole_steps: bool) -> None:
+    """A trial at micro-batch 32 measures the forward/backward at 32 and 16 each from its own start: the peak it
+    implies at 16 is what a trial at 16 measures, so the search's line for the group stands after one trial. With a
+    fixed global batch (or one warm-up step) from plain micro-steps at both; without, and with two warm-up steps, from
+    whole steps at 16 against a warm-up step's forward/backward at 32, the half's time then a whole step's."""
     env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}  # the tuner's CPU environment
-    spec = _group_spec(32)
-    large = run_trial(dataclasses.replace(spec, smaller_micro_batch=16), LocalLauncher(env=env))
+    spec = dataclasses.replace(_group_spec(32), smaller_micro_batch=16, warmup_steps=2 if whole_steps else 1)
+    large = run_trial(dataclasses.replace(spec, fixed_global_batch=not whole_steps), LocalLauncher(env=env))
     half = run_trial(_group_spec(16), LocalLauncher(env=env))
     assert large.status == half.status == "ok", (large.error, half.error)
+    if whole_steps:
+        assert large.micro_step_s is None and large.smaller_micro_step_s is None
+        assert large.smaller_step_s and large.smaller_step_s > 0
+    else:
+        assert large.smaller_step_s is None and large.smaller_micro_step_s and large.micro_step_s
     implied = large.smaller_peak_point
     assert implied is not None and implied[0] == 16
     large_peak, half_peak = large.peak_memory_bytes or 0, half.peak_memory_bytes or 0

@@ -11,6 +11,7 @@ from autotune import tune
 from autotune.core.ladder import Candidate, Rung
 from autotune.dsconfig.build_config import validate_with_deepspeed
 from autotune.errors import NothingFitsError, UserError
+from autotune.request.context import TuneContext
 from autotune.search.records import SearchEvent
 from autotune.trial.launch.chooser import TrialLaunchers
 from autotune.tuner import TuneRequest
@@ -181,26 +182,39 @@ def test_real_tune_ends_between_powers_of_two_on_a_boundary_a_trial_confirmed(tm
     assert 1 <= result.report.process_starts <= result.trials_launched
 
 
-def test_real_tune_with_the_gpu_defaults_launchers_confirms_its_pick_in_a_fresh_process(tmp_path) -> None:
+@pytest.mark.parametrize("workers_busy_before", [True, False], ids=["pick-after-other-trials", "pick-first"])
+def test_real_tune_with_the_gpu_defaults_launchers_confirms_its_pick_in_a_fresh_process(
+    tmp_path, workers_busy_before: bool
+) -> None:
     """The GPU default's launchers (warm workers, then the pick once more in a process of its own after they stop:
     tuning/trials.py launcher_for) driving real DeepSpeed trials on the CPU backend, where `auto` confirms nothing
-    (warm and fresh measured equal there): the pieces a GPU tune runs, end to end."""
-    from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool
+    (warm and fresh measured equal there): the pieces a GPU tune runs, end to end. Workers that ran a trial before
+    the tune's (one of another micro-batch, here) leave every trial of it warm: the pick is launched once more; fresh
+    workers make the tune's first trial, the pick here, the first its process ran: its own confirmation."""
+    from autotune.trial import FreshAfterWarm, LocalLauncher, WarmWorkerPool, run_trial
     from autotune.trial.launch.ops import prebuild_ops
 
     prebuild_ops("cpu")  # an injected launcher gets no op preparation from the tuner
     env = {"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    request = tune_request(tmp_path, seq_len=64, rungs=(Rung.Z0, Rung.Z2), micro_batches=(1, 2), use_cache=False)
+    request = tune_request(tmp_path, seq_len=64, rungs=(Rung.Z0,), micro_batches=(1, 2), use_cache=False)
     with WarmWorkerPool(env=env) as pool:
+        if workers_busy_before:
+            other = TuneContext.build(request, outputs=False).spec(Candidate(Rung.Z0, 1))
+            assert run_trial(other, pool).status == "ok"
         confirm = FreshAfterWarm(pool, LocalLauncher(env=env))
         result = tune(request, launcher=TrialLaunchers(pool, confirm))
     report = result.report
-    assert report is not None and report.choice is not None and confirm.launches == 1
-    last = report.trials[-1]
-    assert last.purpose == "fresh-process confirmation" and last.candidate == report.choice.candidate
-    assert last.within_headroom and report.choice.peak_in_fresh_process
-    assert report.choice.peak_bytes == last.result.peak_memory_bytes
-    assert report.process_starts == pool.restarts + 1 <= result.trials_launched
+    assert report is not None and report.choice is not None and report.choice.peak_in_fresh_process
+    picked = [t for t in report.trials if t.candidate == report.choice.candidate]
+    assert confirm.launches == (1 if workers_busy_before else 0)
+    confirmation = picked[-1]
+    assert confirmation.within_headroom and confirmation.result.first_in_process
+    assert report.choice.peak_bytes == confirmation.result.peak_memory_bytes
+    if workers_busy_before:
+        assert confirmation.purpose == "fresh-process confirmation" and not picked[0].result.first_in_process
+    else:
+        assert len(picked) == 1 and report.trials[0] is confirmation  # the workers' first trial, not run again
+    assert report.process_starts == pool.restarts + confirm.launches
 
 
 def test_replaced_warm_workers_get_a_progress_line() -> None:

@@ -70,9 +70,16 @@ def test_the_report_says_which_figures_came_from_a_fresh_full_scale_launch() -> 
     assert detail.startswith(" in 2 launch(es) of all 2 nodes: 1 fresh, full-scale (fresh-process confirmation)")
     assert "the others' figures from warm workers across the nodes" in detail
     assert dataclasses.replace(one, assumptions=two.assumptions).assumptions.nodes == 2
-    if one.choice is not None:
-        fresh_two = dataclasses.replace(two, choice=dataclasses.replace(one.choice, peak_in_fresh_process=True))
-        assert "(in a fresh launch of all 2 nodes, as your job starts)" in memory_line(fresh_two)
+    assert one.choice is not None
+    fresh_two = dataclasses.replace(two, choice=dataclasses.replace(one.choice, peak_in_fresh_process=True))
+    assert "(in a fresh launch of all 2 nodes, as your job starts)" in memory_line(fresh_two)
+    # no confirmation launched: the pick's own trial was the first of its launch (Pick.confirm_fresh)
+    own = dataclasses.replace(fresh_two, launches_by_purpose={"first of a group": 2})
+    assert _launch_detail(own).startswith(
+        " in 2 launch(es) of all 2 nodes: the pick's own trial the first of its launch, so fresh and full-scale"
+    )
+    unconfirmed = dataclasses.replace(own, choice=one.choice)
+    assert " 0 fresh, full-scale" in _launch_detail(unconfirmed)
 
 
 # The globals DeepSpeed's ZeRO++ leaves (deepspeed/utils/groups.py), set as an hpZ and a qgZ build set them, in a

@@ -17,12 +17,15 @@ from tests.fakes.requests import tune_request
 from tests.fakes.trials import GENEROUS_TIMEOUT_S, cpu_ops_built, marked_env, survivors, tiny_spec  # noqa: F401
 
 from autotune import tune
-from autotune.core.ladder import Rung
+from autotune.core.ladder import Candidate, Rung
+from autotune.request.context import TuneContext
 from autotune.search.records import LaunchPurpose, SearchEvent
+from autotune.trial.launch.chooser import open_launchers
 from autotune.trial.launch.processes import free_port
 from autotune.trial.launch.warm import WarmWorkerPool
 from autotune.trial.launch.warm_nodes import LocalNodesStart
 from autotune.trial.trial_types import TrialSpec
+from autotune.tuning.trials import request_facts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,9 +104,14 @@ def test_two_hpz_trials_in_one_warm_pool_across_two_nodes_run_in_one_launch() ->
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("workers_busy_before", [True, False], ids=["pick-after-other-trials", "pick-first"])
 def test_a_two_node_tune_runs_warm_workers_across_nodes_and_confirms_the_pick_in_a_fresh_launch(
-    tmp_path: Path,
+    tmp_path: Path, workers_busy_before: bool
 ) -> None:
+    """The launchers `tune` opens for two CPU "nodes" (the one chooser: warm workers across both, the pick confirmed
+    in a fresh launch of both). Workers that already ran a trial (another micro-batch's, before the tune) leave the
+    pick a warm trial: it runs once more in a fresh two-node launch. Fresh workers make the tune's first trial, the
+    pick here, the first of their launch: a fresh two-node launch's figures already, and nothing is launched again."""
     replaced: list[str] = []
 
     def observe(event: SearchEvent) -> None:
@@ -112,22 +120,29 @@ def test_a_two_node_tune_runs_warm_workers_across_nodes_and_confirms_the_pick_in
 
     two_nodes = dict(gpus=1, nodes=2, seq_len=32, rungs=(Rung.Z0,), use_cache=False)
     request = tune_request(tmp_path, **two_nodes, micro_batches=(1, 2), max_trials=3)
-    result = tune(request, observe=observe)
+    with open_launchers(request_facts(request, os.environ)) as launchers:
+        if workers_busy_before:
+            other = TuneContext.build(request, outputs=False).spec(Candidate(Rung.Z0, 1))
+            assert launchers.trials.run(other).status == "ok"
+        result = tune(request, observe=observe, launcher=launchers)
     assert result.verified and result.candidate is not None
     report = result.report.to_json()
     trials = report["trials"]
-    fresh = [t for t in trials if t["purpose"] == LaunchPurpose.FRESH]
-    assert len(fresh) == 1 and fresh[0]["result"]["status"] == "ok"  # the pick once more, in a fresh launch
     choice = report["choice"]
     picked = {key: choice[key] for key in ("rung", "micro_batch", "grad_checkpointing")}
-    assert fresh[0]["candidate"] == picked and choice.get("peak_in_fresh_process") is True
-    assert any(t["candidate"] == picked for t in trials if t["purpose"] != LaunchPurpose.FRESH)  # first in warm ones
-    assert [r["rank"] for r in fresh[0]["result"]["ranks"]] == [0, 1]  # both "nodes"
-    # one warm launch of every node, any replacement, and the fresh confirmation's launch
-    assert report["process_starts"] == 1 + len(replaced) + 1
-    assert result.trials_launched >= 2
+    warm = [t for t in trials if t["candidate"] == picked and t["purpose"] != LaunchPurpose.FRESH]
+    assert warm and choice.get("peak_in_fresh_process") is True  # measured in warm workers, its peak a fresh one's
+    confirmed = [t for t in trials if t["purpose"] == LaunchPurpose.FRESH]
+    assert len(confirmed) == (1 if workers_busy_before else 0)
+    assert warm[-1]["result"]["first_in_process"] is not workers_busy_before
+    fresh = confirmed or warm  # the trial the pick's fresh figures come from: a launch's first
+    assert fresh[-1]["candidate"] == picked and fresh[-1]["result"]["status"] == "ok"
+    assert fresh[-1]["result"]["first_in_process"] and [r["rank"] for r in fresh[-1]["result"]["ranks"]] == [0, 1]
+    # one warm launch of every node, any replacement, and the fresh confirmation's launch where there is one
+    assert report["process_starts"] == 1 + len(replaced) + len(confirmed)
     text = result.report_path.read_text()
-    assert "launch(es) of all 2 nodes: 1 fresh, full-scale" in text
+    measured = "1 fresh, full-scale" if confirmed else "the pick's own trial the first of its launch"
+    assert f"launch(es) of all 2 nodes: {measured}" in text
     assert "in a fresh launch of all 2 nodes" in text
     assert result.ds_config["train_batch_size"] == result.candidate.micro_batch * 2
 
@@ -169,6 +184,9 @@ def test_the_hook_across_two_local_nodes_tunes_in_warm_workers_and_every_rank_ge
     reports = [json.loads(p.read_text()) for p in tmp_path.glob("node*/*autotune-report.json")]
     assert reports, sorted(str(p) for p in tmp_path.rglob("*report*"))
     report = reports[0]
-    fresh = [t for t in report["trials"] if t["purpose"] == LaunchPurpose.FRESH]
-    assert len(fresh) == 1 and [r["rank"] for r in fresh[0]["result"]["ranks"]] == [0, 1]
-    assert report["process_starts"] >= 2  # one warm launch of both nodes (more after a replacement) + the fresh one
+    choice = report["choice"]
+    picked = {key: choice[key] for key in ("rung", "micro_batch", "grad_checkpointing")}
+    # the pick's fresh figure: its confirmation, or its own trial where that was the first of a launch of both nodes
+    fresh = [t for t in report["trials"] if t["candidate"] == picked and t["result"]["first_in_process"]]
+    assert fresh and [r["rank"] for r in fresh[-1]["result"]["ranks"]] == [0, 1]
+    assert fresh[-1]["result"]["status"] == "ok" and choice["peak_in_fresh_process"] is True

@@ -82,7 +82,7 @@ class ClockedTrials:
         costs = self.costs
         start = costs.fresh_trial_s if new_process else costs.warm_build_s
         confirmation = not budgeted  # the pick's fresh confirmation (TuneContext.confirmation_spec)
-        steps = self.machine.steps_seconds(candidate, confirmation=confirmation)
+        steps = self.machine.steps_seconds(candidate, confirmation=confirmation, first_in_process=new_process)
         seconds = start + steps
         left = None if self.deadline_s is None or not budgeted else self.deadline_s - self.clock.now
         cut = left is not None and seconds > max(BUDGETED_TRIAL_MIN_S, left)
@@ -94,7 +94,7 @@ class ClockedTrials:
             if confirmation:  # a fresh run as SimulatedCluster.run_fresh records and answers it
                 self.machine.fresh_runs.add(len(self.machine.launched))
             self.machine.launched.append(candidate)
-            result = self.machine.trial_result(candidate, fresh=confirmation)
+            result = self.machine.trial_result(candidate, fresh=confirmation, first_in_process=new_process)
         self.clock.now += seconds
         self.events.append(TrialEvent(candidate, new_process, fresh, cut, seconds, steps, confirmation))
         # a trial that stopped itself over the limit after warm-up leaves its worker up (trial/launch/warm.py)
@@ -127,13 +127,17 @@ class ClockedTrials:
         }
 
     def breakdown(self) -> dict[str, float]:
-        """Where the wall went: start-up and builds, then the steps by part (a cut or failed trial's steps apart)."""
+        """Where the wall went: start-up and builds, then the steps by part (a cut or failed trial's steps apart; a
+        trial stopped over the limit after its warm-up, its warm-up alone)."""
         parts = {"start-up and builds": 0.0, "warmup": 0.0, "measured": 0.0, "parts": 0.0, "cut or failed": 0.0}
         for event in self.events:
             parts["start-up and builds"] += event.seconds - event.steps_s
             if event.cut or not self.machine.result(event.candidate).ok:
                 parts["cut or failed"] += event.steps_s
                 continue
-            for name, seconds in self.machine.steps_breakdown(event.candidate, confirmation=event.confirmation).items():
+            spent = self.machine.steps_breakdown(event.candidate, confirmation=event.confirmation)
+            if self.machine.stops_over(event.candidate, fresh=event.confirmation or event.new_process):
+                spent = {"warmup": spent["warmup"]}
+            for name, seconds in spent.items():
                 parts[name] += seconds
         return {name: round(seconds, 1) for name, seconds in parts.items()}

@@ -82,10 +82,12 @@ STARTUP_MEASUREMENT = Path(__file__).resolve().parents[1] / "results" / "trial_s
 # What a trial's steps are, read from the worker (trial/worker/train_steps.py timed_steps), not restated: its
 # warm-up steps (TrialSpec.warmup_steps), each one boundary micro-step; whole optimizer steps until
 # autotune.core.measurement.enough_steps says stop (the simulator's steps have no spread, so MIN_STEPS of them, or
-# MIN_SLOW_STEPS once MAX_MEASURE_S of them are measured); then, where the trial accumulates or has a smaller
-# micro-batch (TrialSpec.smaller_micro_batch = micro-batch // 2, request/context.py spec), PART_STEPS plain
-# micro-steps at its micro-batch and PART_STEPS at the smaller one. A trial whose peak is over TrialSpec.stop_over_bytes
-# (the search's limit on GPUs) stops after its warm-up (SimulatedCluster.stops_over).
+# MIN_SLOW_STEPS once MAX_MEASURE_S of them are measured); then the second point at a smaller micro-batch
+# (TrialSpec.smaller_micro_batch = micro-batch // 2, request/context.py spec): PART_STEPS whole steps at it where
+# neither micro-batch accumulates (no fixed global batch, two warm-up steps or more: timed_steps' whole_smaller),
+# else PART_STEPS plain micro-steps at the trial's micro-batch and PART_STEPS at the smaller one (the plain ones at
+# its own micro-batch also where it accumulates without a smaller one). A trial whose peak is over
+# TrialSpec.stop_over_bytes (the search's limit on GPUs) stops after its warm-up (SimulatedCluster.stops_over).
 WARMUP_STEPS = next(f.default for f in fields(TrialSpec) if f.name == "warmup_steps")
 
 
@@ -322,6 +324,7 @@ class SimulatedCluster(RecordingMachine):
         self.gpu = node.gpu
         self.launched: list[Candidate] = []
         self.fresh_runs: set[int] = set()
+        self._worker_up = False  # `run`: whether a warm worker is up for the next trial
 
     # -- compute ----------------------------------------------------------------------------------
     def _flops_per_sample(self, checkpointing: bool) -> float:
@@ -526,21 +529,32 @@ class SimulatedCluster(RecordingMachine):
         cost = self.step_cost(candidate)
         parts = 0.0
         smaller = 0 if confirmation else candidate.micro_batch // 2
-        if self.accumulation(candidate) > 1 or smaller:
-            parts += self.shape.part_steps * cost.micro_s
-        if smaller:
-            parts += self.shape.part_steps * self.step_cost(replace(candidate, micro_batch=smaller)).micro_s
+        if smaller and self.whole_smaller(candidate):
+            parts += self.shape.part_steps * self.cycle_seconds(replace(candidate, micro_batch=smaller))
+        else:
+            if self.accumulation(candidate) > 1 or smaller:
+                parts += self.shape.part_steps * cost.micro_s
+            if smaller:
+                parts += self.shape.part_steps * self.step_cost(replace(candidate, micro_batch=smaller)).micro_s
         return {
             "warmup": self.shape.warmup_steps * (cost.micro_s + cost.optimizer_s),
             "measured": self.measured_steps(candidate) * self.cycle_seconds(candidate),
             "parts": parts,
         }
 
-    def steps_seconds(self, candidate: Candidate, *, confirmation: bool = False) -> float:
+    def whole_smaller(self, candidate: Candidate) -> bool:
+        """Whether the trial times its smaller micro-batch as whole steps (trial/worker/train_steps.py timed_steps):
+        one micro-step per optimizer step at both (no fixed global batch) and a warm-up step after the first."""
+        return self.global_batch is None and self.shape.warmup_steps >= 2
+
+    def steps_seconds(
+        self, candidate: Candidate, *, confirmation: bool = False, first_in_process: bool = False
+    ) -> float:
         """A trial's time after its build: the whole measurement when it runs; its first warm-up step when it runs
-        out of memory (FAILED_TRIAL_STEPS); up to the trial timeout when it times out."""
+        out of memory (FAILED_TRIAL_STEPS); up to the trial timeout when it times out. `first_in_process`: the trial
+        is its process's first (`trial_result`), which matters only where `fresh_extra_bytes` moves its peak."""
         status = self.result(candidate).status
-        if status == "ok" and self.stops_over(candidate, fresh=confirmation):
+        if status == "ok" and self.stops_over(candidate, fresh=confirmation or first_in_process):
             return self.steps_breakdown(candidate)["warmup"]  # it stops after its warm-up (`stops_over`)
         if status == "ok":
             return self.ok_steps_seconds(candidate, confirmation=confirmation)
@@ -564,35 +578,54 @@ class SimulatedCluster(RecordingMachine):
         peak = self.gpu_bytes(candidate) + (self.fresh_extra_bytes if fresh else 0)
         return peak <= self.gpu.memory_bytes and peak > self.stop_over_bytes
 
-    def trial_result(self, candidate: Candidate, *, fresh: bool = False) -> TrialResult:
+    def trial_result(self, candidate: Candidate, *, fresh: bool = False, first_in_process: bool = False) -> TrialResult:
         """What autotune's trial reports (`run`; `run_fresh` with fresh=True): `result` (`fresh_result`), or, where
-        it stops over the limit after warm-up (`stops_over`), over_budget with that peak and nothing timed."""
+        it stops over the limit after warm-up (`stops_over`), over_budget with that peak and nothing timed. A trial
+        that is the first its process runs (fresh, or a warm launch's first) starts from a fresh process's state:
+        `fresh_extra_bytes` is on its peaks too, and it says so (TrialResult.first_in_process)."""
+        new = fresh or first_in_process
         result = self.fresh_result(candidate) if fresh else self.result(candidate)
-        if not self.stops_over(candidate, fresh=fresh):
-            return result
+        if new and not fresh:
+            result = self.with_fresh_extra(candidate, result)
+        if not self.stops_over(candidate, fresh=new):
+            return replace(result, first_in_process=new)
         ranks = [replace(r, micro_peak_bytes=None, smaller_micro_peak_bytes=None) for r in result.ranks]
         return TrialResult(
             status="over_budget",
             error="over the search's limit after warm-up: stopped before timing",
             ranks=ranks,
-            wall_s=TRIAL_STARTUP_S + self.steps_seconds(candidate, confirmation=fresh),
+            wall_s=TRIAL_STARTUP_S + self.steps_seconds(candidate, confirmation=fresh, first_in_process=new),
+            first_in_process=new,
         )
 
     def run(self, candidate: Candidate) -> tuple[TrialResult, bool]:
+        """A trial in the warm workers `launches` groups (WARM_CONFIRMED): the first of its process when none is up,
+        after a fresh run or a trial that failed (the pool's replacement)."""
+        first = not self._worker_up
         self.launched.append(candidate)
-        return self.trial_result(candidate), False
+        result = self.trial_result(candidate, first_in_process=first)
+        self._worker_up = result.ok or result.status == "over_budget"
+        return result, False
 
     def run_fresh(self, candidate: Candidate) -> tuple[TrialResult, bool]:
         """A trial in a process of its own (Search.confirm_fresh's RunTrial): recorded as a fresh launch."""
         self.fresh_runs.add(len(self.launched))
         self.launched.append(candidate)
+        self._worker_up = False  # the pool stopped for it (trial/launch/warm.py FreshAfterWarm)
         return self.trial_result(candidate, fresh=True), False
 
     def fresh_result(self, candidate: Candidate) -> TrialResult:
         """The confirmation's `result`: no smaller micro-batch timed (TuneContext.confirmation_spec), and
         `fresh_extra_bytes` more on every peak the trial measures (none by default)."""
-        result = replace(self.result(candidate), smaller_micro_batch=None, smaller_micro_step_s=None)
+        result = replace(
+            self.result(candidate), smaller_micro_batch=None, smaller_micro_step_s=None, smaller_step_s=None
+        )
         result = replace(result, ranks=[replace(r, smaller_micro_peak_bytes=None) for r in result.ranks])
+        return self.with_fresh_extra(candidate, result)
+
+    def with_fresh_extra(self, candidate: Candidate, result: TrialResult) -> TrialResult:
+        """`result` as a process that ran no trial before measures it: `fresh_extra_bytes` more on every peak (an
+        OOM where that passes the card)."""
         if not (self.fresh_extra_bytes and result.ok):
             return result
         extra = self.fresh_extra_bytes
@@ -664,8 +697,10 @@ class SimulatedCluster(RecordingMachine):
         gas = self.accumulation(candidate)
         cycle = gas * cost.micro_s + cost.optimizer_s
         smaller = candidate.micro_batch // 2 or None  # autotune's trials also time half the micro-batch
-        smaller_s = self.step_cost(replace(candidate, micro_batch=smaller)).micro_s if smaller else None
-        # ...and measure each set of plain micro-steps' own peak; this machine's peak is in those steps at any size
+        whole = smaller is not None and self.whole_smaller(candidate)
+        smaller_s = self.step_cost(replace(candidate, micro_batch=smaller)).micro_s if smaller and not whole else None
+        smaller_step_s = self.cycle_seconds(replace(candidate, micro_batch=smaller)) if smaller and whole else None
+        # ...and measure each forward/backward's own peak; this machine's peak is in those passes at any size
         smaller_peak = self.gpu_bytes(replace(candidate, micro_batch=smaller)) if smaller else None
         rank = RankMetrics(
             rank=0,
@@ -678,11 +713,12 @@ class SimulatedCluster(RecordingMachine):
             status="ok",
             ranks=[rank],
             step_times_s=[cycle] * 5,
-            micro_step_s=cost.micro_s,
-            optimizer_step_s=cost.optimizer_s,
+            micro_step_s=None if whole else cost.micro_s,
+            optimizer_step_s=None if whole else cost.optimizer_s,
             accumulation=gas,
             smaller_micro_batch=smaller,
             smaller_micro_step_s=smaller_s,
+            smaller_step_s=smaller_step_s,
             samples_per_s=self.samples_per_s(candidate),
             wall_s=self.trial_seconds(candidate),
         )

@@ -194,8 +194,8 @@ TrialWorkersOpt = Annotated[
         "--trial-workers",
         help="warm: one process runs trial after trial (start-up paid once; replaced after a failure or when memory"
         " a trial left grows); fresh: a new process per trial, as your job starts. auto: warm, and on GPUs the"
-        " pick run once more in a fresh process before it is recommended (warm GPU trials are not yet measured"
-        " against fresh ones).",
+        " pick run once more in a fresh process before it is recommended, unless its trial was already the first"
+        " of a launch (warm GPU trials are not yet measured against fresh ones).",
     ),
 ]
 TrustRemoteCodeOpt = Annotated[

@@ -252,8 +252,9 @@ class Choice(JsonRecord):
     tokens_per_s: float | None
     peak_bytes: int | None
     predicted_peak_bytes: int
-    # True: peak_bytes is the pick's trial in a fresh process, the other trials having run in warm workers
-    # (search.walk.Search.confirm_fresh); None: the pick's peak was measured the way every trial was
+    # True: peak_bytes is the pick's trial in a fresh process (its confirmation, or its own trial where that was the
+    # first its processes ran), the other trials having run in warm workers (search.walk.Search.confirm_fresh);
+    # None: the pick's peak was measured the way every trial was
     peak_in_fresh_process: bool | None = field(default=None, metadata=OMITTED_WHEN_NONE)
     # The pick's fastest single trial, where it differs from samples_per_s (the speed its verdict was decided on,
     # tuning/tuning_report.py pick_speed): kept under its own name, never quoted as the pick's speed

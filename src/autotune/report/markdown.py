@@ -144,15 +144,19 @@ def _modes_lines(report: TuneReport) -> list[str]:
 def _launch_detail(report: TuneReport) -> str:
     """Why the trials were launched, and in how many processes where warm workers ran several in one. Across nodes
     every launch spans the whole job, so it also says which figures a fresh full-scale launch measured (the pick's
-    fresh-process confirmation) and which warm workers across the nodes did (all the others)."""
+    fresh-process confirmation, or the pick's own trial where it was the first of its launch) and which warm workers
+    across the nodes did (all the others)."""
     why = ", ".join(f"{purpose} {count}" for purpose, count in report.launches_by_purpose.items())
     starts, nodes = report.process_starts, report.assumptions.nodes
     processes = f" in {starts} process start(s) (warm workers)" if starts is not None else ""
     if starts is not None and nodes > 1:
         fresh = report.launches_by_purpose.get(FRESH_PURPOSE, 0)
+        measured = f"{fresh} fresh, full-scale ({FRESH_PURPOSE})"
+        if not fresh and report.choice is not None and report.choice.peak_in_fresh_process:
+            measured = "the pick's own trial the first of its launch, so fresh and full-scale"
         processes = (
-            f" in {starts} launch(es) of all {nodes} nodes: {fresh} fresh, full-scale ({FRESH_PURPOSE}), the others'"
-            " figures from warm workers across the nodes"
+            f" in {starts} launch(es) of all {nodes} nodes: {measured}, the others' figures from warm workers across"
+            " the nodes"
         )
     return f"{processes}" + (f" ({why})" if why else "")
 

@@ -101,9 +101,10 @@ class SearchAsk:
     # How trials are run: "warm" workers serve trial after trial (start-up paid once, a new process after a failure or
     # when memory an earlier trial left grows past the pool's limit, trial/launch/warm.py); "fresh" starts a process per
     # trial, as the user's job is. "auto": warm workers, and on GPUs the pick confirmed in a fresh process before it
-    # is recommended (Search.confirm_fresh): on the CPU backend warm and fresh peaks were measured equal
-    # (benchmarks/README.md, "Warm workers and DeepSpeed's leftovers"); on GPUs nobody has compared them yet (the GPU
-    # kit's warm stage does), so the one figure the user relies on, the pick's peak, is a fresh process's.
+    # is recommended, or by its own trial where that was the first of a launch (Search.confirm_fresh): on the CPU
+    # backend warm and fresh peaks were measured equal (benchmarks/README.md, "Warm workers and DeepSpeed's
+    # leftovers"); on GPUs nobody has compared them yet (the GPU kit's warm stage does), so the one figure the user
+    # relies on, the pick's peak, is a fresh process's.
     trial_workers: TrialWorkers = "auto"
     # Modes that change the update rule or the numerics (ZenFlow, ZeRO++ quantization, partial offload ratio;
     # modes.applies.approximation) join the search only when the user opts in: by default the tuned config trains

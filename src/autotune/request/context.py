@@ -417,6 +417,7 @@ class TuneContext:
             peak_tflops=self.target.gpu.peak_tflops(self.precision),
             trust_remote_code=self.model.trust_remote_code,
             smaller_micro_batch=candidate.micro_batch // 2 or None,  # second point of the step-time line
+            fixed_global_batch=request.training.global_batch is not None,
             optimizer=request.training.optimizer,
             lora={**self.lora.to_dict(), "model_type": self.model.model_type} if self.lora else None,
             decoder_seq_len=self.decoder_seq_len,

@@ -139,12 +139,19 @@ class Pick:
         memory grew), which a fresh process may not match exactly; the recommendation is what the job runs, so its
         peak is a fresh one. A pick that does not fit there is dropped, with everything that needs at least its
         memory, and the next pick among the measured is confirmed the same way. The trial budget does not skip it:
-        a recommendation never goes out unconfirmed for want of one trial."""
+        a recommendation never goes out unconfirmed for want of one trial. A pick whose own trial was the first its
+        processes ran (the first of a launch, after a failure replaced the workers, say) was measured from a fresh
+        process's state already: that trial is its confirmation, and nothing is launched again."""
         state = self.state
         if state.confirm_fresh is None:
             return
         while (best := state.outcome.best) is not None:
             pick = best.candidate.key
+            if (first := self._first_in_process(best.candidate)) is not None:
+                why = f"its trial ({first.purpose}) was the first its processes ran, so its peak is a fresh process's"
+                state.observe(SearchEvent("prepare", best.candidate, f"pick {pick}: no launch to confirm it: {why}"))
+                state.outcome.fresh_confirmation = first
+                return
             why = "its peak is the one reported; a trial outside the budget"
             state.observe(SearchEvent("prepare", best.candidate, f"pick {pick}: once more in a fresh process ({why})"))
             record = state.trial(best.candidate, LaunchPurpose.FRESH, run=state.confirm_fresh)
@@ -155,6 +162,13 @@ class Pick:
             state.observe(SearchEvent("prepare", best.candidate, again))
             state.set_pick(None)
             self.settle_close_call()
+
+    def _first_in_process(self, candidate: Candidate) -> TrialRecord | None:
+        """`candidate`'s latest trial of this run that fitted in processes that had run no trial before it
+        (TrialResult.first_in_process: a fresh launch, or a warm launch's first trial, which starts from the state
+        a fresh process has at its first step, trial/worker/train_steps.py settle); None when there is none."""
+        first = [t for t in self._fitted(candidate) if t.result.first_in_process and not t.from_cache]
+        return first[-1] if first else None
 
     def _fitted(self, candidate: Candidate, since: int = 0) -> list[TrialRecord]:
         """The trials of `candidate` from trial `since` on that fitted and measured a speed."""

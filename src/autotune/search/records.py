@@ -164,8 +164,9 @@ class SearchOutcome:
     # processes the launcher started for the trials: warm workers run trial after trial in one until one fails
     # (trial/launch/warm.py); None where every trial had its own process (then it equals trials_launched)
     process_starts: int | None = None
-    # the pick's trial in a fresh process of its own, where the other trials ran in warm workers whose device memory
-    # no fresh process had confirmed (GPUs): its peak is what the report states for the pick
+    # the pick's trial in a fresh process, where the other trials ran in warm workers whose device memory no fresh
+    # process had confirmed (GPUs): its confirmation launch, or its own trial where that was the first its processes
+    # ran (Pick.confirm_fresh); its peak is what the report states for the pick
     fresh_confirmation: TrialRecord | None = None
 
     @property

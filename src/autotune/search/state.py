@@ -328,9 +328,12 @@ class SearchState:
         ]
 
     def _smaller_point(self, record: TrialRecord) -> tuple[int, float] | None:
-        """The launch's second point as it would run on its own: its micro-step plus its share of the
-        optimizer step (with a fixed global batch the smaller micro-batch accumulates more steps)."""
+        """The launch's second point as it would run on its own: its whole step where the launch timed one (no
+        accumulation at either micro-batch), else its micro-step plus its share of the optimizer step (with a fixed
+        global batch the smaller micro-batch accumulates more steps)."""
         r = record.result
+        if r.smaller_micro_batch and r.smaller_step_s:
+            return r.smaller_micro_batch, r.smaller_step_s
         if not (r.smaller_micro_batch and r.smaller_micro_step_s and r.optimizer_step_s is not None):
             return None
         accumulation: float = max(1, r.accumulation)

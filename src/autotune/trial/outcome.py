@@ -390,6 +390,7 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
     result = partial(
         TrialResult, ranks=ranks, wall_s=outcome.wall_s, phases=phases, startup_s=_startup_s(phases),
         outside_allocator_estimate_bytes=estimate,
+        first_in_process=bool(reports) and all(r.trial_in_process == 0 for r in reports.values()),
     )  # fmt: skip
     failure = _failure(spec, reports, outcome)
     if failure is not None:
@@ -421,6 +422,7 @@ def build_result(spec: TrialSpec, reports: dict[int, RankReport], outcome: Launc
         accumulation=first.accumulation,
         smaller_micro_batch=first.smaller_micro_batch,
         smaller_micro_step_s=first.smaller_micro_step_s,
+        smaller_step_s=first.smaller_step_s,
         samples_per_s=rates.samples_per_s,
         tokens_per_s=rates.tokens_per_s,
         tflops_per_gpu=rates.tflops_per_gpu,

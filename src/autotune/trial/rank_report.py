@@ -31,6 +31,7 @@ class RankReport:
     accumulation: int = 1
     smaller_micro_batch: int | None = None
     smaller_micro_step_s: float | None = None
+    smaller_step_s: float | None = None
     train_batch_size: int | None = None
     hardware_flops_per_token: float | None = None  # includes activation recompute
     model_flops_per_token: float | None = None  # excludes it: the MFU numerator
@@ -42,6 +43,9 @@ class RankReport:
     # warm workers: ZeRO++ process groups DeepSpeed still holds then (deepspeed_globals.py zeropp_groups_left); any
     # makes the pool replace the workers, whose next hpZ trial would fail DeepSpeed's assertion
     zeropp_groups_after: int | None = None
+    # how many trials this process ran before this one: 0 for a fresh trial and for a warm worker's first, which
+    # start from the same process state (TrialResult.first_in_process)
+    trial_in_process: int = 0
     # warm workers: the same three figures before their first trial, once the process group, one matmul and one
     # collective have run (worker.py serve, training.settle): what the pool measures growth from (warm.py)
     floor: dict[str, int] = field(default_factory=dict)

@@ -46,6 +46,9 @@ class TrialSpec:
     peak_tflops: float | None = None  # hardware peak for MFU
     trust_remote_code: bool = False
     smaller_micro_batch: int | None = None  # also time this micro-batch in the same process (second point)
+    # The user's global batch is fixed, so the smaller micro-batch would accumulate more micro-steps per optimizer
+    # step: its point is built from plain micro-steps and the optimizer's share (trial/worker/train_steps.py)
+    fixed_global_batch: bool = False
     optimizer: str = "adamw"  # autotune.training.optimizers name; a client-side one is built by the trial itself
     lora: dict | None = None  # autotune.training.lora.LoraSettings.to_dict() plus "model_type"; None: full fine-tuning
     decoder_seq_len: int | None = None  # encoder-decoders: the decoder's length (labels); None: seq_len
@@ -115,14 +118,19 @@ class TrialResult:
     wall_s: float = 0.0
     startup_s: float | None = None  # launch to first step: process start, imports, init, model build
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, slowest rank: where wall time goes
-    # The parts of a step, all-reduced max over ranks (trial/worker/train_steps.py StepTimes): a plain micro-step at
-    # the trial's micro-batch, what an optimizer step adds, and a plain micro-step at a smaller micro-batch
-    # timed in the same process, so one launch gives two points of the step-time line.
+    # The second point of the step-time line, timed in the same process, all-reduced max over ranks
+    # (trial/worker/train_steps.py StepTimes): a whole step at a smaller micro-batch where neither accumulates;
+    # otherwise the parts, a plain micro-step at each micro-batch and what an optimizer step adds.
     micro_step_s: float | None = None
     optimizer_step_s: float | None = None
     accumulation: int = 1
     smaller_micro_batch: int | None = None
     smaller_micro_step_s: float | None = None
+    smaller_step_s: float | None = None  # or a whole step at it, where neither micro-batch accumulates
+    # Every rank's process ran no trial before this one (a fresh launch, or a warm launch's first trial): its memory
+    # is a fresh process's, which the pick's confirmation needs (search/pick_decision.py Pick.confirm_fresh). None:
+    # not known (results from before this field, own-command trials).
+    first_in_process: bool | None = None
     command: list[str] | None = None  # own-command trials (trial/own_command/script.py): the argv the trial ran
     # None: our worker's wall-clock steps; "step_wall_clock": the user's command's own optimizer steps, timed by
     # wall clock at the engine's step boundaries (trial/own_command/script_steps.py); "deepspeed_autotuning": the
@@ -159,11 +167,13 @@ class TrialResult:
 
     @property
     def smaller_peak_point(self) -> tuple[int, int] | None:
-        """(smaller micro-batch, its peak) from this one launch: the trial's peak less what its plain micro-steps
-        measured between the two micro-batches (memory is linear in the micro-batch, SearchState.peak_line). The
-        largest drop over the ranks, so a line through this point rises no slower than the truth: a peak outside
-        the micro-steps (an optimizer step's) does not grow with the micro-batch, so the line over-predicts
-        above the trial's micro-batch, never under."""
+        """(smaller micro-batch, its peak) from this one launch: the trial's peak less what its forward/backward
+        passes measured between the two micro-batches (memory is linear in the micro-batch, SearchState.peak_line):
+        plain micro-steps at both, or where the smaller one runs as whole steps, their forward/backward against a
+        warm-up step's after the first (trial/worker/train_steps.py timed_steps). The largest drop over the ranks, so
+        a line through this point rises no slower than the truth: a peak outside the forward/backward (an optimizer
+        step's) does not grow with the micro-batch, so the line over-predicts above the trial's micro-batch, never
+        under."""
         peak = self.peak_memory_bytes
         if not (self.ok and self.smaller_micro_batch and peak):
             return None

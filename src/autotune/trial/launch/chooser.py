@@ -20,8 +20,9 @@ same decision with them. Every row below is tested, tune against hook, in tests/
 backend, where warm and fresh peaks were measured equal (benchmarks/README.md, "Warm workers and DeepSpeed's
 leftovers"): across nodes no peaks were compared (two CPU "nodes" here gave the same pick warm and fresh and a tie in
 its speed, benchmarks/records/multinode_warm_cpu_2026-11-29.md: speeds of one small search, not peaks), so the pick is
-confirmed in a fresh launch of every node, the job's own shape (`FreshAfterWarm` around the row's `fresh` launcher);
-`warm` never confirms. Warm workers across nodes
+confirmed in a fresh launch of every node, the job's own shape (`FreshAfterWarm` around the row's `fresh` launcher),
+unless the pick's own trial was the first of a warm launch, which started from a fresh process's state
+(search/pick_decision.py Pick.confirm_fresh); `warm` never confirms. Warm workers across nodes
 are the design the simulator chose (benchmarks/records/multinode_design_sim_2026-11-29.md: a median of 2
 full-allocation launches per multi-node tune, against 17 with a fresh launch per trial, the same picks);
 trial/launch/warm_nodes.py starts them. An own command runs every trial itself (`ScriptLauncher`), fresh. Started

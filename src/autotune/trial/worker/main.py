@@ -160,7 +160,7 @@ def serve(pool_dir: Path, device: str, placement: Placement) -> bool:
             )  # fmt: skip
         except Exception as error:
             report = failure_report(placement.rank, error, clock)
-        write_report(out_dir, report)
+        write_report(out_dir, dataclasses.replace(report, trial_in_process=index))
         if report.status not in HEALTHY_STATUSES:
             return False
         index += 1

@@ -326,16 +326,24 @@ class MemoryTracker:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Measure the peak of one phase of the trial on its own (GPU: allocated; CPU: host RSS), from where memory
-        stands when it starts; the trial's own peaks carry over. Read back in metrics() as `<name>_peak_bytes`."""
+        stands when it starts; the trial's own peaks carry over. Read back in metrics() as `<name>_peak_bytes`; a
+        phase entered again (one step at a time) keeps the largest, unknown once any entry's is."""
         self._carry_peaks()
         if self.device == "cuda":
             self.cuda.reset_peak_memory_stats(self.local_rank)
             yield
-            self._phase_peaks[name] = int(self.cuda.max_memory_allocated(self.local_rank))
+            self._keep_phase_peak(name, int(self.cuda.max_memory_allocated(self.local_rank)))
             return
         reset = reset_host_rss_peak()  # where VmHWM cannot be reset, the phase's own peak is unknown
         yield
-        self._phase_peaks[name] = host_rss_peak_bytes() if reset else None
+        self._keep_phase_peak(name, host_rss_peak_bytes() if reset else None)
+
+    def _keep_phase_peak(self, name: str, peak: int | None) -> None:
+        if name not in self._phase_peaks:
+            self._phase_peaks[name] = peak
+            return
+        before = self._phase_peaks[name]
+        self._phase_peaks[name] = None if before is None or peak is None else max(before, peak)
 
     def _carry_peaks(self) -> None:
         now = {"host": host_rss_peak_bytes()}

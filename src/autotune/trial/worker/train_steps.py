@@ -276,12 +276,15 @@ def synthetic_batch(
     return {name: tensor.to(device) for name, tensor in batch.items()}
 
 
-def _micro_step(engine: Any, batch: dict[str, Any], boundary: bool) -> None:
+def _micro_step(engine: Any, batch: dict[str, Any], boundary: bool, measure: Any = None) -> None:
     """One forward/backward; with `boundary` the optimizer steps after it, whatever the accumulation
-    (DeepSpeed's documented manual override, engine.set_gradient_accumulation_boundary)."""
+    (DeepSpeed's documented manual override, engine.set_gradient_accumulation_boundary). `measure` (a
+    MemoryTracker.phase) takes the forward/backward's own peak, the optimizer step's left out: the part that grows
+    with the micro-batch."""
     engine.set_gradient_accumulation_boundary(boundary)
-    loss = engine(**batch).loss
-    engine.backward(loss)
+    with measure if measure is not None else contextlib.nullcontext():
+        loss = engine(**batch).loss
+        engine.backward(loss)
     engine.step()
 
 
@@ -303,8 +306,10 @@ class StepTimes:
 
     A measured step is a whole accumulation cycle, timed as one: `accumulation` micro-steps, the optimizer step
     on the last, and for offload the host work, so the figure is what the user's job pays per optimizer step.
-    The parts (a plain micro-step, a plain micro-step at a smaller micro-batch) are timed after it for the
-    search's step-time line (autotune.search.speed, A3).
+    The second point of the search's step-time line (autotune.search.speed, A3) is timed after it: where the job
+    runs one micro-step per optimizer step at both micro-batches, as whole steps at the smaller one
+    (`smaller_step_s`), the point as that job would run it; otherwise from its parts, a plain micro-step at each
+    micro-batch and what an optimizer step adds (the search shares it out over the smaller one's accumulation).
     """
 
     step_times_s: list[float]  # per measured optimizer step, warm-up excluded
@@ -313,10 +318,11 @@ class StepTimes:
     accumulation: int = 1
     smaller_micro_batch: int | None = None  # the second point of this launch
     smaller_micro_step_s: float | None = None
+    smaller_step_s: float | None = None  # a whole optimizer step at the smaller micro-batch (median)
 
 
-# The parts of a step (plain micro-steps, the smaller micro-batch) are timed for a fixed few steps: they feed
-# the search's bounds, not the figure it decides on. Their median is what is used.
+# The second point (plain micro-steps, or whole steps at the smaller micro-batch) is timed for a fixed few steps: it
+# feeds the search's bounds, not the figure it decides on. Their median is what is used.
 PART_STEPS = 3
 
 
@@ -392,17 +398,27 @@ def timed_steps(
     clock: PhaseClock,
     smaller_batch: dict[str, Any] | None = None,
 ) -> StepTimes:
-    """Warm-up, then whole optimizer steps until their median is known well enough, then plain micro-steps at
-    this micro-batch and at a smaller one, in the same process: one launch gives two points of the step-time
-    line. Every warm-up step is a boundary, so the optimizer's state and the peak memory of a real step are
-    reached before anything is timed; a trial already over the search's limit there stops (TrialSpec.stop_over_bytes:
-    StoppedOverLimit, reported as over_budget with its peak)."""
+    """Warm-up, then whole optimizer steps until their median is known well enough, then the second point of the
+    step-time line at a smaller micro-batch, in the same process: one launch gives two points. Every warm-up step is
+    a boundary, so the optimizer's state and the peak memory of a real step are reached before anything is timed; a
+    trial already over the search's limit there stops (TrialSpec.stop_over_bytes: StoppedOverLimit, reported as
+    over_budget with its peak)."""
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
     accumulation = job_accumulation(engine, placement.world_size)
+    # One micro-step per optimizer step at both micro-batches (no fixed global batch to accumulate towards): the
+    # smaller one is timed as the job would run it, whole steps, and the plain micro-steps here are not needed. Its
+    # memory point needs a warm-up step after the first: Adam's state is created by the first optimizer step
+    # (deepspeed 0.19.8 runtime/zero/stage_1_and_2.py:944-945, initialize_optimizer_states: "lazy initialization of the
+    # state at the first call to step"), so only a later forward/backward stands on a real step's memory.
+    whole_smaller = (
+        accumulation == 1 and smaller_batch is not None and not spec.fixed_global_batch and spec.warmup_steps >= 2
+    )
     for step in range(spec.warmup_steps):
-        _micro_step(engine, batch, boundary=True)
+        # the forward/backward's peak at this micro-batch, beside the smaller one's (TrialResult.smaller_peak_point)
+        measure = memory.phase("micro") if whole_smaller and step > 0 else None
+        _micro_step(engine, batch, boundary=True, measure=measure)
         memory.sample()
         if step == 0:
             maybe_inject_fault("step", placement.rank)
@@ -414,9 +430,54 @@ def timed_steps(
     )
     if spec.warmup_steps == 0:
         maybe_inject_fault("step", placement.rank)
+    if smaller_batch is not None and whole_smaller:
+        smaller_s = _whole_smaller_steps(engine, smaller_batch, spec, placement, memory)
+        engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own counting
+        clock.mark("measured")
+        return StepTimes(
+            step_times_s=steps, smaller_micro_batch=_micro_batch_of(smaller_batch), smaller_step_s=smaller_s
+        )
     if accumulation == 1 and smaller_batch is None:
         clock.mark("measured")
         return StepTimes(step_times_s=steps)
+    times = _plain_parts(engine, batch, smaller_batch, steps, accumulation, spec, placement, memory)
+    engine.set_gradient_accumulation_boundary(None)
+    clock.mark("measured")
+    return times
+
+
+def _micro_batch_of(batch: dict[str, Any]) -> int:
+    return int(next(iter(batch.values())).shape[0])
+
+
+def _whole_smaller_steps(
+    engine: Any, smaller_batch: dict[str, Any], spec: TrialSpec, placement: Placement, memory: MemoryTracker
+) -> float:
+    """PART_STEPS whole steps at the smaller micro-batch (median seconds), each one's forward/backward peak taken in
+    the phase the memory line reads beside the warm-up's at the trial's own micro-batch."""
+    steps = min(PART_STEPS, spec.max_steps)
+    times = _timed(
+        lambda: _micro_step(engine, smaller_batch, True, measure=memory.phase("smaller_micro")),
+        placement,
+        engine.device,
+        memory,
+        steps=steps,
+    )
+    return statistics.median(times)
+
+
+def _plain_parts(
+    engine: Any,
+    batch: dict[str, Any],
+    smaller_batch: dict[str, Any] | None,
+    steps: list[float],
+    accumulation: int,
+    spec: TrialSpec,
+    placement: Placement,
+    memory: MemoryTracker,
+) -> StepTimes:
+    """The parts of a step where the job accumulates (or the smaller micro-batch would): plain micro-steps at this
+    micro-batch, so what an optimizer step adds is known, and at the smaller one."""
     parts = min(PART_STEPS, spec.max_steps)
     # Each set of plain micro-steps also measures its own peak: two micro-batches' peaks from one launch
     # (TrialResult.smaller_peak_point), so a group's memory line is known after its first trial.
@@ -430,10 +491,8 @@ def timed_steps(
             smaller = _timed(
                 lambda: _micro_step(engine, smaller_batch, False), placement, engine.device, memory, steps=parts
             )
-        smaller_mb = int(next(iter(smaller_batch.values())).shape[0])
+        smaller_mb = _micro_batch_of(smaller_batch)
         smaller_s = statistics.median(smaller)
-    engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own counting
-    clock.mark("measured")
     return StepTimes(
         step_times_s=steps,
         micro_step_s=micro,
@@ -532,6 +591,7 @@ def run_rank(spec: TrialSpec, placement: Placement, clock: PhaseClock, memory: M
             accumulation=times.accumulation,
             smaller_micro_batch=times.smaller_micro_batch,
             smaller_micro_step_s=times.smaller_micro_step_s,
+            smaller_step_s=times.smaller_step_s,
             phases=dict(clock.phases),
             train_batch_size=engine.train_batch_size(),
             hardware_flops_per_token=flops.hardware,
