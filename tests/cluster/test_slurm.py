@@ -316,8 +316,9 @@ def test_the_hook_across_two_slurm_nodes_tunes_in_one_warm_srun_step_and_confirm
     two_node_cluster: dict[str, str], tmp_path: Path
 ) -> None:
     """`srun autotune hook` on two nodes (n1, n2 of one host; MASTER_ADDR set, their names do not resolve): the
-    leader's trials run in warm workers of one background srun step across both nodes, the pick once more in a fresh
-    two-node srun step; both tasks end with the same bytes."""
+    leader's trials run in warm workers of one background srun step across both nodes, the pick's peak a fresh
+    two-node step's (once more in a fresh srun step, or its own trial where that was the warm step's first:
+    Pick.confirm_fresh); both tasks end with the same bytes."""
     shared = tmp_path / "shared"
     script = tmp_path / "hook.sh"
     script.write_text(
@@ -335,9 +336,14 @@ def test_the_hook_across_two_slurm_nodes_tunes_in_one_warm_srun_step_and_confirm
     assert len(lines) == 2 and sum("tuned here" in line for line in lines) == 1, text
     assert len({line.split("(sha256 ")[1].split(")")[0] for line in lines}) == 1  # the same bytes on both nodes
     report = json.loads(next(tmp_path.glob("*autotune-report.json")).read_text())
-    fresh = [t for t in report["trials"] if t["purpose"] == "fresh-process confirmation"]
-    assert len(fresh) == 1 and [r["rank"] for r in fresh[0]["result"]["ranks"]] == [0, 1], report["trials"]
-    assert report["process_starts"] >= 2  # one warm step of both nodes (more after a replacement) + the fresh one
+    choice = report["choice"]
+    picked = {key: choice[key] for key in ("rung", "micro_batch", "grad_checkpointing")}
+    fresh = [t for t in report["trials"] if t["candidate"] == picked and t["result"]["first_in_process"]]
+    assert fresh and [r["rank"] for r in fresh[-1]["result"]["ranks"]] == [0, 1], report["trials"]
+    assert fresh[-1]["result"]["status"] == "ok" and choice["peak_in_fresh_process"] is True
+    confirmations = sum(t["purpose"] == "fresh-process confirmation" for t in report["trials"])
+    assert confirmations == (fresh[-1]["purpose"] == "fresh-process confirmation")
+    assert report["process_starts"] >= 1 + confirmations  # one warm step of both nodes (more after a replacement)
     pools = list((shared / "trials").glob("autotune-warm-*"))
     assert pools and all((pool / "launcher.log").exists() for pool in pools)  # the warm step's srun logged there
     assert processes_of_job(job) == []

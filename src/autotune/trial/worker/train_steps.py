@@ -431,7 +431,7 @@ def timed_steps(
     if spec.warmup_steps == 0:
         maybe_inject_fault("step", placement.rank)
     if smaller_batch is not None and whole_smaller:
-        smaller_s = _whole_smaller_steps(engine, smaller_batch, spec, placement, memory)
+        smaller_s = _whole_smaller_steps(engine, smaller_batch, spec=spec, placement=placement, memory=memory)
         engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own counting
         clock.mark("measured")
         return StepTimes(
@@ -440,7 +440,16 @@ def timed_steps(
     if accumulation == 1 and smaller_batch is None:
         clock.mark("measured")
         return StepTimes(step_times_s=steps)
-    times = _plain_parts(engine, batch, smaller_batch, steps, accumulation, spec, placement, memory)
+    times = _plain_parts(
+        engine,
+        batch,
+        smaller_batch,
+        steps=steps,
+        accumulation=accumulation,
+        spec=spec,
+        placement=placement,
+        memory=memory,
+    )
     engine.set_gradient_accumulation_boundary(None)
     clock.mark("measured")
     return times
@@ -451,7 +460,7 @@ def _micro_batch_of(batch: dict[str, Any]) -> int:
 
 
 def _whole_smaller_steps(
-    engine: Any, smaller_batch: dict[str, Any], spec: TrialSpec, placement: Placement, memory: MemoryTracker
+    engine: Any, smaller_batch: dict[str, Any], *, spec: TrialSpec, placement: Placement, memory: MemoryTracker
 ) -> float:
     """PART_STEPS whole steps at the smaller micro-batch (median seconds), each one's forward/backward peak taken in
     the phase the memory line reads beside the warm-up's at the trial's own micro-batch."""
@@ -470,6 +479,7 @@ def _plain_parts(
     engine: Any,
     batch: dict[str, Any],
     smaller_batch: dict[str, Any] | None,
+    *,
     steps: list[float],
     accumulation: int,
     spec: TrialSpec,
