@@ -20,14 +20,14 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.fakes (gpu_sim)
 
 from autotune.core.ladder import Candidate, Rung
-from autotune.modes.applies import ModeFacts, ModeOption, considered_modes
+from autotune.modes.applies import ModeOption
 from autotune.search.records import LaunchPurpose, SearchLimits, SearchOutcome
 from autotune.search.relations import same_group
 from autotune.search.walk import Search
@@ -35,10 +35,10 @@ from gpu_sim.budget import ClockedTrials, SimClock
 from gpu_sim.budget_report import QUALITY_BAR, holds_from
 from gpu_sim.default_rules import DERIVED, RULES, Rule, SearchShape, scenario_shape
 from gpu_sim.designs import default_launcher, warm_across_nodes_chooser
-from gpu_sim.machine import Launcher, models_mode
+from gpu_sim.machine import Launcher
 from gpu_sim.results import write_result
 from gpu_sim.scenarios import SCENARIOS, Scenario
-from search_quality import HEADROOM, RUNGS, cluster, exhaustive, grid, mode_grid, offload_ratios
+from search_quality import HEADROOM, RUNGS, cluster, exhaustive, grid, mode_grid, mode_options, offload_ratios
 
 RESULTS = Path(__file__).resolve().parent / "results" / "search_defaults.json"
 DEFAULT_MODES, APPROXIMATE_MODES = "default (same training)", "--allow-approximate"
@@ -47,21 +47,8 @@ PROBE_MAX_TRIALS = tuple(range(2, 41))
 
 
 def options(scenario: Scenario, *, approximate: bool) -> dict[Rung, list[ModeOption]]:
-    """modes/applies.py's answer per rung for a GPU tune of this scenario; a mode the simulator has no model of is
-    passed on as not trial-verifiable (planned, never picked), as search_quality.py does."""
-    facts = ModeFacts(
-        nodes=scenario.nodes,
-        gpus_per_node=scenario.node.gpus_per_node,
-        device="cuda",
-        allow_approximate=approximate,
-    )
-    return {
-        rung: [
-            option if models_mode(option.mode) else replace(option, trial_verifiable=False)
-            for option in considered_modes(rung, facts)
-        ]
-        for rung in RUNGS
-    }
+    """modes/applies.py's answer per rung for a GPU tune of this scenario, as search_quality.py gives it."""
+    return mode_options(scenario, approximate=approximate)
 
 
 def clocked(

@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -60,8 +61,10 @@ from gpu_sim.budget_report import (
     command_defaults,
     default_summary,
     default_table,
+    limits_row,
     proposals,
     shorter_trials,
+    summary_of,
     under_default,
 )
 from gpu_sim.default_rules import scenario_shape
@@ -113,14 +116,14 @@ def cluster(scenario: Scenario, shape: TrialShape = WORKER_TRIAL) -> tuple[Simul
     return machine, target, EstimateSettings(seq_len=scenario.seq_len, precision="bf16")
 
 
-def mode_options(scenario: Scenario) -> dict[Rung, list[ModeOption]]:
+def mode_options(scenario: Scenario, *, approximate: bool = True) -> dict[Rung, list[ModeOption]]:
     """autotune.modes.applies' own answer for this machine, per rung. A mode the simulator has no model of (ZenFlow,
     SuperOffload) cannot be "run" here: it is passed on as not trial-verifiable, so the search plans and lists it
-    but never picks it, exactly as on a backend that cannot run it."""
-    # every mode, the ones that change the training included (--allow-approximate): the search's quality is measured
-    # over all of them
+    but never picks it, exactly as on a backend that cannot run it. `approximate`: with the modes that change the
+    training (--allow-approximate), over which this benchmark measures the search's quality; without, the
+    default's own (modes/applies.py _same_training_only)."""
     facts = ModeFacts(
-        nodes=scenario.nodes, gpus_per_node=scenario.node.gpus_per_node, device="cuda", allow_approximate=True
+        nodes=scenario.nodes, gpus_per_node=scenario.node.gpus_per_node, device="cuda", allow_approximate=approximate
     )
     return {
         rung: [
@@ -255,10 +258,12 @@ def new_search(
     run: RunTrial,
     confirm: RunTrial | None,
     clock: Callable[[], float] = time.monotonic,
+    options: dict[Rung, list[ModeOption]] | None = None,
 ) -> Search:
-    """autotune's Search for `scenario` on `machine`, its trials run by `run` and the pick confirmed by `confirm`."""
+    """autotune's Search for `scenario` on `machine`, its trials run by `run` and the pick confirmed by `confirm`;
+    `options`: the modes per rung (every mode unless given)."""
     _, target, settings = cluster(scenario)
-    options = mode_options(scenario)
+    options = options or mode_options(scenario)
     return Search(
         machine.model,
         target,
@@ -281,10 +286,11 @@ def clocked_search(
     time_budget_s: float | None,
     max_trials: int | None = None,
     shape: TrialShape = WORKER_TRIAL,
+    options: dict[Rung, list[ModeOption]] | None = None,
 ) -> tuple[ClockedTrials, SearchOutcome]:
     """The search under `launcher` against the simulated clock (gpu_sim/budget.py), with `time_budget_s` as
     --time-budget and `max_trials` as --max-trials (None: the simulator's trial budget); `shape`: the steps of a
-    trial (the worker's unless a proposal is measured)."""
+    trial (the worker's unless a proposal is measured); `options`: the modes (every mode unless given)."""
     machine, _, _ = cluster(scenario, shape)
     limits = replace(trial_budget(grid(scenario, machine.world)), time_budget_s=time_budget_s)
     if max_trials is not None:
@@ -292,7 +298,9 @@ def clocked_search(
     clock = SimClock()
     trials = ClockedTrials(machine, launcher, clock, deadline_s=time_budget_s)
     confirm = trials.run_fresh if launcher is Launcher.WARM_CONFIRMED else None
-    found = new_search(scenario, machine, limits, run=trials.run, confirm=confirm, clock=clock).run_search()
+    found = new_search(
+        scenario, machine, limits, run=trials.run, confirm=confirm, clock=clock, options=options
+    ).run_search()
     return trials, found
 
 
@@ -366,6 +374,7 @@ def run_scenario(scenario: Scenario) -> dict:
         defaults=commands,
         derived=derived,
     )
+    same_training = default_same_training(scenario, machine, micro_batches, default, ds_speed=ds_reference)
     launchers = {default_launcher(scenario.nodes), default_launcher(scenario.nodes, choose=warm_across_nodes_chooser)}
     proposed = [
         proposals(
@@ -438,7 +447,10 @@ def run_scenario(scenario: Scenario) -> dict:
             "simulated_wall_s": round(machine.tune_seconds(default), 1),
         },
         "multi_node": multi,
-        # the search as the default runs it, against the simulated clock, per chooser answer and limits
+        # the search as `autotune tune` on GPUs really runs it: the default's same-training modes, the chooser's
+        # launcher, the derived trial budget, no time budget; held to the same-training exhaustive best
+        "default_same_training": same_training,
+        # the search as the default runs it, with every mode, against the simulated clock, per chooser and limits
         "under_default": defaults,
         # what `autotune tune` at its defaults does here: the chooser's launcher, the derived trial budget, no budget
         "tune_defaults": tune_defaults(defaults),
@@ -457,6 +469,45 @@ def run_scenario(scenario: Scenario) -> dict:
             "trial_fraction": ds_launches / total,
         },
     }
+
+
+def default_same_training(
+    scenario: Scenario, machine: SimulatedCluster, micro_batches: list[int], launcher: Launcher, *, ds_speed: float
+) -> dict:
+    """What the default really does (modes/applies.py without --allow-approximate, the chooser's `launcher`, the
+    derived --max-trials, no time budget), against the simulated clock, and the exhaustive best over those modes."""
+    options = mode_options(scenario, approximate=False)
+    _, best_speed, _ = exhaustive(machine, micro_batches, mode_grid(options))
+    limits = (None, derived_max_trials(scenario_shape(RUNGS, options)))
+    row = limits_row(
+        scenario,
+        launcher,
+        limits,
+        best_speed=best_speed,
+        ds_speed=ds_speed,
+        search=partial(clocked_search, options=options),
+        speed_of=machine.samples_per_s,
+    )
+    return {"launcher": launcher.value, "exhaustive_samples_per_s": best_speed, **row}
+
+
+def same_training_table(rows: list[dict]) -> str:
+    """Per scenario, the default as it really runs (`default_same_training`)."""
+    lines = [
+        "the default as it really runs (same-training modes, the chooser's launcher, derived --max-trials, no time"
+        " budget; quality against the same-training exhaustive best):",
+        "| scenario | launcher | pick | quality vs exhaustive | vs DS Autotuning | launches | simulated wall"
+        " (of it confirmation) | GPU-hours |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        d = row["default_same_training"]
+        versus = "-" if d["vs_ds_autotuning"] is None else f"{d['vs_ds_autotuning']:.3f}"
+        lines.append(
+            f"| {row['scenario']} | {d['launcher']} | {d['pick']} | {d['quality']:.3f} | {versus} | {d['launches']}"
+            f" | {d['simulated_wall_s'] / 60:.1f} min ({d['confirmation_s'] / 60:.1f}) | {d['gpu_hours']:.1f} |"
+        )
+    return "\n".join(lines)
 
 
 def tune_defaults(under: dict) -> dict:
@@ -560,6 +611,7 @@ def main() -> None:
         "default_launches": headline(rows).strip(),
         "multi_node_full_launch_medians": designs_medians(rows),
         "command_defaults": asdict(command_defaults()),
+        "default_same_training_summary": summary_of({r["scenario"]: (r, r["default_same_training"]) for r in rows}),
         "under_default_modes": EVERY_MODE,
         "under_default_summary": {name: default_summary(rows, name) for name in (CODE_CHOOSER, WARM_CHOOSER)},
         "scenarios": rows,
@@ -568,6 +620,9 @@ def main() -> None:
     print(table(rows))
     print()
     print(breakdown_table(rows))
+    print()
+    print(same_training_table(rows))
+    print(json.dumps(summary_of({r["scenario"]: (r, r["default_same_training"]) for r in rows})))
     for name in (CODE_CHOOSER, WARM_CHOOSER):
         print()
         print(f"modes: {EVERY_MODE}")

@@ -171,3 +171,10 @@ def test_search_quality_reports_each_scenario_under_the_default(tmp_path: Path) 
     assert limits["no time budget (the hook's default)"]["quality"] == row["autotune"]["quality"]
     assert row["default_proposals"][0]["budget_needed_s"] is not None
     assert "under the default (chooser in the code)" in done.stdout
+    # what the default really searches: its same-training modes, held to their own exhaustive best
+    same = row["default_same_training"]
+    assert same["launcher"] == row["default"]["launcher"] and same["time_budget_s"] is None
+    assert same["max_trials"] is not None and 0 < same["quality"] <= 1.0
+    assert same["exhaustive_samples_per_s"] <= row["exhaustive"]["samples_per_s"]  # fewer modes, no faster best
+    assert data["default_same_training_summary"]["lowest_quality"] == ["memory-not-binding", round(same["quality"], 4)]
+    assert "the default as it really runs" in done.stdout

@@ -181,27 +181,33 @@ def default_summary(rows: list[dict], chooser: str) -> dict[str, dict]:
     """Per limit setting, under `chooser`: the lowest quality (and where), scenarios under 0.99 of the exhaustive
     best or under DeepSpeed Autotuning's pick, and over the multi-node scenarios the median launches and the
     2-node walls."""
-    summary: dict[str, dict] = {}
     settings = list(_settings_of(rows[0], chooser)) if rows else []
-    for setting in settings:
-        per = {row["scenario"]: (row, _settings_of(row, chooser)[setting]) for row in rows}
-        multi = {name: d for name, (row, d) in per.items() if row["multi_node"]}
-        worst = min(per, key=lambda name: per[name][1]["quality"])
-        summary[setting] = {
-            "lowest_quality": [worst, round(per[worst][1]["quality"], 4)],
-            "under_0.99": sorted(name for name, (_, d) in per.items() if d["quality"] < 0.99),
-            "under_ds_autotuning": sorted(
-                name for name, (_, d) in per.items() if d["vs_ds_autotuning"] is not None and d["vs_ds_autotuning"] < 1
-            ),
-            "multi_node_median_launches": _median([d["launches"] for d in multi.values()]) if multi else None,
-            "two_node_walls_min": {
-                name: round(d["simulated_wall_s"] / 60, 1)
-                for name, (row, d) in per.items()
-                if row["multi_node"] and row["machine"].startswith("2 x")
-            },
-            "gpu_hours": {name: d["gpu_hours"] for name, d in multi.items()},
-        }
-    return summary
+    return {
+        setting: summary_of({row["scenario"]: (row, _settings_of(row, chooser)[setting]) for row in rows})
+        for setting in settings
+    }
+
+
+def summary_of(per: dict[str, tuple[dict, dict]]) -> dict:
+    """Over scenarios (name -> (its row, its `limits_row`)): the lowest quality (and where), scenarios under 0.99 of
+    the exhaustive best or under DeepSpeed Autotuning's pick, and over the multi-node ones the median launches, the
+    2-node walls and the GPU-hours."""
+    multi = {name: d for name, (row, d) in per.items() if row["multi_node"]}
+    worst = min(per, key=lambda name: per[name][1]["quality"])
+    return {
+        "lowest_quality": [worst, round(per[worst][1]["quality"], 4)],
+        "under_0.99": sorted(name for name, (_, d) in per.items() if d["quality"] < 0.99),
+        "under_ds_autotuning": sorted(
+            name for name, (_, d) in per.items() if d["vs_ds_autotuning"] is not None and d["vs_ds_autotuning"] < 1
+        ),
+        "multi_node_median_launches": _median([d["launches"] for d in multi.values()]) if multi else None,
+        "two_node_walls_min": {
+            name: round(d["simulated_wall_s"] / 60, 1)
+            for name, (row, d) in per.items()
+            if row["multi_node"] and row["machine"].startswith("2 x")
+        },
+        "gpu_hours": {name: d["gpu_hours"] for name, d in multi.items()},
+    }
 
 
 def _median(values: list[int]) -> float:
