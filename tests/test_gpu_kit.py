@@ -314,7 +314,11 @@ def test_the_tune_stage_puts_the_picks_warm_peak_beside_its_fresh_confirmation(k
         "dropped_picks": [dropped.key],
         "warm_minus_fresh_bytes": -300 * 2**20,
     }
-    assert pick_confirmation(replace(report, trials=trials[:2]).to_json()) is None  # nothing confirmed
+    # no confirmation launched: the pick's own trial was the first of its launch (Pick.confirm_fresh)
+    own = replace(report, trials=trials[:2], choice=replace(choice, peak_bytes=18 * GiB))
+    assert pick_confirmation(own.to_json()) == {"pick": pick.key, "fresh_peak_bytes": 18 * GiB, "own_first_trial": True}
+    unconfirmed = replace(own, choice=replace(choice, peak_in_fresh_process=None))
+    assert pick_confirmation(unconfirmed.to_json()) is None  # nothing confirmed (the CPU backend)
     assert pick_confirmation({"error": "Traceback ..."}) is None
 
 

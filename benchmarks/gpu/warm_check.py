@@ -44,8 +44,9 @@ def summary(rows: list[dict], restarts: int, recycled: list[int]) -> dict:
 
 def pick_confirmation(report_json: dict) -> dict | None:
     """The tune stage's pick: its peak in warm workers beside its fresh-process confirmation (the GPU default,
-    search/pick_decision.py), and every pick the confirmation dropped because it did not fit fresh; None when the tune
-    wrote no report or confirmed nothing (warm and fresh alike, or the CPU backend)."""
+    search/pick_decision.py), and every pick the confirmation dropped because it did not fit fresh; where its own
+    trial was the first of a launch (no confirmation launched, nothing warm to compare), that trial's peak with
+    `own_first_trial`; None when the tune wrote no report or confirmed nothing (the CPU backend)."""
     from autotune.errors import MalformedReportError
     from autotune.report.data import TuneReport
     from autotune.search.records import LaunchPurpose
@@ -55,6 +56,9 @@ def pick_confirmation(report_json: dict) -> dict | None:
     except MalformedReportError:  # the tune failed: its row keeps the error
         return None
     confirmations = [t for t in report.trials if t.purpose == LaunchPurpose.FRESH]
+    if report.choice is not None and not confirmations and report.choice.peak_in_fresh_process:
+        choice = report.choice
+        return {"pick": choice.candidate.key, "fresh_peak_bytes": choice.peak_bytes, "own_first_trial": True}
     if report.choice is None or not confirmations:
         return None
     pick = report.choice.candidate
