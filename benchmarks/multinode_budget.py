@@ -26,8 +26,8 @@ from gpu_sim.budget_report import QUALITY_BAR
 from gpu_sim.designs import default_launcher
 from gpu_sim.results import write_result
 from gpu_sim.scenarios import SCENARIOS, Scenario
-from search_defaults import clocked, options
-from search_quality import cluster, exhaustive, grid, mode_grid
+from search_defaults import clocked
+from search_quality import cluster, exhaustive, grid, mode_grid, mode_options
 
 RESULTS = Path(__file__).resolve().parent / "results" / "multinode_budget_sim.json"
 BUDGETS_S = (None, 300, 360, 420, 480, 540, 600, 660, 720, 900, 1200)
@@ -37,7 +37,7 @@ TWO_NODE_WALL_TARGET_MIN = 15.0  # issue 44's "simulated wall <= 15 min for the 
 def scenario_row(scenario: Scenario) -> dict:
     """Quality and simulated wall per budget, cut or finished at the deadline."""
     machine, _, _ = cluster(scenario)
-    modes = options(scenario, approximate=False)
+    modes = mode_options(scenario, approximate=False)
     _, best_speed, _ = exhaustive(machine, grid(scenario, machine.world), mode_grid(modes))
     launcher = default_launcher(scenario.nodes)
     cells: dict[str, dict[str, list[float]]] = {"cut": {}, "finish": {}}

@@ -46,11 +46,6 @@ CODE, WARM_ACROSS = "chooser in the code", "warm across nodes + fresh confirmati
 PROBE_MAX_TRIALS = tuple(range(2, 41))
 
 
-def options(scenario: Scenario, *, approximate: bool) -> dict[Rung, list[ModeOption]]:
-    """modes/applies.py's answer per rung for a GPU tune of this scenario, as search_quality.py gives it."""
-    return mode_options(scenario, approximate=approximate)
-
-
 def clocked(
     scenario: Scenario,
     launcher: Launcher,
@@ -122,7 +117,7 @@ def scenario_rows(scenario: Scenario) -> dict:
     machine, _, _ = cluster(scenario)
     out: dict = {"scenario": scenario.name, "machine": f"{scenario.nodes} x {scenario.node.name}", "settings": {}}
     for name, approximate in ((DEFAULT_MODES, False), (APPROXIMATE_MODES, True)):
-        modes = options(scenario, approximate=approximate)
+        modes = mode_options(scenario, approximate=approximate)
         best, best_speed, _ = exhaustive(machine, grid(scenario, machine.world), mode_grid(modes))
         shape = scenario_shape(RUNGS, modes)
         per_launcher = {}

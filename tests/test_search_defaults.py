@@ -51,16 +51,16 @@ def test_the_derived_rule_is_the_code_s_default() -> None:
 def test_the_shape_counts_only_modes_that_apply_and_run() -> None:
     """Several nodes by default (same training): ZeRO++ hpZ on z3 and z3 + optimizer offload, nothing else; with
     --allow-approximate the quantized variants and partial offload join."""
-    from search_defaults import options
-    from search_quality import RUNGS
+    from search_quality import RUNGS, mode_options
 
     scenario = scenario_named("multi-node-infiniband")
-    default = default_rules.scenario_shape(RUNGS, options(scenario, approximate=False))
+    default = default_rules.scenario_shape(RUNGS, mode_options(scenario, approximate=False))
     assert default == SearchShape(rungs=7, mode_groups=2, ratio_modes=0)
     assert derived_max_trials(default) == 41  # the figure commit 1abdede states for hpZ on several nodes
-    approximate = default_rules.scenario_shape(RUNGS, options(scenario, approximate=True))
+    approximate = default_rules.scenario_shape(RUNGS, mode_options(scenario, approximate=True))
     assert approximate.mode_groups > default.mode_groups and approximate.ratio_modes == 1
-    one_node = default_rules.scenario_shape(RUNGS, options(scenario_named("memory-not-binding"), approximate=False))
+    one_node_modes = mode_options(scenario_named("memory-not-binding"), approximate=False)
+    one_node = default_rules.scenario_shape(RUNGS, one_node_modes)
     assert derived_max_trials(one_node) == 33
 
 
@@ -74,11 +74,11 @@ def test_a_budget_of_first_trial_walls_is_never_below_the_floor() -> None:
 def test_twelve_trials_miss_the_pick_that_the_derived_budget_keeps() -> None:
     """offload-buys-micro-batch under the same-training modes: 12 trials stop short of the pick (0.898 of the
     exhaustive best), the derived budget lets the search end by itself on the best (1.000)."""
-    from search_defaults import clocked, options, rule_row
-    from search_quality import cluster, exhaustive, grid, mode_grid
+    from search_defaults import clocked, rule_row
+    from search_quality import cluster, exhaustive, grid, mode_grid, mode_options
 
     scenario = scenario_named("offload-buys-micro-batch")
-    modes = options(scenario, approximate=False)
+    modes = mode_options(scenario, approximate=False)
     machine, _, _ = cluster(scenario)
     _, best_speed, _ = exhaustive(machine, grid(scenario, machine.world), mode_grid(modes))
     unlimited, _ = clocked(scenario, Launcher.WARM_CONFIRMED, modes, (None, None, True))
@@ -96,10 +96,11 @@ def test_twelve_trials_miss_the_pick_that_the_derived_budget_keeps() -> None:
 
 def test_walk_trials_are_counted_per_group() -> None:
     """The histogram the record quotes for the two-per-group rule: first and boundary-walk trials per group."""
-    from search_defaults import clocked, options, walk_trials_per_group
+    from search_defaults import clocked, walk_trials_per_group
+    from search_quality import mode_options
 
     scenario = scenario_named("memory-not-binding")
-    modes = options(scenario, approximate=False)
+    modes = mode_options(scenario, approximate=False)
     _, outcome = clocked(scenario, Launcher.WARM_CONFIRMED, modes, (None, None, True))
     counts = walk_trials_per_group(outcome)
     walk = [t for t in outcome.trials if t.purpose in ("first of a group", "boundary walk")]

@@ -430,27 +430,26 @@ def timed_steps(
     )
     if spec.warmup_steps == 0:
         maybe_inject_fault("step", placement.rank)
-    if smaller_batch is not None and whole_smaller:
-        smaller_s = _whole_smaller_steps(engine, smaller_batch, spec=spec, placement=placement, memory=memory)
-        engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own counting
-        clock.mark("measured")
-        return StepTimes(
-            step_times_s=steps, smaller_micro_batch=_micro_batch_of(smaller_batch), smaller_step_s=smaller_s
-        )
     if accumulation == 1 and smaller_batch is None:
         clock.mark("measured")
         return StepTimes(step_times_s=steps)
-    times = _plain_parts(
-        engine,
-        batch,
-        smaller_batch,
-        steps=steps,
-        accumulation=accumulation,
-        spec=spec,
-        placement=placement,
-        memory=memory,
-    )
-    engine.set_gradient_accumulation_boundary(None)
+    if smaller_batch is not None and whole_smaller:
+        smaller_s = _whole_smaller_steps(engine, smaller_batch, spec=spec, placement=placement, memory=memory)
+        times = StepTimes(
+            step_times_s=steps, smaller_micro_batch=_micro_batch_of(smaller_batch), smaller_step_s=smaller_s
+        )
+    else:
+        times = _plain_parts(
+            engine,
+            batch,
+            smaller_batch,
+            steps=steps,
+            accumulation=accumulation,
+            spec=spec,
+            placement=placement,
+            memory=memory,
+        )
+    engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own counting
     clock.mark("measured")
     return times
 
